@@ -1,0 +1,276 @@
+//! Herald's retry policy: the pure heart of delivery.
+//!
+//! Every state change of a delivery after an attempt is decided here, by
+//! [`decide`], from the attempt's [`Outcome`], the attempt number, the
+//! message's age, the configured [`RetryPolicy`] and a jitter sample. Nothing
+//! in this crate does I/O or reads a clock: callers pass `now` in, so every
+//! boundary can be unit-tested exhaustively.
+
+use std::time::{Duration, SystemTime};
+
+/// How the observed outcome of one HTTP attempt is classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    /// 2xx: the receiver has the message.
+    Success,
+    /// 5xx, 408, 429: the receiver may accept it later.
+    Retryable,
+    /// Anything else (1xx, 3xx, other 4xx): retrying yields the same answer.
+    Permanent,
+}
+
+/// Classifies an HTTP status code. Redirects are never followed, so 3xx is
+/// permanent: a receiver that moved must be re-registered.
+pub fn classify_status(status: u16) -> StatusClass {
+    match status {
+        200..=299 => StatusClass::Success,
+        408 | 429 | 500..=599 => StatusClass::Retryable,
+        _ => StatusClass::Permanent,
+    }
+}
+
+/// What one attempt observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver answered with a status. `retry_after` is the already
+    /// parsed `Retry-After` hint, if the response carried a valid one.
+    Response {
+        status: u16,
+        retry_after: Option<Duration>,
+    },
+    /// No answer: refused connection, reset, DNS failure, blocked address.
+    NetworkError,
+    /// No complete answer within the request timeout.
+    Timeout,
+}
+
+/// How the scheduled delay is randomised so that retries from many
+/// deliveries do not arrive in lock-step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Jitter {
+    /// Uniform in `[0, delay]` (the default: simplest and best at spreading).
+    #[default]
+    Full,
+    /// Uniform in `[delay/2, delay]`.
+    Equal,
+    /// Exactly the scheduled delay.
+    None,
+}
+
+impl std::str::FromStr for Jitter {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "full" => Ok(Jitter::Full),
+            "equal" => Ok(Jitter::Equal),
+            "none" => Ok(Jitter::None),
+            other => Err(format!(
+                "unknown jitter `{other}`: expected full, equal or none"
+            )),
+        }
+    }
+}
+
+impl Jitter {
+    /// Applies the jitter to `delay` with `unit`, a sample uniform in `[0, 1)`.
+    /// Out-of-range samples are clamped so a bad random source cannot make a
+    /// delay longer than scheduled.
+    pub fn apply(self, delay: Duration, unit: f64) -> Duration {
+        let unit = if unit.is_finite() {
+            unit.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        match self {
+            Jitter::Full => delay.mul_f64(unit),
+            Jitter::Equal => {
+                let half = delay / 2;
+                half + (delay - half).mul_f64(unit)
+            }
+            Jitter::None => delay,
+        }
+    }
+}
+
+/// The configured retry behaviour.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Delays between attempts; a delivery gets `schedule.len() + 1` attempts.
+    pub schedule: Vec<Duration>,
+    pub jitter: Jitter,
+    /// No attempt is scheduled for a message older than this.
+    pub max_age: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            schedule: [60, 5 * 60, 30 * 60, 2 * 3600, 6 * 3600, 12 * 3600]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            jitter: Jitter::Full,
+            max_age: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Total attempts a delivery gets in one cycle.
+    pub fn max_attempts(&self) -> u32 {
+        u32::try_from(self.schedule.len())
+            .unwrap_or(u32::MAX - 1)
+            .saturating_add(1)
+    }
+}
+
+/// Why a delivery was dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    /// Every attempt of the schedule failed.
+    Exhausted,
+    /// The receiver answered a status that retrying cannot change.
+    PermanentStatus,
+    /// The message outlived the age cap while still failing.
+    TooOld,
+}
+
+impl DeadReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::Exhausted => "exhausted",
+            DeadReason::PermanentStatus => "permanent_status",
+            DeadReason::TooOld => "too_old",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "exhausted" => Some(DeadReason::Exhausted),
+            "permanent_status" => Some(DeadReason::PermanentStatus),
+            "too_old" => Some(DeadReason::TooOld),
+            _ => None,
+        }
+    }
+}
+
+/// The next state of a delivery after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Delivered,
+    /// Try again after `delay` (already jittered, or the Retry-After hint).
+    Retry {
+        delay: Duration,
+    },
+    Dead(DeadReason),
+}
+
+/// Decides what happens to a delivery after an attempt.
+///
+/// - `attempt`: the 1-based number of the attempt just made within the
+///   current cycle (a replay starts a new cycle).
+/// - `age`: time since the cycle started (the message's creation, or the
+///   replay), measured at the end of the attempt.
+/// - `jitter_unit`: a sample uniform in `[0, 1)`.
+pub fn decide(
+    policy: &RetryPolicy,
+    outcome: &Outcome,
+    attempt: u32,
+    age: Duration,
+    jitter_unit: f64,
+) -> Decision {
+    let retry_after = match outcome {
+        Outcome::Response {
+            status,
+            retry_after,
+        } => match classify_status(*status) {
+            StatusClass::Success => return Decision::Delivered,
+            StatusClass::Permanent => return Decision::Dead(DeadReason::PermanentStatus),
+            // Only 429 and 503 carry a hint worth obeying (RFC 9110 §10.2.3).
+            StatusClass::Retryable if matches!(status, 429 | 503) => *retry_after,
+            StatusClass::Retryable => None,
+        },
+        Outcome::NetworkError | Outcome::Timeout => None,
+    };
+    if age > policy.max_age {
+        return Decision::Dead(DeadReason::TooOld);
+    }
+    let Some(scheduled) = usize::try_from(attempt)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| policy.schedule.get(i))
+    else {
+        return Decision::Dead(DeadReason::Exhausted);
+    };
+    let remaining = policy.max_age - age;
+    if remaining.is_zero() {
+        return Decision::Dead(DeadReason::TooOld);
+    }
+    let delay = match retry_after {
+        Some(hint) => hint,
+        None => policy.jitter.apply(*scheduled, jitter_unit),
+    };
+    // Nothing is scheduled past the age cap: the last try happens at the cap.
+    Decision::Retry {
+        delay: delay.min(remaining),
+    }
+}
+
+/// Parses a `Retry-After` header value: delta-seconds or an HTTP-date.
+/// A date in the past means "now" (zero). Returns `None` for garbage, so the
+/// schedule applies instead.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        // Absurdly long digit strings saturate instead of failing.
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses a human duration: `500ms`, `10s`, `5m`, `2h`, `1d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{s}` has no unit: use ms, s, m, h or d (e.g. 30s)"))?;
+    let (digits, unit) = s.split_at(split);
+    if digits.is_empty() {
+        return Err(format!("`{s}` does not start with a number"));
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{s}`: number too large"))?;
+    let millis_per = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit `{unit}`: use ms, s, m, h or d"
+            ))
+        }
+    };
+    n.checked_mul(millis_per)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("`{s}`: duration too large"))
+}
+
+/// Parses a comma-separated schedule such as `1m,5m,30m,2h,6h,12h`.
+/// An empty string means "no retries" (one attempt).
+pub fn parse_schedule(s: &str) -> Result<Vec<Duration>, String> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',').map(parse_duration).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Applications: one per customer of the service's user.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
+    ListParams, ListResponse,
+};
+use crate::ids::AppId;
+use crate::store::{now_millis, App};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationIn {
+    pub name: String,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default, alias = "throttleRate")]
+    pub rate_limit: Option<u16>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationOut {
+    pub id: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub rate_limit: Option<u16>,
+    pub throttle_rate: Option<u16>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<App> for ApplicationOut {
+    fn from(a: App) -> Self {
+        ApplicationOut {
+            id: a.id.into_string(),
+            name: a.name,
+            uid: a.uid,
+            rate_limit: a.rate_limit,
+            throttle_rate: a.rate_limit,
+            metadata: a.metadata,
+            created_at: rfc3339(a.created_at),
+            updated_at: rfc3339(a.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct CreateAppParams {
+    #[serde(default)]
+    pub get_if_exists: Option<String>,
+}
+
+pub async fn create_app(
+    State(state): State<ApiState>,
+    ApiQuery(params): ApiQuery<CreateAppParams>,
+    ApiJson(body): ApiJson<ApplicationIn>,
+) -> ApiResult<Response> {
+    if body.name.trim().is_empty() {
+        return Err(ApiError::field("name", "must not be empty"));
+    }
+    check_uid("uid", &body.uid)?;
+    check_metadata(&body.metadata)?;
+    if let Some(uid) = &body.uid {
+        if let Some(existing) = state.store.get_app(uid).await? {
+            if params.get_if_exists.as_deref() == Some("true") {
+                return Ok((StatusCode::OK, Json(ApplicationOut::from(existing))).into_response());
+            }
+            return Err(ApiError::Conflict(format!(
+                "an application with uid `{uid}` already exists"
+            )));
+        }
+    }
+    let now = now_millis();
+    let app = App {
+        id: AppId::generate(),
+        uid: body.uid,
+        name: body.name,
+        rate_limit: body.rate_limit,
+        metadata: body.metadata.unwrap_or_default(),
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.create_app(&app).await?;
+    Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
+}
+
+pub async fn get_app(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+) -> ApiResult<Json<ApplicationOut>> {
+    Ok(Json(find_app(&state, &app_id).await?.into()))
+}
+
+pub async fn list_apps(
+    State(state): State<ApiState>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<ApplicationOut>>> {
+    let page = state.store.list_apps(&params.page(true)?).await?;
+    let data = page.items.into_iter().map(ApplicationOut::from).collect();
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |a: &ApplicationOut| a.id.clone(),
+    )))
+}
+
+/// The id of the application named by `id_or_uid` (cached); 404 if none.
+pub async fn find_app_id(state: &ApiState, id_or_uid: &str) -> ApiResult<AppId> {
+    if let Some(id) = state.app_ids.get(id_or_uid) {
+        return Ok(id);
+    }
+    let app = find_app(state, id_or_uid).await?;
+    state.app_ids.put(id_or_uid, app.id.clone());
+    Ok(app.id)
+}
+
+/// Looks an application up by id or uid; 404 when there is none.
+pub async fn find_app(state: &ApiState, id_or_uid: &str) -> ApiResult<App> {
+    state
+        .store
+        .get_app(id_or_uid)
+        .await?
+        .ok_or(ApiError::NotFound("application"))
+}

@@ -1,0 +1,98 @@
+//! The attempt log, as Svix's `MessageAttemptOut`.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Serialize;
+
+use super::apps::find_app;
+use super::endpoints::find_endpoint;
+use super::{rfc3339, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
+use crate::store::AttemptRecord;
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptOut {
+    pub id: String,
+    pub msg_id: String,
+    pub endpoint_id: String,
+    /// Herald's delivery id: the attempt's `Idempotency-Key`.
+    pub delivery_id: String,
+    pub url: String,
+    pub timestamp: String,
+    /// Svix's numbering: 0 success, 1 pending, 2 fail, 3 sending.
+    pub status: u8,
+    pub status_text: &'static str,
+    /// 0 when no response arrived (network error or timeout).
+    pub response_status_code: u16,
+    /// The response body excerpt, or the network error when there was none.
+    pub response: String,
+    pub response_duration_ms: i64,
+    /// 0 scheduled, 1 manual (replay or resend).
+    pub trigger_type: u8,
+    /// The `X-Attempt` number.
+    pub attempt_number: u32,
+    pub error: Option<String>,
+}
+
+impl From<AttemptRecord> for AttemptOut {
+    fn from(a: AttemptRecord) -> Self {
+        AttemptOut {
+            id: a.id.into_string(),
+            msg_id: a.msg_id.into_string(),
+            endpoint_id: a.endpoint_id.into_string(),
+            delivery_id: a.delivery_id.into_string(),
+            url: a.url,
+            timestamp: rfc3339(a.started_at),
+            status: if a.success { 0 } else { 2 },
+            status_text: if a.success { "success" } else { "fail" },
+            response_status_code: a.status_code.unwrap_or(0),
+            response: match (&a.error, a.status_code) {
+                (Some(e), None) => e.clone(),
+                _ => a.response,
+            },
+            response_duration_ms: a.duration_ms,
+            trigger_type: u8::from(a.manual),
+            attempt_number: a.attempt_number,
+            error: a.error,
+        }
+    }
+}
+
+fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<AttemptOut>> {
+    let data = page.items.into_iter().map(AttemptOut::from).collect();
+    Json(ListResponse::new(data, page.has_more, |a: &AttemptOut| {
+        a.id.clone()
+    }))
+}
+
+pub async fn list_attempts_by_msg(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id)): Path<(String, String)>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<AttemptOut>>> {
+    let app = find_app(&state, &app_id).await?;
+    let msg = state
+        .store
+        .get_message(&app.id, &msg_id)
+        .await?
+        .ok_or(ApiError::NotFound("message"))?;
+    let page = state
+        .store
+        .list_attempts_of_message(&app.id, &msg.id, &params.page(false)?)
+        .await?;
+    Ok(respond(page))
+}
+
+pub async fn list_attempts_by_endpoint(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<AttemptOut>>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let page = state
+        .store
+        .list_attempts_of_endpoint(&app.id, &ep.id, &params.page(false)?)
+        .await?;
+    Ok(respond(page))
+}

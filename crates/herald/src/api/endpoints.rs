@@ -1,0 +1,333 @@
+//! Endpoints: the URLs an application's messages are delivered to.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use herald_signing::Secret;
+use serde::{Deserialize, Serialize};
+
+use super::apps::find_app;
+use super::{
+    check_metadata, check_uid, double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery,
+    ApiResult, ApiState, ListParams, ListResponse,
+};
+use crate::ids::{AppId, EndpointId};
+use crate::net::WebhookUrl;
+use crate::store::{now_millis, Endpoint};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointIn {
+    pub url: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub version: Option<i64>,
+    #[serde(default)]
+    pub disabled: Option<bool>,
+    /// Svix's older name; SDK 2.x sends `eventTypes`. Both are accepted.
+    #[serde(default, alias = "eventTypes")]
+    pub filter_types: Option<Vec<String>>,
+    #[serde(default, alias = "throttleRate")]
+    pub rate_limit: Option<u16>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+/// PATCH: an absent field stays; `null` clears it.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointPatch {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    pub uid: Option<Option<String>>,
+    #[serde(default)]
+    pub disabled: Option<bool>,
+    #[serde(default, alias = "eventTypes", deserialize_with = "double_option")]
+    pub filter_types: Option<Option<Vec<String>>>,
+    #[serde(default, alias = "throttleRate", deserialize_with = "double_option")]
+    pub rate_limit: Option<Option<u16>>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub version: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointOut {
+    pub id: String,
+    pub url: String,
+    pub description: String,
+    pub version: i64,
+    pub disabled: bool,
+    pub uid: Option<String>,
+    pub filter_types: Option<Vec<String>>,
+    pub event_types: Option<Vec<String>>,
+    pub channels: Option<Vec<String>>,
+    pub rate_limit: Option<u16>,
+    pub throttle_rate: Option<u16>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<Endpoint> for EndpointOut {
+    fn from(e: Endpoint) -> Self {
+        EndpointOut {
+            id: e.id.into_string(),
+            url: e.url,
+            description: e.description,
+            version: 1,
+            disabled: e.disabled,
+            uid: e.uid,
+            event_types: e.filter_types.clone(),
+            filter_types: e.filter_types,
+            channels: None,
+            rate_limit: e.rate_limit,
+            throttle_rate: e.rate_limit,
+            metadata: e.metadata,
+            created_at: rfc3339(e.created_at),
+            updated_at: rfc3339(e.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SecretOut {
+    pub key: String,
+}
+
+async fn check_url(state: &ApiState, url: &str) -> ApiResult<String> {
+    let parsed =
+        WebhookUrl::parse(url, state.net).map_err(|e| ApiError::field("url", e.to_string()))?;
+    state
+        .net
+        .check_resolved(&parsed)
+        .await
+        .map_err(|e| ApiError::field("url", e.to_string()))?;
+    Ok(parsed.as_str().to_owned())
+}
+
+fn check_filter(types: &Option<Vec<String>>) -> ApiResult<Option<Vec<String>>> {
+    match types {
+        None => Ok(None),
+        Some(list) if list.is_empty() => Err(ApiError::field(
+            "filterTypes",
+            "must name at least one event type, or be omitted to receive every type",
+        )),
+        Some(list) => {
+            if let Some(bad) = list.iter().find(|t| !valid_uid(t)) {
+                return Err(ApiError::field(
+                    "filterTypes",
+                    format!("`{bad}` is not a valid event type name"),
+                ));
+            }
+            let mut list = list.clone();
+            list.sort();
+            list.dedup();
+            Ok(Some(list))
+        }
+    }
+}
+
+fn check_description(d: &Option<String>) -> ApiResult<()> {
+    match d {
+        Some(d) if d.len() > 4096 => {
+            Err(ApiError::field("description", "must be at most 4096 bytes"))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub async fn create_endpoint(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiJson(body): ApiJson<EndpointIn>,
+) -> ApiResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let url = check_url(&state, &body.url).await?;
+    check_uid("uid", &body.uid)?;
+    check_metadata(&body.metadata)?;
+    check_description(&body.description)?;
+    let filter_types = check_filter(&body.filter_types)?;
+    let secret = match &body.secret {
+        Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
+        None => Secret::generate(),
+    };
+    if let Some(uid) = &body.uid {
+        if state.store.get_endpoint(&app.id, uid).await?.is_some() {
+            return Err(ApiError::Conflict(format!(
+                "an endpoint with uid `{uid}` already exists"
+            )));
+        }
+    }
+    let now = now_millis();
+    let ep = Endpoint {
+        id: EndpointId::generate(),
+        app_id: app.id,
+        uid: body.uid,
+        url,
+        description: body.description.unwrap_or_default(),
+        filter_types,
+        disabled: body.disabled.unwrap_or(false),
+        rate_limit: body.rate_limit,
+        metadata: body.metadata.unwrap_or_default(),
+        secret: secret.expose(),
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.create_endpoint(&ep).await?;
+    Ok((StatusCode::CREATED, Json(EndpointOut::from(ep))).into_response())
+}
+
+/// Looks an endpoint up by id or uid within an app; 404 when there is none.
+pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> ApiResult<Endpoint> {
+    state
+        .store
+        .get_endpoint(app, id_or_uid)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))
+}
+
+pub async fn get_endpoint(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<EndpointOut>> {
+    let app = find_app(&state, &app_id).await?;
+    Ok(Json(
+        find_endpoint(&state, &app.id, &endpoint_id).await?.into(),
+    ))
+}
+
+pub async fn list_endpoints(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<EndpointOut>>> {
+    let app = find_app(&state, &app_id).await?;
+    let page = state
+        .store
+        .list_endpoints(&app.id, &params.page(true)?)
+        .await?;
+    let data = page.items.into_iter().map(EndpointOut::from).collect();
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |e: &EndpointOut| e.id.clone(),
+    )))
+}
+
+async fn save(
+    state: &ApiState,
+    mut ep: Endpoint,
+    uid_changed: bool,
+) -> ApiResult<Json<EndpointOut>> {
+    if uid_changed {
+        if let Some(uid) = &ep.uid {
+            if let Some(other) = state.store.get_endpoint(&ep.app_id, uid).await? {
+                if other.id != ep.id {
+                    return Err(ApiError::Conflict(format!(
+                        "an endpoint with uid `{uid}` already exists"
+                    )));
+                }
+            }
+        }
+    }
+    ep.updated_at = now_millis();
+    if !state.store.update_endpoint(&ep).await? {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    // Re-enabling may make held deliveries due.
+    state.wake.notify_one();
+    Ok(Json(ep.into()))
+}
+
+/// PUT: replaces every field (absent optional fields take their defaults).
+pub async fn update_endpoint(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<EndpointIn>,
+) -> ApiResult<Json<EndpointOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    ep.url = check_url(&state, &body.url).await?;
+    check_uid("uid", &body.uid)?;
+    check_metadata(&body.metadata)?;
+    check_description(&body.description)?;
+    ep.filter_types = check_filter(&body.filter_types)?;
+    let uid_changed = ep.uid != body.uid;
+    ep.uid = body.uid;
+    ep.description = body.description.unwrap_or_default();
+    ep.disabled = body.disabled.unwrap_or(false);
+    ep.rate_limit = body.rate_limit;
+    ep.metadata = body.metadata.unwrap_or_default();
+    save(&state, ep, uid_changed).await
+}
+
+pub async fn patch_endpoint(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<EndpointPatch>,
+) -> ApiResult<Json<EndpointOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    if let Some(url) = &body.url {
+        ep.url = check_url(&state, url).await?;
+    }
+    if let Some(d) = body.description {
+        check_description(&Some(d.clone()))?;
+        ep.description = d;
+    }
+    let mut uid_changed = false;
+    if let Some(uid) = body.uid {
+        check_uid("uid", &uid)?;
+        uid_changed = ep.uid != uid;
+        ep.uid = uid;
+    }
+    if let Some(disabled) = body.disabled {
+        ep.disabled = disabled;
+    }
+    if let Some(types) = body.filter_types {
+        ep.filter_types = check_filter(&types)?;
+    }
+    if let Some(rate) = body.rate_limit {
+        ep.rate_limit = rate;
+    }
+    if let Some(m) = body.metadata {
+        check_metadata(&Some(m.clone()))?;
+        ep.metadata = m;
+    }
+    save(&state, ep, uid_changed).await
+}
+
+pub async fn delete_endpoint(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    if !state.store.delete_endpoint(&app.id, &ep.id).await? {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn get_endpoint_secret(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<SecretOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    Ok(Json(SecretOut { key: ep.secret }))
+}

@@ -1,0 +1,205 @@
+//! Messages: events handed to Herald, fanned out to subscribed endpoints.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::apps::{find_app, find_app_id};
+use super::endpoints::find_endpoint;
+use super::{
+    accepted_empty, rfc3339, valid_uid, ApiError, ApiJson, ApiResult, ApiState, MAX_PAYLOAD_BYTES,
+};
+use crate::ids::MsgId;
+use crate::store::{now_millis, Delivery, InsertOutcome, Message, NewMessage, ResendOutcome};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageIn {
+    pub event_type: String,
+    /// Kept as the exact JSON text the client sent: it is what receivers get.
+    pub payload: Box<RawValue>,
+    #[serde(default)]
+    pub event_id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageOut {
+    pub id: String,
+    pub event_type: String,
+    pub event_id: Option<String>,
+    pub payload: Box<RawValue>,
+    pub channels: Option<Vec<String>>,
+    pub timestamp: String,
+}
+
+impl TryFrom<Message> for MessageOut {
+    type Error = ApiError;
+    fn try_from(m: Message) -> ApiResult<Self> {
+        let payload = RawValue::from_string(m.payload).map_err(|e| {
+            tracing::error!(error = %e, msg = %m.id, "stored payload is not JSON");
+            ApiError::Internal
+        })?;
+        Ok(MessageOut {
+            id: m.id.into_string(),
+            event_type: m.event_type,
+            event_id: m.event_id,
+            payload,
+            channels: None,
+            timestamp: rfc3339(m.created_at),
+        })
+    }
+}
+
+pub async fn create_message(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiJson(body): ApiJson<MessageIn>,
+) -> ApiResult<Response> {
+    let app_id = find_app_id(&state, &app_id).await?;
+    if !valid_uid(&body.event_type) {
+        return Err(ApiError::field(
+            "eventType",
+            "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+        ));
+    }
+    if let Some(event_id) = &body.event_id {
+        if event_id.is_empty() || event_id.len() > 256 {
+            return Err(ApiError::field("eventId", "must be 1-256 characters"));
+        }
+    }
+    let payload = body.payload.get();
+    if payload.len() > MAX_PAYLOAD_BYTES {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "payload is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",
+            payload.len()
+        )));
+    }
+    let message = NewMessage {
+        id: MsgId::generate(),
+        app_id,
+        event_type: body.event_type,
+        event_id: body.event_id,
+        payload: payload.to_owned(),
+        created_at: now_millis(),
+    };
+    // Returns only after the transaction holding the message has committed.
+    match state.ingest.submit(message.clone()).await? {
+        InsertOutcome::Inserted { .. } => {
+            Ok((StatusCode::ACCEPTED, Json(MessageOut::try_from(message)?)).into_response())
+        }
+        InsertOutcome::DuplicateEventId => Err(ApiError::Conflict(format!(
+            "a message with eventId `{}` already exists in this application",
+            message.event_id.unwrap_or_default()
+        ))),
+    }
+}
+
+pub async fn get_message(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id)): Path<(String, String)>,
+) -> ApiResult<Json<MessageOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let message = state
+        .store
+        .get_message(&app.id, &msg_id)
+        .await?
+        .ok_or(ApiError::NotFound("message"))?;
+    Ok(Json(message.try_into()?))
+}
+
+/// A delivery as the API shows it (a Herald extension to Svix's surface).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryOut {
+    /// Also the `Idempotency-Key` every attempt of this delivery carries.
+    pub id: String,
+    pub msg_id: String,
+    pub endpoint_id: String,
+    pub event_type: String,
+    pub state: &'static str,
+    pub attempts: u32,
+    pub next_attempt_at: Option<String>,
+    pub dead_reason: Option<&'static str>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<Delivery> for DeliveryOut {
+    fn from(d: Delivery) -> Self {
+        let live = matches!(
+            d.state,
+            crate::store::DeliveryState::Pending | crate::store::DeliveryState::Delivering
+        );
+        DeliveryOut {
+            id: d.id.into_string(),
+            msg_id: d.msg_id.into_string(),
+            endpoint_id: d.endpoint_id.into_string(),
+            event_type: d.event_type,
+            state: d.state.as_str(),
+            attempts: d.attempts,
+            next_attempt_at: live.then(|| rfc3339(d.next_attempt_at)),
+            dead_reason: d.dead_reason.map(|r| r.as_str()),
+            last_status_code: d.last_status,
+            last_error: d.last_error,
+            created_at: rfc3339(d.created_at),
+            updated_at: rfc3339(d.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeliveryList {
+    pub data: Vec<DeliveryOut>,
+}
+
+pub async fn list_message_deliveries(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id)): Path<(String, String)>,
+) -> ApiResult<Json<DeliveryList>> {
+    let app = find_app(&state, &app_id).await?;
+    let message = state
+        .store
+        .get_message(&app.id, &msg_id)
+        .await?
+        .ok_or(ApiError::NotFound("message"))?;
+    let deliveries = state
+        .store
+        .list_deliveries_of_message(&app.id, &message.id)
+        .await?;
+    Ok(Json(DeliveryList {
+        data: deliveries.into_iter().map(DeliveryOut::from).collect(),
+    }))
+}
+
+/// Svix's resend: one more attempt of this message to this endpoint now,
+/// with the delivery's own Idempotency-Key.
+pub async fn resend(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let message = state
+        .store
+        .get_message(&app.id, &msg_id)
+        .await?
+        .ok_or(ApiError::NotFound("message"))?;
+    let endpoint = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    match state
+        .store
+        .resend(&app.id, &message.id, &endpoint.id, now_millis())
+        .await?
+    {
+        ResendOutcome::Queued => {
+            state.wake.notify_one();
+            Ok(accepted_empty())
+        }
+        ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
+        ResendOutcome::NoSuchEndpoint => Err(ApiError::NotFound("endpoint")),
+    }
+}

@@ -1,0 +1,362 @@
+//! The HTTP API, shaped like Svix API v1 so that the official Svix SDKs can
+//! drive it: `/api/v1/...`, camelCase JSON, prefixed ids, list envelopes
+//! `{data, iterator, prevIterator, done}` and errors `{code, detail}`.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+
+use crate::ingest::Ingest;
+use crate::net::NetworkPolicy;
+use crate::store::{Millis, PageReq, Store};
+
+pub mod apps;
+pub mod attempts;
+pub mod dead;
+pub mod endpoints;
+pub mod error;
+pub mod messages;
+
+pub use error::{ApiError, ApiResult, FieldError};
+
+/// The largest payload accepted (413 above it).
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// Request bodies may carry a little more than the payload (other fields).
+const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub store: Arc<dyn Store>,
+    pub ingest: Ingest,
+    /// Signalled when a replay or resend makes work due now.
+    pub wake: Arc<Notify>,
+    pub net: NetworkPolicy,
+    /// SHA-256 of the admin token: the token itself is never kept.
+    pub admin_token_sha256: [u8; 32],
+    /// id-or-uid → app id, for the hot create-message path.
+    pub app_ids: Arc<AppIdCache>,
+}
+
+/// Remembers which application an id or uid names, so that creating a
+/// message does not cost a database read. Applications are never deleted
+/// or re-keyed, so an entry cannot go stale; the map is simply cleared when
+/// it grows past its bound.
+#[derive(Default)]
+pub struct AppIdCache(std::sync::RwLock<std::collections::HashMap<String, crate::ids::AppId>>);
+
+impl AppIdCache {
+    const MAX_ENTRIES: usize = 100_000;
+
+    pub fn get(&self, key: &str) -> Option<crate::ids::AppId> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    pub fn put(&self, key: &str, id: crate::ids::AppId) {
+        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= Self::MAX_ENTRIES {
+            map.clear();
+        }
+        map.insert(key.to_owned(), id);
+    }
+}
+
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+pub fn router(state: ApiState) -> Router {
+    use apps::*;
+    use attempts::*;
+    use dead::*;
+    use endpoints::*;
+    use messages::*;
+    let api = Router::new()
+        .route("/app", get(list_apps).post(create_app))
+        .route("/app/{app_id}", get(get_app))
+        .route(
+            "/app/{app_id}/endpoint",
+            get(list_endpoints).post(create_endpoint),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}",
+            get(get_endpoint)
+                .put(update_endpoint)
+                .patch(patch_endpoint)
+                .delete(delete_endpoint),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/secret",
+            get(get_endpoint_secret),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
+            post(replay_endpoint_dead),
+        )
+        .route("/app/{app_id}/msg", post(create_message))
+        .route("/app/{app_id}/msg/{msg_id}", get(get_message))
+        .route(
+            "/app/{app_id}/msg/{msg_id}/delivery",
+            get(list_message_deliveries),
+        )
+        .route(
+            "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
+            post(resend),
+        )
+        .route(
+            "/app/{app_id}/attempt/msg/{msg_id}",
+            get(list_attempts_by_msg),
+        )
+        .route(
+            "/app/{app_id}/attempt/endpoint/{endpoint_id}",
+            get(list_attempts_by_endpoint),
+        )
+        .route("/app/{app_id}/dead-letter", get(list_dead))
+        .route(
+            "/app/{app_id}/dead-letter/{delivery_id}/replay",
+            post(replay_dead),
+        )
+        .fallback(|| async { ApiError::NotFound("route") })
+        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .nest("/api/v1", api)
+        .fallback(|| async { ApiError::NotFound("route") })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+async fn healthz(State(state): State<ApiState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"status": "ok"})),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "unavailable"})),
+        )
+            .into_response(),
+    }
+}
+
+async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match presented {
+        // Comparing digests: equal-length, and a timing difference reveals
+        // nothing about the token itself.
+        Some(token) if token_sha256(token) == state.admin_token_sha256 => next.run(request).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// A JSON body. Malformed JSON → 400; a missing or wrong-typed field → 422
+/// naming it; a body over the limit → 413. The content type is not
+/// insisted on: the JSON itself is what matters.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+            } else {
+                ApiError::BadRequest(format!("cannot read request body: {rejection}"))
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let field = if path == "." { String::new() } else { path };
+                ApiError::Validation(vec![FieldError::body(
+                    &field,
+                    strip_position(&inner.to_string()),
+                )])
+            }
+            _ => ApiError::BadRequest(format!("invalid JSON body: {inner}")),
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))?;
+    Ok(value)
+}
+
+fn strip_position(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_owned(),
+        None => msg.to_owned(),
+    }
+}
+
+/// Query parameters; unknown ones (the SDKs send `with_content`,
+/// `expanded_statuses`, …) are ignored, bad values are a 422.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let query = parts.uri.query().unwrap_or("");
+        serde_urlencoded_compat(query).map(ApiQuery)
+    }
+}
+
+fn serde_urlencoded_compat<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
+    axum::extract::Query::<T>::try_from_uri(
+        &format!("/?{query}")
+            .parse()
+            .map_err(|_| ApiError::BadRequest("malformed query string".into()))?,
+    )
+    .map(|q| q.0)
+    .map_err(|e| {
+        let text = e.body_text();
+        let field = text.split('`').nth(1).unwrap_or("query").to_owned();
+        ApiError::Validation(vec![FieldError::query(&field, text)])
+    })
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct ListParams {
+    pub limit: Option<String>,
+    pub iterator: Option<String>,
+    pub order: Option<String>,
+}
+
+impl ListParams {
+    /// Default 50, at most 250, as Svix.
+    pub fn page(&self, default_ascending: bool) -> ApiResult<PageReq> {
+        let limit = match &self.limit {
+            None => 50,
+            Some(s) => match s.parse::<usize>() {
+                Ok(n) if (1..=250).contains(&n) => n,
+                _ => {
+                    return Err(ApiError::Validation(vec![FieldError::query(
+                        "limit",
+                        "must be 1..=250",
+                    )]))
+                }
+            },
+        };
+        let ascending = match self.order.as_deref() {
+            None => default_ascending,
+            Some("ascending") => true,
+            Some("descending") => false,
+            Some(_) => {
+                return Err(ApiError::Validation(vec![FieldError::query(
+                    "order",
+                    "must be ascending or descending",
+                )]))
+            }
+        };
+        Ok(PageReq {
+            limit,
+            after: self.iterator.clone().filter(|s| !s.is_empty()),
+            ascending,
+        })
+    }
+}
+
+/// Svix's list envelope. `iterator` is always present, even when null.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListResponse<T: Serialize> {
+    pub data: Vec<T>,
+    pub iterator: Option<String>,
+    pub prev_iterator: Option<String>,
+    pub done: bool,
+}
+
+impl<T: Serialize> ListResponse<T> {
+    pub fn new(data: Vec<T>, has_more: bool, id_of: impl Fn(&T) -> String) -> Self {
+        ListResponse {
+            iterator: data.last().map(&id_of),
+            prev_iterator: None,
+            done: !has_more,
+            data,
+        }
+    }
+}
+
+pub fn rfc3339(ms: Millis) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Ids and uids: Svix's pattern, so they are safe in paths and logs.
+pub fn valid_uid(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+pub fn check_uid(field: &str, uid: &Option<String>) -> ApiResult<()> {
+    match uid {
+        Some(u) if !valid_uid(u) => Err(ApiError::field(
+            field,
+            "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+        )),
+        _ => Ok(()),
+    }
+}
+
+pub fn check_metadata(
+    metadata: &Option<std::collections::BTreeMap<String, String>>,
+) -> ApiResult<()> {
+    if let Some(m) = metadata {
+        let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if size > 64 * 1024 {
+            return Err(ApiError::field("metadata", "must be at most 64 KiB"));
+        }
+    }
+    Ok(())
+}
+
+/// Deserializes a field that may be absent (outer None), null (Some(None))
+/// or set (Some(Some(v))): PATCH needs all three.
+pub fn double_option<'de, D, T>(de: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(de).map(Some)
+}
+
+/// 202 with an empty JSON object: the SDKs parse every body.
+pub fn accepted_empty() -> Response {
+    (StatusCode::ACCEPTED, axum::Json(serde_json::json!({}))).into_response()
+}

@@ -1,0 +1,371 @@
+//! `herald bench`: starts Herald on a fresh SQLite file with an embedded
+//! receiver, pushes messages through the real HTTP API, and reports ingest
+//! rate, end-to-end deliveries/s and enqueue→arrival latency. It also
+//! measures this machine's HTTP ceiling (the same client POSTing straight
+//! to the receiver) and, with `--fairness`, the latency of healthy
+//! endpoints next to one that answers only after a delay.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use axum::extract::{Path, State};
+use axum::routing::post;
+use tokio::sync::Notify;
+
+use crate::config::Config;
+use crate::server::{self, Role};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Messages to send in each run.
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// Concurrent API requests (and concurrent requests in the ceiling run).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Approximate payload size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub payload_bytes: usize,
+    /// Also run the fairness rows: three healthy endpoints with and without
+    /// a fourth that answers only after `--slow-delay`.
+    #[arg(long)]
+    pub fairness: bool,
+    /// How long the slow endpoint takes to answer in the fairness rows.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub slow_delay: Duration,
+    /// Give up waiting for deliveries after this long.
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    herald_policy::parse_duration(s)
+}
+
+/// Arrival times (ns since the bench's epoch) per (endpoint, seq).
+struct Receiver {
+    epoch: Instant,
+    arrivals: Vec<Vec<AtomicU64>>,
+    received: AtomicUsize,
+    expected: AtomicUsize,
+    done: Notify,
+    slow_delay: Duration,
+}
+
+impl Receiver {
+    fn new(endpoints: usize, messages: usize, epoch: Instant, slow_delay: Duration) -> Arc<Self> {
+        Arc::new(Receiver {
+            epoch,
+            arrivals: (0..endpoints)
+                .map(|_| (0..messages).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+            received: AtomicUsize::new(0),
+            expected: AtomicUsize::new(usize::MAX),
+            done: Notify::new(),
+            slow_delay,
+        })
+    }
+}
+
+async fn receive(
+    State(rx): State<Arc<Receiver>>,
+    Path((kind, index)): Path<(String, usize)>,
+    body: bytes::Bytes,
+) -> &'static str {
+    if kind == "slow" {
+        tokio::time::sleep(rx.slow_delay).await;
+        return "ok";
+    }
+    let now = u64::try_from(rx.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    // The payload starts with {"seq":N,…}: read N without a full parse.
+    let seq = std::str::from_utf8(&body)
+        .ok()
+        .and_then(|s| s.strip_prefix("{\"seq\":"))
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<usize>().ok());
+    if let Some(slot) = seq.and_then(|s| rx.arrivals.get(index).and_then(|v| v.get(s))) {
+        // Count first arrivals only; retries or duplicates do not inflate.
+        if slot
+            .compare_exchange(0, now.max(1), Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let n = rx.received.fetch_add(1, Ordering::SeqCst) + 1;
+            if n >= rx.expected.load(Ordering::SeqCst) {
+                rx.done.notify_one();
+            }
+        }
+    }
+    "ok"
+}
+
+async fn start_receiver(rx: Arc<Receiver>) -> anyhow::Result<std::net::SocketAddr> {
+    let app = axum::Router::new()
+        .route("/{kind}/{index}", post(receive))
+        .with_state(rx);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
+fn payload(seq: usize, size: usize) -> String {
+    let head = format!("{{\"seq\":{seq},\"pad\":\"");
+    let pad = size.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+/// Runs `n` jobs with `concurrency` workers; returns each job's start time
+/// (ns since `epoch`) and the wall time of the whole run.
+async fn drive<F, Fut>(
+    n: usize,
+    concurrency: usize,
+    epoch: Instant,
+    job: F,
+) -> anyhow::Result<(Vec<u64>, Duration)>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let job = Arc::new(job);
+    let next = Arc::new(AtomicUsize::new(0));
+    let starts: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let began = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (job, next, starts) = (job.clone(), next.clone(), starts.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                starts[i].store(
+                    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::SeqCst,
+                );
+                job(i).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.context("bench worker panicked")??;
+    }
+    let elapsed = began.elapsed();
+    let starts = starts.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    Ok((starts, elapsed))
+}
+
+fn percentile(sorted: &[u64], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
+    Duration::from_nanos(sorted[rank.min(sorted.len() - 1)])
+}
+
+struct RunResult {
+    ingest_per_sec: f64,
+    deliveries_per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// One run on a fresh Herald: `fast` healthy endpoints (each gets every
+/// message) and optionally one slow endpoint.
+async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result<RunResult> {
+    let epoch = Instant::now();
+    let rx = Receiver::new(fast, args.messages, epoch, args.slow_delay);
+    let rx_addr = start_receiver(rx.clone()).await?;
+    let dir = tempfile::tempdir()?;
+    let token = "bench-admin-token-0123456789";
+    // HERALD_* variables tune the run (e.g. HERALD_ENDPOINT_CONCURRENCY);
+    // the store, token and network policy are the bench's own.
+    let config = Config {
+        database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
+        admin_token: Some(token.into()),
+        allow_private_networks: true,
+        ..Config::load(None)?
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let running = server::start(config, listener, Role::All).await?;
+    let base = format!("http://{}/api/v1", running.addr);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let auth = format!("Bearer {token}");
+
+    let app: serde_json::Value = client
+        .post(format!("{base}/app"))
+        .header("authorization", &auth)
+        .json(&serde_json::json!({"name": "bench"}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let app_id = app["id"].as_str().context("app id")?.to_owned();
+    let mut urls: Vec<String> = (0..fast)
+        .map(|i| format!("http://{rx_addr}/fast/{i}"))
+        .collect();
+    if slow {
+        urls.push(format!("http://{rx_addr}/slow/0"));
+    }
+    for url in urls {
+        client
+            .post(format!("{base}/app/{app_id}/endpoint"))
+            .header("authorization", &auth)
+            .json(&serde_json::json!({ "url": url }))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+
+    rx.expected.store(fast * args.messages, Ordering::SeqCst);
+    let size = args.payload_bytes;
+    let (c, b, a) = (
+        client.clone(),
+        format!("{base}/app/{app_id}/msg"),
+        auth.clone(),
+    );
+    let (starts, ingest_time) = drive(args.messages, args.concurrency, epoch, move |i| {
+        let (c, b, a) = (c.clone(), b.clone(), a.clone());
+        async move {
+            let body = format!(
+                "{{\"eventType\":\"bench.event\",\"payload\":{}}}",
+                payload(i, size)
+            );
+            let status = c
+                .post(&b)
+                .header("authorization", &a)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await?
+                .status();
+            if status != reqwest::StatusCode::ACCEPTED {
+                bail!("message {i} was answered {status}");
+            }
+            Ok(())
+        }
+    })
+    .await?;
+
+    let waited = tokio::time::timeout(args.timeout, async {
+        while rx.received.load(Ordering::SeqCst) < fast * args.messages {
+            rx.done.notified().await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        bail!(
+            "only {} of {} deliveries arrived within {:?}",
+            rx.received.load(Ordering::SeqCst),
+            fast * args.messages,
+            args.timeout
+        );
+    }
+    let mut latencies = Vec::with_capacity(fast * args.messages);
+    let mut last_arrival = 0;
+    for per_endpoint in &rx.arrivals {
+        for (i, at) in per_endpoint.iter().enumerate() {
+            let at = at.load(Ordering::SeqCst);
+            last_arrival = last_arrival.max(at);
+            latencies.push(at.saturating_sub(starts[i]));
+        }
+    }
+    latencies.sort_unstable();
+    let first_start = starts.iter().copied().min().unwrap_or(0);
+    let span = Duration::from_nanos(last_arrival.saturating_sub(first_start)).as_secs_f64();
+    let result = RunResult {
+        ingest_per_sec: args.messages as f64 / ingest_time.as_secs_f64(),
+        deliveries_per_sec: (fast * args.messages) as f64 / span,
+        p50: percentile(&latencies, 50.0),
+        p99: percentile(&latencies, 99.0),
+    };
+    running.shutdown().await?;
+    Ok(result)
+}
+
+/// The same client and receiver, without Herald in between.
+async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<f64> {
+    let epoch = Instant::now();
+    let rx = Receiver::new(1, args.messages, epoch, args.slow_delay);
+    let addr = start_receiver(rx.clone()).await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let size = args.payload_bytes;
+    let url = format!("http://{addr}/fast/0");
+    let (_, elapsed) = drive(args.messages, args.concurrency, epoch, move |i| {
+        let (c, u) = (client.clone(), url.clone());
+        async move {
+            c.post(&u)
+                .body(payload(i, size))
+                .send()
+                .await?
+                .error_for_status()?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(args.messages as f64 / elapsed.as_secs_f64())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    format!("{cores} cores, {cpu}")
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    println!(
+        "herald bench: {} messages, concurrency {}, ~{} B payloads, {}",
+        args.messages,
+        args.concurrency,
+        args.payload_bytes,
+        machine()
+    );
+    let ceiling = ceiling_run(&args).await?;
+    println!("| run | ingest msg/s | deliveries/s | p50 | p99 | % of ceiling |");
+    println!("|---|---|---|---|---|---|");
+    println!("| HTTP ceiling (client → receiver) | | {ceiling:.0} | | | 100 % |");
+    let r = herald_run(&args, 1, false).await?;
+    println!(
+        "| Herald, SQLite, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % |",
+        r.ingest_per_sec,
+        r.deliveries_per_sec,
+        r.p50,
+        r.p99,
+        100.0 * r.deliveries_per_sec / ceiling
+    );
+    if args.fairness {
+        let base = herald_run(&args, 3, false).await?;
+        println!(
+            "| fairness: 3 healthy endpoints | {:.0} | {:.0} | {:.1?} | {:.1?} | |",
+            base.ingest_per_sec, base.deliveries_per_sec, base.p50, base.p99
+        );
+        let with_slow = herald_run(&args, 3, true).await?;
+        println!(
+            "| fairness: 3 healthy + 1 answering after {:?} | {:.0} | {:.0} | {:.1?} | {:.1?} | |",
+            args.slow_delay,
+            with_slow.ingest_per_sec,
+            with_slow.deliveries_per_sec,
+            with_slow.p50,
+            with_slow.p99
+        );
+        let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
+        println!("healthy endpoints' p99 with the slow one / without: {ratio:.2}×");
+    }
+    Ok(())
+}

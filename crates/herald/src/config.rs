@@ -1,0 +1,342 @@
+//! Configuration: defaults, then an optional TOML file, then `HERALD_*`
+//! environment variables. Every value is validated at start; a bad one stops
+//! the process with an error naming the key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use herald_policy::{parse_duration, parse_schedule, Jitter, RetryPolicy};
+
+/// Every key, its default and what it means. The README's configuration
+/// table is this list; the TOML key is the name in lower case without the
+/// `HERALD_` prefix (e.g. `retry_schedule`).
+pub const KEYS: &[(&str, &str, &str)] = &[
+    ("HERALD_LISTEN", "127.0.0.1:8080", "Address the API and dashboard listen on."),
+    ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db` or `sqlite://relative.db`."),
+    ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
+    ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
+    ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
+    ("HERALD_MAX_AGE", "24h", "No retry once a message is older than this."),
+    ("HERALD_REQUEST_TIMEOUT", "30s", "Whole-attempt timeout (connect, send, response headers, excerpt)."),
+    ("HERALD_CONNECT_TIMEOUT", "5s", "TCP/TLS connect timeout."),
+    ("HERALD_ALLOW_PRIVATE_NETWORKS", "false", "Allow endpoints on loopback, private and other non-global addresses."),
+    ("HERALD_DISABLE_AFTER", "50", "Consecutive failures after which an endpoint is disabled."),
+    ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most."),
+    ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most."),
+    ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed the request timeout."),
+    ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
+    ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+    #[error("cannot read config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+#[derive(Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub database_url: String,
+    pub admin_token: Option<String>,
+    pub retry: RetryPolicy,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub allow_private_networks: bool,
+    pub disable_after: u32,
+    pub endpoint_concurrency: usize,
+    pub max_in_flight: usize,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub log: String,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("database_url", &self.database_url)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("retry", &self.retry)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("allow_private_networks", &self.allow_private_networks)
+            .field("disable_after", &self.disable_after)
+            .field("endpoint_concurrency", &self.endpoint_concurrency)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("lease", &self.lease)
+            .field("poll_interval", &self.poll_interval)
+            .finish()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::from_values(&BTreeMap::new())
+            .unwrap_or_else(|e| unreachable!("defaults are valid: {e}"))
+    }
+}
+
+impl Config {
+    /// Loads from an optional TOML file, then the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        Config::load_from(file, &env)
+    }
+
+    pub fn load_from(
+        file: Option<&Path>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let mut values = BTreeMap::new();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+            values.extend(parse_toml(&text).map_err(|message| ConfigError::File {
+                path: path.to_owned(),
+                message,
+            })?);
+        }
+        for (key, _, _) in KEYS {
+            if let Some(v) = env.get(*key) {
+                values.insert((*key).to_owned(), v.clone());
+            }
+        }
+        Config::from_values(&values)
+    }
+
+    /// Builds a config from `HERALD_*` keys to raw strings; absent keys take
+    /// their defaults.
+    pub fn from_values(values: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
+        let get = |key: &str| -> String {
+            values.get(key).cloned().unwrap_or_else(|| {
+                KEYS.iter()
+                    .find(|(k, _, _)| *k == key)
+                    .map(|(_, d, _)| (*d).to_owned())
+                    .unwrap_or_default()
+            })
+        };
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
+        let duration = |key: &str| parse_duration(&get(key)).map_err(|m| invalid(key, m));
+        let number = |key: &str| -> Result<u64, ConfigError> {
+            get(key)
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| invalid(key, format!("`{}` is not a whole number", get(key))))
+        };
+        let boolean = |key: &str| match get(key).trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            other => Err(invalid(key, format!("`{other}` is not true or false"))),
+        };
+
+        let listen = get("HERALD_LISTEN").parse().map_err(|_| {
+            invalid(
+                "HERALD_LISTEN",
+                format!(
+                    "`{}` is not an address like 127.0.0.1:8080",
+                    get("HERALD_LISTEN")
+                ),
+            )
+        })?;
+        let database_url = get("HERALD_DATABASE_URL");
+        if !(database_url.starts_with("sqlite:")) {
+            return Err(invalid(
+                "HERALD_DATABASE_URL",
+                format!("`{database_url}`: only sqlite:// URLs are supported by this build"),
+            ));
+        }
+        let admin_token = values
+            .get("HERALD_ADMIN_TOKEN")
+            .filter(|t| !t.is_empty())
+            .cloned();
+        if let Some(t) = &admin_token {
+            if t.len() < 16 {
+                return Err(invalid(
+                    "HERALD_ADMIN_TOKEN",
+                    "must be at least 16 characters".into(),
+                ));
+            }
+        }
+        let schedule = parse_schedule(&get("HERALD_RETRY_SCHEDULE"))
+            .map_err(|m| invalid("HERALD_RETRY_SCHEDULE", m))?;
+        let jitter: Jitter = get("HERALD_JITTER")
+            .parse()
+            .map_err(|m| invalid("HERALD_JITTER", m))?;
+        let max_age = duration("HERALD_MAX_AGE")?;
+        let request_timeout = duration("HERALD_REQUEST_TIMEOUT")?;
+        let connect_timeout = duration("HERALD_CONNECT_TIMEOUT")?;
+        let lease = duration("HERALD_LEASE")?;
+        let poll_interval = duration("HERALD_POLL_INTERVAL")?;
+        for (key, d) in [
+            ("HERALD_REQUEST_TIMEOUT", request_timeout),
+            ("HERALD_CONNECT_TIMEOUT", connect_timeout),
+            ("HERALD_POLL_INTERVAL", poll_interval),
+            ("HERALD_MAX_AGE", max_age),
+        ] {
+            if d.is_zero() {
+                return Err(invalid(key, "must be greater than zero".into()));
+            }
+        }
+        // A lease shorter than an attempt would let a second worker send the
+        // same delivery while the first is still waiting for its answer.
+        if lease <= request_timeout + Duration::from_secs(1) {
+            return Err(invalid(
+                "HERALD_LEASE",
+                format!("{lease:?} must exceed HERALD_REQUEST_TIMEOUT ({request_timeout:?}) by more than 1s"),
+            ));
+        }
+        let positive = |key: &str| -> Result<u64, ConfigError> {
+            match number(key)? {
+                0 => Err(invalid(key, "must be at least 1".into())),
+                n => Ok(n),
+            }
+        };
+        let usize_of =
+            |key: &str, n: u64| usize::try_from(n).map_err(|_| invalid(key, "too large".into()));
+        let disable_after = u32::try_from(positive("HERALD_DISABLE_AFTER")?)
+            .map_err(|_| invalid("HERALD_DISABLE_AFTER", "too large".into()))?;
+        let endpoint_concurrency = usize_of(
+            "HERALD_ENDPOINT_CONCURRENCY",
+            positive("HERALD_ENDPOINT_CONCURRENCY")?,
+        )?;
+        let max_in_flight = usize_of("HERALD_MAX_IN_FLIGHT", positive("HERALD_MAX_IN_FLIGHT")?)?;
+
+        Ok(Config {
+            listen,
+            database_url,
+            admin_token,
+            retry: RetryPolicy {
+                schedule,
+                jitter,
+                max_age,
+            },
+            request_timeout,
+            connect_timeout,
+            allow_private_networks: boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
+            disable_after,
+            endpoint_concurrency,
+            max_in_flight,
+            lease,
+            poll_interval,
+            log: get("HERALD_LOG"),
+        })
+    }
+}
+
+/// Reads a flat TOML table into `HERALD_*` keys. Unknown keys are errors, so
+/// a typo does not silently fall back to a default.
+fn parse_toml(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+    let mut out = BTreeMap::new();
+    for (key, value) in table {
+        let env_key = format!("HERALD_{}", key.to_ascii_uppercase());
+        if !KEYS.iter().any(|(k, _, _)| *k == env_key) {
+            return Err(format!("unknown key `{key}`"));
+        }
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("`{key}`: list items must be strings"))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(","),
+            other => return Err(format!("`{key}`: unsupported value {other}")),
+        };
+        out.insert(env_key, text);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_match_the_documented_table() {
+        let c = Config::default();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.database_url, "sqlite://herald-data/herald.db");
+        assert_eq!(c.retry, RetryPolicy::default());
+        assert_eq!(c.request_timeout, Duration::from_secs(30));
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert!(!c.allow_private_networks);
+        assert_eq!(c.disable_after, 50);
+        assert!(c.admin_token.is_none());
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("herald.toml");
+        std::fs::write(&path, "listen = \"0.0.0.0:9000\"\nmax_age = \"2h\"\nretry_schedule = [\"1s\", \"2s\"]\ndisable_after = 7\n")
+            .expect("write");
+        let c = Config::load_from(
+            Some(&path),
+            &env(&[("HERALD_MAX_AGE", "3h"), ("HERALD_JITTER", "none")]),
+        )
+        .expect("valid");
+        assert_eq!(c.listen.to_string(), "0.0.0.0:9000");
+        assert_eq!(c.retry.max_age, Duration::from_secs(3 * 3600));
+        assert_eq!(
+            c.retry.schedule,
+            vec![Duration::from_secs(1), Duration::from_secs(2)]
+        );
+        assert_eq!(c.retry.jitter, Jitter::None);
+        assert_eq!(c.disable_after, 7);
+    }
+
+    #[test]
+    fn invalid_values_name_their_key() {
+        for (key, value) in [
+            ("HERALD_LISTEN", "nowhere"),
+            ("HERALD_DATABASE_URL", "mysql://x"),
+            ("HERALD_RETRY_SCHEDULE", "1m,soon"),
+            ("HERALD_JITTER", "lots"),
+            ("HERALD_MAX_AGE", "24"),
+            ("HERALD_REQUEST_TIMEOUT", "0s"),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "maybe"),
+            ("HERALD_DISABLE_AFTER", "-1"),
+            ("HERALD_ENDPOINT_CONCURRENCY", "0"),
+            ("HERALD_LEASE", "10s"),
+            ("HERALD_ADMIN_TOKEN", "short"),
+        ] {
+            let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
+            assert!(err.to_string().starts_with(key), "{key}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_file_keys_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("herald.toml");
+        std::fs::write(&path, "retry_shedule = \"1m\"\n").expect("write");
+        let err = Config::load_from(Some(&path), &BTreeMap::new()).expect_err("typo");
+        assert!(err.to_string().contains("retry_shedule"), "{err}");
+    }
+}

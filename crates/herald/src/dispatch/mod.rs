@@ -1,0 +1,345 @@
+//! The dispatcher: claims due deliveries in batches, sends them with bounded
+//! concurrency (globally and per endpoint), asks the policy what comes next,
+//! and hands the outcomes to the completer, which records them in batches.
+//!
+//! Invariant: no database transaction is open while a request is in flight.
+//! The claim commits before the first byte is sent; the outcome is written
+//! by a later transaction. A crash in between leaves the delivery
+//! `delivering` with a lease that expires, after which it is claimed again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use herald_policy::{decide, Decision, RetryPolicy};
+use rand::Rng;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::ids::{AttemptId, EndpointId};
+use crate::store::{
+    now_millis, AttemptRecord, ClaimRequest, ClaimedDelivery, Completion, NextState, Store,
+    StoreResult,
+};
+
+pub mod sender;
+pub use sender::Sender;
+
+/// After a finished request wakes the idle loop, how long to let others
+/// finish before claiming, so claims come in batches.
+const CLAIM_GATHER: Duration = Duration::from_millis(1);
+
+#[derive(Debug, PartialEq, Eq)]
+enum Woke {
+    SlotFreed,
+    Other,
+}
+
+/// Counts of what one [`Dispatcher::process_batch`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    pub claimed: usize,
+    pub delivered: usize,
+    pub retried: usize,
+    pub dead: usize,
+}
+
+struct InFlight {
+    total: AtomicUsize,
+    per_endpoint: Mutex<HashMap<EndpointId, usize>>,
+    /// Signalled whenever a request finishes and frees a slot.
+    freed: Notify,
+}
+
+impl InFlight {
+    fn snapshot(&self) -> HashMap<EndpointId, usize> {
+        self.per_endpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn acquire(&self, ep: &EndpointId) {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        *self
+            .per_endpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(ep.clone())
+            .or_insert(0) += 1;
+    }
+
+    fn release(&self, ep: &EndpointId) {
+        {
+            let mut map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = map.get_mut(ep) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(ep);
+                }
+            }
+        }
+        self.total.fetch_sub(1, Ordering::SeqCst);
+        self.freed.notify_one();
+    }
+}
+
+pub struct Dispatcher {
+    store: Arc<dyn Store>,
+    sender: Sender,
+    policy: RetryPolicy,
+    lease: Duration,
+    poll_interval: Duration,
+    max_in_flight: usize,
+    endpoint_cap: usize,
+    in_flight: InFlight,
+    /// Signalled when new work may be due: a commit, a replay, a retry.
+    wake: Arc<Notify>,
+}
+
+impl Dispatcher {
+    pub fn new(store: Arc<dyn Store>, config: &Config, wake: Arc<Notify>) -> anyhow::Result<Self> {
+        Ok(Dispatcher {
+            store,
+            sender: Sender::new(config)?,
+            policy: config.retry.clone(),
+            lease: config.lease,
+            poll_interval: config.poll_interval,
+            max_in_flight: config.max_in_flight,
+            endpoint_cap: config.endpoint_concurrency,
+            in_flight: InFlight {
+                total: AtomicUsize::new(0),
+                per_endpoint: Mutex::new(HashMap::new()),
+                freed: Notify::new(),
+            },
+            wake,
+        })
+    }
+
+    async fn claim(&self, limit: usize) -> StoreResult<Vec<ClaimedDelivery>> {
+        let now = now_millis();
+        let in_flight = self.in_flight.snapshot();
+        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
+        self.store
+            .claim(&ClaimRequest {
+                now,
+                lease_until: now.saturating_add(lease_ms),
+                limit,
+                in_flight: &in_flight,
+                endpoint_cap: self.endpoint_cap,
+            })
+            .await
+    }
+
+    /// Sends one claimed delivery and decides its next state.
+    async fn attempt(&self, d: ClaimedDelivery) -> Completion {
+        let attempt_number = d.attempts.saturating_add(1);
+        let started_at = now_millis();
+        let observed = self.sender.send(&d, attempt_number).await;
+        let now = now_millis();
+        let age = Duration::from_millis(u64::try_from(now - d.cycle_started_at).unwrap_or(0));
+        let in_cycle = attempt_number.saturating_sub(d.cycle_base);
+        let jitter_unit: f64 = rand::thread_rng().gen();
+        let next = match decide(&self.policy, &observed.outcome, in_cycle, age, jitter_unit) {
+            Decision::Delivered => NextState::Delivered,
+            Decision::Retry { delay } => NextState::Retry {
+                at: now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+            },
+            Decision::Dead(reason) => NextState::Dead(reason),
+        };
+        tracing::debug!(
+            delivery = %d.id, endpoint = %d.endpoint_id, attempt = attempt_number,
+            status = ?observed.status, error = ?observed.error, next = ?next, "attempt finished"
+        );
+        Completion {
+            attempt: AttemptRecord {
+                id: AttemptId::generate(),
+                delivery_id: d.id,
+                msg_id: d.msg_id,
+                endpoint_id: d.endpoint_id,
+                app_id: d.app_id,
+                url: d.url,
+                attempt_number,
+                started_at,
+                duration_ms: i64::try_from(observed.duration.as_millis()).unwrap_or(i64::MAX),
+                status_code: observed.status,
+                response: observed.excerpt,
+                error: observed.error,
+                success: next == NextState::Delivered,
+                manual: d.manual,
+            },
+            lease_token: d.lease_token,
+            next,
+            now,
+        }
+    }
+
+    /// Claims what is due (up to the free slots), sends it all, and records
+    /// every outcome before returning. The background loop does the same
+    /// work pipelined; tests call this to step the engine without sleeping.
+    pub async fn process_batch(&self) -> StoreResult<BatchReport> {
+        let free = self
+            .max_in_flight
+            .saturating_sub(self.in_flight.total.load(Ordering::SeqCst));
+        let claimed = self.claim(free).await?;
+        let mut report = BatchReport {
+            claimed: claimed.len(),
+            ..BatchReport::default()
+        };
+        let completions =
+            futures::future::join_all(claimed.into_iter().map(|d| self.attempt(d))).await;
+        for c in &completions {
+            match c.next {
+                NextState::Delivered => report.delivered += 1,
+                NextState::Retry { .. } => report.retried += 1,
+                NextState::Dead(_) => report.dead += 1,
+            }
+        }
+        self.store.complete(&completions).await?;
+        Ok(report)
+    }
+
+    /// The background loop. Returns after `shutdown` once every request in
+    /// flight has finished and its outcome has been written.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let (done_tx, done_rx) = mpsc::channel::<Completion>(self.max_in_flight.max(64) * 4);
+        let completer = tokio::spawn(run_completer(
+            self.store.clone(),
+            done_rx,
+            self.wake.clone(),
+        ));
+        let mut backoff = Duration::from_millis(50);
+        while !shutdown.is_cancelled() {
+            let free = self
+                .max_in_flight
+                .saturating_sub(self.in_flight.total.load(Ordering::SeqCst));
+            if free == 0 {
+                tokio::select! {
+                    _ = self.in_flight.freed.notified() => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+            match self.claim(free).await {
+                Ok(claimed) => {
+                    backoff = Duration::from_millis(50);
+                    let full = claimed.len() == free;
+                    for d in claimed {
+                        self.in_flight.acquire(&d.endpoint_id);
+                        let this = self.clone();
+                        let done_tx = done_tx.clone();
+                        tokio::spawn(async move {
+                            let endpoint = d.endpoint_id.clone();
+                            let completion = this.attempt(d).await;
+                            // Only fails when the completer is gone, i.e. at
+                            // shutdown; the lease then brings it back.
+                            let _ = done_tx.send(completion).await;
+                            this.in_flight.release(&endpoint);
+                        });
+                    }
+                    if full {
+                        continue; // there may be more due right now
+                    }
+                    // Everything claimable is under way: sleep until that
+                    // changes. When a finished request is what woke us, let
+                    // others finish too, so the next claim is a batch
+                    // rather than one row per finished request.
+                    if self.idle_wait(&shutdown).await == Woke::SlotFreed {
+                        tokio::select! {
+                            _ = tokio::time::sleep(CLAIM_GATHER) => {}
+                            _ = shutdown.cancelled() => break,
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "claim failed; backing off");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        // Stop claiming; let what is in flight finish (bounded by the
+        // request timeout), then let the completer write it all down.
+        while self.in_flight.total.load(Ordering::SeqCst) > 0 {
+            self.in_flight.freed.notified().await;
+        }
+        drop(done_tx);
+        if let Err(e) = completer.await {
+            tracing::error!(error = %e, "completer task failed");
+        }
+    }
+
+    /// Nothing claimable now: sleep until new work, a freed slot (a busy
+    /// endpoint may have room again), the next known due time, or the poll.
+    async fn idle_wait(&self, shutdown: &CancellationToken) -> Woke {
+        let mut wait = self.poll_interval;
+        match self.store.next_due_at().await {
+            Ok(Some(at)) => {
+                let until = at - now_millis();
+                if until > 0 {
+                    wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
+                } else if self.in_flight.total.load(Ordering::SeqCst) == 0 {
+                    // Due work that no busy endpoint is holding back: the
+                    // last claim's window missed it. Claim again at once.
+                    return Woke::Other;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read next due time"),
+        }
+        tokio::select! {
+            _ = self.wake.notified() => Woke::Other,
+            _ = self.in_flight.freed.notified() => Woke::SlotFreed,
+            _ = tokio::time::sleep(wait) => Woke::Other,
+            _ = shutdown.cancelled() => Woke::Other,
+        }
+    }
+}
+
+/// Writes outcomes in batches: whatever queued up while the previous batch
+/// was being written goes into the next transaction.
+async fn run_completer(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<Completion>,
+    wake: Arc<Notify>,
+) {
+    const MAX_BATCH: usize = 2000;
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        let mut delay = Duration::from_millis(20);
+        for attempt in 1..=30 {
+            match store.complete(&batch).await {
+                Ok(()) => break,
+                Err(e) if attempt == 30 => {
+                    // Leases bring these deliveries back: at least once holds.
+                    tracing::error!(error = %e, count = batch.len(), "giving up recording outcomes; leases will expire");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "recording outcomes failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        // A retry may now be the earliest due work: let the loop re-plan.
+        if batch
+            .iter()
+            .any(|c| matches!(c.next, NextState::Retry { .. }))
+        {
+            wake.notify_one();
+        }
+        batch.clear();
+    }
+}

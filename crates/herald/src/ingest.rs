@@ -1,0 +1,86 @@
+//! Group commit of new messages: concurrent create-message requests share
+//! one transaction (one fsync). Each request is answered only after the
+//! commit that holds its message, so a 202 always means "on disk".
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::store::{InsertOutcome, NewMessage, Store, StoreError, StoreResult};
+
+/// Messages per transaction at most; more wait for the next one.
+const MAX_BATCH: usize = 1000;
+
+type Reply = oneshot::Sender<StoreResult<InsertOutcome>>;
+
+#[derive(Clone)]
+pub struct Ingest {
+    tx: mpsc::Sender<(NewMessage, Reply)>,
+}
+
+impl Ingest {
+    /// Starts the batching task. `wake` is signalled after each commit so
+    /// the dispatcher picks new deliveries up at once.
+    pub fn start(store: Arc<dyn Store>, wake: Arc<Notify>) -> Self {
+        let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+        tokio::spawn(run(store, rx, wake));
+        Ingest { tx }
+    }
+
+    /// Stores one message (and its deliveries) durably.
+    pub async fn submit(&self, message: NewMessage) -> StoreResult<InsertOutcome> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((message, reply))
+            .await
+            .map_err(|_| StoreError::Unavailable("ingest is shutting down".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("ingest is shutting down".into()))?
+    }
+}
+
+async fn run(
+    store: Arc<dyn Store>,
+    mut rx: mpsc::Receiver<(NewMessage, Reply)>,
+    wake: Arc<Notify>,
+) {
+    let mut messages = Vec::with_capacity(MAX_BATCH);
+    let mut replies = Vec::with_capacity(MAX_BATCH);
+    // No timer: while one batch commits, the next one gathers by itself.
+    while let Some((m, r)) = rx.recv().await {
+        messages.push(m);
+        replies.push(r);
+        while messages.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok((m, r)) => {
+                    messages.push(m);
+                    replies.push(r);
+                }
+                Err(_) => break,
+            }
+        }
+        match store.insert_messages(&messages).await {
+            Ok(outcomes) => {
+                let any = outcomes.iter().any(
+                    |o| matches!(o, InsertOutcome::Inserted { deliveries } if *deliveries > 0),
+                );
+                for (reply, outcome) in replies.drain(..).zip(outcomes) {
+                    // The requester may have gone away; the message is stored.
+                    let _ = reply.send(Ok(outcome));
+                }
+                if any {
+                    wake.notify_one();
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
+                for reply in replies.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+        messages.clear();
+        replies.clear();
+    }
+}

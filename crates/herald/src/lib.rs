@@ -1,0 +1,13 @@
+//! Herald: durable, signed, retried outbound webhooks in one binary.
+//!
+//! The map of this crate is in ARCHITECTURE.md at the repository root.
+
+pub mod api;
+pub mod bench;
+pub mod config;
+pub mod dispatch;
+pub mod ids;
+pub mod ingest;
+pub mod net;
+pub mod server;
+pub mod store;

@@ -1,0 +1,326 @@
+//! The store seam: everything the engine and the API need from durable
+//! storage, behind one trait. Each backend keeps its SQL beside it
+//! (`sqlite.rs` and `migrations/sqlite/`); the conformance suite in
+//! `tests/it/store_conformance.rs` runs the same tests against each.
+//!
+//! Times are Unix milliseconds (`Millis`), passed in by the caller, so the
+//! store never reads a clock and tests can move time freely.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use herald_policy::DeadReason;
+
+use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
+
+pub mod sqlite;
+
+pub type Millis = i64;
+
+pub fn now_millis() -> Millis {
+    chrono::Utc::now().timestamp_millis()
+}
+
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum StoreError {
+    /// A uniqueness rule was broken (a `uid` already taken, …).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The database cannot be reached or is busy; the caller may retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else: a bug or corruption. Never shown to API clients.
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct App {
+    pub id: AppId,
+    pub uid: Option<String>,
+    pub name: String,
+    pub rate_limit: Option<u16>,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub app_id: AppId,
+    pub uid: Option<String>,
+    pub url: String,
+    pub description: String,
+    /// `None`: every event type. `Some(list)`: only those.
+    pub filter_types: Option<Vec<String>>,
+    pub disabled: bool,
+    pub rate_limit: Option<u16>,
+    pub metadata: BTreeMap<String, String>,
+    /// `whsec_…`. Never logged (see `Debug` of `herald_signing::Secret`).
+    pub secret: String,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl Endpoint {
+    pub fn subscribes_to(&self, event_type: &str) -> bool {
+        match &self.filter_types {
+            None => true,
+            Some(types) => types.iter().any(|t| t == event_type),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    pub id: MsgId,
+    pub app_id: AppId,
+    pub event_type: String,
+    pub event_id: Option<String>,
+    /// The payload's JSON text, exactly as it will be sent.
+    pub payload: String,
+    pub created_at: Millis,
+}
+
+pub type Message = NewMessage;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// Stored, with this many deliveries fanned out.
+    Inserted { deliveries: usize },
+    /// The app already has a message with this `eventId`.
+    DuplicateEventId,
+}
+
+/// Delivery states as stored. `Pending` and `Delivering` are "live": they
+/// sit in the claim index; the other two have left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    Pending = 0,
+    Delivering = 1,
+    Delivered = 2,
+    Dead = 3,
+}
+
+impl DeliveryState {
+    pub fn from_i64(v: i64) -> Option<Self> {
+        Some(match v {
+            0 => DeliveryState::Pending,
+            1 => DeliveryState::Delivering,
+            2 => DeliveryState::Delivered,
+            3 => DeliveryState::Dead,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Delivering => "delivering",
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub now: Millis,
+    /// Claimed rows stay reserved until then; past it they are due again.
+    pub lease_until: Millis,
+    /// Claim at most this many in total (the free sending slots).
+    pub limit: usize,
+    /// Requests now in flight per endpoint, and the cap per endpoint: the
+    /// claim never returns more for an endpoint than it has room for, so
+    /// the slots go to deliveries that can be sent now.
+    pub in_flight: &'a HashMap<EndpointId, usize>,
+    pub endpoint_cap: usize,
+}
+
+/// Everything needed to send one attempt, read in the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedDelivery {
+    pub id: DeliveryId,
+    pub lease_token: String,
+    pub msg_id: MsgId,
+    pub app_id: AppId,
+    pub endpoint_id: EndpointId,
+    pub url: String,
+    pub secret: String,
+    pub event_type: String,
+    pub payload: String,
+    /// Attempts made before this one, over the delivery's whole life.
+    pub attempts: u32,
+    /// Start of the current retry cycle (message creation, or last replay).
+    pub cycle_started_at: Millis,
+    /// `attempts` when the current cycle started.
+    pub cycle_base: u32,
+    /// This attempt was asked for by an operator (replay/resend).
+    pub manual: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub id: AttemptId,
+    pub delivery_id: DeliveryId,
+    pub msg_id: MsgId,
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    pub url: String,
+    /// 1-based over the delivery's life (the `X-Attempt` header).
+    pub attempt_number: u32,
+    pub started_at: Millis,
+    pub duration_ms: i64,
+    pub status_code: Option<u16>,
+    /// Response body excerpt, or empty.
+    pub response: String,
+    /// Network error or timeout text, when there was no status.
+    pub error: Option<String>,
+    pub success: bool,
+    pub manual: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextState {
+    Delivered,
+    Retry { at: Millis },
+    Dead(DeadReason),
+}
+
+/// One finished attempt and the state the policy chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub attempt: AttemptRecord,
+    /// Only the holder of this claim may move the delivery on; an outcome
+    /// that arrives after the lease expired and was re-claimed is logged as
+    /// an attempt but leaves the state to the new holder.
+    pub lease_token: String,
+    pub next: NextState,
+    pub now: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub id: DeliveryId,
+    pub msg_id: MsgId,
+    pub app_id: AppId,
+    pub endpoint_id: EndpointId,
+    pub event_type: String,
+    pub state: DeliveryState,
+    pub attempts: u32,
+    pub next_attempt_at: Millis,
+    pub dead_reason: Option<DeadReason>,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// A page request over a list sorted by id (ids sort by creation time).
+#[derive(Debug, Clone, Default)]
+pub struct PageReq {
+    pub limit: usize,
+    /// Return items strictly after this id in the chosen order.
+    pub after: Option<String>,
+    pub ascending: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResendOutcome {
+    Queued,
+    NoSuchMessage,
+    NoSuchEndpoint,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Reads a named setting (e.g. the admin token's hash).
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>>;
+    /// Stores `value` unless the key exists; returns whichever is stored.
+    async fn init_setting(&self, key: &str, value: &str) -> StoreResult<String>;
+
+    async fn create_app(&self, app: &App) -> StoreResult<()>;
+    /// By id or by `uid`.
+    async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>>;
+    async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>>;
+
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()>;
+    /// By id or by `uid`, within the app.
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>>;
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>>;
+    /// Replaces the mutable fields; false if it does not exist.
+    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool>;
+    /// Deletes the endpoint and its deliveries (attempt history stays).
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool>;
+
+    /// The outbox write: each message and one delivery per subscribed,
+    /// enabled endpoint, all in ONE transaction (group commit). Returns one
+    /// outcome per message, in order.
+    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>>;
+    /// By id or by `eventId`.
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>>;
+
+    /// Claims due deliveries: marks them delivering until `lease_until`.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>>;
+    /// The earliest `next_attempt_at` of any live delivery, if any.
+    async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
+    /// Records attempts and moves deliveries on, all in one transaction.
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<()>;
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>>;
+    async fn list_dead(
+        &self,
+        app: &AppId,
+        endpoint: Option<&EndpointId>,
+        page: &PageReq,
+    ) -> StoreResult<Page<Delivery>>;
+    /// Makes one dead delivery due now, in a fresh retry cycle. False if it
+    /// is not dead (or not found).
+    async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool>;
+    /// Replays every dead delivery of an endpoint; returns how many.
+    async fn replay_dead_of_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<u64>;
+    /// Svix's resend: a manual attempt of (message, endpoint) now, reusing
+    /// the delivery (and so its Idempotency-Key) if one exists.
+    async fn resend(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<ResendOutcome>;
+
+    async fn list_attempts_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>>;
+    async fn list_attempts_of_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>>;
+
+    /// Cheap liveness probe.
+    async fn ping(&self) -> StoreResult<()>;
+}

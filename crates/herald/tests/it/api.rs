@@ -1,0 +1,359 @@
+//! The HTTP API's contract: auth, shapes, and clear errors for bad input.
+
+use axum::http::StatusCode;
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn every_api_route_needs_the_bearer_token() {
+    let app = spawn_app(&[]).await;
+    let app_id = app.create_app().await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/api/v1/app".to_owned()),
+        (reqwest::Method::POST, "/api/v1/app".to_owned()),
+        (reqwest::Method::GET, format!("/api/v1/app/{app_id}")),
+        (reqwest::Method::POST, format!("/api/v1/app/{app_id}/msg")),
+        (
+            reqwest::Method::GET,
+            format!("/api/v1/app/{app_id}/dead-letter"),
+        ),
+        (reqwest::Method::GET, "/api/v1/nonexistent".to_owned()),
+    ] {
+        for auth in [None, Some("Bearer wrong-token-wrong-token"), Some(TOKEN)] {
+            if auth == Some(TOKEN) {
+                continue;
+            }
+            let mut req = app.client.request(method.clone(), app.url(&path));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let resp = req.send().await.expect("send");
+            assert_eq!(resp.status(), 401, "{method} {path} with {auth:?}");
+            let body: serde_json::Value = resp.json().await.expect("JSON error body");
+            assert_eq!(body["code"], "authentication_failed");
+        }
+    }
+    let resp = app
+        .client
+        .get(app.url("/healthz"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200, "healthz needs no token");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn applications_and_endpoints_have_svix_shapes() {
+    let app = spawn_app(&[]).await;
+    let (s, a) = app
+        .post(
+            "/api/v1/app",
+            json!({"name": "Acme", "uid": "acme", "metadata": {"tier": "gold"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let id = a["id"].as_str().expect("id");
+    assert!(id.starts_with("app_"));
+    assert_eq!(a["uid"], "acme");
+    assert_eq!(a["metadata"], json!({"tier": "gold"}));
+    assert!(a["createdAt"].as_str().expect("createdAt").ends_with('Z'));
+    assert!(a["updatedAt"].is_string());
+
+    // uid works wherever an id does; trailing slashes are optional.
+    let (s, by_uid) = app.get("/api/v1/app/acme/").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(by_uid["id"], id);
+    let (s, _) = app
+        .post("/api/v1/app", json!({"name": "Again", "uid": "acme"}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, same) = app
+        .post(
+            "/api/v1/app?get_if_exists=true",
+            json!({"name": "Again", "uid": "acme"}),
+        )
+        .await;
+    assert_eq!((s, same["id"].clone()), (StatusCode::OK, json!(id)));
+
+    let (s, list) = app.get("/api/v1/app").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(list["data"].as_array().expect("data").len(), 1);
+    assert_eq!(list["done"], true);
+    assert!(list.as_object().expect("object").contains_key("iterator"));
+    assert!(list
+        .as_object()
+        .expect("object")
+        .contains_key("prevIterator"));
+
+    let ep = app
+        .create_endpoint(
+            id,
+            "https://93.184.215.14/hook",
+            json!({"description": "main", "metadata": {"k": "v"}}),
+        )
+        .await;
+    let ep_id = ep["id"].as_str().expect("id");
+    assert!(ep_id.starts_with("ep_"));
+    assert_eq!(ep["disabled"], false);
+    assert_eq!(ep["description"], "main");
+    assert!(ep["filterTypes"].is_null());
+
+    let (s, patched) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            Some(json!({"disabled": true, "filterTypes": ["a.b"]})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{patched}");
+    assert_eq!(patched["disabled"], true);
+    assert_eq!(
+        patched["description"], "main",
+        "PATCH keeps what it does not name"
+    );
+    assert_eq!(patched["eventTypes"], json!(["a.b"]));
+
+    let (s, put) = app
+        .request(
+            reqwest::Method::PUT,
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            Some(json!({"url": "https://93.184.215.14/v2"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{put}");
+    assert_eq!(put["url"], "https://93.184.215.14/v2");
+    assert_eq!(put["description"], "", "PUT replaces the whole endpoint");
+    assert_eq!(put["disabled"], false);
+    assert!(put["filterTypes"].is_null());
+
+    let (s, _) = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = app.get(&format!("/api/v1/app/{id}/endpoint/{ep_id}")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_4xx_errors_naming_the_problem() {
+    let app = spawn_app(&[]).await;
+    let app_id = app.create_app().await;
+    let msg_path = format!("/api/v1/app/{app_id}/msg");
+
+    let raw = |path: String, body: &'static str| {
+        let req = app
+            .client
+            .post(app.url(&path))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body);
+        async move {
+            let resp = req.send().await.expect("send");
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.expect("every error body is JSON");
+            (status, body)
+        }
+    };
+    let (s, b) = raw(msg_path.clone(), "{not json").await;
+    assert_eq!(s, 400, "{b}");
+    assert_eq!(b["code"], "bad_request");
+
+    let (s, b) = raw(msg_path.clone(), r#"{"payload": {}}"#).await;
+    assert_eq!(s, 422, "{b}");
+    assert!(
+        b["detail"][0]["msg"]
+            .as_str()
+            .expect("msg")
+            .contains("eventType"),
+        "{b}"
+    );
+
+    let (s, b) = raw(msg_path.clone(), r#"{"eventType": 5, "payload": {}}"#).await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(b["detail"][0]["loc"], json!(["body", "eventType"]));
+
+    let (s, b) = raw(
+        msg_path.clone(),
+        r#"{"eventType": "bad type!", "payload": {}}"#,
+    )
+    .await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(b["detail"][0]["loc"], json!(["body", "eventType"]));
+
+    let (s, b) = raw(
+        format!("/api/v1/app/{app_id}/endpoint"),
+        r#"{"url": "ftp://example.com/"}"#,
+    )
+    .await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(b["detail"][0]["loc"], json!(["body", "url"]));
+    let (s, _) = raw(
+        format!("/api/v1/app/{app_id}/endpoint"),
+        r#"{"url": "not a url"}"#,
+    )
+    .await;
+    assert_eq!(s, 422);
+    let (s, b) = raw(
+        format!("/api/v1/app/{app_id}/endpoint"),
+        r#"{"url": "http://127.0.0.1/", "secret": "nope"}"#,
+    )
+    .await;
+    assert_eq!(s, 422);
+    assert_eq!(b["detail"][0]["loc"], json!(["body", "secret"]));
+    let (s, b) = raw(
+        format!("/api/v1/app/{app_id}/endpoint"),
+        r#"{"url": "http://127.0.0.1/", "filterTypes": []}"#,
+    )
+    .await;
+    assert_eq!(s, 422);
+    assert_eq!(b["detail"][0]["loc"], json!(["body", "filterTypes"]));
+    let (s, _) = raw("/api/v1/app".into(), r#"{"name": ""}"#).await;
+    assert_eq!(s, 422);
+
+    let (s, b) = raw(
+        "/api/v1/app/app_nope/msg".into(),
+        r#"{"eventType": "a", "payload": {}}"#,
+    )
+    .await;
+    assert_eq!((s, b["code"].clone()), (404, json!("not_found")));
+    let (s, _) = app.get(&format!("/api/v1/app/{app_id}/msg/msg_nope")).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+
+    let (s, b) = app.get("/api/v1/app?limit=0").await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(b["detail"][0]["loc"], json!(["query", "limit"]));
+    let (s, _) = app.get("/api/v1/app?limit=abc").await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    let (s, _) = app
+        .get("/api/v1/app?with_content=false&expanded_statuses=true")
+        .await;
+    assert_eq!(s, StatusCode::OK, "unknown query parameters are ignored");
+
+    // A payload over 1 MiB: 413, and nothing stored.
+    let big = format!(
+        r#"{{"eventType": "a.b", "payload": {{"x": "{}"}}}}"#,
+        "y".repeat(1024 * 1024)
+    );
+    let resp = app
+        .client
+        .post(app.url(&msg_path))
+        .bearer_auth(TOKEN)
+        .body(big)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 413);
+    let b: serde_json::Value = resp.json().await.expect("JSON");
+    assert_eq!(b["code"], "payload_too_large");
+    let huge = format!(
+        r#"{{"eventType": "a.b", "payload": {{"x": "{}"}}}}"#,
+        "y".repeat(2 * 1024 * 1024)
+    );
+    let resp = app
+        .client
+        .post(app.url(&msg_path))
+        .bearer_auth(TOKEN)
+        .body(huge)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 413);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_repeated_event_id_is_a_conflict_and_stores_nothing_new() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let body = json!({"eventType": "a.b", "eventId": "order-42", "payload": {"n": 1}});
+    let (s, first) = app
+        .post(&format!("/api/v1/app/{app_id}/msg"), body.clone())
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(first["eventId"], "order-42");
+    let (s, second) = app.post(&format!("/api/v1/app/{app_id}/msg"), body).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{second}");
+    assert_eq!(second["code"], "conflict");
+    // The same eventId in another app is fine.
+    let other = app.create_app().await;
+    let (s, _) = app
+        .post(
+            &format!("/api/v1/app/{other}/msg"),
+            json!({"eventType": "a.b", "eventId": "order-42", "payload": {}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    // Get by eventId too.
+    let (s, got) = app.get(&format!("/api/v1/app/{app_id}/msg/order-42")).await;
+    assert_eq!(
+        (s, got["id"].clone()),
+        (StatusCode::OK, first["id"].clone())
+    );
+    assert_eq!(
+        app.step().await.delivered,
+        1,
+        "one delivery for the one stored message"
+    );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn sdk_headers_do_not_break_anything() {
+    let app = spawn_app(&[]).await;
+    let resp = app
+        .client
+        .post(app.url("/api/v1/app/"))
+        .bearer_auth(TOKEN)
+        .header(
+            "idempotency-key",
+            "auto_6f1c5a2e-2c54-4d0e-9a59-3a1f0b3f7a11",
+        )
+        .header("svix-req-id", "12345")
+        .json(&json!({"name": "sdk"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 201);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn many_concurrent_messages_are_all_stored_in_group_commits() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let app = std::sync::Arc::new(app);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let (app, app_id) = (app.clone(), app_id.clone());
+        tasks.push(tokio::spawn(async move {
+            app.send_message(&app_id, "a.b", json!({ "i": i })).await
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.push(t.await.expect("task"));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200);
+    let mut delivered = 0;
+    for _ in 0..50 {
+        delivered += app.step().await.delivered;
+        if delivered == 200 {
+            break;
+        }
+    }
+    assert_eq!(delivered, 200);
+    assert_eq!(rx.requests().len(), 200);
+}

@@ -1,0 +1,415 @@
+//! The real `herald` binary: configuration errors, the generated admin
+//! token, SIGTERM, and crash safety under SIGKILL.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::helpers::{closed_port, PATIENCE, TOKEN};
+
+fn herald() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    // Start from a clean slate: no HERALD_* from the developer's shell.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HERALD_LOG", "warn").kill_on_drop(true);
+    cmd
+}
+
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+    first_line: String,
+}
+
+/// Starts `herald serve` and waits (bounded) until /healthz answers.
+async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
+    let port = closed_port().await;
+    let mut cmd = herald();
+    cmd.arg("serve")
+        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+        .env("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()))
+        .stdout(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("herald starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let first_line = tokio::time::timeout(PATIENCE, lines.next_line())
+        .await
+        .expect("herald prints within the patience")
+        .expect("read stdout")
+        .unwrap_or_default();
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok(r) = client.get(format!("http://{addr}/healthz")).send().await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "herald never became healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Proc {
+        child,
+        addr,
+        first_line,
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_setting_stops_the_binary_naming_the_key() {
+    for (key, value) in [
+        ("HERALD_MAX_AGE", "forever"),
+        ("HERALD_RETRY_SCHEDULE", "1m,x"),
+        ("HERALD_JITTER", "some"),
+    ] {
+        let out = herald()
+            .arg("serve")
+            .env(key, value)
+            .output()
+            .await
+            .expect("runs");
+        assert!(!out.status.success(), "{key}={value} must stop herald");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(key), "{key}: {stderr}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("herald.toml");
+    std::fs::write(&file, "max_age = \"1 week\"\n").expect("write");
+    let out = herald()
+        .args(["serve", "--config"])
+        .arg(&file)
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HERALD_MAX_AGE"));
+}
+
+#[tokio::test]
+async fn the_admin_token_is_generated_once_printed_once_and_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("h.db");
+    let mut first = serve(&db, &[]).await;
+    let token = first
+        .first_line
+        .rsplit(' ')
+        .next()
+        .expect("token")
+        .to_owned();
+    assert!(
+        first.first_line.contains("admin token"),
+        "{}",
+        first.first_line
+    );
+    assert!(token.starts_with("hrld_"), "{token}");
+    let client = reqwest::Client::new();
+    let ok = client
+        .get(format!("http://{}/api/v1/app", first.addr))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ok.status(), 200);
+    first.child.kill().await.expect("kill");
+
+    let second = serve(&db, &[]).await;
+    assert!(
+        !second.first_line.contains("admin token"),
+        "printed only once: {}",
+        second.first_line
+    );
+    let ok = client
+        .get(format!("http://{}/api/v1/app", second.addr))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ok.status(), 200, "the generated token survives a restart");
+    let bad = client
+        .get(format!("http://{}/api/v1/app", second.addr))
+        .bearer_auth("hrld_guess")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(bad.status(), 401);
+}
+
+/// Fails the first attempt of every delivery, records what arrived.
+#[derive(Default)]
+struct CrashReceiver {
+    keys_seen: Mutex<HashSet<String>>,
+    delivered: Mutex<HashMap<String, HashSet<String>>>, // webhook-id → keys
+    requests: Mutex<usize>,
+    arrived: tokio::sync::Notify,
+}
+
+async fn crash_receive(
+    State(rx): State<Arc<CrashReceiver>>,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let msg = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    *rx.requests.lock().expect("lock") += 1;
+    let first_time = rx.keys_seen.lock().expect("lock").insert(key.clone());
+    // A little work per request keeps deliveries in flight when the kill comes.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let status = if first_time {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        rx.delivered
+            .lock()
+            .expect("lock")
+            .entry(msg)
+            .or_default()
+            .insert(key);
+        StatusCode::OK
+    };
+    rx.arrived.notify_waiters();
+    status
+}
+
+#[tokio::test]
+async fn sigkill_mid_flight_loses_nothing_after_restart() {
+    const MESSAGES: usize = 1000;
+    let rx = Arc::new(CrashReceiver::default());
+    let rx_app = axum::Router::new()
+        .fallback(crash_receive)
+        .with_state(rx.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let rx_addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, rx_app).await });
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("crash.db");
+    let envs = [
+        ("HERALD_ADMIN_TOKEN", TOKEN),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+        (
+            "HERALD_RETRY_SCHEDULE",
+            "200ms,200ms,200ms,200ms,200ms,200ms",
+        ),
+        ("HERALD_JITTER", "full"),
+        ("HERALD_REQUEST_TIMEOUT", "1s"),
+        ("HERALD_LEASE", "3s"),
+        ("HERALD_MAX_IN_FLIGHT", "64"),
+    ];
+    let mut first = serve(&db, &envs).await;
+    let base = format!("http://{}/api/v1", first.addr);
+    let client = reqwest::Client::new();
+    let app: serde_json::Value = client
+        .post(format!("{base}/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "crash"}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    let ep = client
+        .post(format!("{base}/app/{app_id}/endpoint"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ep.status(), 201);
+
+    // Send everything, 16 at a time; keep the ids answered 202.
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..16 {
+        let (client, base, app_id, accepted, next) = (
+            client.clone(),
+            base.clone(),
+            app_id.clone(),
+            accepted.clone(),
+            next.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= MESSAGES {
+                    return;
+                }
+                let resp = client
+                    .post(format!("{base}/app/{app_id}/msg"))
+                    .bearer_auth(TOKEN)
+                    .json(&json!({"eventType": "crash.test", "payload": {"i": i}}))
+                    .send()
+                    .await
+                    .expect("herald is up while sending");
+                assert_eq!(resp.status(), 202);
+                let body: serde_json::Value = resp.json().await.expect("json");
+                accepted
+                    .lock()
+                    .expect("lock")
+                    .push(body["id"].as_str().expect("id").to_owned());
+            }
+        }));
+    }
+    for s in senders {
+        s.await.expect("sender");
+    }
+    // Kill while deliveries are under way: some arrived, most not yet.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let notified = rx.arrived.notified();
+        if *rx.requests.lock().expect("lock") >= 200 {
+            break;
+        }
+        tokio::time::timeout_at(deadline, notified)
+            .await
+            .expect("deliveries start");
+    }
+    first.child.kill().await.expect("SIGKILL");
+    let delivered_before = rx.delivered.lock().expect("lock").len();
+    assert!(
+        delivered_before < MESSAGES,
+        "the kill must come mid-run ({delivered_before} delivered)"
+    );
+
+    let _second = serve(&db, &envs).await;
+    let accepted: HashSet<String> = accepted.lock().expect("lock").iter().cloned().collect();
+    assert_eq!(accepted.len(), MESSAGES);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let notified = rx.arrived.notified();
+        let done = {
+            let delivered = rx.delivered.lock().expect("lock");
+            accepted.iter().all(|id| delivered.contains_key(id))
+        };
+        if done {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let delivered = rx.delivered.lock().expect("lock");
+            let missing = accepted
+                .iter()
+                .filter(|id| !delivered.contains_key(*id))
+                .count();
+            panic!("{missing} of {MESSAGES} accepted messages never arrived");
+        }
+    }
+    // At least once, and every repeat of a message carried the same key.
+    let delivered = rx.delivered.lock().expect("lock");
+    for (msg, keys) in delivered.iter() {
+        assert_eq!(keys.len(), 1, "{msg} arrived under several keys: {keys:?}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("term.db");
+    // The receiver answers after 1 s: SIGTERM arrives while it is waiting.
+    let (tx, mut got) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let rx_app = axum::Router::new().fallback(move || {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            "ok"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let rx_addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, rx_app).await });
+
+    let envs = [
+        ("HERALD_ADMIN_TOKEN", TOKEN),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+    ];
+    let mut proc = serve(&db, &envs).await;
+    let base = format!("http://{}/api/v1", proc.addr);
+    let client = reqwest::Client::new();
+    let app: serde_json::Value = client
+        .post(format!("{base}/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "t"}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    client
+        .post(format!("{base}/app/{app_id}/endpoint"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"url": format!("http://{rx_addr}/")}))
+        .send()
+        .await
+        .expect("send");
+    let msg: serde_json::Value = client
+        .post(format!("{base}/app/{app_id}/msg"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"eventType": "a.b", "payload": {}}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    tokio::time::timeout(PATIENCE, got.recv())
+        .await
+        .expect("request arrives");
+    let pid = i32::try_from(proc.child.id().expect("pid")).expect("pid fits");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(PATIENCE, proc.child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert!(status.success(), "clean exit on SIGTERM: {status:?}");
+
+    // The in-flight attempt finished and was recorded before exit.
+    let store = herald::store::sqlite::SqliteStore::open(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("open");
+    use herald::store::Store;
+    let app_key = herald::ids::AppId::parse(&app_id).expect("id");
+    let msg_key = herald::ids::MsgId::parse(msg["id"].as_str().expect("id")).expect("id");
+    let ds = store
+        .list_deliveries_of_message(&app_key, &msg_key)
+        .await
+        .expect("list");
+    assert_eq!(ds[0].state, herald::store::DeliveryState::Delivered);
+}

@@ -1,0 +1,364 @@
+//! `spawn_app()`, a scriptable receiver, and small waiting helpers.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use herald::config::Config;
+use herald::server::{self, Role, Running};
+use serde_json::Value;
+use tokio::sync::Notify;
+
+pub const TOKEN: &str = "test-admin-token-0123456789";
+
+/// How long any wait in a test may take before the test fails. Generous:
+/// it bounds a hang, it does not measure speed.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub struct TestApp {
+    pub running: Option<Running>,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub _dir: tempfile::TempDir,
+}
+
+/// Builds a test config: private networks allowed (receivers are on
+/// loopback), a fast retry schedule, no jitter. `overrides` are `HERALD_*`
+/// keys as an operator would set them.
+pub fn test_config(dir: &std::path::Path, overrides: &[(&str, &str)]) -> Config {
+    let mut values: BTreeMap<String, String> = [
+        (
+            "HERALD_DATABASE_URL",
+            format!("sqlite://{}", dir.join("herald.db").display()),
+        ),
+        ("HERALD_ADMIN_TOKEN", TOKEN.to_owned()),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+        ("HERALD_RETRY_SCHEDULE", "0ms,0ms".to_owned()),
+        ("HERALD_JITTER", "none".to_owned()),
+        ("HERALD_REQUEST_TIMEOUT", "2s".to_owned()),
+        ("HERALD_LEASE", "5s".to_owned()),
+        ("HERALD_POLL_INTERVAL", "200ms".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    for (k, v) in overrides {
+        values.insert((*k).to_owned(), (*v).to_owned());
+    }
+    Config::from_values(&values).expect("test config is valid")
+}
+
+/// Starts Herald with the dispatcher running in the background.
+pub async fn spawn_app(overrides: &[(&str, &str)]) -> TestApp {
+    spawn_with_role(overrides, Role::All).await
+}
+
+/// Starts Herald without the background dispatcher: the test steps it with
+/// `process_batch()`, so nothing depends on timing.
+pub async fn spawn_stepped(overrides: &[(&str, &str)]) -> TestApp {
+    spawn_with_role(overrides, Role::ApiOnly).await
+}
+
+async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = test_config(dir.path(), overrides);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let running = server::start(config, listener, role)
+        .await
+        .expect("herald starts");
+    let base = format!("http://{}", running.addr);
+    TestApp {
+        running: Some(running),
+        base,
+        client: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl TestApp {
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("app is running")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut req = self
+            .client
+            .request(method, self.url(path))
+            .bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request reaches herald");
+        let status = StatusCode::from_u16(resp.status().as_u16()).expect("valid status");
+        let text = resp.text().await.expect("body");
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).expect("every body is JSON")
+        };
+        (status, value)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.request(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn create_app(&self) -> String {
+        let (status, body) = self
+            .post("/api/v1/app", serde_json::json!({"name": "test app"}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().expect("app id").to_owned()
+    }
+
+    pub async fn create_endpoint(&self, app: &str, url: &str, extra: Value) -> Value {
+        let mut body = serde_json::json!({ "url": url });
+        if let (Some(obj), Some(more)) = (body.as_object_mut(), extra.as_object()) {
+            obj.extend(more.clone());
+        }
+        let (status, out) = self
+            .post(&format!("/api/v1/app/{app}/endpoint"), body)
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{out}");
+        out
+    }
+
+    pub async fn send_message(&self, app: &str, event_type: &str, payload: Value) -> String {
+        let (status, out) = self
+            .post(
+                &format!("/api/v1/app/{app}/msg"),
+                serde_json::json!({"eventType": event_type, "payload": payload}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{out}");
+        out["id"].as_str().expect("msg id").to_owned()
+    }
+
+    pub async fn deliveries(&self, app: &str, msg: &str) -> Vec<Value> {
+        let (status, out) = self
+            .get(&format!("/api/v1/app/{app}/msg/{msg}/delivery"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        out["data"].as_array().expect("data").clone()
+    }
+
+    pub async fn attempts_of_msg(&self, app: &str, msg: &str) -> Vec<Value> {
+        let (status, out) = self
+            .get(&format!(
+                "/api/v1/app/{app}/attempt/msg/{msg}?order=ascending"
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        out["data"].as_array().expect("data").clone()
+    }
+
+    pub async fn step(&self) -> herald::dispatch::BatchReport {
+        self.running()
+            .dispatcher
+            .process_batch()
+            .await
+            .expect("batch processed")
+    }
+
+    /// Waits (bounded) until every delivery of `msg` is in `state`.
+    pub async fn wait_for_state(&self, app: &str, msg: &str, state: &str) -> Vec<Value> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let ds = self.deliveries(app, msg).await;
+            if !ds.is_empty() && ds.iter().all(|d| d["state"] == state) {
+                return ds;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "deliveries never reached {state}: {ds:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await.expect("clean shutdown");
+        }
+    }
+}
+
+/// One scripted answer of the receiver.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub delay: Duration,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn status(status: u16) -> Self {
+        Reply {
+            status,
+            headers: vec![],
+            delay: Duration::ZERO,
+            body: String::new(),
+        }
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.to_owned(), v.to_owned()));
+        self
+    }
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+    pub fn body(mut self, b: &str) -> Self {
+        self.body = b.to_owned();
+        self
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> String {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    script: Mutex<VecDeque<Reply>>,
+    default: Mutex<Option<Reply>>,
+    requests: Mutex<Vec<Recorded>>,
+    arrived: Notify,
+}
+
+/// A real HTTP receiver on 127.0.0.1 that answers from a script (then 200).
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    state: Arc<ReceiverState>,
+}
+
+async fn answer(
+    State(state): State<Arc<ReceiverState>>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let reply = {
+        let next = state.script.lock().expect("lock").pop_front();
+        next.or_else(|| state.default.lock().expect("lock").clone())
+            .unwrap_or_else(|| Reply::status(200))
+    };
+    state.requests.lock().expect("lock").push(Recorded {
+        path: uri.path().to_owned(),
+        headers,
+        body,
+    });
+    state.arrived.notify_waiters();
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    let mut response = (
+        StatusCode::from_u16(reply.status).expect("valid status"),
+        reply.body,
+    )
+        .into_response();
+    for (k, v) in reply.headers {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+            v.parse().expect("header value"),
+        );
+    }
+    response
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let state = Arc::new(ReceiverState::default());
+        let app = axum::Router::new()
+            .fallback(answer)
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind receiver");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Receiver { addr, state }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Queues answers, used in order by the next requests (any path).
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.script.lock().expect("lock").extend(replies);
+    }
+
+    /// The answer once the script is used up (200 unless set).
+    pub fn always(&self, reply: Reply) {
+        *self.state.default.lock().expect("lock") = Some(reply);
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.requests.lock().expect("lock").clone()
+    }
+
+    /// Waits (bounded) until at least `n` requests have arrived.
+    pub async fn wait_for(&self, n: usize) -> Vec<Recorded> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let notified = self.state.arrived.notified();
+            let got = self.requests();
+            if got.len() >= n {
+                return got;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "only {} of {n} requests arrived: {:?}",
+                    got.len(),
+                    got.iter().map(|r| &r.path).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}
+
+/// A local port with nothing listening on it.
+pub async fn closed_port() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    drop(l);
+    port
+}

@@ -1,0 +1,10 @@
+//! Herald's one integration-test binary: every test starts the real server
+//! on port 0 with a fresh SQLite file, and delivers to real receivers on
+//! 127.0.0.1.
+
+mod api;
+mod binary;
+mod delivery;
+mod helpers;
+mod sdk;
+mod store_conformance;
