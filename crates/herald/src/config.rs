@@ -23,9 +23,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_CONNECT_TIMEOUT", "5s", "TCP/TLS connect timeout."),
     ("HERALD_ALLOW_PRIVATE_NETWORKS", "false", "Allow endpoints on loopback, private and other non-global addresses."),
     ("HERALD_DISABLE_AFTER", "50", "Consecutive failures after which an endpoint is disabled."),
-    ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most."),
+    ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most (as many more may wait, claimed)."),
     ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most."),
-    ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed the request timeout."),
+    ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout."),
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
 ];
@@ -190,12 +190,13 @@ impl Config {
                 return Err(invalid(key, "must be greater than zero".into()));
             }
         }
-        // A lease shorter than an attempt would let a second worker send the
-        // same delivery while the first is still waiting for its answer.
-        if lease <= request_timeout + Duration::from_secs(1) {
+        // A claimed delivery may wait for one request of its endpoint to
+        // finish and then take one request itself: a lease shorter than two
+        // attempts would let a second worker send it meanwhile.
+        if lease <= request_timeout * 2 + Duration::from_secs(1) {
             return Err(invalid(
                 "HERALD_LEASE",
-                format!("{lease:?} must exceed HERALD_REQUEST_TIMEOUT ({request_timeout:?}) by more than 1s"),
+                format!("{lease:?} must exceed twice HERALD_REQUEST_TIMEOUT ({request_timeout:?}) by more than 1s"),
             ));
         }
         let positive = |key: &str| -> Result<u64, ConfigError> {

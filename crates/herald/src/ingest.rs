@@ -8,8 +8,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::store::{InsertOutcome, NewMessage, Store, StoreError, StoreResult};
 
-/// Messages per transaction at most; more wait for the next one.
+/// Messages per batch at most; more wait for the next one.
 const MAX_BATCH: usize = 1000;
+const BATCHES_IN_FLIGHT: usize = 2;
 
 type Reply = oneshot::Sender<StoreResult<InsertOutcome>>;
 
@@ -45,10 +46,13 @@ async fn run(
     mut rx: mpsc::Receiver<(NewMessage, Reply)>,
     wake: Arc<Notify>,
 ) {
-    let mut messages = Vec::with_capacity(MAX_BATCH);
-    let mut replies = Vec::with_capacity(MAX_BATCH);
-    // No timer: while one batch commits, the next one gathers by itself.
+    // Two batches may be committing at once: the next one gathers and is
+    // queued at the store while the previous one is being written, and the
+    // store's own group commit may put both in one transaction.
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT));
     while let Some((m, r)) = rx.recv().await {
+        let mut messages = Vec::with_capacity(MAX_BATCH);
+        let mut replies = Vec::with_capacity(MAX_BATCH);
         messages.push(m);
         replies.push(r);
         while messages.len() < MAX_BATCH {
@@ -60,27 +64,32 @@ async fn run(
                 Err(_) => break,
             }
         }
-        match store.insert_messages(&messages).await {
-            Ok(outcomes) => {
-                let any = outcomes.iter().any(
-                    |o| matches!(o, InsertOutcome::Inserted { deliveries } if *deliveries > 0),
-                );
-                for (reply, outcome) in replies.drain(..).zip(outcomes) {
-                    // The requester may have gone away; the message is stored.
-                    let _ = reply.send(Ok(outcome));
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let (store, wake) = (store.clone(), wake.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            match store.insert_messages(&messages).await {
+                Ok(outcomes) => {
+                    let any = outcomes.iter().any(
+                        |o| matches!(o, InsertOutcome::Inserted { deliveries } if *deliveries > 0),
+                    );
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        // The requester may have gone away; the message is stored.
+                        let _ = reply.send(Ok(outcome));
+                    }
+                    if any {
+                        wake.notify_one();
+                    }
                 }
-                if any {
-                    wake.notify_one();
+                Err(e) => {
+                    tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
-                for reply in replies.drain(..) {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
-        messages.clear();
-        replies.clear();
+        });
     }
 }

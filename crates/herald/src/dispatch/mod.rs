@@ -6,6 +6,13 @@
 //! The claim commits before the first byte is sent; the outcome is written
 //! by a later transaction. A crash in between leaves the delivery
 //! `delivering` with a lease that expires, after which it is claimed again.
+//!
+//! Per endpoint, at most `endpoint_concurrency` requests are in flight, and
+//! at most as many more claimed deliveries wait for one of them to finish
+//! (a prefetch, so that a finished request is followed at once by the next
+//! rather than by a database round trip). A stuck endpoint therefore holds
+//! at most twice its cap of the process's `max_in_flight` claims; the rest
+//! go to endpoints that can use them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +21,7 @@ use std::time::Duration;
 
 use herald_policy::{decide, Decision, RetryPolicy};
 use rand::Rng;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -46,37 +53,38 @@ pub struct BatchReport {
     pub dead: usize,
 }
 
-struct InFlight {
+/// Claimed deliveries not yet finished, in total and per endpoint, and
+/// each endpoint's gate that lets `endpoint_cap` of them send at once.
+struct Claimed {
     total: AtomicUsize,
-    per_endpoint: Mutex<HashMap<EndpointId, usize>>,
-    /// Signalled whenever a request finishes and frees a slot.
+    per_endpoint: Mutex<HashMap<EndpointId, (usize, Arc<Semaphore>)>>,
+    /// Signalled whenever a claimed delivery is finished or released.
     freed: Notify,
 }
 
-impl InFlight {
-    fn snapshot(&self) -> HashMap<EndpointId, usize> {
-        self.per_endpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+impl Claimed {
+    fn counts(&self) -> HashMap<EndpointId, usize> {
+        let map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter().map(|(k, (n, _))| (k.clone(), *n)).collect()
     }
 
-    fn acquire(&self, ep: &EndpointId) {
+    /// Registers a claimed delivery; returns its endpoint's gate.
+    fn add(&self, ep: &EndpointId, cap: usize) -> Arc<Semaphore> {
         self.total.fetch_add(1, Ordering::SeqCst);
-        *self
-            .per_endpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let mut map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map
             .entry(ep.clone())
-            .or_insert(0) += 1;
+            .or_insert_with(|| (0, Arc::new(Semaphore::new(cap))));
+        entry.0 += 1;
+        entry.1.clone()
     }
 
-    fn release(&self, ep: &EndpointId) {
+    fn remove(&self, ep: &EndpointId) {
         {
             let mut map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = map.get_mut(ep) {
-                *n -= 1;
-                if *n == 0 {
+            if let Some(entry) = map.get_mut(ep) {
+                entry.0 -= 1;
+                if entry.0 == 0 {
                     map.remove(ep);
                 }
             }
@@ -94,7 +102,7 @@ pub struct Dispatcher {
     poll_interval: Duration,
     max_in_flight: usize,
     endpoint_cap: usize,
-    in_flight: InFlight,
+    claimed: Claimed,
     /// Signalled when new work may be due: a commit, a replay, a retry.
     wake: Arc<Notify>,
 }
@@ -109,7 +117,7 @@ impl Dispatcher {
             poll_interval: config.poll_interval,
             max_in_flight: config.max_in_flight,
             endpoint_cap: config.endpoint_concurrency,
-            in_flight: InFlight {
+            claimed: Claimed {
                 total: AtomicUsize::new(0),
                 per_endpoint: Mutex::new(HashMap::new()),
                 freed: Notify::new(),
@@ -118,9 +126,9 @@ impl Dispatcher {
         })
     }
 
-    async fn claim(&self, limit: usize) -> StoreResult<Vec<ClaimedDelivery>> {
+    async fn claim(&self, limit: usize, per_endpoint: usize) -> StoreResult<Vec<ClaimedDelivery>> {
         let now = now_millis();
-        let in_flight = self.in_flight.snapshot();
+        let in_flight = self.claimed.counts();
         let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         self.store
             .claim(&ClaimRequest {
@@ -128,7 +136,7 @@ impl Dispatcher {
                 lease_until: now.saturating_add(lease_ms),
                 limit,
                 in_flight: &in_flight,
-                endpoint_cap: self.endpoint_cap,
+                endpoint_cap: per_endpoint,
             })
             .await
     }
@@ -176,14 +184,12 @@ impl Dispatcher {
         }
     }
 
-    /// Claims what is due (up to the free slots), sends it all, and records
-    /// every outcome before returning. The background loop does the same
-    /// work pipelined; tests call this to step the engine without sleeping.
+    /// Claims what is due (at most the endpoint cap per endpoint), sends it
+    /// all at once, and records every outcome before returning. The
+    /// background loop does the same work pipelined; tests call this to
+    /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
-        let free = self
-            .max_in_flight
-            .saturating_sub(self.in_flight.total.load(Ordering::SeqCst));
-        let claimed = self.claim(free).await?;
+        let claimed = self.claim(self.max_in_flight, self.endpoint_cap).await?;
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
@@ -202,7 +208,8 @@ impl Dispatcher {
     }
 
     /// The background loop. Returns after `shutdown` once every request in
-    /// flight has finished and its outcome has been written.
+    /// flight has finished and its outcome has been written, and every
+    /// claimed delivery that had not started has been released.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let (done_tx, done_rx) = mpsc::channel::<Completion>(self.max_in_flight.max(64) * 4);
         let completer = tokio::spawn(run_completer(
@@ -211,33 +218,24 @@ impl Dispatcher {
             self.wake.clone(),
         ));
         let mut backoff = Duration::from_millis(50);
+        let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
             let free = self
                 .max_in_flight
-                .saturating_sub(self.in_flight.total.load(Ordering::SeqCst));
+                .saturating_sub(self.claimed.total.load(Ordering::SeqCst));
             if free == 0 {
                 tokio::select! {
-                    _ = self.in_flight.freed.notified() => {}
+                    _ = self.claimed.freed.notified() => {}
                     _ = shutdown.cancelled() => break,
                 }
                 continue;
             }
-            match self.claim(free).await {
+            match self.claim(free, per_endpoint).await {
                 Ok(claimed) => {
                     backoff = Duration::from_millis(50);
                     let full = claimed.len() == free;
                     for d in claimed {
-                        self.in_flight.acquire(&d.endpoint_id);
-                        let this = self.clone();
-                        let done_tx = done_tx.clone();
-                        tokio::spawn(async move {
-                            let endpoint = d.endpoint_id.clone();
-                            let completion = this.attempt(d).await;
-                            // Only fails when the completer is gone, i.e. at
-                            // shutdown; the lease then brings it back.
-                            let _ = done_tx.send(completion).await;
-                            this.in_flight.release(&endpoint);
-                        });
+                        self.spawn_delivery(d, &done_tx, &shutdown);
                     }
                     if full {
                         continue; // there may be more due right now
@@ -264,14 +262,53 @@ impl Dispatcher {
             }
         }
         // Stop claiming; let what is in flight finish (bounded by the
-        // request timeout), then let the completer write it all down.
-        while self.in_flight.total.load(Ordering::SeqCst) > 0 {
-            self.in_flight.freed.notified().await;
+        // request timeout), release what had not started, then let the
+        // completer write it all down.
+        while self.claimed.total.load(Ordering::SeqCst) > 0 {
+            self.claimed.freed.notified().await;
         }
         drop(done_tx);
         if let Err(e) = completer.await {
             tracing::error!(error = %e, "completer task failed");
         }
+    }
+
+    /// Sends `d` once its endpoint's gate lets it; at shutdown, a delivery
+    /// still waiting at the gate is released instead of sent.
+    fn spawn_delivery(
+        self: &Arc<Self>,
+        d: ClaimedDelivery,
+        done_tx: &mpsc::Sender<Completion>,
+        shutdown: &CancellationToken,
+    ) {
+        let gate = self.claimed.add(&d.endpoint_id, self.endpoint_cap);
+        let (this, done_tx, shutdown) = (self.clone(), done_tx.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let endpoint = d.endpoint_id.clone();
+            let permit = tokio::select! {
+                biased;
+                p = gate.acquire_owned() => p.ok(),
+                _ = shutdown.cancelled() => None,
+            };
+            match permit {
+                Some(_permit) => {
+                    let completion = this.attempt(d).await;
+                    // Fails only when the completer is gone; the lease
+                    // then brings the delivery back.
+                    let _ = done_tx.send(completion).await;
+                }
+                None => {
+                    if let Err(e) = this
+                        .store
+                        .release(&d.id, &d.lease_token, now_millis())
+                        .await
+                    {
+                        tracing::warn!(error = %e, delivery = %d.id, "release failed; the lease will expire");
+                    }
+                }
+            }
+            this.claimed.remove(&endpoint);
+        });
     }
 
     /// Nothing claimable now: sleep until new work, a freed slot (a busy
@@ -283,7 +320,7 @@ impl Dispatcher {
                 let until = at - now_millis();
                 if until > 0 {
                     wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
-                } else if self.in_flight.total.load(Ordering::SeqCst) == 0 {
+                } else if self.claimed.total.load(Ordering::SeqCst) == 0 {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.
                     return Woke::Other;
@@ -294,7 +331,7 @@ impl Dispatcher {
         }
         tokio::select! {
             _ = self.wake.notified() => Woke::Other,
-            _ = self.in_flight.freed.notified() => Woke::SlotFreed,
+            _ = self.claimed.freed.notified() => Woke::SlotFreed,
             _ = tokio::time::sleep(wait) => Woke::Other,
             _ = shutdown.cancelled() => Woke::Other,
         }

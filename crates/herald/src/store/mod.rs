@@ -47,7 +47,7 @@ pub struct App {
     pub updated_at: Millis,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub id: EndpointId,
     pub app_id: AppId,
@@ -59,21 +59,25 @@ pub struct Endpoint {
     pub disabled: bool,
     pub rate_limit: Option<u16>,
     pub metadata: BTreeMap<String, String>,
-    /// `whsec_…`. Never logged (see `Debug` of `herald_signing::Secret`).
+    /// `whsec_…`. Never logged: `Debug` redacts it.
     pub secret: String,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
 
-impl Endpoint {
-    pub fn subscribes_to(&self, event_type: &str) -> bool {
-        match &self.filter_types {
-            None => true,
-            Some(types) => types.iter().any(|t| t == event_type),
-        }
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.id)
+            .field("app_id", &self.app_id)
+            .field("uid", &self.uid)
+            .field("url", &self.url)
+            .field("filter_types", &self.filter_types)
+            .field("disabled", &self.disabled)
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
     }
 }
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
     pub id: MsgId,
@@ -141,7 +145,7 @@ pub struct ClaimRequest<'a> {
 }
 
 /// Everything needed to send one attempt, read in the claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClaimedDelivery {
     pub id: DeliveryId,
     pub lease_token: String,
@@ -160,6 +164,19 @@ pub struct ClaimedDelivery {
     pub cycle_base: u32,
     /// This attempt was asked for by an operator (replay/resend).
     pub manual: bool,
+}
+
+impl std::fmt::Debug for ClaimedDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedDelivery")
+            .field("id", &self.id)
+            .field("msg_id", &self.msg_id)
+            .field("endpoint_id", &self.endpoint_id)
+            .field("url", &self.url)
+            .field("attempts", &self.attempts)
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,6 +292,10 @@ pub trait Store: Send + Sync + 'static {
     async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
     /// Records attempts and moves deliveries on, all in one transaction.
     async fn complete(&self, batch: &[Completion]) -> StoreResult<()>;
+
+    /// Gives back a claimed delivery that was not sent (shutdown): due
+    /// again now, as if never claimed. Only the current holder may.
+    async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()>;
 
     async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>>;
     async fn list_deliveries_of_message(

@@ -1,32 +1,49 @@
 //! The embedded store: SQLite in WAL mode with `synchronous=FULL`, so a
-//! committed batch is on disk before any request in it is answered.
+//! commit is on disk before anyone hears of it.
 //!
-//! SQLite allows one writer at a time, so there is exactly one writer
-//! connection (every write queues for it; nothing ever sees SQLITE_BUSY)
-//! and a small pool of readers that WAL lets run beside it. Batching is
-//! what makes this fast: one transaction (one fsync) per ingest batch, per
-//! claim and per completion batch, with multi-row statements inside.
+//! SQLite allows one writer at a time, so one thread owns the only writing
+//! connection and runs every write as a job. It takes all the jobs that
+//! queued up while it was busy and runs them in ONE transaction, each in
+//! its own savepoint (a failing job rolls back alone), then commits once
+//! and only then answers each job. Ingest batches, claims and completions
+//! therefore share fsyncs: this group commit is what makes a durable queue
+//! on one disk fast. Reads run on a small pool of read-only connections,
+//! beside the writer, as WAL allows.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_policy::DeadReason;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
-/// Rows per multi-row statement: well under SQLite's 32,766 variables.
-const CHUNK: usize = 500;
+/// The schema, in order. A database records how many it has applied in
+/// `PRAGMA user_version`; at open the rest are applied in a transaction.
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_initial.sql")];
+
+/// Jobs per transaction at most; the rest wait for the next one.
+const MAX_JOBS_PER_COMMIT: usize = 512;
+const READERS: usize = 4;
+
+type Finish = Box<dyn FnOnce(&StoreResult<()>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> Finish + Send>;
+
+enum Command {
+    Run(Job),
+    /// Finish what is queued before this, then stop.
+    Stop,
+}
 
 pub struct SqliteStore {
-    write: SqlitePool,
-    read: SqlitePool,
+    jobs: mpsc::Sender<Command>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    path: PathBuf,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Turns `sqlite:///abs/path.db` or `sqlite://rel.db` into a file path.
@@ -42,69 +59,235 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     }
 }
 
+fn map_err(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+            ErrorCode::ConstraintViolation
+                if matches!(
+                    f.extended_code,
+                    rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                        | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                ) =>
+            {
+                StoreError::Conflict(msg.clone().unwrap_or_else(|| e.to_string()))
+            }
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen => StoreError::Unavailable(e.to_string()),
+            _ => StoreError::Internal(e.to_string()),
+        },
+        _ => StoreError::Internal(e.to_string()),
+    }
+}
+
+fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(Duration::from_secs(10))
+        .map_err(map_err)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    if !read_only {
+        // WAL: readers never block the writer. FULL: a commit is fsynced.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(map_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(map_err)?;
+        conn.pragma_update(None, "wal_autocheckpoint", 4000)
+            .map_err(map_err)?;
+    }
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(map_err)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> StoreResult<()> {
+    let applied: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(map_err)?;
+    let applied = usize::try_from(applied).unwrap_or(0);
+    if applied > MIGRATIONS.len() {
+        return Err(StoreError::Internal(format!(
+            "database schema version {applied} is newer than this Herald ({}); upgrade Herald",
+            MIGRATIONS.len()
+        )));
+    }
+    let tx = conn.transaction().map_err(map_err)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
+        tx.execute_batch(sql)
+            .map_err(|e| StoreError::Internal(format!("migration {} failed: {e}", i + 1)))?;
+        tx.pragma_update(None, "user_version", i + 1)
+            .map_err(map_err)?;
+    }
+    tx.commit().map_err(map_err)
+}
+
+/// The writer thread: gathers queued jobs, runs them in one transaction
+/// (a savepoint each), commits, then lets each job answer.
+fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Command>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
+    let mut stopping = false;
+    while !stopping {
+        match jobs.blocking_recv() {
+            Some(Command::Run(job)) => batch.push(job),
+            Some(Command::Stop) | None => break,
+        }
+        while batch.len() < MAX_JOBS_PER_COMMIT {
+            match jobs.try_recv() {
+                Ok(Command::Run(job)) => batch.push(job),
+                Ok(Command::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let begun = conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err);
+        let mut finishes = Vec::with_capacity(batch.len());
+        if begun.is_ok() {
+            for job in batch.drain(..) {
+                finishes.push(job(&conn));
+            }
+        }
+        let outcome = begun.and_then(|()| conn.execute_batch("COMMIT").map_err(map_err));
+        if outcome.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for finish in finishes {
+            finish(&outcome);
+        }
+        // Jobs never run (BEGIN failed) are dropped: their callers see the
+        // reply channel close and report the store unavailable.
+        batch.clear();
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database file and applies migrations.
     pub async fn open(url: &str) -> StoreResult<Self> {
         let path = sqlite_path(url)
             .ok_or_else(|| StoreError::Internal(format!("not a sqlite URL: {url}")))?;
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
-        let base = SqliteConnectOptions::from_str("sqlite://")
-            .map_err(map_err)?
-            .filename(&path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(10))
-            // The WAL is checkpointed by the writer as it grows.
-            .pragma("wal_autocheckpoint", "4000");
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(base.clone())
-            .await
-            .map_err(map_err)?;
-        sqlx::migrate!("migrations/sqlite")
-            .run(&write)
-            .await
-            .map_err(|e| StoreError::Internal(format!("migration failed: {e}")))?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect_with(base.read_only(true))
-            .await
-            .map_err(map_err)?;
-        Ok(SqliteStore { write, read })
+        let opened = tokio::task::spawn_blocking(
+            move || -> StoreResult<(Connection, Vec<Connection>, PathBuf)> {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                }
+                let mut writer = open_connection(&path, false)?;
+                migrate(&mut writer)?;
+                let readers = (0..READERS)
+                    .map(|_| open_connection(&path, true))
+                    .collect::<StoreResult<Vec<_>>>()?;
+                Ok((writer, readers, path))
+            },
+        )
+        .await
+        .map_err(|e| StoreError::Internal(format!("open task failed: {e}")))??;
+        let (writer, readers, path) = opened;
+        let (tx, rx) = mpsc::channel(4 * MAX_JOBS_PER_COMMIT);
+        let handle = std::thread::Builder::new()
+            .name("herald-sqlite-writer".into())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|e| StoreError::Internal(format!("cannot start writer thread: {e}")))?;
+        Ok(SqliteStore {
+            jobs: tx,
+            readers: Arc::new(Mutex::new(readers)),
+            path,
+            writer: Mutex::new(Some(handle)),
+        })
     }
 
+    /// Lets the writer finish the jobs already queued, then stops it and
+    /// waits for it. Later writes fail with `Unavailable`.
     pub async fn close(&self) {
-        self.read.close().await;
-        self.write.close().await;
-    }
-}
-
-fn map_err(e: sqlx::Error) -> StoreError {
-    match &e {
-        sqlx::Error::Database(db) if db.is_unique_violation() => {
-            StoreError::Conflict(db.message().to_owned())
+        let _ = self.jobs.send(Command::Stop).await;
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
         }
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            StoreError::Unavailable(e.to_string())
-        }
-        _ => StoreError::Internal(e.to_string()),
     }
-}
 
-fn json_map(text: &str) -> StoreResult<BTreeMap<String, String>> {
-    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad metadata: {e}")))
+    /// Runs `f` on the writer, in the shared transaction, in a savepoint.
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel::<StoreResult<T>>();
+        let job: Job = Box::new(move |conn: &Connection| -> Finish {
+            let result = match conn.execute_batch("SAVEPOINT job") {
+                Ok(()) => {
+                    let r = f(conn);
+                    let end = if r.is_ok() {
+                        "RELEASE job"
+                    } else {
+                        "ROLLBACK TO job; RELEASE job"
+                    };
+                    match (r, conn.execute_batch(end).map_err(map_err)) {
+                        (Ok(v), Ok(())) => Ok(v),
+                        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    }
+                }
+                Err(e) => Err(map_err(e)),
+            };
+            Box::new(move |committed: &StoreResult<()>| {
+                let _ = reply.send(match committed {
+                    Ok(()) => result,
+                    Err(e) => Err(e.clone()),
+                });
+            })
+        });
+        self.jobs
+            .send(Command::Run(job))
+            .await
+            .map_err(|_| StoreError::Unavailable("store is closed".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("store transaction did not run".into()))?
+    }
+
+    /// Runs `f` on a read-only connection, off the async threads.
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let taken = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let conn = match taken {
+                Some(c) => c,
+                None => open_connection(&path, true)?,
+            };
+            let result = f(&conn);
+            let mut idle = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < READERS {
+                idle.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("read task failed: {e}")))?
+    }
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad JSON in store: {e}")))
 }
 
 fn u16_opt(v: Option<i64>) -> Option<u16> {
@@ -115,49 +298,62 @@ fn u32_of(v: i64) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
-fn app_from_row(r: &SqliteRow) -> StoreResult<App> {
+/// Reads a row into `T`, keeping rusqlite's and our errors apart.
+fn rows<T>(
+    stmt: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+    map: fn(&Row<'_>) -> StoreResult<T>,
+) -> StoreResult<Vec<T>> {
+    let mut out = Vec::new();
+    let mut rs = stmt.query(params).map_err(map_err)?;
+    while let Some(row) = rs.next().map_err(map_err)? {
+        out.push(map(row)?);
+    }
+    Ok(out)
+}
+
+fn get<T: rusqlite::types::FromSql>(r: &Row<'_>, col: &str) -> StoreResult<T> {
+    r.get(col).map_err(map_err)
+}
+
+fn app_from_row(r: &Row<'_>) -> StoreResult<App> {
     Ok(App {
-        id: AppId::from_trusted(r.try_get("id").map_err(map_err)?),
-        uid: r.try_get("uid").map_err(map_err)?,
-        name: r.try_get("name").map_err(map_err)?,
-        rate_limit: u16_opt(r.try_get("rate_limit").map_err(map_err)?),
-        metadata: json_map(r.try_get("metadata").map_err(map_err)?)?,
-        created_at: r.try_get("created_at").map_err(map_err)?,
-        updated_at: r.try_get("updated_at").map_err(map_err)?,
+        id: AppId::from_trusted(get(r, "id")?),
+        uid: get(r, "uid")?,
+        name: get(r, "name")?,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json::<BTreeMap<String, String>>(&get::<String>(r, "metadata")?)?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
     })
 }
 
-fn endpoint_from_row(r: &SqliteRow) -> StoreResult<Endpoint> {
-    let filter: Option<String> = r.try_get("filter_types").map_err(map_err)?;
+fn endpoint_from_row(r: &Row<'_>) -> StoreResult<Endpoint> {
+    let filter: Option<String> = get(r, "filter_types")?;
     Ok(Endpoint {
-        id: EndpointId::from_trusted(r.try_get("id").map_err(map_err)?),
-        app_id: AppId::from_trusted(r.try_get("app_id").map_err(map_err)?),
-        uid: r.try_get("uid").map_err(map_err)?,
-        url: r.try_get("url").map_err(map_err)?,
-        description: r.try_get("description").map_err(map_err)?,
-        filter_types: match filter {
-            Some(text) => {
-                Some(serde_json::from_str(&text).map_err(|e| StoreError::Internal(e.to_string()))?)
-            }
-            None => None,
-        },
-        disabled: r.try_get::<i64, _>("disabled").map_err(map_err)? != 0,
-        rate_limit: u16_opt(r.try_get("rate_limit").map_err(map_err)?),
-        metadata: json_map(r.try_get("metadata").map_err(map_err)?)?,
-        secret: r.try_get("secret").map_err(map_err)?,
-        created_at: r.try_get("created_at").map_err(map_err)?,
-        updated_at: r.try_get("updated_at").map_err(map_err)?,
+        id: EndpointId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        uid: get(r, "uid")?,
+        url: get(r, "url")?,
+        description: get(r, "description")?,
+        filter_types: filter.as_deref().map(from_json).transpose()?,
+        disabled: get::<i64>(r, "disabled")? != 0,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json(&get::<String>(r, "metadata")?)?,
+        secret: get(r, "secret")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
     })
 }
 
-fn message_from_row(r: &SqliteRow) -> StoreResult<Message> {
+fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
     Ok(Message {
-        id: MsgId::from_trusted(r.try_get("id").map_err(map_err)?),
-        app_id: AppId::from_trusted(r.try_get("app_id").map_err(map_err)?),
-        event_type: r.try_get("event_type").map_err(map_err)?,
-        event_id: r.try_get("event_id").map_err(map_err)?,
-        payload: r.try_get("payload").map_err(map_err)?,
-        created_at: r.try_get("created_at").map_err(map_err)?,
+        id: MsgId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        event_type: get(r, "event_type")?,
+        event_id: get(r, "event_id")?,
+        payload: get(r, "payload")?,
+        created_at: get(r, "created_at")?,
     })
 }
 
@@ -165,518 +361,581 @@ const DELIVERY_COLUMNS: &str =
     "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
      d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
 
-fn delivery_from_row(r: &SqliteRow) -> StoreResult<Delivery> {
-    let state: i64 = r.try_get("state").map_err(map_err)?;
-    let reason: Option<String> = r.try_get("dead_reason").map_err(map_err)?;
+fn delivery_from_row(r: &Row<'_>) -> StoreResult<Delivery> {
+    let state: i64 = get(r, "state")?;
+    let reason: Option<String> = get(r, "dead_reason")?;
     Ok(Delivery {
-        id: DeliveryId::from_trusted(r.try_get("id").map_err(map_err)?),
-        msg_id: MsgId::from_trusted(r.try_get("msg_id").map_err(map_err)?),
-        app_id: AppId::from_trusted(r.try_get("app_id").map_err(map_err)?),
-        endpoint_id: EndpointId::from_trusted(r.try_get("endpoint_id").map_err(map_err)?),
-        event_type: r.try_get("event_type").map_err(map_err)?,
+        id: DeliveryId::from_trusted(get(r, "id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        event_type: get(r, "event_type")?,
         state: DeliveryState::from_i64(state)
             .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
-        attempts: u32_of(r.try_get("attempts").map_err(map_err)?),
-        next_attempt_at: r.try_get("next_attempt_at").map_err(map_err)?,
+        attempts: u32_of(get(r, "attempts")?),
+        next_attempt_at: get(r, "next_attempt_at")?,
         dead_reason: reason.as_deref().and_then(DeadReason::parse),
-        last_status: u16_opt(r.try_get("last_status").map_err(map_err)?),
-        last_error: r.try_get("last_error").map_err(map_err)?,
-        created_at: r.try_get("created_at").map_err(map_err)?,
-        updated_at: r.try_get("updated_at").map_err(map_err)?,
+        last_status: u16_opt(get(r, "last_status")?),
+        last_error: get(r, "last_error")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
     })
 }
 
-fn attempt_from_row(r: &SqliteRow) -> StoreResult<AttemptRecord> {
+fn attempt_from_row(r: &Row<'_>) -> StoreResult<AttemptRecord> {
     Ok(AttemptRecord {
-        id: AttemptId::from_trusted(r.try_get("id").map_err(map_err)?),
-        delivery_id: DeliveryId::from_trusted(r.try_get("delivery_id").map_err(map_err)?),
-        msg_id: MsgId::from_trusted(r.try_get("msg_id").map_err(map_err)?),
-        endpoint_id: EndpointId::from_trusted(r.try_get("endpoint_id").map_err(map_err)?),
-        app_id: AppId::from_trusted(r.try_get("app_id").map_err(map_err)?),
-        url: r.try_get("url").map_err(map_err)?,
-        attempt_number: u32_of(r.try_get("attempt_number").map_err(map_err)?),
-        started_at: r.try_get("started_at").map_err(map_err)?,
-        duration_ms: r.try_get("duration_ms").map_err(map_err)?,
-        status_code: u16_opt(r.try_get("status_code").map_err(map_err)?),
-        response: r.try_get("response").map_err(map_err)?,
-        error: r.try_get("error").map_err(map_err)?,
-        success: r.try_get::<i64, _>("success").map_err(map_err)? != 0,
-        manual: r.try_get::<i64, _>("manual").map_err(map_err)? != 0,
+        id: AttemptId::from_trusted(get(r, "id")?),
+        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        url: get(r, "url")?,
+        attempt_number: u32_of(get(r, "attempt_number")?),
+        started_at: get(r, "started_at")?,
+        duration_ms: get(r, "duration_ms")?,
+        status_code: u16_opt(get(r, "status_code")?),
+        response: get(r, "response")?,
+        error: get(r, "error")?,
+        success: get::<i64>(r, "success")? != 0,
+        manual: get::<i64>(r, "manual")? != 0,
     })
 }
 
-/// Appends the keyset condition, order and limit of a page to `qb`, whose
-/// WHERE clause is already open.
-fn push_page(qb: &mut QueryBuilder<'_, Sqlite>, column: &str, page: &PageReq) {
+/// A keyset page over `column` (ids sort by creation time). `sql` ends in
+/// an open WHERE clause; `args` are its parameters.
+fn page_of<T>(
+    conn: &Connection,
+    sql: &str,
+    column: &str,
+    mut args: Vec<String>,
+    page: &PageReq,
+    map: fn(&Row<'_>) -> StoreResult<T>,
+) -> StoreResult<Page<T>> {
+    let mut sql = sql.to_owned();
     if let Some(after) = &page.after {
-        qb.push(format!(
-            " AND {column} {} ",
+        sql.push_str(&format!(
+            " AND {column} {} ?",
             if page.ascending { ">" } else { "<" }
         ));
-        qb.push_bind(after.clone());
+        args.push(after.clone());
     }
-    qb.push(format!(
-        " ORDER BY {column} {} LIMIT ",
-        if page.ascending { "ASC" } else { "DESC" }
+    sql.push_str(&format!(
+        " ORDER BY {column} {} LIMIT {}",
+        if page.ascending { "ASC" } else { "DESC" },
+        page.limit.saturating_add(1)
     ));
-    qb.push_bind(i64::try_from(page.limit.saturating_add(1)).unwrap_or(i64::MAX));
-}
-
-fn into_page<T>(mut items: Vec<T>, page: &PageReq) -> Page<T> {
+    let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+    let mut items = rows(&mut stmt, rusqlite::params_from_iter(args.iter()), map)?;
     let has_more = items.len() > page.limit;
     items.truncate(page.limit);
-    Page { items, has_more }
+    Ok(Page { items, has_more })
 }
 
-impl SqliteStore {
-    async fn fetch_page<T>(
-        &self,
-        mut qb: QueryBuilder<'_, Sqlite>,
-        column: &str,
-        page: &PageReq,
-        map: fn(&SqliteRow) -> StoreResult<T>,
-    ) -> StoreResult<Page<T>> {
-        push_page(&mut qb, column, page);
-        let rows = qb.build().fetch_all(&self.read).await.map_err(map_err)?;
-        let items = rows.iter().map(map).collect::<StoreResult<Vec<T>>>()?;
-        Ok(into_page(items, page))
-    }
-}
+/// An enabled endpoint's id and its event-type filter (None = all).
+type Subscriber = (String, Option<Vec<String>>);
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
-        sqlx::query_scalar("SELECT value FROM settings WHERE key = ?")
-            .bind(key)
-            .fetch_optional(&self.read)
-            .await
-            .map_err(map_err)
-    }
-
-    async fn init_setting(&self, key: &str, value: &str) -> StoreResult<String> {
-        sqlx::query("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING")
-            .bind(key)
-            .bind(value)
-            .execute(&self.write)
-            .await
+fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
+    let mut insert_msg = conn
+        .prepare_cached(
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        )
+        .map_err(map_err)?;
+    let mut endpoints_q = conn
+        .prepare_cached("SELECT id, filter_types FROM endpoints WHERE app_id = ?1 AND disabled = 0")
+        .map_err(map_err)?;
+    let mut insert_delivery = conn
+        .prepare_cached(
+            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
+             created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?5, ?5)",
+        )
+        .map_err(map_err)?;
+    let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for m in batch {
+        let inserted = insert_msg
+            .execute(params![
+                m.id.as_str(),
+                m.app_id.as_str(),
+                m.event_type,
+                m.event_id,
+                m.payload,
+                m.created_at
+            ])
             .map_err(map_err)?;
-        sqlx::query_scalar("SELECT value FROM settings WHERE key = ?")
-            .bind(key)
-            .fetch_one(&self.write)
-            .await
-            .map_err(map_err)
-    }
-
-    async fn create_app(&self, app: &App) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(app.id.as_str())
-        .bind(&app.uid)
-        .bind(&app.name)
-        .bind(app.rate_limit.map(i64::from))
-        .bind(to_json(&app.metadata)?)
-        .bind(app.created_at)
-        .bind(app.updated_at)
-        .execute(&self.write)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
-        let row = sqlx::query(
-            "SELECT * FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1",
-        )
-        .bind(id_or_uid)
-        .fetch_optional(&self.read)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(app_from_row).transpose()
-    }
-
-    async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>> {
-        let qb = QueryBuilder::new("SELECT * FROM applications WHERE 1=1");
-        self.fetch_page(qb, "id", page, app_from_row).await
-    }
-
-    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
-             metadata, secret, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(ep.id.as_str())
-        .bind(ep.app_id.as_str())
-        .bind(&ep.uid)
-        .bind(&ep.url)
-        .bind(&ep.description)
-        .bind(ep.filter_types.as_ref().map(to_json).transpose()?)
-        .bind(i64::from(ep.disabled))
-        .bind(ep.rate_limit.map(i64::from))
-        .bind(to_json(&ep.metadata)?)
-        .bind(&ep.secret)
-        .bind(ep.created_at)
-        .bind(ep.updated_at)
-        .execute(&self.write)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
-        let row = sqlx::query(
-            "SELECT * FROM endpoints WHERE app_id = ?1 AND (id = ?2 OR uid = ?2) ORDER BY id = ?2 DESC LIMIT 1",
-        )
-        .bind(app.as_str())
-        .bind(id_or_uid)
-        .fetch_optional(&self.read)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(endpoint_from_row).transpose()
-    }
-
-    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
-        let mut qb = QueryBuilder::new("SELECT * FROM endpoints WHERE app_id = ");
-        qb.push_bind(app.as_str().to_owned());
-        self.fetch_page(qb, "id", page, endpoint_from_row).await
-    }
-
-    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET uid = ?, url = ?, description = ?, filter_types = ?, disabled = ?, \
-             rate_limit = ?, metadata = ?, secret = ?, updated_at = ? WHERE id = ? AND app_id = ?",
-        )
-        .bind(&ep.uid)
-        .bind(&ep.url)
-        .bind(&ep.description)
-        .bind(ep.filter_types.as_ref().map(to_json).transpose()?)
-        .bind(i64::from(ep.disabled))
-        .bind(ep.rate_limit.map(i64::from))
-        .bind(to_json(&ep.metadata)?)
-        .bind(&ep.secret)
-        .bind(ep.updated_at)
-        .bind(ep.id.as_str())
-        .bind(ep.app_id.as_str())
-        .execute(&self.write)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
-        // Deliveries go with it (ON DELETE CASCADE); attempts are history.
-        let done = sqlx::query("DELETE FROM endpoints WHERE id = ? AND app_id = ?")
-            .bind(id.as_str())
-            .bind(app.as_str())
-            .execute(&self.write)
-            .await
-            .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
+        if inserted == 0 {
+            outcomes.push(InsertOutcome::DuplicateEventId);
+            continue;
         }
-        let mut tx = self.write.begin().await.map_err(map_err)?;
-
-        // 1. Messages, multi-row; a repeated eventId is skipped, not fatal.
-        let mut inserted: std::collections::HashSet<String> =
-            std::collections::HashSet::with_capacity(batch.len());
-        for chunk in batch.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) ",
-            );
-            qb.push_values(chunk, |mut b, m| {
-                b.push_bind(m.id.as_str())
-                    .push_bind(m.app_id.as_str())
-                    .push_bind(&m.event_type)
-                    .push_bind(&m.event_id)
-                    .push_bind(&m.payload)
-                    .push_bind(m.created_at);
-            });
-            qb.push(" ON CONFLICT DO NOTHING RETURNING id");
-            let ids: Vec<String> = qb
-                .build_query_scalar()
-                .fetch_all(&mut *tx)
-                .await
+        if !endpoints_of.contains_key(m.app_id.as_str()) {
+            let mut eps = Vec::new();
+            let mut rs = endpoints_q
+                .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
-            inserted.extend(ids);
-        }
-
-        // 2. Fan-out: the subscribed, enabled endpoints of each app, once.
-        let mut endpoints_of: HashMap<&str, Vec<(String, Option<Vec<String>>)>> = HashMap::new();
-        for m in batch {
-            if endpoints_of.contains_key(m.app_id.as_str()) {
-                continue;
+            while let Some(r) = rs.next().map_err(map_err)? {
+                let filter: Option<String> = get(r, "filter_types")?;
+                eps.push((get(r, "id")?, filter.as_deref().map(from_json).transpose()?));
             }
-            let rows = sqlx::query(
-                "SELECT id, filter_types FROM endpoints WHERE app_id = ? AND disabled = 0",
-            )
-            .bind(m.app_id.as_str())
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            let mut eps = Vec::with_capacity(rows.len());
-            for r in rows {
-                let filter: Option<String> = r.try_get("filter_types").map_err(map_err)?;
-                let filter = match filter {
-                    Some(t) => Some(
-                        serde_json::from_str(&t)
-                            .map_err(|e| StoreError::Internal(e.to_string()))?,
-                    ),
-                    None => None,
-                };
-                eps.push((r.try_get("id").map_err(map_err)?, filter));
-            }
-            endpoints_of.insert(m.app_id.as_str(), eps);
+            endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
-
-        struct NewDelivery<'a> {
-            id: DeliveryId,
-            msg: &'a NewMessage,
-            endpoint_id: &'a str,
-        }
-        let mut deliveries = Vec::new();
-        let mut outcomes = Vec::with_capacity(batch.len());
-        for m in batch {
-            if !inserted.contains(m.id.as_str()) {
-                outcomes.push(InsertOutcome::DuplicateEventId);
-                continue;
-            }
-            let before = deliveries.len();
-            for (ep_id, filter) in endpoints_of
-                .get(m.app_id.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default()
+        let mut fanned = 0;
+        for (ep_id, filter) in endpoints_of
+            .get(m.app_id.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            if filter
+                .as_ref()
+                .is_none_or(|types| types.contains(&m.event_type))
             {
-                let subscribed = filter
-                    .as_ref()
-                    .is_none_or(|types| types.contains(&m.event_type));
-                if subscribed {
-                    deliveries.push(NewDelivery {
-                        id: DeliveryId::generate(),
-                        msg: m,
-                        endpoint_id: ep_id,
-                    });
-                }
+                insert_delivery
+                    .execute(params![
+                        DeliveryId::generate().as_str(),
+                        m.id.as_str(),
+                        ep_id,
+                        m.app_id.as_str(),
+                        m.created_at
+                    ])
+                    .map_err(map_err)?;
+                fanned += 1;
             }
-            outcomes.push(InsertOutcome::Inserted {
-                deliveries: deliveries.len() - before,
-            });
         }
-        for chunk in deliveries.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                 cycle_started_at, created_at, updated_at) ",
-            );
-            qb.push_values(chunk, |mut b, d| {
-                b.push_bind(d.id.as_str())
-                    .push_bind(d.msg.id.as_str())
-                    .push_bind(d.endpoint_id)
-                    .push_bind(d.msg.app_id.as_str())
-                    .push_bind(DeliveryState::Pending as i64)
-                    .push_bind(d.msg.created_at)
-                    .push_bind(d.msg.created_at)
-                    .push_bind(d.msg.created_at)
-                    .push_bind(d.msg.created_at);
-            });
-            qb.build().execute(&mut *tx).await.map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(outcomes)
+        outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
     }
+    Ok(outcomes)
+}
 
-    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
-        let row = sqlx::query(
-            "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
-        )
-        .bind(app.as_str())
-        .bind(id_or_event_id)
-        .fetch_optional(&self.read)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(message_from_row).transpose()
-    }
-
-    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
-        if req.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let saturated: Vec<&str> = req
-            .in_flight
-            .iter()
-            .filter(|(_, n)| **n >= req.endpoint_cap)
-            .map(|(id, _)| id.as_str())
-            .collect();
-        // Look a little past `limit` so that one busy endpoint at the head of
-        // the queue does not leave the other slots empty.
-        let window = req.limit.saturating_mul(4).max(64);
-        let mut tx = self.write.begin().await.map_err(map_err)?;
-        let candidates = sqlx::query(
+fn claim_tx(
+    conn: &Connection,
+    now: Millis,
+    lease_until: Millis,
+    limit: usize,
+    in_flight: &HashMap<EndpointId, usize>,
+    endpoint_cap: usize,
+) -> StoreResult<Vec<ClaimedDelivery>> {
+    let saturated: Vec<&str> = in_flight
+        .iter()
+        .filter(|(_, n)| **n >= endpoint_cap)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    // Look a little past `limit` so that one busy endpoint at the head of
+    // the queue does not leave the other slots empty.
+    let window = limit.saturating_mul(4).max(64);
+    let mut candidates = conn
+        .prepare_cached(
             "SELECT id, endpoint_id FROM deliveries \
              WHERE state < 2 AND next_attempt_at <= ?1 \
                AND endpoint_id NOT IN (SELECT value FROM json_each(?2) \
                                        UNION ALL SELECT id FROM endpoints WHERE disabled = 1) \
              ORDER BY next_attempt_at LIMIT ?3",
         )
-        .bind(req.now)
-        .bind(to_json(&saturated)?)
-        .bind(i64::try_from(window).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
-        .await
         .map_err(map_err)?;
-
-        let mut room: HashMap<String, usize> = HashMap::new();
-        let mut picked: Vec<String> = Vec::with_capacity(req.limit);
-        for row in &candidates {
-            if picked.len() >= req.limit {
-                break;
-            }
-            let ep: String = row.try_get("endpoint_id").map_err(map_err)?;
-            let used = room.entry(ep).or_insert_with_key(|ep| {
-                req.in_flight
-                    .get(&EndpointId::from_trusted(ep.clone()))
-                    .copied()
-                    .unwrap_or(0)
-            });
-            if *used < req.endpoint_cap {
-                *used += 1;
-                picked.push(row.try_get("id").map_err(map_err)?);
-            }
+    let mut used: HashMap<String, usize> = HashMap::new();
+    let mut picked: Vec<String> = Vec::with_capacity(limit);
+    let mut rs = candidates
+        .query(params![
+            now,
+            to_json(&saturated)?,
+            i64::try_from(window).unwrap_or(i64::MAX)
+        ])
+        .map_err(map_err)?;
+    while let Some(r) = rs.next().map_err(map_err)? {
+        if picked.len() >= limit {
+            break;
         }
-        if picked.is_empty() {
-            tx.commit().await.map_err(map_err)?;
+        let ep: String = get(r, "endpoint_id")?;
+        let n = used.entry(ep).or_insert_with_key(|ep| {
+            in_flight
+                .get(&EndpointId::from_trusted(ep.clone()))
+                .copied()
+                .unwrap_or(0)
+        });
+        if *n < endpoint_cap {
+            *n += 1;
+            picked.push(get(r, "id")?);
+        }
+    }
+    drop(rs);
+    if picked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let token = ulid::Ulid::new().to_string();
+    let mut take = conn
+        .prepare_cached(
+            "UPDATE deliveries SET state = 1, next_attempt_at = ?1, lease_token = ?2, updated_at = ?3 \
+             WHERE id = ?4 \
+             RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual",
+        )
+        .map_err(map_err)?;
+    let mut details = conn
+        .prepare_cached(
+            "SELECT m.event_type, m.payload, e.url, e.secret FROM messages m, endpoints e \
+             WHERE m.id = ?1 AND e.id = ?2",
+        )
+        .map_err(map_err)?;
+    let mut out = Vec::with_capacity(picked.len());
+    for id in &picked {
+        let claimed = take
+            .query_row(params![lease_until, token, now, id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, i64>(6)?,
+                    r.get::<_, i64>(7)?,
+                ))
+            })
+            .map_err(map_err)?;
+        let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
+            claimed;
+        let (event_type, payload, url, secret) = details
+            .query_row(params![msg_id, endpoint_id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })
+            .map_err(map_err)?;
+        out.push(ClaimedDelivery {
+            id: DeliveryId::from_trusted(id),
+            lease_token: token.clone(),
+            msg_id: MsgId::from_trusted(msg_id),
+            app_id: AppId::from_trusted(app_id),
+            endpoint_id: EndpointId::from_trusted(endpoint_id),
+            url,
+            secret,
+            event_type,
+            payload,
+            attempts: u32_of(attempts),
+            cycle_started_at,
+            cycle_base: u32_of(cycle_base),
+            manual: manual != 0,
+        });
+    }
+    Ok(out)
+}
+
+fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<()> {
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
+             duration_ms, status_code, response, error, success, manual) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+        )
+        .map_err(map_err)?;
+    // The lease token guard leaves a re-claimed delivery to its new holder.
+    let mut update = conn
+        .prepare_cached(
+            "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_token = NULL, manual = 0, \
+             dead_reason = ?4, last_status = ?5, last_error = ?6, updated_at = ?7 \
+             WHERE id = ?8 AND lease_token = ?9",
+        )
+        .map_err(map_err)?;
+    for c in batch {
+        let a = &c.attempt;
+        insert
+            .execute(params![
+                a.id.as_str(),
+                a.delivery_id.as_str(),
+                a.msg_id.as_str(),
+                a.endpoint_id.as_str(),
+                a.app_id.as_str(),
+                a.url,
+                i64::from(a.attempt_number),
+                a.started_at,
+                a.duration_ms,
+                a.status_code.map(i64::from),
+                a.response,
+                a.error,
+                i64::from(a.success),
+                i64::from(a.manual),
+            ])
+            .map_err(map_err)?;
+        let (state, next_at, reason) = match c.next {
+            NextState::Delivered => (DeliveryState::Delivered, c.now, None),
+            NextState::Retry { at } => (DeliveryState::Pending, at, None),
+            NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
+        };
+        update
+            .execute(params![
+                state as i64,
+                i64::from(a.attempt_number),
+                next_at,
+                reason,
+                a.status_code.map(i64::from),
+                a.error,
+                c.now,
+                a.delivery_id.as_str(),
+                c.lease_token,
+            ])
+            .map_err(map_err)?;
+    }
+    Ok(())
+}
+
+const REPLAY_SET: &str =
+    "state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
+     manual = 1, lease_token = NULL, dead_reason = NULL, updated_at = ?1";
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_owned();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(map_err)
+        })
+        .await
+    }
+
+    async fn init_setting(&self, key: &str, value: &str) -> StoreResult<String> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+                params![key, value],
+            )
+            .map_err(map_err)?;
+            c.query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .map_err(map_err)
+        })
+        .await
+    }
+
+    async fn create_app(&self, app: &App) -> StoreResult<()> {
+        let app = app.clone();
+        let metadata = to_json(&app.metadata)?;
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![app.id.as_str(), app.uid, app.name, app.rate_limit, metadata, app.created_at, app.updated_at],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
+        let key = id_or_uid.to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![key], app_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>> {
+        let page = page.clone();
+        self.read(move |c| {
+            page_of(
+                c,
+                "SELECT * FROM applications WHERE 1 = 1",
+                "id",
+                vec![],
+                &page,
+                app_from_row,
+            )
+        })
+        .await
+    }
+
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
+        let ep = ep.clone();
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
+                 metadata, secret, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    ep.id.as_str(),
+                    ep.app_id.as_str(),
+                    ep.uid,
+                    ep.url,
+                    ep.description,
+                    filter,
+                    i64::from(ep.disabled),
+                    ep.rate_limit,
+                    metadata,
+                    ep.secret,
+                    ep.created_at,
+                    ep.updated_at
+                ],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
+        let (app, key) = (app.as_str().to_owned(), id_or_uid.to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM endpoints WHERE app_id = ?1 AND (id = ?2 OR uid = ?2) ORDER BY id = ?2 DESC LIMIT 1",
+                )
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![app, key], endpoint_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
+        let (app, page) = (app.as_str().to_owned(), page.clone());
+        self.read(move |c| {
+            page_of(
+                c,
+                "SELECT * FROM endpoints WHERE app_id = ?",
+                "id",
+                vec![app],
+                &page,
+                endpoint_from_row,
+            )
+        })
+        .await
+    }
+
+    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
+        let ep = ep.clone();
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE endpoints SET uid = ?1, url = ?2, description = ?3, filter_types = ?4, disabled = ?5, \
+                     rate_limit = ?6, metadata = ?7, secret = ?8, updated_at = ?9 WHERE id = ?10 AND app_id = ?11",
+                    params![
+                        ep.uid,
+                        ep.url,
+                        ep.description,
+                        filter,
+                        i64::from(ep.disabled),
+                        ep.rate_limit,
+                        metadata,
+                        ep.secret,
+                        ep.updated_at,
+                        ep.id.as_str(),
+                        ep.app_id.as_str()
+                    ],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        // Deliveries go with it (ON DELETE CASCADE); attempts are history.
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "DELETE FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![id, app],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
+        if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let token = ulid::Ulid::new().to_string();
-        let ids = to_json(&picked)?;
-        sqlx::query(
-            "UPDATE deliveries SET state = 1, next_attempt_at = ?1, lease_token = ?2, updated_at = ?3 \
-             WHERE id IN (SELECT value FROM json_each(?4))",
-        )
-        .bind(req.lease_until)
-        .bind(&token)
-        .bind(req.now)
-        .bind(&ids)
-        .execute(&mut *tx)
+        let batch = batch.to_vec();
+        self.write(move |c| insert_messages_tx(c, &batch)).await
+    }
+
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let (app, key) = (app.as_str().to_owned(), id_or_event_id.to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
+                )
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![app, key], message_from_row)?.pop())
+        })
         .await
-        .map_err(map_err)?;
-        let rows = sqlx::query(
-            "SELECT d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, d.cycle_started_at, d.cycle_base, \
-                    d.manual, m.event_type, m.payload, e.url, e.secret \
-             FROM deliveries d JOIN messages m ON m.id = d.msg_id JOIN endpoints e ON e.id = d.endpoint_id \
-             WHERE d.id IN (SELECT value FROM json_each(?1)) ORDER BY d.id",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        rows.iter()
-            .map(|r| {
-                Ok(ClaimedDelivery {
-                    id: DeliveryId::from_trusted(r.try_get("id").map_err(map_err)?),
-                    lease_token: token.clone(),
-                    msg_id: MsgId::from_trusted(r.try_get("msg_id").map_err(map_err)?),
-                    app_id: AppId::from_trusted(r.try_get("app_id").map_err(map_err)?),
-                    endpoint_id: EndpointId::from_trusted(
-                        r.try_get("endpoint_id").map_err(map_err)?,
-                    ),
-                    url: r.try_get("url").map_err(map_err)?,
-                    secret: r.try_get("secret").map_err(map_err)?,
-                    event_type: r.try_get("event_type").map_err(map_err)?,
-                    payload: r.try_get("payload").map_err(map_err)?,
-                    attempts: u32_of(r.try_get("attempts").map_err(map_err)?),
-                    cycle_started_at: r.try_get("cycle_started_at").map_err(map_err)?,
-                    cycle_base: u32_of(r.try_get("cycle_base").map_err(map_err)?),
-                    manual: r.try_get::<i64, _>("manual").map_err(map_err)? != 0,
-                })
-            })
-            .collect()
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (now, lease_until, limit, cap) =
+            (req.now, req.lease_until, req.limit, req.endpoint_cap);
+        let in_flight = req.in_flight.clone();
+        self.write(move |c| claim_tx(c, now, lease_until, limit, &in_flight, cap))
+            .await
     }
 
     async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
-        sqlx::query_scalar("SELECT MIN(next_attempt_at) FROM deliveries WHERE state < 2")
-            .fetch_one(&self.read)
-            .await
+        self.read(|c| {
+            c.query_row(
+                "SELECT MIN(next_attempt_at) FROM deliveries WHERE state < 2",
+                [],
+                |r| r.get(0),
+            )
             .map_err(map_err)
+        })
+        .await
     }
 
     async fn complete(&self, batch: &[Completion]) -> StoreResult<()> {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut tx = self.write.begin().await.map_err(map_err)?;
-        for chunk in batch.chunks(CHUNK) {
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
-                 started_at, duration_ms, status_code, response, error, success, manual) ",
-            );
-            qb.push_values(chunk, |mut b, c| {
-                let a = &c.attempt;
-                b.push_bind(a.id.as_str())
-                    .push_bind(a.delivery_id.as_str())
-                    .push_bind(a.msg_id.as_str())
-                    .push_bind(a.endpoint_id.as_str())
-                    .push_bind(a.app_id.as_str())
-                    .push_bind(&a.url)
-                    .push_bind(i64::from(a.attempt_number))
-                    .push_bind(a.started_at)
-                    .push_bind(a.duration_ms)
-                    .push_bind(a.status_code.map(i64::from))
-                    .push_bind(&a.response)
-                    .push_bind(&a.error)
-                    .push_bind(i64::from(a.success))
-                    .push_bind(i64::from(a.manual));
-            });
-            qb.build().execute(&mut *tx).await.map_err(map_err)?;
+        let batch = batch.to_vec();
+        self.write(move |c| complete_tx(c, &batch)).await
+    }
 
-            // One UPDATE … FROM (VALUES …) for the whole chunk. The lease
-            // token guard leaves a re-claimed delivery to its new holder.
-            let mut qb = QueryBuilder::<Sqlite>::new(
-                "WITH v(id, tok, state, attempts, next_at, reason, status, error, now) AS (",
-            );
-            qb.push_values(chunk, |mut b, c| {
-                let (state, next_at, reason) = match c.next {
-                    NextState::Delivered => (DeliveryState::Delivered, c.now, None),
-                    NextState::Retry { at } => (DeliveryState::Pending, at, None),
-                    NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
-                };
-                b.push_bind(c.attempt.delivery_id.as_str())
-                    .push_bind(&c.lease_token)
-                    .push_bind(state as i64)
-                    .push_bind(i64::from(c.attempt.attempt_number))
-                    .push_bind(next_at)
-                    .push_bind(reason)
-                    .push_bind(c.attempt.status_code.map(i64::from))
-                    .push_bind(&c.attempt.error)
-                    .push_bind(c.now);
-            });
-            qb.push(
-                ") UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
-                 lease_token = NULL, manual = 0, dead_reason = v.reason, last_status = v.status, \
-                 last_error = v.error, updated_at = v.now \
-                 FROM v WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok",
-            );
-            qb.build().execute(&mut *tx).await.map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(())
+    async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
+        let (id, token) = (id.as_str().to_owned(), lease_token.to_owned());
+        self.write(move |c| {
+            c.execute(
+                "UPDATE deliveries SET state = 0, next_attempt_at = ?1, lease_token = NULL, updated_at = ?1 \
+                 WHERE id = ?2 AND lease_token = ?3",
+                params![now, id, token],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        let row = sqlx::query(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.id = ? AND d.app_id = ?"
-        ))
-        .bind(id.as_str())
-        .bind(app.as_str())
-        .fetch_optional(&self.read)
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.id = ?1 AND d.app_id = ?2"
+                ))
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![id, app], delivery_from_row)?.pop())
+        })
         .await
-        .map_err(map_err)?;
-        row.as_ref().map(delivery_from_row).transpose()
     }
 
     async fn list_deliveries_of_message(
@@ -684,16 +943,17 @@ impl Store for SqliteStore {
         app: &AppId,
         msg: &MsgId,
     ) -> StoreResult<Vec<Delivery>> {
-        let rows = sqlx::query(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.msg_id = ? AND d.app_id = ? ORDER BY d.id"
-        ))
-        .bind(msg.as_str())
-        .bind(app.as_str())
-        .fetch_all(&self.read)
+        let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
+                ))
+                .map_err(map_err)?;
+            rows(&mut stmt, params![msg, app], delivery_from_row)
+        })
         .await
-        .map_err(map_err)?;
-        rows.iter().map(delivery_from_row).collect()
     }
 
     async fn list_dead(
@@ -702,29 +962,32 @@ impl Store for SqliteStore {
         endpoint: Option<&EndpointId>,
         page: &PageReq,
     ) -> StoreResult<Page<Delivery>> {
-        let mut qb = QueryBuilder::new(format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.state = 3 AND d.app_id = "
-        ));
-        qb.push_bind(app.as_str().to_owned());
+        let mut sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.state = 3 AND d.app_id = ?"
+        );
+        let mut args = vec![app.as_str().to_owned()];
         if let Some(ep) = endpoint {
-            qb.push(" AND d.endpoint_id = ");
-            qb.push_bind(ep.as_str().to_owned());
+            sql.push_str(" AND d.endpoint_id = ?");
+            args.push(ep.as_str().to_owned());
         }
-        self.fetch_page(qb, "d.id", page, delivery_from_row).await
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
+            .await
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
-             manual = 1, dead_reason = NULL, updated_at = ?1 WHERE id = ?2 AND app_id = ?3 AND state = 3",
-        )
-        .bind(now)
-        .bind(id.as_str())
-        .bind(app.as_str())
-        .execute(&self.write)
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE id = ?2 AND app_id = ?3 AND state = 3"),
+                    params![now, id, app],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
         .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
     }
 
     async fn replay_dead_of_endpoint(
@@ -733,17 +996,17 @@ impl Store for SqliteStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<u64> {
-        let done = sqlx::query(
-            "UPDATE deliveries SET state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
-             manual = 1, dead_reason = NULL, updated_at = ?1 WHERE endpoint_id = ?2 AND app_id = ?3 AND state = 3",
-        )
-        .bind(now)
-        .bind(ep.as_str())
-        .bind(app.as_str())
-        .execute(&self.write)
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = ?2 AND app_id = ?3 AND state = 3"),
+                    params![now, ep, app],
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
         .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
     }
 
     async fn resend(
@@ -753,55 +1016,41 @@ impl Store for SqliteStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<ResendOutcome> {
-        let mut tx = self.write.begin().await.map_err(map_err)?;
-        let msg_exists: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM messages WHERE id = ? AND app_id = ?")
-                .bind(msg.as_str())
-                .bind(app.as_str())
-                .fetch_optional(&mut *tx)
-                .await
+        let (app, msg, ep) = (
+            app.as_str().to_owned(),
+            msg.as_str().to_owned(),
+            ep.as_str().to_owned(),
+        );
+        self.write(move |c| {
+            let exists = |sql: &str, id: &str| -> StoreResult<bool> {
+                c.query_row(sql, params![id, app], |_| Ok(())).optional().map(|o| o.is_some()).map_err(map_err)
+            };
+            if !exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2", &msg)? {
+                return Ok(ResendOutcome::NoSuchMessage);
+            }
+            if !exists("SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2", &ep)? {
+                return Ok(ResendOutcome::NoSuchEndpoint);
+            }
+            // Reuse the delivery so the Idempotency-Key stays the same;
+            // clearing the lease token makes an in-flight outcome leave the
+            // state alone.
+            let n = c
+                .execute(
+                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"),
+                    params![now, msg, ep],
+                )
                 .map_err(map_err)?;
-        if msg_exists.is_none() {
-            return Ok(ResendOutcome::NoSuchMessage);
-        }
-        let ep_exists: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM endpoints WHERE id = ? AND app_id = ?")
-                .bind(ep.as_str())
-                .bind(app.as_str())
-                .fetch_optional(&mut *tx)
-                .await
+            if n == 0 {
+                c.execute(
+                    "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
+                     manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
+                    params![DeliveryId::generate().as_str(), msg, ep, app, now],
+                )
                 .map_err(map_err)?;
-        if ep_exists.is_none() {
-            return Ok(ResendOutcome::NoSuchEndpoint);
-        }
-        // Reuse the delivery so the Idempotency-Key stays the same; clearing
-        // the lease token makes any in-flight outcome leave the state alone.
-        let updated = sqlx::query(
-            "UPDATE deliveries SET state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
-             manual = 1, lease_token = NULL, dead_reason = NULL, updated_at = ?1 WHERE msg_id = ?2 AND endpoint_id = ?3",
-        )
-        .bind(now)
-        .bind(msg.as_str())
-        .bind(ep.as_str())
-        .execute(&mut *tx)
+            }
+            Ok(ResendOutcome::Queued)
+        })
         .await
-        .map_err(map_err)?;
-        if updated.rows_affected() == 0 {
-            sqlx::query(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
-                 manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
-            )
-            .bind(DeliveryId::generate().as_str())
-            .bind(msg.as_str())
-            .bind(ep.as_str())
-            .bind(app.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(ResendOutcome::Queued)
     }
 
     async fn list_attempts_of_message(
@@ -810,11 +1059,19 @@ impl Store for SqliteStore {
         msg: &MsgId,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let mut qb = QueryBuilder::new("SELECT * FROM attempts WHERE msg_id = ");
-        qb.push_bind(msg.as_str().to_owned());
-        qb.push(" AND app_id = ");
-        qb.push_bind(app.as_str().to_owned());
-        self.fetch_page(qb, "id", page, attempt_from_row).await
+        let args = vec![msg.as_str().to_owned(), app.as_str().to_owned()];
+        let page = page.clone();
+        self.read(move |c| {
+            page_of(
+                c,
+                "SELECT * FROM attempts WHERE msg_id = ? AND app_id = ?",
+                "id",
+                args,
+                &page,
+                attempt_from_row,
+            )
+        })
+        .await
     }
 
     async fn list_attempts_of_endpoint(
@@ -823,18 +1080,23 @@ impl Store for SqliteStore {
         ep: &EndpointId,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let mut qb = QueryBuilder::new("SELECT * FROM attempts WHERE endpoint_id = ");
-        qb.push_bind(ep.as_str().to_owned());
-        qb.push(" AND app_id = ");
-        qb.push_bind(app.as_str().to_owned());
-        self.fetch_page(qb, "id", page, attempt_from_row).await
+        let args = vec![ep.as_str().to_owned(), app.as_str().to_owned()];
+        let page = page.clone();
+        self.read(move |c| {
+            page_of(
+                c,
+                "SELECT * FROM attempts WHERE endpoint_id = ? AND app_id = ?",
+                "id",
+                args,
+                &page,
+                attempt_from_row,
+            )
+        })
+        .await
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.read)
+        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(map_err))
             .await
-            .map_err(map_err)?;
-        Ok(())
     }
 }

@@ -223,7 +223,7 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
         ),
         ("HERALD_JITTER", "full"),
         ("HERALD_REQUEST_TIMEOUT", "1s"),
-        ("HERALD_LEASE", "3s"),
+        ("HERALD_LEASE", "4s"),
         ("HERALD_MAX_IN_FLIGHT", "64"),
     ];
     let mut first = serve(&db, &envs).await;

@@ -188,7 +188,7 @@ async fn redirects_are_not_followed_and_are_permanent() {
 async fn timeouts_408_429_and_refused_connections_are_retried() {
     let app = spawn_stepped(&[
         ("HERALD_REQUEST_TIMEOUT", "1s"),
-        ("HERALD_LEASE", "3s"),
+        ("HERALD_LEASE", "4s"),
         ("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms,0ms"),
     ])
     .await;
@@ -627,7 +627,7 @@ async fn one_stuck_endpoint_does_not_hold_up_the_others() {
         ("HERALD_ENDPOINT_CONCURRENCY", "2"),
         ("HERALD_MAX_IN_FLIGHT", "8"),
         ("HERALD_REQUEST_TIMEOUT", "20s"),
-        ("HERALD_LEASE", "30s"),
+        ("HERALD_LEASE", "45s"),
     ])
     .await;
     let stuck = Receiver::start().await;

@@ -41,7 +41,7 @@ pub fn test_config(dir: &std::path::Path, overrides: &[(&str, &str)]) -> Config 
         ("HERALD_RETRY_SCHEDULE", "0ms,0ms".to_owned()),
         ("HERALD_JITTER", "none".to_owned()),
         ("HERALD_REQUEST_TIMEOUT", "2s".to_owned()),
-        ("HERALD_LEASE", "5s".to_owned()),
+        ("HERALD_LEASE", "6s".to_owned()),
         ("HERALD_POLL_INTERVAL", "200ms".to_owned()),
     ]
     .into_iter()
