@@ -333,6 +333,45 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_parses_to_the_defaults() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
+        let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
+        let d = Config::default();
+        assert_eq!(c.listen, d.listen);
+        assert_eq!(c.database_url, d.database_url);
+        assert_eq!(c.retry, d.retry);
+        assert_eq!(
+            (
+                c.request_timeout,
+                c.connect_timeout,
+                c.lease,
+                c.poll_interval
+            ),
+            (
+                d.request_timeout,
+                d.connect_timeout,
+                d.lease,
+                d.poll_interval
+            )
+        );
+        assert_eq!(
+            (
+                c.allow_private_networks,
+                c.disable_after,
+                c.endpoint_concurrency,
+                c.max_in_flight
+            ),
+            (
+                d.allow_private_networks,
+                d.disable_after,
+                d.endpoint_concurrency,
+                d.max_in_flight
+            )
+        );
+    }
+
+    #[test]
     fn unknown_file_keys_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("herald.toml");

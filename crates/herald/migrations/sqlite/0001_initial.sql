@@ -32,6 +32,8 @@ CREATE TABLE endpoints (
     UNIQUE (app_id, uid)
 ) STRICT;
 CREATE INDEX endpoints_by_app ON endpoints(app_id, id);
+-- The claim skips disabled endpoints; this keeps that lookup off a full scan.
+CREATE INDEX endpoints_disabled ON endpoints(id) WHERE disabled = 1;
 
 CREATE TABLE messages (
     id         TEXT PRIMARY KEY,

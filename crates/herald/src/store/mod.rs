@@ -13,6 +13,7 @@ use herald_policy::DeadReason;
 
 use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 
+pub mod postgres;
 pub mod sqlite;
 
 pub type Millis = i64;

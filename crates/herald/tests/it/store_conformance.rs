@@ -1,6 +1,10 @@
 //! The store conformance suite: every behaviour the engine relies on,
 //! written once and run against each backend (the River habit). A new
 //! backend adds one line to `backends!` below and must pass all of it.
+//!
+//! The PostgreSQL runs need a server: `HERALD_TEST_POSTGRES_URL` (e.g.
+//! `postgres://postgres@127.0.0.1:5432/test`). Each test gets its own
+//! schema. Without the variable they say SKIPPED on stderr and pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +32,80 @@ async fn sqlite() -> Fixture {
     }
 }
 
+/// A PostgreSQL store in a throw-away schema of the server named by
+/// `HERALD_TEST_POSTGRES_URL`, dropped when the test ends.
+struct PgFixture {
+    store: Arc<herald::store::postgres::PostgresStore>,
+    url: String,
+    schema: String,
+}
+
+const POSTGRES_URL_VAR: &str = "HERALD_TEST_POSTGRES_URL";
+
+/// `None` (after saying so on stderr) when no server is configured.
+async fn postgres(test: &str) -> Option<PgFixture> {
+    let url = match std::env::var(POSTGRES_URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => {
+            // Written to the real stderr, not through eprintln!, which the
+            // test harness captures and hides for passing tests.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED ({POSTGRES_URL_VAR} unset): {test}"
+            );
+            return None;
+        }
+    };
+    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
+    let store = herald::store::postgres::PostgresStore::open(&url, &schema)
+        .await
+        .expect("open postgres");
+    Some(PgFixture {
+        store: Arc::new(store),
+        url,
+        schema,
+    })
+}
+
+impl PgFixture {
+    /// Runs `test`, then drops the schema whether it passed or not.
+    async fn run<F, Fut>(self, test: F)
+    where
+        F: FnOnce(Arc<dyn Store>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        use futures::FutureExt;
+        let store: Arc<dyn Store> = self.store.clone();
+        let outcome = std::panic::AssertUnwindSafe(test(store))
+            .catch_unwind()
+            .await;
+        self.store.close().await;
+        self.drop_schema().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    async fn drop_schema(&self) {
+        use sqlx::Connection;
+        let dropped = async {
+            let mut conn = sqlx::PgConnection::connect(&self.url).await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.schema
+            )))
+            .execute(&mut conn)
+            .await?;
+            conn.close().await
+        }
+        .await;
+        if let Err(e) = dropped {
+            eprintln!("could not drop schema {}: {e}", self.schema);
+        }
+    }
+}
+
 macro_rules! backends {
     ($($test:ident),* $(,)?) => {
         mod sqlite_backend {
@@ -36,6 +114,19 @@ macro_rules! backends {
                 async fn $test() {
                     let f = super::sqlite().await;
                     super::$test(f.store.clone()).await;
+                }
+            )*
+        }
+
+        mod postgres_backend {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let name = concat!("store_conformance::postgres_backend::", stringify!($test));
+                    let Some(f) = super::postgres(name).await else {
+                        return;
+                    };
+                    f.run(super::$test).await;
                 }
             )*
         }

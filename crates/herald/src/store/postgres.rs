@@ -1,0 +1,978 @@
+//! The server store: PostgreSQL through a sqlx connection pool.
+//!
+//! The semantics are those of `sqlite.rs` (the conformance suite checks
+//! both); what differs is how the work is shaped. There is no single
+//! writer: many Herald processes may share one database, so each write is
+//! its own transaction, and the claim takes its rows with
+//! `FOR UPDATE SKIP LOCKED` so that concurrent claimers never wait on, nor
+//! hand out, each other's rows. Batches travel as arrays (`= ANY($1)`,
+//! `UNNEST`), so a claim, a completion or an ingest batch costs a fixed
+//! number of statements whatever its size.
+//!
+//! Everything lives in one schema, chosen at open: it is created if
+//! missing and set as the `search_path` of every pooled connection, so the
+//! SQL (and the migrations) never name it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_policy::DeadReason;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Executor, Row};
+
+use super::*;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+const MAX_CONNECTIONS: u32 = 16;
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            StoreError::Unavailable(e.to_string())
+        }
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            match code.as_deref() {
+                // unique_violation
+                Some("23505") => StoreError::Conflict(db.message().to_owned()),
+                // connection_exception (class 08), admin_shutdown,
+                // crash_shutdown, cannot_connect_now
+                Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
+                    StoreError::Unavailable(e.to_string())
+                }
+                _ => StoreError::Internal(e.to_string()),
+            }
+        }
+        _ => StoreError::Internal(e.to_string()),
+    }
+}
+
+fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
+    match e {
+        sqlx::migrate::MigrateError::Execute(e) => map_err(e),
+        other => StoreError::Internal(format!("migration failed: {other}")),
+    }
+}
+
+/// `schema` as a double-quoted SQL identifier.
+fn quote_ident(schema: &str) -> StoreResult<String> {
+    if schema.is_empty() || schema.contains('\0') {
+        return Err(StoreError::Internal(format!(
+            "invalid PostgreSQL schema name {schema:?}"
+        )));
+    }
+    Ok(format!("\"{}\"", schema.replace('"', "\"\"")))
+}
+
+impl PostgresStore {
+    /// Connects to `url`, creates `schema` if missing, makes it every
+    /// pooled connection's `search_path`, and applies the migrations (their
+    /// bookkeeping table lives in that schema too).
+    pub async fn open(url: &str, schema: &str) -> StoreResult<Self> {
+        let ident = quote_ident(schema)?;
+        let set_path = format!("SET search_path TO {ident}");
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _meta| {
+                let sql = set_path.clone();
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(sql)).await?;
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(map_err)?;
+        // Setting a search_path to a schema that does not exist yet is
+        // allowed; it takes effect once the schema is there.
+        let created = pool
+            .execute(AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {ident}"
+            )))
+            .await
+            .map_err(map_err);
+        match created {
+            // Two processes creating it at once: the loser sees a unique
+            // violation, and the schema exists all the same.
+            Ok(_) | Err(StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+        MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
+        Ok(PostgresStore { pool })
+    }
+
+    /// Closes the pool: waits for checked-out connections to come back,
+    /// then closes them all. Later calls fail with `Unavailable`.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad JSON in store: {e}")))
+}
+
+fn u16_opt(v: Option<i32>) -> Option<u16> {
+    v.and_then(|n| u16::try_from(n).ok())
+}
+
+fn u32_of(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn i32_of(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn i64_of(v: usize) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn get<'r, T>(r: &'r PgRow, col: &str) -> StoreResult<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    r.try_get(col).map_err(map_err)
+}
+
+const APP_COLUMNS: &str =
+    "id, uid, name, rate_limit, metadata::text AS metadata, created_at, updated_at";
+
+fn app_from_row(r: &PgRow) -> StoreResult<App> {
+    Ok(App {
+        id: AppId::from_trusted(get(r, "id")?),
+        uid: get(r, "uid")?,
+        name: get(r, "name")?,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json::<BTreeMap<String, String>>(&get::<String>(r, "metadata")?)?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+const ENDPOINT_COLUMNS: &str =
+    "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
+     metadata::text AS metadata, secret, created_at, updated_at";
+
+fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
+    let filter: Option<String> = get(r, "filter_types")?;
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        uid: get(r, "uid")?,
+        url: get(r, "url")?,
+        description: get(r, "description")?,
+        filter_types: filter.as_deref().map(from_json).transpose()?,
+        disabled: get(r, "disabled")?,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json(&get::<String>(r, "metadata")?)?,
+        secret: get(r, "secret")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+const MESSAGE_COLUMNS: &str = "id, app_id, event_type, event_id, payload, created_at";
+
+fn message_from_row(r: &PgRow) -> StoreResult<Message> {
+    Ok(Message {
+        id: MsgId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        event_type: get(r, "event_type")?,
+        event_id: get(r, "event_id")?,
+        payload: get(r, "payload")?,
+        created_at: get(r, "created_at")?,
+    })
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
+     d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
+
+fn delivery_from_row(r: &PgRow) -> StoreResult<Delivery> {
+    let state: i16 = get(r, "state")?;
+    let reason: Option<String> = get(r, "dead_reason")?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(get(r, "id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        event_type: get(r, "event_type")?,
+        state: DeliveryState::from_i64(i64::from(state))
+            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
+        attempts: u32_of(get(r, "attempts")?),
+        next_attempt_at: get(r, "next_attempt_at")?,
+        dead_reason: reason.as_deref().and_then(DeadReason::parse),
+        last_status: u16_opt(get(r, "last_status")?),
+        last_error: get(r, "last_error")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+const ATTEMPT_COLUMNS: &str =
+    "id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, duration_ms, \
+     status_code, response, error, success, manual";
+
+fn attempt_from_row(r: &PgRow) -> StoreResult<AttemptRecord> {
+    Ok(AttemptRecord {
+        id: AttemptId::from_trusted(get(r, "id")?),
+        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        url: get(r, "url")?,
+        attempt_number: u32_of(get(r, "attempt_number")?),
+        started_at: get(r, "started_at")?,
+        duration_ms: get(r, "duration_ms")?,
+        status_code: u16_opt(get(r, "status_code")?),
+        response: get(r, "response")?,
+        error: get(r, "error")?,
+        success: get(r, "success")?,
+        manual: get(r, "manual")?,
+    })
+}
+
+fn map_rows<T>(rows: &[PgRow], map: fn(&PgRow) -> StoreResult<T>) -> StoreResult<Vec<T>> {
+    rows.iter().map(map).collect()
+}
+
+/// `state`, `next_attempt_at` and `dead_reason` of a finished attempt.
+fn next_state(c: &Completion) -> (DeliveryState, Millis, Option<&'static str>) {
+    match c.next {
+        NextState::Delivered => (DeliveryState::Delivered, c.now, None),
+        NextState::Retry { at } => (DeliveryState::Pending, at, None),
+        NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
+    }
+}
+
+/// A fresh retry cycle, due now (`$1`), asked for by an operator.
+const REPLAY_SET: &str =
+    "state = 0, next_attempt_at = $1, cycle_started_at = $1, cycle_base = attempts, \
+     manual = TRUE, lease_token = NULL, dead_reason = NULL, updated_at = $1";
+
+impl PostgresStore {
+    /// A keyset page over `column` (ids sort by creation time). `sql` ends
+    /// in an open WHERE clause whose parameters are `$1..$n`, bound from
+    /// `args` in order.
+    async fn page_of<T>(
+        &self,
+        sql: &str,
+        column: &str,
+        mut args: Vec<String>,
+        page: &PageReq,
+        map: fn(&PgRow) -> StoreResult<T>,
+    ) -> StoreResult<Page<T>> {
+        // Only constant SQL fragments are spliced in; every value is bound.
+        let mut sql = sql.to_owned();
+        if let Some(after) = &page.after {
+            args.push(after.clone());
+            sql.push_str(&format!(
+                " AND {column} {} ${}",
+                if page.ascending { ">" } else { "<" },
+                args.len()
+            ));
+        }
+        sql.push_str(&format!(
+            " ORDER BY {column} {} LIMIT ${}",
+            if page.ascending { "ASC" } else { "DESC" },
+            args.len() + 1
+        ));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for a in args {
+            query = query.bind(a);
+        }
+        let rows = query
+            .bind(i64_of(page.limit.saturating_add(1)))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let mut items = map_rows(&rows, map)?;
+        let has_more = items.len() > page.limit;
+        items.truncate(page.limit);
+        Ok(Page { items, has_more })
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
+        sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn init_setting(&self, key: &str, value: &str) -> StoreResult<String> {
+        let inserted: Option<String> = sqlx::query_scalar(
+            "INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING RETURNING value",
+        )
+        .bind(key)
+        .bind(value)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        if let Some(v) = inserted {
+            return Ok(v);
+        }
+        // The conflicting row is committed (ON CONFLICT waits for it), and
+        // this statement's fresh snapshot sees it.
+        sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn create_app(&self, app: &App) -> StoreResult<()> {
+        let metadata = to_json(&app.metadata)?;
+        sqlx::query(
+            "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)",
+        )
+        .bind(app.id.as_str())
+        .bind(app.uid.as_deref())
+        .bind(&app.name)
+        .bind(app.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(app.created_at)
+        .bind(app.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {APP_COLUMNS} FROM applications WHERE id = $1 OR uid = $1 \
+             ORDER BY id = $1 DESC LIMIT 1"
+        )))
+        .bind(id_or_uid)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(app_from_row).transpose()
+    }
+
+    async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>> {
+        self.page_of(
+            &format!("SELECT {APP_COLUMNS} FROM applications WHERE TRUE"),
+            "id",
+            vec![],
+            page,
+            app_from_row,
+        )
+        .await
+    }
+
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        sqlx::query(
+            "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
+             metadata, secret, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12)",
+        )
+        .bind(ep.id.as_str())
+        .bind(ep.app_id.as_str())
+        .bind(ep.uid.as_deref())
+        .bind(&ep.url)
+        .bind(&ep.description)
+        .bind(filter)
+        .bind(ep.disabled)
+        .bind(ep.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(&ep.secret)
+        .bind(ep.created_at)
+        .bind(ep.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE app_id = $1 AND (id = $2 OR uid = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        )))
+        .bind(app.as_str())
+        .bind(id_or_uid)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(endpoint_from_row).transpose()
+    }
+
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
+        self.page_of(
+            &format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE app_id = $1"),
+            "id",
+            vec![app.as_str().to_owned()],
+            page,
+            endpoint_from_row,
+        )
+        .await
+    }
+
+    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        let done = sqlx::query(
+            "UPDATE endpoints SET uid = $1, url = $2, description = $3, filter_types = $4::jsonb, disabled = $5, \
+             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9 WHERE id = $10 AND app_id = $11",
+        )
+        .bind(ep.uid.as_deref())
+        .bind(&ep.url)
+        .bind(&ep.description)
+        .bind(filter)
+        .bind(ep.disabled)
+        .bind(ep.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(&ep.secret)
+        .bind(ep.updated_at)
+        .bind(ep.id.as_str())
+        .bind(ep.app_id.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
+        // Deliveries go with it (ON DELETE CASCADE); attempts are history.
+        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND app_id = $2")
+            .bind(id.as_str())
+            .bind(app.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+
+        // All messages in one statement, inserted in batch order, so that
+        // of two with the same eventId the first is kept, as one at a time
+        // would. RETURNING names the ones stored.
+        let inserted: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
+             SELECT id, app_id, event_type, event_id, payload, created_at \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
+                  WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, ord) \
+             ORDER BY ord \
+             ON CONFLICT DO NOTHING \
+             RETURNING id",
+        )
+        .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let mut stored: HashSet<String> = inserted.into_iter().collect();
+
+        // The subscribers of every app in the batch, in one read. KEY SHARE
+        // keeps them from being deleted under the deliveries made below.
+        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
+        apps.sort_unstable();
+        apps.dedup();
+        let rows = sqlx::query(
+            "SELECT id, app_id, filter_types::text AS filter_types FROM endpoints \
+             WHERE app_id = ANY($1) AND NOT disabled ORDER BY id FOR KEY SHARE",
+        )
+        .bind(&apps)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let mut endpoints_of: HashMap<String, Vec<(String, Option<Vec<String>>)>> = HashMap::new();
+        for r in &rows {
+            let filter: Option<String> = get(r, "filter_types")?;
+            endpoints_of
+                .entry(get(r, "app_id")?)
+                .or_default()
+                .push((get(r, "id")?, filter.as_deref().map(from_json).transpose()?));
+        }
+
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for m in batch {
+            // `remove`: a repeated message id counts as stored once.
+            if !stored.remove(m.id.as_str()) {
+                outcomes.push(InsertOutcome::DuplicateEventId);
+                continue;
+            }
+            let mut fanned = 0;
+            for (ep_id, filter) in endpoints_of
+                .get(m.app_id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                if filter
+                    .as_ref()
+                    .is_none_or(|types| types.contains(&m.event_type))
+                {
+                    d_id.push(DeliveryId::generate().into_string());
+                    d_msg.push(m.id.as_str());
+                    d_ep.push(ep_id.as_str());
+                    d_app.push(m.app_id.as_str());
+                    d_at.push(m.created_at);
+                    fanned += 1;
+                }
+            }
+            outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
+        }
+        if !d_id.is_empty() {
+            sqlx::query(
+                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                 cycle_started_at, created_at, updated_at) \
+                 SELECT id, msg_id, endpoint_id, app_id, 0, at, at, at, at \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[]) \
+                      AS u(id, msg_id, endpoint_id, app_id, at)",
+            )
+            .bind(&d_id)
+            .bind(&d_msg)
+            .bind(&d_ep)
+            .bind(&d_app)
+            .bind(&d_at)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(outcomes)
+    }
+
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1 AND (id = $2 OR event_id = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        )))
+        .bind(app.as_str())
+        .bind(id_or_event_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(message_from_row).transpose()
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let saturated: Vec<&str> = req
+            .in_flight
+            .iter()
+            .filter(|(_, n)| **n >= req.endpoint_cap)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        // Look a little past `limit` so that one busy endpoint at the head
+        // of the queue does not leave the other slots empty.
+        let window = req.limit.saturating_mul(4).max(64);
+
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // SKIP LOCKED: rows another claimer is taking right now are left to
+        // it; this claim takes the next ones instead of waiting.
+        let rows = sqlx::query(
+            "SELECT d.id, d.endpoint_id FROM deliveries d \
+             WHERE d.state < 2 AND d.next_attempt_at <= $1 \
+               AND d.endpoint_id <> ALL($2::text[]) \
+               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
+             ORDER BY d.next_attempt_at LIMIT $3 \
+             FOR UPDATE OF d SKIP LOCKED",
+        )
+        .bind(req.now)
+        .bind(&saturated)
+        .bind(i64_of(window))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        let mut used: HashMap<String, usize> = HashMap::new();
+        let mut picked: Vec<String> = Vec::with_capacity(req.limit);
+        for r in &rows {
+            if picked.len() >= req.limit {
+                break;
+            }
+            let ep: String = get(r, "endpoint_id")?;
+            let n = used.entry(ep).or_insert_with_key(|ep| {
+                req.in_flight
+                    .get(&EndpointId::from_trusted(ep.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            });
+            if *n < req.endpoint_cap {
+                *n += 1;
+                picked.push(get(r, "id")?);
+            }
+        }
+        if picked.is_empty() {
+            // Nothing taken: ending the transaction lets the row locks go.
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Vec::new());
+        }
+
+        let token = ulid::Ulid::new().to_string();
+        let rows = sqlx::query(
+            "UPDATE deliveries d SET state = 1, next_attempt_at = $1, lease_token = $2, updated_at = $3 \
+             FROM messages m, endpoints e \
+             WHERE d.id = ANY($4) AND m.id = d.msg_id AND e.id = d.endpoint_id \
+             RETURNING d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, d.cycle_started_at, \
+                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret",
+        )
+        .bind(req.lease_until)
+        .bind(&token)
+        .bind(req.now)
+        .bind(&picked)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                Ok(ClaimedDelivery {
+                    id: DeliveryId::from_trusted(get(r, "id")?),
+                    lease_token: token.clone(),
+                    msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+                    url: get(r, "url")?,
+                    secret: get(r, "secret")?,
+                    event_type: get(r, "event_type")?,
+                    payload: get(r, "payload")?,
+                    attempts: u32_of(get(r, "attempts")?),
+                    cycle_started_at: get(r, "cycle_started_at")?,
+                    cycle_base: u32_of(get(r, "cycle_base")?),
+                    manual: get(r, "manual")?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        // In the order picked (due time), as the SQLite store returns them.
+        let rank: HashMap<&str, usize> = picked
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.as_str(), i))
+            .collect();
+        out.sort_by_key(|d| rank.get(d.id.as_str()).copied().unwrap_or(usize::MAX));
+        Ok(out)
+    }
+
+    async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
+        sqlx::query_scalar("SELECT MIN(next_attempt_at) FROM deliveries WHERE state < 2")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let attempts: Vec<&AttemptRecord> = batch.iter().map(|c| &c.attempt).collect();
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
+             started_at, duration_ms, status_code, response, error, success, manual) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+                                  $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::text[], $12::text[], \
+                                  $13::bool[], $14::bool[])",
+        )
+        .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.msg_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.endpoint_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.app_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.url.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| i32_of(a.attempt_number)).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.duration_ms).collect::<Vec<_>>())
+        .bind(
+            attempts
+                .iter()
+                .map(|a| a.status_code.map(i32::from))
+                .collect::<Vec<_>>(),
+        )
+        .bind(attempts.iter().map(|a| a.response.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.success).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.manual).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+
+        // Applied one after another, a second completion holding the same
+        // lease would find the token already cleared by the first; one
+        // UPDATE ... FROM would pick either, so keep only the first.
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let moves: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| seen.insert((c.attempt.delivery_id.as_str(), c.lease_token.as_str())))
+            .collect();
+        let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
+        // The lease token guard leaves a re-claimed delivery to its new
+        // holder.
+        sqlx::query(
+            "UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
+             lease_token = NULL, manual = FALSE, dead_reason = v.reason, last_status = v.status, \
+             last_error = v.error, updated_at = v.now \
+             FROM (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int2[], $4::int4[], $5::int8[], \
+                                        $6::text[], $7::int4[], $8::text[], $9::int8[]) \
+                   AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
+             WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok",
+        )
+        .bind(moves.iter().map(|c| c.attempt.delivery_id.as_str()).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| c.lease_token.as_str()).collect::<Vec<_>>())
+        .bind(next.iter().map(|(s, _, _)| *s as i16).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| i32_of(c.attempt.attempt_number)).collect::<Vec<_>>())
+        .bind(next.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
+        .bind(next.iter().map(|(_, _, r)| *r).collect::<Vec<_>>())
+        .bind(
+            moves
+                .iter()
+                .map(|c| c.attempt.status_code.map(i32::from))
+                .collect::<Vec<_>>(),
+        )
+        .bind(moves.iter().map(|c| c.attempt.error.as_deref()).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE deliveries SET state = 0, next_attempt_at = $1, lease_token = NULL, updated_at = $1 \
+             WHERE id = $2 AND lease_token = $3",
+        )
+        .bind(now)
+        .bind(id.as_str())
+        .bind(lease_token)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.id = $1 AND d.app_id = $2"
+        )))
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(delivery_from_row).transpose()
+    }
+
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.msg_id = $1 AND d.app_id = $2 ORDER BY d.id"
+        )))
+        .bind(msg.as_str())
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, delivery_from_row)
+    }
+
+    async fn list_dead(
+        &self,
+        app: &AppId,
+        endpoint: Option<&EndpointId>,
+        page: &PageReq,
+    ) -> StoreResult<Page<Delivery>> {
+        let mut sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.state = 3 AND d.app_id = $1"
+        );
+        let mut args = vec![app.as_str().to_owned()];
+        if let Some(ep) = endpoint {
+            sql.push_str(" AND d.endpoint_id = $2");
+            args.push(ep.as_str().to_owned());
+        }
+        self.page_of(&sql, "d.id", args, page, delivery_from_row)
+            .await
+    }
+
+    async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE id = $2 AND app_id = $3 AND state = 3"
+        )))
+        .bind(now)
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn replay_dead_of_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = $2 AND app_id = $3 AND state = 3"
+        )))
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn resend(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<ResendOutcome> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // NO KEY UPDATE on the message serialises resends of it, so two at
+        // once cannot both find no delivery and both create one; KEY SHARE
+        // on the endpoint keeps it from being deleted meanwhile.
+        let has_msg =
+            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
+                .bind(msg.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if !has_msg {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(ResendOutcome::NoSuchMessage);
+        }
+        let has_ep =
+            sqlx::query("SELECT 1 FROM endpoints WHERE id = $1 AND app_id = $2 FOR KEY SHARE")
+                .bind(ep.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if !has_ep {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(ResendOutcome::NoSuchEndpoint);
+        }
+        // Reuse the delivery so the Idempotency-Key stays the same;
+        // clearing the lease token makes an in-flight outcome leave the
+        // state alone.
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = $2 AND endpoint_id = $3"
+        )))
+        .bind(now)
+        .bind(msg.as_str())
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                 cycle_started_at, manual, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 0, $5, $5, TRUE, $5, $5)",
+            )
+            .bind(DeliveryId::generate().as_str())
+            .bind(msg.as_str())
+            .bind(ep.as_str())
+            .bind(app.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(ResendOutcome::Queued)
+    }
+
+    async fn list_attempts_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>> {
+        self.page_of(
+            &format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE msg_id = $1 AND app_id = $2"),
+            "id",
+            vec![msg.as_str().to_owned(), app.as_str().to_owned()],
+            page,
+            attempt_from_row,
+        )
+        .await
+    }
+
+    async fn list_attempts_of_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>> {
+        self.page_of(
+            &format!(
+                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE endpoint_id = $1 AND app_id = $2"
+            ),
+            "id",
+            vec![ep.as_str().to_owned(), app.as_str().to_owned()],
+            page,
+            attempt_from_row,
+        )
+        .await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
