@@ -38,6 +38,41 @@ pub struct BenchArgs {
     /// Give up waiting for deliveries after this long.
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Also run on this PostgreSQL (each run in a fresh schema, dropped
+    /// after), with the API in this process and `--worker-processes`
+    /// separate `herald serve --role worker` processes.
+    #[arg(long)]
+    pub postgres: Option<String>,
+    /// Worker-process counts to run on PostgreSQL, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub worker_processes: Vec<usize>,
+}
+
+/// Where a run keeps its data.
+#[derive(Debug, Clone)]
+enum Target {
+    Sqlite,
+    Postgres { url: String, workers: usize },
+}
+
+/// A fresh PostgreSQL schema for one run, dropped afterwards.
+struct Schema {
+    url: String,
+    name: String,
+}
+
+impl Schema {
+    async fn drop_it(&self) {
+        if let Ok(pool) = sqlx::PgPool::connect(&self.url).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP SCHEMA IF EXISTS {} CASCADE",
+                self.name
+            )))
+            .execute(&pool)
+            .await;
+            pool.close().await;
+        }
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -175,6 +210,15 @@ struct RunResult {
 /// One run on a fresh Herald: `fast` healthy endpoints (each gets every
 /// message) and optionally one slow endpoint.
 async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result<RunResult> {
+    herald_run_on(args, fast, slow, &Target::Sqlite).await
+}
+
+async fn herald_run_on(
+    args: &BenchArgs,
+    fast: usize,
+    slow: bool,
+    target: &Target,
+) -> anyhow::Result<RunResult> {
     let epoch = Instant::now();
     let rx = Receiver::new(fast, args.messages, epoch, args.slow_delay);
     let rx_addr = start_receiver(rx.clone()).await?;
@@ -182,15 +226,49 @@ async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result
     let token = "bench-admin-token-0123456789";
     // HERALD_* variables tune the run (e.g. HERALD_ENDPOINT_CONCURRENCY);
     // the store, token and network policy are the bench's own.
-    let config = Config {
+    let mut config = Config {
         database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
         admin_token: Some(token.into()),
         allow_private_networks: true,
         ..Config::load(None)?
     };
+    let mut role = Role::All;
+    let mut schema = None;
+    if let Target::Postgres { url, .. } = target {
+        let name = format!(
+            "herald_bench_{}",
+            ulid::Ulid::new().to_string().to_ascii_lowercase()
+        );
+        config.database_url = url.clone();
+        config.database_schema = name.clone();
+        role = Role::Api;
+        schema = Some(Schema {
+            url: url.clone(),
+            name,
+        });
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let running = server::start(config, listener, Role::All).await?;
-    let base = format!("http://{}/api/v1", running.addr);
+    let running = server::start(config.clone(), Some(listener), role).await?;
+    let mut workers = Vec::new();
+    if let Target::Postgres { url, workers: n } = target {
+        let exe = std::env::current_exe().context("locating the herald binary")?;
+        for _ in 0..*n {
+            workers.push(
+                tokio::process::Command::new(&exe)
+                    .args(["serve", "--role", "worker"])
+                    .env("HERALD_DATABASE_URL", url)
+                    .env("HERALD_DATABASE_SCHEMA", &config.database_schema)
+                    .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
+                    .env("HERALD_LOG", "warn")
+                    .stdout(std::process::Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .context("starting a worker process")?,
+            );
+        }
+    }
+    let addr = running.addr.context("the API listens")?;
+    let base = format!("http://{addr}/api/v1");
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
@@ -285,6 +363,16 @@ async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result
         p99: percentile(&latencies, 99.0),
     };
     running.shutdown().await?;
+    for mut w in workers {
+        if let Some(pid) = w.id().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: signalling a child process this function started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(60), w.wait()).await;
+    }
+    if let Some(schema) = schema {
+        schema.drop_it().await;
+    }
     Ok(result)
 }
 
@@ -349,6 +437,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         r.p99,
         100.0 * r.deliveries_per_sec / ceiling
     );
+    if let Some(url) = &args.postgres {
+        for &workers in &args.worker_processes {
+            let target = Target::Postgres {
+                url: url.clone(),
+                workers,
+            };
+            let r = herald_run_on(&args, 1, false, &target).await?;
+            println!(
+                "| Herald, PostgreSQL, 1 API + {workers} worker process(es), 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % |",
+                r.ingest_per_sec, r.deliveries_per_sec, r.p50, r.p99, 100.0 * r.deliveries_per_sec / ceiling
+            );
+        }
+    }
     if args.fairness {
         let base = herald_run(&args, 3, false).await?;
         println!(

@@ -14,7 +14,8 @@ use herald_policy::{parse_duration, parse_schedule, Jitter, RetryPolicy};
 /// `HERALD_` prefix (e.g. `retry_schedule`).
 pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LISTEN", "127.0.0.1:8080", "Address the API and dashboard listen on."),
-    ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db` or `sqlite://relative.db`."),
+    ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db`, `sqlite://relative.db` or `postgres://user@host/db`."),
+    ("HERALD_DATABASE_SCHEMA", "herald", "PostgreSQL schema holding Herald's tables and functions."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
     ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
     ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
@@ -27,6 +28,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most."),
     ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout."),
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
+    ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
+    ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
     ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
 ];
 
@@ -42,6 +45,7 @@ pub enum ConfigError {
 pub struct Config {
     pub listen: SocketAddr,
     pub database_url: String,
+    pub database_schema: String,
     pub admin_token: Option<String>,
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
@@ -52,6 +56,8 @@ pub struct Config {
     pub max_in_flight: usize,
     pub lease: Duration,
     pub poll_interval: Duration,
+    pub retention: Duration,
+    pub dead_retention: Duration,
     pub log: String,
 }
 
@@ -59,7 +65,8 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
-            .field("database_url", &self.database_url)
+            .field("database_url", &redact_url(&self.database_url))
+            .field("database_schema", &self.database_schema)
             .field(
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
@@ -73,6 +80,8 @@ impl std::fmt::Debug for Config {
             .field("max_in_flight", &self.max_in_flight)
             .field("lease", &self.lease)
             .field("poll_interval", &self.poll_interval)
+            .field("retention", &self.retention)
+            .field("dead_retention", &self.dead_retention)
             .finish()
     }
 }
@@ -152,10 +161,28 @@ impl Config {
             )
         })?;
         let database_url = get("HERALD_DATABASE_URL");
-        if !(database_url.starts_with("sqlite:")) {
+        if !(database_url.starts_with("sqlite:")
+            || database_url.starts_with("postgres://")
+            || database_url.starts_with("postgresql://"))
+        {
             return Err(invalid(
                 "HERALD_DATABASE_URL",
-                format!("`{database_url}`: only sqlite:// URLs are supported by this build"),
+                format!(
+                    "`{}`: expected sqlite://… or postgres://…",
+                    redact_url(&database_url)
+                ),
+            ));
+        }
+        let database_schema = get("HERALD_DATABASE_SCHEMA");
+        if database_schema.is_empty()
+            || database_schema.len() > 40
+            || !database_schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(invalid(
+                "HERALD_DATABASE_SCHEMA",
+                format!("`{database_schema}`: use 1-40 lower-case letters, digits or '_'"),
             ));
         }
         let admin_token = values
@@ -180,11 +207,15 @@ impl Config {
         let connect_timeout = duration("HERALD_CONNECT_TIMEOUT")?;
         let lease = duration("HERALD_LEASE")?;
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
+        let retention = duration("HERALD_RETENTION")?;
+        let dead_retention = duration("HERALD_DEAD_RETENTION")?;
         for (key, d) in [
             ("HERALD_REQUEST_TIMEOUT", request_timeout),
             ("HERALD_CONNECT_TIMEOUT", connect_timeout),
             ("HERALD_POLL_INTERVAL", poll_interval),
             ("HERALD_MAX_AGE", max_age),
+            ("HERALD_RETENTION", retention),
+            ("HERALD_DEAD_RETENTION", dead_retention),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero".into()));
@@ -218,6 +249,7 @@ impl Config {
         Ok(Config {
             listen,
             database_url,
+            database_schema,
             admin_token,
             retry: RetryPolicy {
                 schedule,
@@ -232,8 +264,21 @@ impl Config {
             max_in_flight,
             lease,
             poll_interval,
+            retention,
+            dead_retention,
             log: get("HERALD_LOG"),
         })
+    }
+}
+
+/// The URL without its password, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("redacted"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -317,6 +362,8 @@ mod tests {
         for (key, value) in [
             ("HERALD_LISTEN", "nowhere"),
             ("HERALD_DATABASE_URL", "mysql://x"),
+            ("HERALD_DATABASE_SCHEMA", "Bad-Name"),
+            ("HERALD_RETENTION", "0s"),
             ("HERALD_RETRY_SCHEDULE", "1m,soon"),
             ("HERALD_JITTER", "lots"),
             ("HERALD_MAX_AGE", "24"),

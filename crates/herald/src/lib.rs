@@ -9,5 +9,6 @@ pub mod dispatch;
 pub mod ids;
 pub mod ingest;
 pub mod net;
+pub mod outbox;
 pub mod server;
 pub mod store;

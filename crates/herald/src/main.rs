@@ -25,9 +25,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the API and the dispatcher.
+    /// Run Herald: the API and the dispatcher, or one of them.
     Serve {
         /// TOML configuration file; HERALD_* environment variables override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// all: API and dispatcher; api: the API only; worker: the
+        /// dispatcher only (many of each may share one PostgreSQL).
+        #[arg(long, value_enum, default_value = "all")]
+        role: Role,
+    },
+    /// Apply the store's migrations and exit.
+    Migrate {
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -49,7 +58,8 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config } => serve(config).await,
+            Command::Serve { config, role } => serve(config, role).await,
+            Command::Migrate { config } => migrate(config).await,
             Command::Bench(args) => herald::bench::run(args).await,
         }
     });
@@ -62,28 +72,49 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn serve(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+fn init_logging(config: &Config) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_new(&config.log).unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&config.log).unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("HERALD_LISTEN: cannot listen on {}: {e}", config.listen))?;
-    let mut running = server::start(config, listener, Role::All).await?;
+    init_logging(&config);
+    let listener = match role {
+        Role::Worker => None,
+        Role::All | Role::Api => Some(tokio::net::TcpListener::bind(config.listen).await.map_err(
+            |e| anyhow::anyhow!("HERALD_LISTEN: cannot listen on {}: {e}", config.listen),
+        )?),
+    };
+    let mut running = server::start(config, listener, role).await?;
     if let Some(token) = &running.generated_admin_token {
         // Shown once: only its digest is kept.
         println!("Generated admin token (shown only now; keep it safe): {token}");
     }
-    println!("herald listening on http://{}", running.addr);
+    match running.addr {
+        Some(addr) => println!("herald listening on http://{addr}"),
+        None => println!("herald worker running"),
+    }
     tokio::select! {
         r = running.stopped() => return r,
         _ = terminate_signal() => {}
     }
     tracing::info!("shutting down: finishing requests in flight");
     running.shutdown().await
+}
+
+async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    init_logging(&config);
+    // Opening a store applies its migrations.
+    let backend = server::open_store(&config).await?;
+    backend.close().await;
+    println!(
+        "migrations applied to {}",
+        herald::config::redact_url(&config.database_url)
+    );
+    Ok(())
 }
 
 async fn terminate_signal() {

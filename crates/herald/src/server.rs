@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use rand::RngCore;
@@ -17,21 +18,58 @@ use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::ingest::Ingest;
 use crate::net::NetworkPolicy;
+use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
 const ADMIN_TOKEN_KEY: &str = "admin_token_sha256";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a process does. Many `Api` and `Worker` processes may share one
+/// PostgreSQL database; SQLite is for one `All` process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Role {
     /// API and dispatcher in one process (the default).
     All,
-    /// The API only: tests that step the dispatcher by hand use this.
-    ApiOnly,
+    /// The API only (also what tests use to step the dispatcher by hand).
+    Api,
+    /// The dispatcher and retention only; no HTTP listener.
+    Worker,
+}
+
+impl Role {
+    fn serves_api(self) -> bool {
+        matches!(self, Role::All | Role::Api)
+    }
+    fn dispatches(self) -> bool {
+        matches!(self, Role::All | Role::Worker)
+    }
+}
+
+/// The opened store, kept by its concrete type so it can be closed.
+pub enum Backend {
+    Sqlite(Arc<SqliteStore>),
+    Postgres(Arc<PostgresStore>),
+}
+
+impl Backend {
+    pub fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Backend::Sqlite(s) => s.clone(),
+            Backend::Postgres(s) => s.clone(),
+        }
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Backend::Sqlite(s) => s.close().await,
+            Backend::Postgres(s) => s.close().await,
+        }
+    }
 }
 
 pub struct Running {
-    pub addr: SocketAddr,
+    /// The API's address (None for a worker).
+    pub addr: Option<SocketAddr>,
     pub store: Arc<dyn Store>,
     /// The dispatcher, also when it is not running in the background, so
     /// tests can call [`Dispatcher::process_batch`].
@@ -40,16 +78,27 @@ pub struct Running {
     /// was just generated and is shown this once.
     pub generated_admin_token: Option<String>,
     shutdown: CancellationToken,
-    server: JoinHandle<std::io::Result<()>>,
-    dispatcher_task: Option<JoinHandle<()>>,
-    sqlite: Option<Arc<SqliteStore>>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+    background: Vec<JoinHandle<()>>,
+    backend: Backend,
 }
 
-pub async fn open_store(config: &Config) -> anyhow::Result<Arc<SqliteStore>> {
-    let store = SqliteStore::open(&config.database_url)
-        .await
-        .with_context(|| format!("opening store {}", config.database_url))?;
-    Ok(Arc::new(store))
+/// Opens the store named by `HERALD_DATABASE_URL` and applies migrations.
+pub async fn open_store(config: &Config) -> anyhow::Result<Backend> {
+    let shown = crate::config::redact_url(&config.database_url);
+    if config.database_url.starts_with("sqlite:") {
+        let store = SqliteStore::open(&config.database_url)
+            .await
+            .with_context(|| format!("opening store {shown}"))?;
+        Ok(Backend::Sqlite(Arc::new(store)))
+    } else {
+        let store = PostgresStore::open(&config.database_url, &config.database_schema)
+            .await
+            .with_context(|| {
+                format!("opening store {shown} (schema {})", config.database_schema)
+            })?;
+        Ok(Backend::Postgres(Arc::new(store)))
+    }
 }
 
 /// Finds the admin token's digest: from the configuration, or from the
@@ -86,47 +135,67 @@ fn digest_from_hex(s: &str) -> anyhow::Result<[u8; 32]> {
         .map_err(|_| anyhow::anyhow!("stored admin token digest has the wrong length"))
 }
 
-/// Starts Herald on `listener` with `config`.
-pub async fn start(config: Config, listener: TcpListener, role: Role) -> anyhow::Result<Running> {
-    let sqlite = open_store(&config).await?;
-    let store: Arc<dyn Store> = sqlite.clone();
-    let (admin_digest, generated_admin_token) = admin_token(&config, store.as_ref()).await?;
+/// Starts Herald with `config` in `role`; `listener` is required for the
+/// roles that serve the API.
+pub async fn start(
+    config: Config,
+    listener: Option<TcpListener>,
+    role: Role,
+) -> anyhow::Result<Running> {
+    let backend = open_store(&config).await?;
+    let store = backend.store();
     let wake = Arc::new(Notify::new());
-    let ingest = Ingest::start(store.clone(), wake.clone());
     let dispatcher = Arc::new(Dispatcher::new(store.clone(), &config, wake.clone())?);
     let shutdown = CancellationToken::new();
+    let mut background = Vec::new();
+    if role.dispatches() {
+        // Other processes' commits (PostgreSQL) wake this dispatcher too.
+        store.listen_for_work(wake.clone()).await?;
+        background.push(tokio::spawn(dispatcher.clone().run(shutdown.clone())));
+        background.push(tokio::spawn(run_retention(
+            store.clone(),
+            config.clone(),
+            shutdown.clone(),
+        )));
+    }
 
-    let dispatcher_task = match role {
-        Role::All => Some(tokio::spawn(dispatcher.clone().run(shutdown.clone()))),
-        Role::ApiOnly => None,
-    };
-
-    let state = ApiState {
-        store: store.clone(),
-        ingest,
-        wake,
-        net: NetworkPolicy {
-            allow_private: config.allow_private_networks,
-        },
-        admin_token_sha256: admin_digest,
-        app_ids: Default::default(),
-    };
-    // Trailing slashes are optional, as in Svix: normalise before routing.
-    let app = tower::Layer::layer(
-        &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
-        api::router(state),
-    );
-    let addr = listener.local_addr()?;
-    let server_shutdown = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
-        )
-        .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
-        .await
-    });
-    tracing::info!(%addr, database = %config.database_url, "herald is serving");
+    let mut generated_admin_token = None;
+    let mut server = None;
+    let mut addr = None;
+    if role.serves_api() {
+        let listener = listener.context("the API needs a listener")?;
+        let (admin_digest, generated) = admin_token(&config, store.as_ref()).await?;
+        generated_admin_token = generated;
+        let state = ApiState {
+            store: store.clone(),
+            ingest: Ingest::start(store.clone(), wake.clone()),
+            wake,
+            net: NetworkPolicy {
+                allow_private: config.allow_private_networks,
+            },
+            admin_token_sha256: admin_digest,
+            app_ids: Default::default(),
+        };
+        // Trailing slashes are optional, as in Svix: normalise before routing.
+        let app = tower::Layer::layer(
+            &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
+            api::router(state),
+        );
+        let local = listener.local_addr()?;
+        addr = Some(local);
+        let server_shutdown = shutdown.clone();
+        server = Some(tokio::spawn(async move {
+            axum::serve(
+                listener,
+                axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
+            )
+            .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
+            .await
+        }));
+        tracing::info!(addr = %local, ?role, "herald is serving");
+    } else {
+        tracing::info!(?role, "herald worker is running");
+    }
     Ok(Running {
         addr,
         store,
@@ -134,9 +203,54 @@ pub async fn start(config: Config, listener: TcpListener, role: Role) -> anyhow:
         generated_admin_token,
         shutdown,
         server,
-        dispatcher_task,
-        sqlite: Some(sqlite),
+        background,
+        backend,
     })
+}
+
+/// How often retention looks for history to prune.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+const RETENTION_BATCH: usize = 500;
+
+/// Prunes old history in small batches, pausing between them so claims and
+/// ingest are never held up for long.
+async fn run_retention(store: Arc<dyn Store>, config: Config, shutdown: CancellationToken) {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(RETENTION_EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let now = crate::store::now_millis();
+        loop {
+            let result = store
+                .prune(
+                    now.saturating_sub(ms(config.retention)),
+                    now.saturating_sub(ms(config.dead_retention)),
+                    RETENTION_BATCH,
+                )
+                .await;
+            match result {
+                Ok(report) => {
+                    if report.messages + report.dead_deliveries > 0 {
+                        tracing::info!(
+                            messages = report.messages,
+                            dead = report.dead_deliveries,
+                            "pruned old history"
+                        );
+                    }
+                    if !report.more || shutdown.is_cancelled() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning failed; will try again later");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl Running {
@@ -145,25 +259,29 @@ impl Running {
     /// store.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         self.shutdown.cancel();
-        match (&mut self.server).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "server stopped with an error"),
-            Err(e) => tracing::warn!(error = %e, "server task failed"),
+        if let Some(server) = self.server.take() {
+            match server.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "server stopped with an error"),
+                Err(e) => tracing::warn!(error = %e, "server task failed"),
+            }
         }
-        if let Some(task) = self.dispatcher_task.take() {
-            task.await.context("dispatcher task failed")?;
+        for task in self.background.drain(..) {
+            task.await.context("background task failed")?;
         }
-        if let Some(sqlite) = self.sqlite.take() {
-            sqlite.close().await;
-        }
+        self.backend.close().await;
         Ok(())
     }
 
-    /// Resolves when the server stops by itself (it should not).
+    /// Resolves when the server stops by itself (it should not); never,
+    /// for a worker.
     pub async fn stopped(&mut self) -> anyhow::Result<()> {
-        match (&mut self.server).await {
-            Ok(r) => r.context("server failed"),
-            Err(e) => Err(anyhow::anyhow!("server task failed: {e}")),
+        match &mut self.server {
+            Some(server) => match server.await {
+                Ok(r) => r.context("server failed"),
+                Err(e) => Err(anyhow::anyhow!("server task failed: {e}")),
+            },
+            None => std::future::pending().await,
         }
     }
 }

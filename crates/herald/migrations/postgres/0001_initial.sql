@@ -47,6 +47,8 @@ CREATE TABLE messages (
     created_at BIGINT NOT NULL,
     UNIQUE (app_id, event_id)
 );
+-- Retention walks old messages oldest first.
+CREATE INDEX messages_by_age ON messages(created_at);
 
 -- state: 0 pending, 1 delivering, 2 delivered, 3 dead.
 -- For a delivering row next_attempt_at is the lease's end, so one index
@@ -75,6 +77,8 @@ CREATE INDEX deliveries_due ON deliveries(next_attempt_at) WHERE state < 2;
 CREATE INDEX deliveries_by_msg ON deliveries(msg_id);
 CREATE INDEX deliveries_by_endpoint ON deliveries(endpoint_id, msg_id);
 CREATE INDEX deliveries_dead ON deliveries(app_id, id) WHERE state = 3;
+-- Retention finds dead deliveries past their own retention by age.
+CREATE INDEX deliveries_dead_by_age ON deliveries(updated_at) WHERE state = 3;
 
 CREATE TABLE attempts (
     id             TEXT COLLATE "C" PRIMARY KEY,

@@ -343,6 +343,37 @@ pub trait Store: Send + Sync + 'static {
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>>;
 
+    /// Deletes old history in small batches: messages older than
+    /// `finished_before` whose deliveries are all delivered (or that have
+    /// none), with their deliveries and attempts; and dead deliveries last
+    /// changed before `dead_before`, with their attempts (their message
+    /// goes too once it has no delivery left and is older than
+    /// `finished_before`). At most `batch` messages and `batch` dead
+    /// deliveries per call; the caller repeats while `more` is set.
+    async fn prune(
+        &self,
+        finished_before: Millis,
+        dead_before: Millis,
+        batch: usize,
+    ) -> StoreResult<PruneReport>;
+
+    /// Signals `wake` whenever another process commits work that may be
+    /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
+    /// it goes on in the background. A backend used by one process only
+    /// needs nothing here: ingest wakes the dispatcher in-process.
+    async fn listen_for_work(&self, wake: std::sync::Arc<tokio::sync::Notify>) -> StoreResult<()> {
+        let _ = wake;
+        Ok(())
+    }
+
     /// Cheap liveness probe.
     async fn ping(&self) -> StoreResult<()>;
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub messages: u64,
+    pub dead_deliveries: u64,
+    /// A batch was full: call again.
+    pub more: bool,
 }

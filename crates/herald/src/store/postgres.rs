@@ -12,14 +12,23 @@
 //! Everything lives in one schema, chosen at open: it is created if
 //! missing and set as the `search_path` of every pooled connection, so the
 //! SQL (and the migrations) never name it.
+//!
+//! Processes sharing a schema wake each other with LISTEN/NOTIFY: every
+//! write that can make work due notifies the schema's channel once, inside
+//! its transaction (so only if it commits, and PostgreSQL folds repeats in
+//! one transaction into one), and `listen_for_work` turns those into
+//! wake-ups of this process's dispatcher. The outbox function
+//! (`send_message`, migration 0002) notifies the same channel.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_policy::DeadReason;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Executor, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -27,9 +36,17 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres")
 
 const MAX_CONNECTIONS: u32 = 16;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between attempts to listen again after the listener's connection failed.
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// The schema's NOTIFY channel, as `herald_wake_channel()` names it.
+    wake_channel: String,
+    /// Cancelled on close (or drop): stops the listener tasks, which hold
+    /// a pooled connection each.
+    closing: CancellationToken,
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
@@ -62,7 +79,7 @@ fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 }
 
 /// `schema` as a double-quoted SQL identifier.
-fn quote_ident(schema: &str) -> StoreResult<String> {
+pub(crate) fn quote_ident(schema: &str) -> StoreResult<String> {
     if schema.is_empty() || schema.contains('\0') {
         return Err(StoreError::Internal(format!(
             "invalid PostgreSQL schema name {schema:?}"
@@ -106,13 +123,119 @@ impl PostgresStore {
             Err(e) => return Err(e),
         }
         MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
-        Ok(PostgresStore { pool })
+        // Named in SQL (migration 0002), where the outbox function needs it
+        // too, so both sides always agree.
+        let wake_channel = sqlx::query_scalar("SELECT herald_wake_channel()")
+            .fetch_one(&pool)
+            .await
+            .map_err(map_err)?;
+        Ok(PostgresStore {
+            pool,
+            wake_channel,
+            closing: CancellationToken::new(),
+        })
     }
 
-    /// Closes the pool: waits for checked-out connections to come back,
-    /// then closes them all. Later calls fail with `Unavailable`.
+    /// The NOTIFY channel on which writes to this schema wake the Herald
+    /// processes sharing it: `herald_wake_<schema>`, or a hash of the
+    /// schema name when that would be longer than 63 bytes.
+    pub fn wake_channel(&self) -> &str {
+        &self.wake_channel
+    }
+
+    /// Stops listening for work, then closes the pool: waits for
+    /// checked-out connections to come back, then closes them all. Later
+    /// calls fail with `Unavailable`.
     pub async fn close(&self) {
+        self.closing.cancel();
         self.pool.close().await;
+    }
+
+    /// Wakes the processes listening on this schema when `tx` commits.
+    async fn notify_in(&self, tx: &mut sqlx::PgConnection) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(&self.wake_channel)
+            .execute(tx)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        // A listener task holds its own handle on the pool: without this it
+        // would keep a connection (and the pool) alive forever.
+        self.closing.cancel();
+    }
+}
+
+/// A listener on `channel`, LISTENing once this returns.
+async fn start_listener(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Turns every notification on `channel` into a wake-up, until `closing`.
+/// A lost connection is listened on again (with a growing pause while that
+/// fails), followed by one wake-up for whatever was notified meanwhile.
+async fn listen_loop(
+    first: PgListener,
+    pool: PgPool,
+    channel: String,
+    wake: std::sync::Arc<Notify>,
+    closing: CancellationToken,
+) {
+    let mut listener = Some(first);
+    let mut retry = LISTEN_RETRY_MIN;
+    loop {
+        let current = match listener.as_mut() {
+            Some(l) => l,
+            None => {
+                tokio::select! {
+                    _ = closing.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(LISTEN_RETRY_MAX);
+                match start_listener(&pool, &channel).await {
+                    Ok(l) => {
+                        tracing::info!(channel = %channel, "listening for work again");
+                        retry = LISTEN_RETRY_MIN;
+                        wake.notify_one();
+                        listener.insert(l)
+                    }
+                    Err(e) => {
+                        if closing.is_cancelled() || pool.is_closed() {
+                            return;
+                        }
+                        tracing::warn!(error = %e, channel = %channel, "cannot listen for work; will retry");
+                        continue;
+                    }
+                }
+            }
+        };
+        let received = tokio::select! {
+            _ = closing.cancelled() => return,
+            r = current.try_recv() => r,
+        };
+        match received {
+            Ok(Some(_)) => wake.notify_one(),
+            // The connection was lost and the listener has LISTENed again
+            // on a new one; notifications in between are gone.
+            Ok(None) => {
+                tracing::warn!(channel = %channel, "lost the connection listening for work; reconnected");
+                wake.notify_one();
+            }
+            Err(e) => {
+                if closing.is_cancelled() || pool.is_closed() {
+                    return;
+                }
+                tracing::warn!(error = %e, channel = %channel, "lost the connection listening for work; will reconnect");
+                // Dropped, and started afresh above.
+                listener = None;
+            }
+        }
     }
 }
 
@@ -262,6 +385,19 @@ fn next_state(c: &Completion) -> (DeliveryState, Millis, Option<&'static str>) {
 const REPLAY_SET: &str =
     "state = 0, next_attempt_at = $1, cycle_started_at = $1, cycle_base = attempts, \
      manual = TRUE, lease_token = NULL, dead_reason = NULL, updated_at = $1";
+
+/// Runs `change`, a data-modifying statement ending in
+/// `RETURNING <bool> AS wakes`, and in the same statement (so the same
+/// transaction) notifies channel `$<channel>` once if any changed row says
+/// it wakes. One row: `n`, the rows changed.
+fn waking(change: &str, channel: usize) -> String {
+    format!(
+        "WITH changed AS ({change}), \
+              woke AS (SELECT pg_notify(${channel}, '') \
+                       FROM (SELECT 1 FROM changed WHERE wakes LIMIT 1) AS any_row) \
+         SELECT (SELECT count(*) FROM changed) AS n, (SELECT count(*) FROM woke) AS woke"
+    )
+}
 
 impl PostgresStore {
     /// A keyset page over `column` (ids sort by creation time). `sql` ends
@@ -432,10 +568,14 @@ impl Store for PostgresStore {
     async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
-        let done = sqlx::query(
+        // An enabled endpoint may have deliveries the claim held back while
+        // it was disabled: wake the dispatchers.
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
             "UPDATE endpoints SET uid = $1, url = $2, description = $3, filter_types = $4::jsonb, disabled = $5, \
-             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9 WHERE id = $10 AND app_id = $11",
-        )
+             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9 WHERE id = $10 AND app_id = $11 \
+             RETURNING NOT disabled AS wakes",
+            12,
+        )))
         .bind(ep.uid.as_deref())
         .bind(&ep.url)
         .bind(&ep.description)
@@ -447,10 +587,11 @@ impl Store for PostgresStore {
         .bind(ep.updated_at)
         .bind(ep.id.as_str())
         .bind(ep.app_id.as_str())
-        .execute(&self.pool)
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(n == 1)
     }
 
     async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
@@ -570,6 +711,7 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
+            self.notify_in(&mut tx).await?;
         }
         tx.commit().await.map_err(map_err)?;
         Ok(outcomes)
@@ -775,14 +917,17 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
-        sqlx::query(
+        // Due now: another process may take it.
+        sqlx::query(AssertSqlSafe(waking(
             "UPDATE deliveries SET state = 0, next_attempt_at = $1, lease_token = NULL, updated_at = $1 \
-             WHERE id = $2 AND lease_token = $3",
-        )
+             WHERE id = $2 AND lease_token = $3 RETURNING TRUE AS wakes",
+            4,
+        )))
         .bind(now)
         .bind(id.as_str())
         .bind(lease_token)
-        .execute(&self.pool)
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
         Ok(())
@@ -838,16 +983,21 @@ impl Store for PostgresStore {
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        let done = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE deliveries SET {REPLAY_SET} WHERE id = $2 AND app_id = $3 AND state = 3"
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
+            &format!(
+                "UPDATE deliveries SET {REPLAY_SET} WHERE id = $2 AND app_id = $3 AND state = 3 \
+                 RETURNING TRUE AS wakes"
+            ),
+            4,
         )))
         .bind(now)
         .bind(id.as_str())
         .bind(app.as_str())
-        .execute(&self.pool)
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(n == 1)
     }
 
     async fn replay_dead_of_endpoint(
@@ -856,16 +1006,21 @@ impl Store for PostgresStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<u64> {
-        let done = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = $2 AND app_id = $3 AND state = 3"
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
+            &format!(
+                "UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = $2 AND app_id = $3 AND state = 3 \
+                 RETURNING TRUE AS wakes"
+            ),
+            4,
         )))
         .bind(now)
         .bind(ep.as_str())
         .bind(app.as_str())
-        .execute(&self.pool)
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(done.rows_affected())
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn resend(
@@ -930,6 +1085,7 @@ impl Store for PostgresStore {
             .await
             .map_err(map_err)?;
         }
+        self.notify_in(&mut tx).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(ResendOutcome::Queued)
     }
@@ -966,6 +1122,145 @@ impl Store for PostgresStore {
             attempt_from_row,
         )
         .await
+    }
+
+    async fn prune(
+        &self,
+        finished_before: Millis,
+        dead_before: Millis,
+        batch: usize,
+    ) -> StoreResult<PruneReport> {
+        if batch == 0 {
+            return Ok(PruneReport::default());
+        }
+        let limit = i64_of(batch);
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+
+        // Dead deliveries past their retention, oldest first. SKIP LOCKED:
+        // one being replayed or resent right now is left alone. Locked by
+        // one statement and deleted by the next: as a subquery of the
+        // DELETE, the LIMIT may be applied more than once.
+        let locked: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM deliveries WHERE state = 3 AND updated_at < $1 \
+             ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+        )
+        .bind(dead_before)
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let dead = if locked.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query("DELETE FROM deliveries WHERE id = ANY($1) RETURNING id, msg_id")
+                .bind(&locked)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?
+        };
+        let mut dead_ids = Vec::with_capacity(dead.len());
+        let mut dead_msgs = Vec::with_capacity(dead.len());
+        for r in &dead {
+            dead_ids.push(get::<String>(r, "id")?);
+            dead_msgs.push(get::<String>(r, "msg_id")?);
+        }
+        dead_msgs.sort_unstable();
+        dead_msgs.dedup();
+        let mut messages: Vec<String> = Vec::new();
+        if !dead_ids.is_empty() {
+            sqlx::query("DELETE FROM attempts WHERE msg_id = ANY($1) AND delivery_id = ANY($2)")
+                .bind(&dead_msgs)
+                .bind(&dead_ids)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            // Their messages go too once old enough and left with no
+            // delivery. Locked first (one a resend holds is skipped: with
+            // no delivery left, a later prune takes it), then checked by a
+            // new statement, whose snapshot sees any delivery committed
+            // before the lock was taken.
+            let locked: Vec<String> = sqlx::query_scalar(
+                "SELECT id FROM messages WHERE id = ANY($1) AND created_at < $2 \
+                 ORDER BY id FOR UPDATE SKIP LOCKED",
+            )
+            .bind(&dead_msgs)
+            .bind(finished_before)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if !locked.is_empty() {
+                messages = sqlx::query_scalar(
+                    "DELETE FROM messages m WHERE m.id = ANY($1) \
+                       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id) \
+                     RETURNING m.id",
+                )
+                .bind(&locked)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            }
+        }
+
+        // Old messages whose deliveries are all delivered (or that have
+        // none), oldest first, within what is left of the batch. Locked,
+        // then checked again as above; the deliveries go by cascade.
+        let budget = batch.saturating_sub(messages.len());
+        let mut taken = 0;
+        if budget > 0 {
+            let locked: Vec<String> = sqlx::query_scalar(
+                "SELECT m.id FROM messages m WHERE m.created_at < $1 \
+                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state <> 2) \
+                 ORDER BY m.created_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(finished_before)
+            .bind(i64_of(budget))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            taken = locked.len();
+            if !locked.is_empty() {
+                let gone: Vec<String> = sqlx::query_scalar(
+                    "DELETE FROM messages m WHERE m.id = ANY($1) \
+                       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state <> 2) \
+                     RETURNING m.id",
+                )
+                .bind(&locked)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+                messages.extend(gone);
+            }
+        }
+        if !messages.is_empty() {
+            // Attempts are history without a foreign key: the message's
+            // go with it, including those of endpoints deleted since.
+            sqlx::query("DELETE FROM attempts WHERE msg_id = ANY($1)")
+                .bind(&messages)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(PruneReport {
+            messages: u64::try_from(messages.len()).unwrap_or(u64::MAX),
+            dead_deliveries: u64::try_from(dead_ids.len()).unwrap_or(u64::MAX),
+            // (No budget left means the dead batch was full.)
+            more: dead_ids.len() >= batch || (budget > 0 && taken >= budget),
+        })
+    }
+
+    async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
+        let listener = start_listener(&self.pool, &self.wake_channel)
+            .await
+            .map_err(map_err)?;
+        tokio::spawn(listen_loop(
+            listener,
+            self.pool.clone(),
+            self.wake_channel.clone(),
+            wake,
+            self.closing.clone(),
+        ));
+        Ok(())
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -61,7 +61,7 @@ pub async fn spawn_app(overrides: &[(&str, &str)]) -> TestApp {
 /// Starts Herald without the background dispatcher: the test steps it with
 /// `process_batch()`, so nothing depends on timing.
 pub async fn spawn_stepped(overrides: &[(&str, &str)]) -> TestApp {
-    spawn_with_role(overrides, Role::ApiOnly).await
+    spawn_with_role(overrides, Role::Api).await
 }
 
 async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
@@ -70,10 +70,10 @@ async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let running = server::start(config, listener, role)
+    let running = server::start(config, Some(listener), role)
         .await
         .expect("herald starts");
-    let base = format!("http://{}", running.addr);
+    let base = format!("http://{}", running.addr.expect("the API listens"));
     TestApp {
         running: Some(running),
         base,

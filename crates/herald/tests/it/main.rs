@@ -6,5 +6,7 @@ mod api;
 mod binary;
 mod delivery;
 mod helpers;
+mod outbox;
+mod scale_out;
 mod sdk;
 mod store_conformance;

@@ -5,15 +5,17 @@
 //! The PostgreSQL runs need a server: `HERALD_TEST_POSTGRES_URL` (e.g.
 //! `postgres://postgres@127.0.0.1:5432/test`). Each test gets its own
 //! schema. Without the variable they say SKIPPED on stderr and pass.
+//! The fixtures here serve `outbox.rs` too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use herald::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 use herald::store::*;
 use herald_policy::DeadReason;
 
-const T0: Millis = 1_700_000_000_000;
+pub(crate) const T0: Millis = 1_700_000_000_000;
 
 struct Fixture {
     store: Arc<dyn Store>,
@@ -34,29 +36,17 @@ async fn sqlite() -> Fixture {
 
 /// A PostgreSQL store in a throw-away schema of the server named by
 /// `HERALD_TEST_POSTGRES_URL`, dropped when the test ends.
-struct PgFixture {
-    store: Arc<herald::store::postgres::PostgresStore>,
-    url: String,
-    schema: String,
+pub(crate) struct PgFixture {
+    pub(crate) store: Arc<herald::store::postgres::PostgresStore>,
+    pub(crate) url: String,
+    pub(crate) schema: String,
 }
 
 const POSTGRES_URL_VAR: &str = "HERALD_TEST_POSTGRES_URL";
 
 /// `None` (after saying so on stderr) when no server is configured.
-async fn postgres(test: &str) -> Option<PgFixture> {
-    let url = match std::env::var(POSTGRES_URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            // Written to the real stderr, not through eprintln!, which the
-            // test harness captures and hides for passing tests.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED ({POSTGRES_URL_VAR} unset): {test}"
-            );
-            return None;
-        }
-    };
+pub(crate) async fn postgres(test: &str) -> Option<PgFixture> {
+    let url = postgres_url(test)?;
     let schema = format!("herald_test_{:016x}", rand::random::<u64>());
     let store = herald::store::postgres::PostgresStore::open(&url, &schema)
         .await
@@ -68,6 +58,23 @@ async fn postgres(test: &str) -> Option<PgFixture> {
     })
 }
 
+/// The server's URL, or `None` (after saying so on stderr) when unset.
+fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var(POSTGRES_URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            // Written to the real stderr, not through eprintln!, which the
+            // test harness captures and hides for passing tests.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED ({POSTGRES_URL_VAR} unset): {test}"
+            );
+            None
+        }
+    }
+}
+
 impl PgFixture {
     /// Runs `test`, then drops the schema whether it passed or not.
     async fn run<F, Fut>(self, test: F)
@@ -75,9 +82,22 @@ impl PgFixture {
         F: FnOnce(Arc<dyn Store>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
+        self.run_postgres(|store| {
+            let store: Arc<dyn Store> = store;
+            test(store)
+        })
+        .await
+    }
+
+    /// Like `run`, with the store's own type (its schema and url are in
+    /// `self`, to be copied out before).
+    pub(crate) async fn run_postgres<F, Fut>(self, test: F)
+    where
+        F: FnOnce(Arc<herald::store::postgres::PostgresStore>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         use futures::FutureExt;
-        let store: Arc<dyn Store> = self.store.clone();
-        let outcome = std::panic::AssertUnwindSafe(test(store))
+        let outcome = std::panic::AssertUnwindSafe(test(self.store.clone()))
             .catch_unwind()
             .await;
         self.store.close().await;
@@ -147,9 +167,10 @@ backends!(
     dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle,
     resend_reuses_the_delivery_or_creates_one,
     deleting_an_endpoint_removes_its_deliveries,
+    prune_removes_old_finished_history_only,
 );
 
-async fn app(store: &Arc<dyn Store>, uid: Option<&str>) -> App {
+pub(crate) async fn app(store: &Arc<dyn Store>, uid: Option<&str>) -> App {
     let a = App {
         id: AppId::generate(),
         uid: uid.map(str::to_owned),
@@ -163,7 +184,7 @@ async fn app(store: &Arc<dyn Store>, uid: Option<&str>) -> App {
     a
 }
 
-async fn endpoint(
+pub(crate) async fn endpoint(
     store: &Arc<dyn Store>,
     app: &AppId,
     filter: Option<Vec<&str>>,
@@ -198,7 +219,7 @@ fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage 
     }
 }
 
-async fn claim(
+pub(crate) async fn claim(
     store: &Arc<dyn Store>,
     now: Millis,
     limit: usize,
@@ -792,4 +813,416 @@ async fn deleting_an_endpoint_removes_its_deliveries(store: Arc<dyn Store>) {
         .expect("list")
         .is_empty());
     assert!(claim(&store, T0, 10, &HashMap::new(), 10).await.is_empty());
+}
+
+/// Whether `m` is still stored, the states of its deliveries (in state
+/// order: pending, delivering, delivered, dead) and
+/// how many attempts it has logged.
+async fn history(store: &Arc<dyn Store>, m: &NewMessage) -> (bool, Vec<DeliveryState>, usize) {
+    let stored = store
+        .get_message(&m.app_id, m.id.as_str())
+        .await
+        .expect("get")
+        .is_some();
+    let mut states: Vec<DeliveryState> = store
+        .list_deliveries_of_message(&m.app_id, &m.id)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|d| d.state)
+        .collect();
+    states.sort_by_key(|s| *s as i64);
+    let attempts = store
+        .list_attempts_of_message(&m.app_id, &m.id, &page(100, None, true))
+        .await
+        .expect("attempts")
+        .items
+        .len();
+    (stored, states, attempts)
+}
+
+async fn prune_removes_old_finished_history_only(store: Arc<dyn Store>) {
+    use DeliveryState::{Dead, Delivered, Delivering, Pending};
+    // Messages created before FINISHED_BEFORE are old; dead deliveries
+    // last changed before DEAD_BEFORE are past their retention.
+    const FINISHED_BEFORE: Millis = T0 + 1_000;
+    const DEAD_BEFORE: Millis = T0 + 5_000;
+    let a = app(&store, None).await;
+    // No endpoints: its messages have no deliveries.
+    let quiet = app(&store, None).await;
+    let e1 = endpoint(&store, &a.id, None, false).await;
+    let e2 = endpoint(&store, &a.id, Some(vec!["two"]), false).await;
+    let e3 = endpoint(&store, &a.id, Some(vec!["three"]), false).await;
+    let at = |created_at: Millis, event_type: &str| NewMessage {
+        created_at,
+        ..message(&a.id, event_type, None)
+    };
+    // "one" goes to e1, "two" to e1 and e2, "three" to e1 and e3.
+    let done = at(T0, "two");
+    let no_deliveries = message(&quiet.id, "x", None);
+    let retrying = at(T0, "two");
+    let in_flight = at(T0, "two");
+    let young = at(T0 + 2_000, "one");
+    let dead_old = at(T0, "one");
+    let dead_recent = at(T0, "one");
+    let dead_and_done = at(T0, "two");
+    let dead_and_retrying = at(T0, "two");
+    let young_dead = at(T0 + 2_000, "one");
+    let endpoint_deleted = at(T0, "three");
+    let all = [
+        &done,
+        &no_deliveries,
+        &retrying,
+        &in_flight,
+        &young,
+        &dead_old,
+        &dead_recent,
+        &dead_and_done,
+        &dead_and_retrying,
+        &young_dead,
+        &endpoint_deleted,
+    ];
+    store
+        .insert_messages(&all.iter().map(|m| (*m).clone()).collect::<Vec<_>>())
+        .await
+        .expect("insert");
+
+    // How each delivery ends: (message, endpoint) -> (next state, when).
+    // Not listed: left delivering.
+    let delivered = (NextState::Delivered, T0 + 100);
+    let retry = (NextState::Retry { at: T0 + 1_000_000 }, T0 + 100);
+    let dead_long_ago = (NextState::Dead(DeadReason::Exhausted), T0 + 3_000);
+    let dead_lately = (NextState::Dead(DeadReason::Exhausted), T0 + 6_000);
+    let plan: HashMap<(MsgId, EndpointId), (NextState, Millis)> = [
+        (&done, &e1, delivered),
+        (&done, &e2, delivered),
+        (&retrying, &e1, delivered),
+        (&retrying, &e2, retry),
+        (&in_flight, &e1, delivered),
+        (&young, &e1, delivered),
+        (&dead_old, &e1, dead_long_ago),
+        (&dead_recent, &e1, dead_lately),
+        (&dead_and_done, &e1, delivered),
+        (&dead_and_done, &e2, dead_long_ago),
+        (&dead_and_retrying, &e1, retry),
+        (&dead_and_retrying, &e2, dead_long_ago),
+        (&young_dead, &e1, dead_long_ago),
+        (&endpoint_deleted, &e1, delivered),
+        (&endpoint_deleted, &e3, delivered),
+    ]
+    .into_iter()
+    .map(|(m, e, outcome)| ((m.id.clone(), e.id.clone()), outcome))
+    .collect();
+    let got = claim(&store, T0 + 3_000, 100, &HashMap::new(), 100).await;
+    assert_eq!(got.len(), plan.len() + 1, "every delivery claimed");
+    let completions: Vec<Completion> = got
+        .iter()
+        .filter_map(|d| {
+            plan.get(&(d.msg_id.clone(), d.endpoint_id.clone()))
+                .map(|(next, now)| completion(d, *next, *now))
+        })
+        .collect();
+    assert_eq!(completions.len(), plan.len());
+    store.complete(&completions).await.expect("complete");
+    // Its deliveries go, its attempts stay: history of a deleted endpoint.
+    assert!(store.delete_endpoint(&a.id, &e3.id).await.expect("delete"));
+
+    // Dead deliveries go first, so a message left with delivered ones
+    // only goes in the same call.
+    let report = store
+        .prune(FINISHED_BEFORE, DEAD_BEFORE, 100)
+        .await
+        .expect("prune");
+    assert_eq!(
+        report,
+        PruneReport {
+            messages: 5,
+            dead_deliveries: 4,
+            more: false
+        }
+    );
+
+    let gone = (false, vec![], 0);
+    assert_eq!(history(&store, &done).await, gone, "delivered and old");
+    assert_eq!(history(&store, &no_deliveries).await, gone, "no deliveries");
+    assert_eq!(
+        history(&store, &retrying).await,
+        (true, vec![Pending, Delivered], 2),
+        "a pending delivery keeps all of it"
+    );
+    assert_eq!(
+        history(&store, &in_flight).await,
+        (true, vec![Delivering, Delivered], 1),
+        "a delivering one too"
+    );
+    assert_eq!(
+        history(&store, &young).await,
+        (true, vec![Delivered], 1),
+        "within retention"
+    );
+    assert_eq!(history(&store, &dead_old).await, gone, "dead long ago");
+    assert_eq!(
+        history(&store, &dead_recent).await,
+        (true, vec![Dead], 1),
+        "dead within the dead retention"
+    );
+    assert_eq!(history(&store, &dead_and_done).await, gone);
+    assert_eq!(
+        history(&store, &dead_and_retrying).await,
+        (true, vec![Pending], 1),
+        "the dead delivery and its attempt go; the rest stays"
+    );
+    assert_eq!(
+        history(&store, &young_dead).await,
+        (true, vec![], 0),
+        "the dead delivery goes, the young message stays"
+    );
+    assert_eq!(
+        history(&store, &endpoint_deleted).await,
+        gone,
+        "with the attempts of its deleted endpoint"
+    );
+    assert!(store
+        .list_attempts_of_endpoint(&a.id, &e3.id, &page(10, None, true))
+        .await
+        .expect("attempts")
+        .items
+        .is_empty());
+    let dead_left: Vec<MsgId> = store
+        .list_dead(&a.id, None, &page(10, None, true))
+        .await
+        .expect("dead")
+        .items
+        .into_iter()
+        .map(|d| d.msg_id)
+        .collect();
+    assert_eq!(dead_left, vec![dead_recent.id.clone()]);
+    assert_eq!(
+        store
+            .prune(FINISHED_BEFORE, DEAD_BEFORE, 100)
+            .await
+            .expect("prune"),
+        PruneReport::default(),
+        "nothing more to do"
+    );
+
+    // Small batches: at most `batch` of each per call, `more` while full.
+    let empty: Vec<NewMessage> = (0..5).map(|_| message(&quiet.id, "x", None)).collect();
+    let dying: Vec<NewMessage> = (0..3).map(|_| at(T0, "one")).collect();
+    store.insert_messages(&empty).await.expect("insert");
+    store.insert_messages(&dying).await.expect("insert");
+    let got = claim(&store, T0 + 3_000, 100, &HashMap::new(), 100).await;
+    assert_eq!(got.len(), 3);
+    let dead: Vec<Completion> = got
+        .iter()
+        .map(|d| completion(d, NextState::Dead(DeadReason::Exhausted), T0 + 3_000))
+        .collect();
+    store.complete(&dead).await.expect("complete");
+    let mut reports = Vec::new();
+    loop {
+        let r = store
+            .prune(FINISHED_BEFORE, DEAD_BEFORE, 2)
+            .await
+            .expect("prune");
+        assert!(r.messages <= 2 && r.dead_deliveries <= 2, "{r:?}");
+        assert_eq!(r.more, r.messages == 2 || r.dead_deliveries == 2, "{r:?}");
+        reports.push(r);
+        if !r.more {
+            break;
+        }
+        assert!(reports.len() < 20, "prune never finished: {reports:?}");
+    }
+    assert!(reports[0].more, "{reports:?}");
+    let messages: u64 = reports.iter().map(|r| r.messages).sum();
+    let dead_deliveries: u64 = reports.iter().map(|r| r.dead_deliveries).sum();
+    assert_eq!((messages, dead_deliveries), (8, 3), "{reports:?}");
+    for m in empty.iter().chain(&dying) {
+        assert_eq!(history(&store, m).await, gone);
+    }
+    assert_eq!(
+        history(&store, &retrying).await,
+        (true, vec![Pending, Delivered], 2)
+    );
+    assert_eq!(history(&store, &dead_recent).await, (true, vec![Dead], 1));
+}
+
+/// Waits up to 10 s for a wake-up.
+async fn woken(wake: &tokio::sync::Notify) -> bool {
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .is_ok()
+}
+
+/// True if a wake-up comes within a short while (for checking none does).
+async fn woken_soon(wake: &tokio::sync::Notify) -> bool {
+    tokio::time::timeout(Duration::from_millis(300), wake.notified())
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn postgres_wakes_other_processes_on_the_same_schema() {
+    let Some(f) =
+        postgres("store_conformance::postgres_wakes_other_processes_on_the_same_schema").await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    assert_eq!(f.store.wake_channel(), format!("herald_wake_{schema}"));
+    f.run_postgres(|first| async move {
+        let store: Arc<dyn Store> = first;
+        // Another process on the same schema.
+        let other = herald::store::postgres::PostgresStore::open(&url, &schema)
+            .await
+            .expect("open the second store");
+        let wake = Arc::new(tokio::sync::Notify::new());
+        other.listen_for_work(wake.clone()).await.expect("listen");
+
+        let a = app(&store, None).await;
+        store
+            .insert_messages(&[message(&a.id, "x", None)])
+            .await
+            .expect("insert");
+        assert!(!woken_soon(&wake).await, "no delivery, no work: no wake-up");
+
+        let e = endpoint(&store, &a.id, None, false).await;
+        let m = message(&a.id, "x", None);
+        store
+            .insert_messages(std::slice::from_ref(&m))
+            .await
+            .expect("insert");
+        assert!(woken(&wake).await, "a new delivery wakes the other process");
+
+        let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+        store
+            .complete(&[completion(
+                &got[0],
+                NextState::Dead(DeadReason::Exhausted),
+                T0 + 1,
+            )])
+            .await
+            .expect("complete");
+        assert!(!woken_soon(&wake).await);
+        assert!(store
+            .replay_dead(&a.id, &got[0].id, T0 + 2)
+            .await
+            .expect("replay"));
+        assert!(woken(&wake).await, "a replay wakes it");
+        assert_eq!(
+            store
+                .resend(&a.id, &m.id, &e.id, T0 + 3)
+                .await
+                .expect("resend"),
+            ResendOutcome::Queued
+        );
+        assert!(woken(&wake).await, "a resend wakes it");
+        other.close().await;
+    })
+    .await;
+}
+
+/// The backend LISTENing on `channel`, if any.
+async fn listener_pid(admin: &mut sqlx::PgConnection, channel: &str) -> Option<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+         AND query LIKE $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(format!("LISTEN \"{channel}\"%"))
+    .fetch_optional(admin)
+    .await
+    .expect("pg_stat_activity")
+}
+
+#[tokio::test]
+async fn postgres_listener_survives_a_lost_connection() {
+    let Some(f) = postgres("store_conformance::postgres_listener_survives_a_lost_connection").await
+    else {
+        return;
+    };
+    let url = f.url.clone();
+    f.run_postgres(|pg| async move {
+        use sqlx::Connection;
+        let channel = pg.wake_channel().to_owned();
+        let store: Arc<dyn Store> = pg;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        store.listen_for_work(wake.clone()).await.expect("listen");
+        let mut admin = sqlx::PgConnection::connect(&url).await.expect("connect");
+        let old = listener_pid(&mut admin, &channel)
+            .await
+            .expect("a listening backend");
+        let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(old)
+            .fetch_one(&mut admin)
+            .await
+            .expect("terminate");
+        assert!(killed);
+
+        // It listens again on a new connection, then wakes the dispatcher
+        // once for whatever it may have missed.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match listener_pid(&mut admin, &channel).await {
+                Some(pid) if pid != old => break,
+                _ if tokio::time::Instant::now() > deadline => panic!("never listened again"),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        assert!(woken(&wake).await, "a wake-up after reconnecting");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = woken_soon(&wake).await;
+
+        let a = app(&store, None).await;
+        endpoint(&store, &a.id, None, false).await;
+        store
+            .insert_messages(&[message(&a.id, "x", None)])
+            .await
+            .expect("insert");
+        assert!(woken(&wake).await, "notifications arrive again");
+        let _ = admin.close().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn postgres_wake_channel_fits_long_schema_names() {
+    use sqlx::Connection;
+    let Some(url) = postgres_url("store_conformance::postgres_wake_channel_fits_long_schema_names")
+    else {
+        return;
+    };
+    // 63 bytes, the longest schema name PostgreSQL keeps whole.
+    let schema = format!(
+        "Herald Test {:016x} {}",
+        rand::random::<u64>(),
+        "x".repeat(34)
+    );
+    assert_eq!(schema.len(), 63);
+    let pg = Arc::new(
+        herald::store::postgres::PostgresStore::open(&url, &schema)
+            .await
+            .expect("open"),
+    );
+    let channel = pg.wake_channel().to_owned();
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let listened = pg.listen_for_work(wake.clone()).await;
+    let store: Arc<dyn Store> = pg.clone();
+    let a = app(&store, None).await;
+    endpoint(&store, &a.id, None, false).await;
+    store
+        .insert_messages(&[message(&a.id, "x", None)])
+        .await
+        .expect("insert");
+    let was_woken = woken(&wake).await;
+    pg.close().await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("drop schema");
+    listened.expect("listen");
+    assert!(channel.starts_with("herald_wake_"), "{channel}");
+    assert_eq!(channel.len(), 63, "{channel}");
+    assert!(was_woken);
 }

@@ -1,0 +1,304 @@
+//! Scale-out on PostgreSQL with the real binary: one API process and three
+//! worker processes on one database, a worker SIGKILLed mid-run.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::helpers::{closed_port, PATIENCE, TOKEN};
+
+pub fn postgres_url(test: &str) -> Option<String> {
+    match std::env::var("HERALD_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED (HERALD_TEST_POSTGRES_URL unset): {test}"
+            );
+            None
+        }
+    }
+}
+
+fn herald(url: &str, schema: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HERALD_DATABASE_URL", url)
+        .env("HERALD_DATABASE_SCHEMA", schema)
+        .env("HERALD_ADMIN_TOKEN", TOKEN)
+        .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
+        .env("HERALD_REQUEST_TIMEOUT", "5s")
+        .env("HERALD_LEASE", "12s")
+        .env("HERALD_MAX_IN_FLIGHT", "64")
+        .env("HERALD_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Counts requests, overlapping requests per key, and arrivals per message.
+#[derive(Default)]
+struct Watch {
+    in_flight: Mutex<HashSet<String>>,
+    overlaps: Mutex<usize>,
+    first_seen: Mutex<HashMap<String, Instant>>,
+    per_key: Mutex<HashMap<String, usize>>,
+    delivered: Mutex<HashSet<String>>,
+    requests: Mutex<usize>,
+    arrived: tokio::sync::Notify,
+}
+
+async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let msg = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    if !w.in_flight.lock().expect("lock").insert(key.clone()) {
+        *w.overlaps.lock().expect("lock") += 1;
+    }
+    // The handler is dropped mid-way when the sender dies (SIGKILL): the
+    // guard still marks the request as no longer in flight.
+    struct Done(Arc<Watch>, String);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            if let Ok(mut set) = self.0.in_flight.lock() {
+                set.remove(&self.1);
+            }
+        }
+    }
+    let _done = Done(w.clone(), key.clone());
+    w.first_seen
+        .lock()
+        .expect("lock")
+        .entry(key.clone())
+        .or_insert_with(Instant::now);
+    *w.per_key
+        .lock()
+        .expect("lock")
+        .entry(key.clone())
+        .or_default() += 1;
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    w.delivered.lock().expect("lock").insert(msg);
+    *w.requests.lock().expect("lock") += 1;
+    w.arrived.notify_waiters();
+    StatusCode::OK
+}
+
+async fn wait_healthy(port: u16) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(r) = client
+            .get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+        {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "API never became healthy");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    if let Ok(pool) = sqlx::PgPool::connect(url).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&pool)
+        .await;
+        pool.close().await;
+    }
+}
+
+#[tokio::test]
+async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
+    const MESSAGES: usize = 10_000;
+    let Some(url) =
+        postgres_url("scale_out::one_api_three_workers_and_a_killed_worker_lose_nothing")
+    else {
+        return;
+    };
+    let schema = format!(
+        "herald_mp_{}",
+        ulid::Ulid::new().to_string().to_ascii_lowercase()
+    );
+
+    let w = Arc::new(Watch::default());
+    let rx = axum::Router::new().fallback(watch).with_state(w.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let rx_addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, rx).await });
+
+    // `herald migrate` prepares the schema; nobody serves yet.
+    let out = herald(&url, &schema)
+        .arg("migrate")
+        .output()
+        .await
+        .expect("migrate runs");
+    assert!(
+        out.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let port = closed_port().await;
+    let _api: Child = herald(&url, &schema)
+        .args(["serve", "--role", "api"])
+        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+        .spawn()
+        .expect("api starts");
+    let mut workers: Vec<Child> = (0..3)
+        .map(|_| {
+            herald(&url, &schema)
+                .args(["serve", "--role", "worker"])
+                .spawn()
+                .expect("worker starts")
+        })
+        .collect();
+    wait_healthy(port).await;
+
+    let base = format!("http://127.0.0.1:{port}/api/v1");
+    let client = reqwest::Client::new();
+    let app: serde_json::Value = client
+        .post(format!("{base}/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "scale"}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    let ep = client
+        .post(format!("{base}/app/{app_id}/endpoint"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ep.status(), 201);
+
+    let accepted = Arc::new(Mutex::new(Vec::with_capacity(MESSAGES)));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for _ in 0..32 {
+        let (client, base, app_id, accepted, next) = (
+            client.clone(),
+            base.clone(),
+            app_id.clone(),
+            accepted.clone(),
+            next.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= MESSAGES {
+                    return;
+                }
+                let resp = client
+                    .post(format!("{base}/app/{app_id}/msg"))
+                    .bearer_auth(TOKEN)
+                    .json(&json!({"eventType": "scale.test", "payload": {"i": i}}))
+                    .send()
+                    .await
+                    .expect("api is up");
+                assert_eq!(resp.status(), 202);
+                let body: serde_json::Value = resp.json().await.expect("json");
+                accepted
+                    .lock()
+                    .expect("lock")
+                    .push(body["id"].as_str().expect("id").to_owned());
+            }
+        }));
+    }
+
+    // Kill one worker once deliveries are well under way.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let notified = w.arrived.notified();
+        if *w.requests.lock().expect("lock") >= 2_000 {
+            break;
+        }
+        tokio::time::timeout_at(deadline, notified)
+            .await
+            .expect("deliveries start");
+    }
+    workers[0].kill().await.expect("SIGKILL a worker");
+    let killed_at = Instant::now();
+    for s in senders {
+        s.await.expect("sender");
+    }
+    let accepted: HashSet<String> = accepted.lock().expect("lock").iter().cloned().collect();
+    assert_eq!(accepted.len(), MESSAGES);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let notified = w.arrived.notified();
+        let missing = {
+            let delivered = w.delivered.lock().expect("lock");
+            accepted
+                .iter()
+                .filter(|id| !delivered.contains(*id))
+                .count()
+        };
+        if missing == 0 {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            panic!("{missing} of {MESSAGES} accepted messages never arrived");
+        }
+    }
+    assert_eq!(
+        *w.overlaps.lock().expect("lock"),
+        0,
+        "no delivery may be sent by two workers at once"
+    );
+    // Repeats are only the killed worker's: first seen before the kill, and
+    // no more than it could hold claimed.
+    let repeated: Vec<String> = w
+        .per_key
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(
+        repeated.len() <= 64,
+        "{} repeats is more than one worker's claims",
+        repeated.len()
+    );
+    let first_seen = w.first_seen.lock().expect("lock").clone();
+    for key in &repeated {
+        assert!(
+            first_seen[key] < killed_at,
+            "{key} was repeated without an expired lease"
+        );
+    }
+    drop(workers);
+    drop_schema(&url, &schema).await;
+}
