@@ -35,7 +35,8 @@ use super::*;
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
 const MAX_CONNECTIONS: u32 = 16;
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+// Short, so that while the database is down requests get their 503 quickly.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Between attempts to listen again after the listener's connection failed.
 const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
 const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);

@@ -302,3 +302,145 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     drop(workers);
     drop_schema(&url, &schema).await;
 }
+
+fn pg_ctl(action: &str) {
+    let version = std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .expect("a PostgreSQL cluster under /etc/postgresql");
+    let status = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", action])
+        .status()
+        .expect("pg_ctlcluster runs");
+    assert!(status.success(), "pg_ctlcluster {action} failed");
+}
+
+/// Stops the shared PostgreSQL server mid-run, so it only runs when asked
+/// (`HERALD_TEST_PG_RESTART=1`): `.ci/run` runs it on its own, after the
+/// rest of the suite.
+#[tokio::test]
+async fn postgres_outage_answers_503_and_loses_nothing() {
+    let name = "scale_out::postgres_outage_answers_503_and_loses_nothing";
+    let Some(url) = postgres_url(name) else {
+        return;
+    };
+    if std::env::var("HERALD_TEST_PG_RESTART").as_deref() != Ok("1") {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED (HERALD_TEST_PG_RESTART unset; it stops the shared server): {name}"
+        );
+        return;
+    }
+    let schema = format!(
+        "herald_out_{}",
+        ulid::Ulid::new().to_string().to_ascii_lowercase()
+    );
+    let w = Arc::new(Watch::default());
+    let rx = axum::Router::new().fallback(watch).with_state(w.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let rx_addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, rx).await });
+
+    let port = closed_port().await;
+    let _herald: Child = herald(&url, &schema)
+        .args(["serve"])
+        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+        .spawn()
+        .expect("herald starts");
+    wait_healthy(port).await;
+    let base = format!("http://127.0.0.1:{port}/api/v1");
+    let client = reqwest::Client::new();
+    let app: serde_json::Value = client
+        .post(format!("{base}/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "outage"}))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let app_id = app["id"].as_str().expect("id").to_owned();
+    client
+        .post(format!("{base}/app/{app_id}/endpoint"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
+        .send()
+        .await
+        .expect("send");
+    let send = |i: usize| {
+        let (client, base, app_id) = (client.clone(), base.clone(), app_id.clone());
+        async move {
+            let resp = client
+                .post(format!("{base}/app/{app_id}/msg"))
+                .bearer_auth(TOKEN)
+                .json(&json!({"eventType": "outage.test", "payload": {"i": i}}))
+                .send()
+                .await
+                .expect("herald answers even while the database is down");
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.expect("every answer is JSON");
+            (status, body)
+        }
+    };
+    let mut accepted = HashSet::new();
+    for i in 0..200 {
+        let (status, body) = send(i).await;
+        assert_eq!(status, 202, "{body}");
+        accepted.insert(body["id"].as_str().expect("id").to_owned());
+    }
+
+    pg_ctl("stop");
+    let (status, body) = send(1000).await;
+    let health = client
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .expect("healthz")
+        .status();
+    pg_ctl("start");
+    assert_eq!(status, 503, "while the database is down: {body}");
+    assert_eq!(body["code"], "unavailable");
+    assert_eq!(health, 503);
+
+    // Back up: accepted again (bounded retries while connections return).
+    let deadline = Instant::now() + PATIENCE;
+    let mut i = 2000;
+    while accepted.len() < 400 {
+        let (status, body) = send(i).await;
+        i += 1;
+        match status {
+            202 => {
+                accepted.insert(body["id"].as_str().expect("id").to_owned());
+            }
+            503 => assert!(
+                Instant::now() < deadline,
+                "still 503 long after the database came back"
+            ),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let notified = w.arrived.notified();
+        let missing = {
+            let delivered = w.delivered.lock().expect("lock");
+            accepted
+                .iter()
+                .filter(|id| !delivered.contains(*id))
+                .count()
+        };
+        if missing == 0 {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            panic!("{missing} accepted messages never arrived after the outage");
+        }
+    }
+    drop_schema(&url, &schema).await;
+}
