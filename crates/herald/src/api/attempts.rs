@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use super::apps::find_app;
 use super::endpoints::find_endpoint;
-use super::{rfc3339, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
+use super::messages::find_message;
+use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::store::AttemptRecord;
 
 #[derive(Debug, Serialize)]
@@ -70,12 +71,7 @@ pub async fn list_attempts_by_msg(
     Path((app_id, msg_id)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let app = find_app(&state, &app_id).await?;
-    let msg = state
-        .store
-        .get_message(&app.id, &msg_id)
-        .await?
-        .ok_or(ApiError::NotFound("message"))?;
+    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
     let page = state
         .store
         .list_attempts_of_message(&app.id, &msg.id, &params.page(false)?)

@@ -102,13 +102,24 @@ pub async fn get_message(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
 ) -> ApiResult<Json<MessageOut>> {
-    let app = find_app(&state, &app_id).await?;
+    let (_, message) = find_message(&state, &app_id, &msg_id).await?;
+    Ok(Json(message.try_into()?))
+}
+
+/// The application and the message (by id or eventId) a path names; 404
+/// for either.
+pub async fn find_message(
+    state: &ApiState,
+    app_id: &str,
+    msg_id: &str,
+) -> ApiResult<(crate::store::App, Message)> {
+    let app = find_app(state, app_id).await?;
     let message = state
         .store
-        .get_message(&app.id, &msg_id)
+        .get_message(&app.id, msg_id)
         .await?
         .ok_or(ApiError::NotFound("message"))?;
-    Ok(Json(message.try_into()?))
+    Ok((app, message))
 }
 
 /// A delivery as the API shows it (a Herald extension to Svix's surface).
@@ -162,12 +173,7 @@ pub async fn list_message_deliveries(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
 ) -> ApiResult<Json<DeliveryList>> {
-    let app = find_app(&state, &app_id).await?;
-    let message = state
-        .store
-        .get_message(&app.id, &msg_id)
-        .await?
-        .ok_or(ApiError::NotFound("message"))?;
+    let (app, message) = find_message(&state, &app_id, &msg_id).await?;
     let deliveries = state
         .store
         .list_deliveries_of_message(&app.id, &message.id)
@@ -183,12 +189,7 @@ pub async fn resend(
     State(state): State<ApiState>,
     Path((app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
-    let app = find_app(&state, &app_id).await?;
-    let message = state
-        .store
-        .get_message(&app.id, &msg_id)
-        .await?
-        .ok_or(ApiError::NotFound("message"))?;
+    let (app, message) = find_message(&state, &app_id, &msg_id).await?;
     let endpoint = find_endpoint(&state, &app.id, &endpoint_id).await?;
     match state
         .store

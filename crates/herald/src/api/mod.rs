@@ -230,11 +230,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let query = parts.uri.query().unwrap_or("");
-        serde_urlencoded_compat(query).map(ApiQuery)
+        parse_query(query).map(ApiQuery)
     }
 }
 
-fn serde_urlencoded_compat<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
+fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
     axum::extract::Query::<T>::try_from_uri(
         &format!("/?{query}")
             .parse()
