@@ -24,7 +24,14 @@ use super::*;
 
 /// The schema, in order. A database records how many it has applied in
 /// `PRAGMA user_version`; at open the rest are applied in a transaction.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/sqlite/0001_initial.sql"),
+    include_str!("../../migrations/sqlite/0002_parking.sql"),
+];
+
+/// A full endpoint's due deliveries are parked once they have waited this
+/// long (see `park_and_unpark`).
+const PARK_AFTER_MS: Millis = 1_000;
 
 /// Jobs per transaction at most; the rest wait for the next one.
 const MAX_JOBS_PER_COMMIT: usize = 512;
@@ -518,13 +525,14 @@ fn claim_tx(
         .filter(|(_, n)| **n >= endpoint_cap)
         .map(|(id, _)| id.as_str())
         .collect();
+    park_and_unpark(conn, now, in_flight, endpoint_cap, &saturated)?;
     // Look a little past `limit` so that one busy endpoint at the head of
     // the queue does not leave the other slots empty.
     let window = limit.saturating_mul(4).max(64);
     let mut candidates = conn
         .prepare_cached(
             "SELECT id, endpoint_id FROM deliveries \
-             WHERE state < 2 AND next_attempt_at <= ?1 \
+             WHERE state < 2 AND parked = 0 AND next_attempt_at <= ?1 \
                AND endpoint_id NOT IN (SELECT value FROM json_each(?2) \
                                        UNION ALL SELECT id FROM endpoints WHERE disabled = 1) \
              ORDER BY next_attempt_at LIMIT ?3",
@@ -618,6 +626,72 @@ fn claim_tx(
         });
     }
     Ok(out)
+}
+
+/// Parks the overdue deliveries of full endpoints (out of the claim index),
+/// and gives endpoints with room back as many parked deliveries as they can
+/// take, oldest first. Each row is parked and unparked at most once per
+/// wait, so a stuck endpoint's backlog costs the claim at most the rows
+/// that fell due in the last `PARK_AFTER_MS`.
+fn park_and_unpark(
+    conn: &Connection,
+    now: Millis,
+    in_flight: &HashMap<EndpointId, usize>,
+    endpoint_cap: usize,
+    saturated: &[&str],
+) -> StoreResult<()> {
+    let mut park = conn
+        .prepare_cached(
+            "UPDATE deliveries SET parked = 1 \
+             WHERE endpoint_id = ?1 AND state = 0 AND parked = 0 AND next_attempt_at <= ?2",
+        )
+        .map_err(map_err)?;
+    let mut remember = conn
+        .prepare_cached(
+            "INSERT INTO parked_endpoints (endpoint_id) VALUES (?1) ON CONFLICT DO NOTHING",
+        )
+        .map_err(map_err)?;
+    // Only rows that have waited a while: a busy but healthy endpoint's
+    // rows are claimed within milliseconds and never pay for parking.
+    let overdue = now.saturating_sub(PARK_AFTER_MS);
+    for ep in saturated {
+        if park.execute(params![ep, overdue]).map_err(map_err)? > 0 {
+            remember.execute(params![ep]).map_err(map_err)?;
+        }
+    }
+    let parked: Vec<String> = {
+        let mut stmt = conn
+            .prepare_cached("SELECT endpoint_id FROM parked_endpoints")
+            .map_err(map_err)?;
+        let ids = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
+        ids.collect::<Result<_, _>>().map_err(map_err)?
+    };
+    let mut unpark = conn
+        .prepare_cached(
+            "UPDATE deliveries SET parked = 0 WHERE id IN \
+             (SELECT id FROM deliveries WHERE endpoint_id = ?1 AND parked = 1 ORDER BY next_attempt_at LIMIT ?2)",
+        )
+        .map_err(map_err)?;
+    let mut forget = conn
+        .prepare_cached("DELETE FROM parked_endpoints WHERE endpoint_id = ?1")
+        .map_err(map_err)?;
+    for ep in parked {
+        let busy = in_flight
+            .get(&EndpointId::from_trusted(ep.clone()))
+            .copied()
+            .unwrap_or(0);
+        let room = endpoint_cap.saturating_sub(busy);
+        if room == 0 {
+            continue;
+        }
+        let moved = unpark
+            .execute(params![ep, i64::try_from(room).unwrap_or(i64::MAX)])
+            .map_err(map_err)?;
+        if moved < room {
+            forget.execute(params![ep]).map_err(map_err)?;
+        }
+    }
+    Ok(())
 }
 
 fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<()> {
@@ -789,7 +863,7 @@ fn prune_tx(
 
 const REPLAY_SET: &str =
     "state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
-     manual = 1, lease_token = NULL, dead_reason = NULL, updated_at = ?1";
+     manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1";
 
 #[async_trait]
 impl Store for SqliteStore {
