@@ -628,7 +628,7 @@ fn claim_tx(
     Ok(out)
 }
 
-/// Parks the overdue deliveries of full endpoints (out of the claim index),
+/// Parks the overdue deliveries of full or disabled endpoints (out of the claim index),
 /// and gives endpoints with room back as many parked deliveries as they can
 /// take, oldest first. Each row is parked and unparked at most once per
 /// wait, so a stuck endpoint's backlog costs the claim at most the rows
@@ -640,10 +640,17 @@ fn park_and_unpark(
     endpoint_cap: usize,
     saturated: &[&str],
 ) -> StoreResult<()> {
+    // The overdue head of the claim index is, almost by definition, the rows
+    // of full or disabled endpoints: scanning it costs what parking removes.
+    // (`state < 2` repeats the index's condition so SQLite may use it;
+    // INDEXED BY keeps it from walking an endpoint's whole history instead.)
     let mut park = conn
         .prepare_cached(
-            "UPDATE deliveries SET parked = 1 \
-             WHERE endpoint_id = ?1 AND state = 0 AND parked = 0 AND next_attempt_at <= ?2",
+            "UPDATE deliveries INDEXED BY deliveries_due SET parked = 1 \
+             WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1 \
+               AND endpoint_id IN (SELECT value FROM json_each(?2) \
+                                   UNION ALL SELECT id FROM endpoints WHERE disabled = 1) \
+             RETURNING endpoint_id",
         )
         .map_err(map_err)?;
     let mut remember = conn
@@ -654,10 +661,14 @@ fn park_and_unpark(
     // Only rows that have waited a while: a busy but healthy endpoint's
     // rows are claimed within milliseconds and never pay for parking.
     let overdue = now.saturating_sub(PARK_AFTER_MS);
-    for ep in saturated {
-        if park.execute(params![ep, overdue]).map_err(map_err)? > 0 {
-            remember.execute(params![ep]).map_err(map_err)?;
-        }
+    let newly_parked: std::collections::HashSet<String> = {
+        let rows = park
+            .query_map(params![overdue, to_json(&saturated)?], |r| r.get(0))
+            .map_err(map_err)?;
+        rows.collect::<Result<_, _>>().map_err(map_err)?
+    };
+    for ep in &newly_parked {
+        remember.execute(params![ep]).map_err(map_err)?;
     }
     let parked: Vec<String> = {
         let mut stmt = conn
@@ -666,6 +677,9 @@ fn park_and_unpark(
         let ids = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
         ids.collect::<Result<_, _>>().map_err(map_err)?
     };
+    let mut disabled = conn
+        .prepare_cached("SELECT 1 FROM endpoints WHERE id = ?1 AND disabled = 1")
+        .map_err(map_err)?;
     let mut unpark = conn
         .prepare_cached(
             "UPDATE deliveries SET parked = 0 WHERE id IN \
@@ -681,7 +695,8 @@ fn park_and_unpark(
             .copied()
             .unwrap_or(0);
         let room = endpoint_cap.saturating_sub(busy);
-        if room == 0 {
+        // A disabled endpoint's deliveries stay parked (held) until enabled.
+        if room == 0 || disabled.exists(params![ep]).map_err(map_err)? {
             continue;
         }
         let moved = unpark
