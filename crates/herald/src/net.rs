@@ -151,6 +151,10 @@ impl WebhookUrl {
         self.0.as_str()
     }
 
+    pub fn into_url(self) -> url::Url {
+        self.0
+    }
+
     /// The host as an address, when it is an IP literal (the HTTP client
     /// skips DNS for those, so the sender checks them itself).
     pub fn ip_literal(&self) -> Option<IpAddr> {

@@ -78,22 +78,30 @@ pub async fn create_message(
             payload.len()
         )));
     }
+    let created_at = now_millis();
     let message = NewMessage {
         id: MsgId::generate(),
         app_id,
+        event_type: body.event_type.clone(),
+        event_id: body.event_id.clone(),
+        payload: payload.to_owned(),
+        created_at,
+    };
+    // The answer reuses the request's own payload: no copy, no re-parse.
+    let out = MessageOut {
+        id: message.id.to_string(),
         event_type: body.event_type,
         event_id: body.event_id,
-        payload: payload.to_owned(),
-        created_at: now_millis(),
+        payload: body.payload,
+        channels: None,
+        timestamp: rfc3339(created_at),
     };
     // Returns only after the transaction holding the message has committed.
-    match state.ingest.submit(message.clone()).await? {
-        InsertOutcome::Inserted { .. } => {
-            Ok((StatusCode::ACCEPTED, Json(MessageOut::try_from(message)?)).into_response())
-        }
+    match state.ingest.submit(message).await? {
+        InsertOutcome::Inserted { .. } => Ok((StatusCode::ACCEPTED, Json(out)).into_response()),
         InsertOutcome::DuplicateEventId => Err(ApiError::Conflict(format!(
             "a message with eventId `{}` already exists in this application",
-            message.event_id.unwrap_or_default()
+            out.event_id.unwrap_or_default()
         ))),
     }
 }

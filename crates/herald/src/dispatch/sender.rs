@@ -81,7 +81,7 @@ impl Sender {
         );
         let request = self
             .client
-            .post(url.as_str())
+            .post(url.into_url())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", d.msg_id.as_str())
             .header("webhook-timestamp", timestamp.to_string())
