@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, wait_healthy, Remote, PATIENCE, TOKEN};
 
 fn herald() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
@@ -56,20 +56,7 @@ async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let client = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Ok(r) = client.get(format!("http://{addr}/healthz")).send().await {
-            if r.status() == 200 {
-                break;
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "herald never became healthy"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_healthy(addr).await;
     Proc {
         child,
         addr,
@@ -227,65 +214,13 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
         ("HERALD_MAX_IN_FLIGHT", "64"),
     ];
     let mut first = serve(&db, &envs).await;
-    let base = format!("http://{}/api/v1", first.addr);
-    let client = reqwest::Client::new();
-    let app: serde_json::Value = client
-        .post(format!("{base}/app"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"name": "crash"}))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
-    let ep = client
-        .post(format!("{base}/app/{app_id}/endpoint"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(ep.status(), 201);
+    let remote = Remote::new(first.addr);
+    let app_id = remote
+        .app_with_endpoint(&format!("http://{rx_addr}/hook"))
+        .await;
 
     // Send everything, 16 at a time; keep the ids answered 202.
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut senders = Vec::new();
-    for _ in 0..16 {
-        let (client, base, app_id, accepted, next) = (
-            client.clone(),
-            base.clone(),
-            app_id.clone(),
-            accepted.clone(),
-            next.clone(),
-        );
-        senders.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if i >= MESSAGES {
-                    return;
-                }
-                let resp = client
-                    .post(format!("{base}/app/{app_id}/msg"))
-                    .bearer_auth(TOKEN)
-                    .json(&json!({"eventType": "crash.test", "payload": {"i": i}}))
-                    .send()
-                    .await
-                    .expect("herald is up while sending");
-                assert_eq!(resp.status(), 202);
-                let body: serde_json::Value = resp.json().await.expect("json");
-                accepted
-                    .lock()
-                    .expect("lock")
-                    .push(body["id"].as_str().expect("id").to_owned());
-            }
-        }));
-    }
-    for s in senders {
-        s.await.expect("sender");
-    }
+    let accepted = remote.send_all(&app_id, "crash.test", MESSAGES, 16).await;
     // Kill while deliveries are under way: some arrived, most not yet.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
@@ -305,7 +240,7 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
     );
 
     let _second = serve(&db, &envs).await;
-    let accepted: HashSet<String> = accepted.lock().expect("lock").iter().cloned().collect();
+    let accepted: HashSet<String> = accepted.into_iter().collect();
     assert_eq!(accepted.len(), MESSAGES);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -358,26 +293,11 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
         ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
     ];
     let mut proc = serve(&db, &envs).await;
-    let base = format!("http://{}/api/v1", proc.addr);
-    let client = reqwest::Client::new();
-    let app: serde_json::Value = client
-        .post(format!("{base}/app"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"name": "t"}))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
-    client
-        .post(format!("{base}/app/{app_id}/endpoint"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"url": format!("http://{rx_addr}/")}))
-        .send()
-        .await
-        .expect("send");
+    let remote = Remote::new(proc.addr);
+    let (base, client) = (remote.base.clone(), remote.client.clone());
+    let app_id = remote
+        .app_with_endpoint(&format!("http://{rx_addr}/"))
+        .await;
     let msg: serde_json::Value = client
         .post(format!("{base}/app/{app_id}/msg"))
         .bearer_auth(TOKEN)

@@ -362,3 +362,110 @@ pub async fn closed_port() -> u16 {
     drop(l);
     port
 }
+
+/// A client of a Herald that runs as a separate process (the real binary).
+#[derive(Clone)]
+pub struct Remote {
+    pub client: reqwest::Client,
+    /// `http://addr/api/v1`
+    pub base: String,
+}
+
+impl Remote {
+    pub fn new(addr: impl std::fmt::Display) -> Self {
+        Remote {
+            client: reqwest::Client::new(),
+            base: format!("http://{addr}/api/v1"),
+        }
+    }
+
+    /// Creates an application with one endpoint at `url`; returns the app id.
+    pub async fn app_with_endpoint(&self, url: &str) -> String {
+        let resp = self
+            .client
+            .post(format!("{}/app", self.base))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({"name": "remote"}))
+            .send()
+            .await
+            .expect("herald answers");
+        assert_eq!(resp.status(), 201);
+        let app: Value = resp.json().await.expect("json");
+        let app_id = app["id"].as_str().expect("app id").to_owned();
+        let ep = self
+            .client
+            .post(format!("{}/app/{app_id}/endpoint", self.base))
+            .bearer_auth(TOKEN)
+            .json(&serde_json::json!({ "url": url }))
+            .send()
+            .await
+            .expect("herald answers");
+        assert_eq!(ep.status(), 201);
+        app_id
+    }
+
+    /// Sends `n` messages `{"i": i}`, `concurrency` at a time; every one
+    /// must be answered 202. Returns the accepted message ids.
+    pub async fn send_all(
+        &self,
+        app_id: &str,
+        event_type: &str,
+        n: usize,
+        concurrency: usize,
+    ) -> Vec<String> {
+        let accepted = Arc::new(Mutex::new(Vec::with_capacity(n)));
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let url = format!("{}/app/{app_id}/msg", self.base);
+        let mut senders = Vec::new();
+        for _ in 0..concurrency {
+            let (client, url, accepted, next) = (
+                self.client.clone(),
+                url.clone(),
+                accepted.clone(),
+                next.clone(),
+            );
+            let event_type = event_type.to_owned();
+            senders.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= n {
+                        return;
+                    }
+                    let resp = client
+                        .post(&url)
+                        .bearer_auth(TOKEN)
+                        .json(&serde_json::json!({"eventType": event_type, "payload": {"i": i}}))
+                        .send()
+                        .await
+                        .expect("herald is up while sending");
+                    assert_eq!(resp.status(), 202);
+                    let body: Value = resp.json().await.expect("json");
+                    accepted
+                        .lock()
+                        .expect("lock")
+                        .push(body["id"].as_str().expect("id").to_owned());
+                }
+            }));
+        }
+        for s in senders {
+            s.await.expect("sender");
+        }
+        let ids = accepted.lock().expect("lock").clone();
+        ids
+    }
+}
+
+/// Waits (bounded) until `addr`'s /healthz answers 200.
+pub async fn wait_healthy(addr: impl std::fmt::Display) {
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(r) = client.get(format!("http://{addr}/healthz")).send().await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "herald never became healthy");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

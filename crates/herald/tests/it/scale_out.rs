@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, wait_healthy, Remote, PATIENCE, TOKEN};
 
 pub fn postgres_url(test: &str) -> Option<String> {
     match std::env::var("HERALD_TEST_POSTGRES_URL") {
@@ -102,24 +102,6 @@ async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) ->
     StatusCode::OK
 }
 
-async fn wait_healthy(port: u16) {
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-        {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "API never became healthy");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 async fn drop_schema(url: &str, schema: &str) {
     if let Ok(pool) = sqlx::PgPool::connect(url).await {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -178,63 +160,17 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
                 .expect("worker starts")
         })
         .collect();
-    wait_healthy(port).await;
+    wait_healthy(format!("127.0.0.1:{port}")).await;
 
-    let base = format!("http://127.0.0.1:{port}/api/v1");
-    let client = reqwest::Client::new();
-    let app: serde_json::Value = client
-        .post(format!("{base}/app"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"name": "scale"}))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
-    let ep = client
-        .post(format!("{base}/app/{app_id}/endpoint"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(ep.status(), 201);
+    let remote = Remote::new(format!("127.0.0.1:{port}"));
+    let app_id = remote
+        .app_with_endpoint(&format!("http://{rx_addr}/hook"))
+        .await;
 
-    let accepted = Arc::new(Mutex::new(Vec::with_capacity(MESSAGES)));
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut senders = Vec::new();
-    for _ in 0..32 {
-        let (client, base, app_id, accepted, next) = (
-            client.clone(),
-            base.clone(),
-            app_id.clone(),
-            accepted.clone(),
-            next.clone(),
-        );
-        senders.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if i >= MESSAGES {
-                    return;
-                }
-                let resp = client
-                    .post(format!("{base}/app/{app_id}/msg"))
-                    .bearer_auth(TOKEN)
-                    .json(&json!({"eventType": "scale.test", "payload": {"i": i}}))
-                    .send()
-                    .await
-                    .expect("api is up");
-                assert_eq!(resp.status(), 202);
-                let body: serde_json::Value = resp.json().await.expect("json");
-                accepted
-                    .lock()
-                    .expect("lock")
-                    .push(body["id"].as_str().expect("id").to_owned());
-            }
-        }));
-    }
+    let sending = {
+        let (remote, app_id) = (remote.clone(), app_id.clone());
+        tokio::spawn(async move { remote.send_all(&app_id, "scale.test", MESSAGES, 32).await })
+    };
 
     // Kill one worker once deliveries are well under way.
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -249,10 +185,7 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     }
     workers[0].kill().await.expect("SIGKILL a worker");
     let killed_at = Instant::now();
-    for s in senders {
-        s.await.expect("sender");
-    }
-    let accepted: HashSet<String> = accepted.lock().expect("lock").iter().cloned().collect();
+    let accepted: HashSet<String> = sending.await.expect("sender").into_iter().collect();
     assert_eq!(accepted.len(), MESSAGES);
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
@@ -352,27 +285,12 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .spawn()
         .expect("herald starts");
-    wait_healthy(port).await;
-    let base = format!("http://127.0.0.1:{port}/api/v1");
-    let client = reqwest::Client::new();
-    let app: serde_json::Value = client
-        .post(format!("{base}/app"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"name": "outage"}))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
-    client
-        .post(format!("{base}/app/{app_id}/endpoint"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"url": format!("http://{rx_addr}/hook")}))
-        .send()
-        .await
-        .expect("send");
+    wait_healthy(format!("127.0.0.1:{port}")).await;
+    let remote = Remote::new(format!("127.0.0.1:{port}"));
+    let (base, client) = (remote.base.clone(), remote.client.clone());
+    let app_id = remote
+        .app_with_endpoint(&format!("http://{rx_addr}/hook"))
+        .await;
     let send = |i: usize| {
         let (client, base, app_id) = (client.clone(), base.clone(), app_id.clone());
         async move {
