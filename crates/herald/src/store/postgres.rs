@@ -144,6 +144,32 @@ impl PostgresStore {
         &self.wake_channel
     }
 
+    /// Replays the app's dead deliveries whose `column` (a fixed column
+    /// name, never input) equals `key`, waking the workers; returns how many.
+    async fn replay_dead_where(
+        &self,
+        column: &'static str,
+        key: &str,
+        app: &AppId,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
+            &format!(
+                "UPDATE deliveries SET {REPLAY_SET} WHERE {column} = $2 AND app_id = $3 AND state = 3 \
+                 RETURNING TRUE AS wakes"
+            ),
+            4,
+        )))
+        .bind(now)
+        .bind(key)
+        .bind(app.as_str())
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// Stops listening for work, then closes the pool: waits for
     /// checked-out connections to come back, then closes them all. Later
     /// calls fail with `Unavailable`.
@@ -984,21 +1010,7 @@ impl Store for PostgresStore {
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
-            &format!(
-                "UPDATE deliveries SET {REPLAY_SET} WHERE id = $2 AND app_id = $3 AND state = 3 \
-                 RETURNING TRUE AS wakes"
-            ),
-            4,
-        )))
-        .bind(now)
-        .bind(id.as_str())
-        .bind(app.as_str())
-        .bind(&self.wake_channel)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(n == 1)
+        Ok(self.replay_dead_where("id", id.as_str(), app, now).await? == 1)
     }
 
     async fn replay_dead_of_endpoint(
@@ -1007,21 +1019,8 @@ impl Store for PostgresStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
-            &format!(
-                "UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = $2 AND app_id = $3 AND state = 3 \
-                 RETURNING TRUE AS wakes"
-            ),
-            4,
-        )))
-        .bind(now)
-        .bind(ep.as_str())
-        .bind(app.as_str())
-        .bind(&self.wake_channel)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.replay_dead_where("endpoint_id", ep.as_str(), app, now)
+            .await
     }
 
     async fn resend(

@@ -263,6 +263,28 @@ impl SqliteStore {
             .map_err(|_| StoreError::Unavailable("store transaction did not run".into()))?
     }
 
+    /// Replays the app's dead deliveries whose `column` (a fixed column
+    /// name, never input) equals `key`; returns how many.
+    async fn replay_dead_where(
+        &self,
+        column: &'static str,
+        key: &str,
+        app: &AppId,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let (app, key) = (app.as_str().to_owned(), key.to_owned());
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE {column} = ?2 AND app_id = ?3 AND state = 3"),
+                    params![now, key, app],
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
     /// Runs `f` on a read-only connection, off the async threads.
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -1175,17 +1197,7 @@ impl Store for SqliteStore {
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE id = ?2 AND app_id = ?3 AND state = 3"),
-                    params![now, id, app],
-                )
-                .map_err(map_err)?;
-            Ok(n == 1)
-        })
-        .await
+        Ok(self.replay_dead_where("id", id.as_str(), app, now).await? == 1)
     }
 
     async fn replay_dead_of_endpoint(
@@ -1194,17 +1206,8 @@ impl Store for SqliteStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<u64> {
-        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE endpoint_id = ?2 AND app_id = ?3 AND state = 3"),
-                    params![now, ep, app],
-                )
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
-        .await
+        self.replay_dead_where("endpoint_id", ep.as_str(), app, now)
+            .await
     }
 
     async fn resend(

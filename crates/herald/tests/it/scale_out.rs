@@ -60,6 +60,45 @@ struct Watch {
     arrived: tokio::sync::Notify,
 }
 
+impl Watch {
+    /// A receiver on 127.0.0.1 that answers 200 and watches what arrives.
+    async fn start() -> (Arc<Watch>, std::net::SocketAddr) {
+        let w = Arc::new(Watch::default());
+        let rx = axum::Router::new().fallback(watch).with_state(w.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, rx).await });
+        (w, addr)
+    }
+
+    /// Waits (bounded by `within`) until every message in `accepted` has
+    /// arrived at least once.
+    async fn wait_for_all(&self, accepted: &HashSet<String>, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.arrived.notified();
+            let missing = {
+                let delivered = self.delivered.lock().expect("lock");
+                accepted
+                    .iter()
+                    .filter(|id| !delivered.contains(*id))
+                    .count()
+            };
+            if missing == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "{missing} of {} accepted messages never arrived",
+                    accepted.len()
+                );
+            }
+        }
+    }
+}
+
 async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) -> StatusCode {
     let key = headers
         .get("idempotency-key")
@@ -126,13 +165,7 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
         ulid::Ulid::new().to_string().to_ascii_lowercase()
     );
 
-    let w = Arc::new(Watch::default());
-    let rx = axum::Router::new().fallback(watch).with_state(w.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let rx_addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, rx).await });
+    let (w, rx_addr) = Watch::start().await;
 
     // `herald migrate` prepares the schema; nobody serves yet.
     let out = herald(&url, &schema)
@@ -188,23 +221,7 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     let accepted: HashSet<String> = sending.await.expect("sender").into_iter().collect();
     assert_eq!(accepted.len(), MESSAGES);
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        let notified = w.arrived.notified();
-        let missing = {
-            let delivered = w.delivered.lock().expect("lock");
-            accepted
-                .iter()
-                .filter(|id| !delivered.contains(*id))
-                .count()
-        };
-        if missing == 0 {
-            break;
-        }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            panic!("{missing} of {MESSAGES} accepted messages never arrived");
-        }
-    }
+    w.wait_for_all(&accepted, Duration::from_secs(180)).await;
     assert_eq!(
         *w.overlaps.lock().expect("lock"),
         0,
@@ -271,13 +288,7 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         "herald_out_{}",
         ulid::Ulid::new().to_string().to_ascii_lowercase()
     );
-    let w = Arc::new(Watch::default());
-    let rx = axum::Router::new().fallback(watch).with_state(w.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let rx_addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, rx).await });
+    let (w, rx_addr) = Watch::start().await;
 
     let port = closed_port().await;
     let _herald: Child = herald(&url, &schema)
@@ -343,22 +354,6 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
             other => panic!("unexpected {other}: {body}"),
         }
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let notified = w.arrived.notified();
-        let missing = {
-            let delivered = w.delivered.lock().expect("lock");
-            accepted
-                .iter()
-                .filter(|id| !delivered.contains(*id))
-                .count()
-        };
-        if missing == 0 {
-            break;
-        }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            panic!("{missing} accepted messages never arrived after the outage");
-        }
-    }
+    w.wait_for_all(&accepted, Duration::from_secs(120)).await;
     drop_schema(&url, &schema).await;
 }
