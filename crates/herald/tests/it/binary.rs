@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, wait_healthy, Remote, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, header_text, wait_healthy, Remote, PATIENCE, TOKEN};
 
 fn herald() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
@@ -157,16 +157,8 @@ async fn crash_receive(
     headers: HeaderMap,
     _body: Bytes,
 ) -> StatusCode {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let msg = headers
-        .get("webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let key = header_text(&headers, "idempotency-key");
+    let msg = header_text(&headers, "webhook-id");
     *rx.requests.lock().expect("lock") += 1;
     let first_time = rx.keys_seen.lock().expect("lock").insert(key.clone());
     // A little work per request keeps deliveries in flight when the kill comes.

@@ -244,11 +244,7 @@ pub struct Recorded {
 
 impl Recorded {
     pub fn header(&self, name: &str) -> String {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
+        header_text(&self.headers, name)
     }
 }
 
@@ -468,4 +464,13 @@ pub async fn wait_healthy(addr: impl std::fmt::Display) {
         assert!(Instant::now() < deadline, "herald never became healthy");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// A header's value as text, or empty when absent or not text.
+pub fn header_text(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, wait_healthy, Remote, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, header_text, wait_healthy, Remote, PATIENCE, TOKEN};
 
 pub fn postgres_url(test: &str) -> Option<String> {
     match std::env::var("HERALD_TEST_POSTGRES_URL") {
@@ -100,16 +100,8 @@ impl Watch {
 }
 
 async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) -> StatusCode {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let msg = headers
-        .get("webhook-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let key = header_text(&headers, "idempotency-key");
+    let msg = header_text(&headers, "webhook-id");
     if !w.in_flight.lock().expect("lock").insert(key.clone()) {
         *w.overlaps.lock().expect("lock") += 1;
     }
