@@ -216,6 +216,64 @@ pub fn decide(
     }
 }
 
+/// When an endpoint is disabled automatically (Standard Webhooks and the
+/// brief): after `after` consecutive failed attempts spanning at least
+/// `min_window`, or at once on 410 Gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DisableRule {
+    pub after: u32,
+    pub min_window: Duration,
+}
+
+/// Why an endpoint is to be disabled now, if it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisableCause {
+    /// The receiver answered 410 Gone: it asks not to be called again.
+    Gone,
+    /// The failing streak reached the rule's count and window.
+    FailingStreak { failures: u32, lasted: Duration },
+}
+
+impl DisableCause {
+    /// The reason recorded on the endpoint and shown to operators.
+    pub fn describe(&self) -> String {
+        match self {
+            DisableCause::Gone => "the endpoint answered 410 Gone".to_owned(),
+            DisableCause::FailingStreak { failures, lasted } => format!(
+                "{failures} consecutive failed attempts over {}s",
+                lasted.as_secs()
+            ),
+        }
+    }
+}
+
+/// Decides whether an endpoint must be disabled after a batch of its
+/// attempts: `gone` if one of them was answered 410; `streak` the failed
+/// attempts in a row now recorded, the first of them `streak_age` ago.
+/// A streak of 0 (a success came last) never disables.
+pub fn should_disable(
+    rule: &DisableRule,
+    gone: bool,
+    streak: u32,
+    streak_age: Duration,
+) -> Option<DisableCause> {
+    if gone {
+        return Some(DisableCause::Gone);
+    }
+    if streak > 0 && streak >= rule.after && streak_age >= rule.min_window {
+        return Some(DisableCause::FailingStreak {
+            failures: streak,
+            lasted: streak_age,
+        });
+    }
+    None
+}
+
+/// 410 Gone: the receiver asks to be disabled at once.
+pub fn is_gone(status: Option<u16>) -> bool {
+    status == Some(410)
+}
+
 /// Parses a `Retry-After` header value: delta-seconds or an HTTP-date.
 /// A date in the past means "now" (zero). Returns `None` for garbage, so the
 /// schedule applies instead.

@@ -367,3 +367,65 @@ fn dead_reasons_round_trip_their_names() {
     }
     assert_eq!(DeadReason::parse("bogus"), None);
 }
+
+const RULE: DisableRule = DisableRule {
+    after: 50,
+    min_window: HOUR,
+};
+
+#[test]
+fn a_streak_disables_only_at_the_count_and_after_the_window() {
+    assert_eq!(should_disable(&RULE, false, 49, 2 * HOUR), None);
+    assert_eq!(should_disable(&RULE, false, 50, HOUR - MIN), None);
+    assert_eq!(
+        should_disable(&RULE, false, 50, HOUR),
+        Some(DisableCause::FailingStreak {
+            failures: 50,
+            lasted: HOUR
+        })
+    );
+    assert!(should_disable(&RULE, false, 500, 3 * HOUR).is_some());
+}
+
+#[test]
+fn a_zero_window_disables_on_the_count_alone() {
+    let rule = DisableRule {
+        after: 3,
+        min_window: Duration::ZERO,
+    };
+    assert_eq!(should_disable(&rule, false, 2, Duration::ZERO), None);
+    assert!(should_disable(&rule, false, 3, Duration::ZERO).is_some());
+}
+
+#[test]
+fn no_streak_never_disables_even_with_a_zero_count() {
+    let rule = DisableRule {
+        after: 0,
+        min_window: Duration::ZERO,
+    };
+    assert_eq!(should_disable(&rule, false, 0, HOUR), None);
+}
+
+#[test]
+fn gone_disables_at_once_and_is_only_410() {
+    assert_eq!(
+        should_disable(&RULE, true, 0, Duration::ZERO),
+        Some(DisableCause::Gone)
+    );
+    assert!(is_gone(Some(410)));
+    for other in [None, Some(200), Some(404), Some(500), Some(411)] {
+        assert!(!is_gone(other), "{other:?}");
+    }
+    assert_eq!(
+        DisableCause::Gone.describe(),
+        "the endpoint answered 410 Gone"
+    );
+    assert_eq!(
+        DisableCause::FailingStreak {
+            failures: 50,
+            lasted: HOUR
+        }
+        .describe(),
+        "50 consecutive failed attempts over 3600s"
+    );
+}

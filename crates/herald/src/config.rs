@@ -23,7 +23,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_REQUEST_TIMEOUT", "30s", "Whole-attempt timeout (connect, send, response headers, excerpt)."),
     ("HERALD_CONNECT_TIMEOUT", "5s", "TCP/TLS connect timeout."),
     ("HERALD_ALLOW_PRIVATE_NETWORKS", "false", "Allow endpoints on loopback, private and other non-global addresses."),
-    ("HERALD_DISABLE_AFTER", "50", "Consecutive failures after which an endpoint is disabled."),
+    ("HERALD_DISABLE_AFTER", "50", "Consecutive failed attempts after which an endpoint is disabled (see HERALD_DISABLE_MIN_WINDOW)."),
+    ("HERALD_DISABLE_MIN_WINDOW", "1h", "The failing streak must also have lasted this long; `0s` disables on the count alone."),
+    ("HERALD_OPERATOR_WEBHOOK_URL", "", "When set, Herald sends endpoint.disabled, endpoint.enabled and message.attempt.exhausted events here."),
+    ("HERALD_OPERATOR_WEBHOOK_SECRET", "", "`whsec_…` secret signing the operator webhooks; required with HERALD_OPERATOR_WEBHOOK_URL."),
+    ("HERALD_METRICS_MAX_ENDPOINTS", "500", "Endpoints labelled by id in /metrics at most; the rest share endpoint=\"other\"."),
     ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most (as many more may wait, claimed)."),
     ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most."),
     ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout."),
@@ -52,6 +56,10 @@ pub struct Config {
     pub connect_timeout: Duration,
     pub allow_private_networks: bool,
     pub disable_after: u32,
+    pub disable_min_window: Duration,
+    /// Where operator events go, with their signing secret (`whsec_…`).
+    pub operator_webhook: Option<(String, String)>,
+    pub metrics_max_endpoints: usize,
     pub endpoint_concurrency: usize,
     pub max_in_flight: usize,
     pub lease: Duration,
@@ -76,6 +84,11 @@ impl std::fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("allow_private_networks", &self.allow_private_networks)
             .field("disable_after", &self.disable_after)
+            .field("disable_min_window", &self.disable_min_window)
+            .field(
+                "operator_webhook",
+                &self.operator_webhook.as_ref().map(|(url, _)| url),
+            )
             .field("endpoint_concurrency", &self.endpoint_concurrency)
             .field("max_in_flight", &self.max_in_flight)
             .field("lease", &self.lease)
@@ -245,6 +258,35 @@ impl Config {
             positive("HERALD_ENDPOINT_CONCURRENCY")?,
         )?;
         let max_in_flight = usize_of("HERALD_MAX_IN_FLIGHT", positive("HERALD_MAX_IN_FLIGHT")?)?;
+        let metrics_max_endpoints = usize_of(
+            "HERALD_METRICS_MAX_ENDPOINTS",
+            number("HERALD_METRICS_MAX_ENDPOINTS")?,
+        )?;
+        let disable_min_window = duration("HERALD_DISABLE_MIN_WINDOW")?;
+        let operator_url = get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
+        let operator_secret = get("HERALD_OPERATOR_WEBHOOK_SECRET").trim().to_owned();
+        let operator_webhook = if operator_url.is_empty() {
+            None
+        } else {
+            match url::Url::parse(&operator_url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => {
+                    return Err(invalid(
+                        "HERALD_OPERATOR_WEBHOOK_URL",
+                        format!("`{operator_url}` is not an http(s) URL"),
+                    ))
+                }
+            }
+            if operator_secret.is_empty() {
+                return Err(invalid(
+                    "HERALD_OPERATOR_WEBHOOK_SECRET",
+                    "required when HERALD_OPERATOR_WEBHOOK_URL is set (a whsec_… secret)".into(),
+                ));
+            }
+            herald_signing::Secret::parse(&operator_secret)
+                .map_err(|e| invalid("HERALD_OPERATOR_WEBHOOK_SECRET", e.to_string()))?;
+            Some((operator_url, operator_secret))
+        };
 
         Ok(Config {
             listen,
@@ -260,6 +302,9 @@ impl Config {
             connect_timeout,
             allow_private_networks: boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
             disable_after,
+            disable_min_window,
+            operator_webhook,
+            metrics_max_endpoints,
             endpoint_concurrency,
             max_in_flight,
             lease,
@@ -333,6 +378,9 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         assert!(!c.allow_private_networks);
         assert_eq!(c.disable_after, 50);
+        assert_eq!(c.disable_min_window, Duration::from_secs(3600));
+        assert!(c.operator_webhook.is_none());
+        assert_eq!(c.metrics_max_endpoints, 500);
         assert!(c.admin_token.is_none());
     }
 

@@ -145,7 +145,13 @@ pub async fn start(
     let backend = open_store(&config).await?;
     let store = backend.store();
     let wake = Arc::new(Notify::new());
-    let dispatcher = Arc::new(Dispatcher::new(store.clone(), &config, wake.clone())?);
+    let operator = crate::operator::Operator::start(store.clone(), &config, wake.clone()).await?;
+    let dispatcher = Arc::new(Dispatcher::new(
+        store.clone(),
+        &config,
+        wake.clone(),
+        operator.clone(),
+    )?);
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
     if role.dispatches() {
@@ -175,6 +181,7 @@ pub async fn start(
             },
             admin_token_sha256: admin_digest,
             app_ids: Default::default(),
+            operator,
         };
         // Trailing slashes are optional, as in Svix: normalise before routing.
         let app = tower::Layer::layer(
@@ -222,6 +229,10 @@ async fn run_retention(store: Arc<dyn Store>, config: Config, shutdown: Cancella
             _ = shutdown.cancelled() => return,
         }
         let now = crate::store::now_millis();
+        // Health needs the last 24 h of stats buckets; a day more is slack.
+        if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
+            tracing::warn!(error = %e, "pruning endpoint stats failed");
+        }
         loop {
             let result = store
                 .prune(

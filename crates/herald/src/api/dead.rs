@@ -13,8 +13,8 @@ use super::apps::find_app;
 use super::endpoints::find_endpoint;
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
-use crate::ids::DeliveryId;
-use crate::store::now_millis;
+use crate::ids::{DeliveryId, EndpointId};
+use crate::store::{now_millis, DeadFilter};
 
 #[derive(Debug, Deserialize, Default)]
 pub struct DeadParams {
@@ -33,9 +33,14 @@ pub async fn list_dead(
         Some(id) => Some(find_endpoint(&state, &app.id, id).await?.id),
         None => None,
     };
+    let filter = DeadFilter {
+        app: Some(app.id),
+        endpoint,
+        ..DeadFilter::default()
+    };
     let page = state
         .store
-        .list_dead(&app.id, endpoint.as_ref(), &params.list.page(false)?)
+        .list_dead(&filter, &params.list.page(false)?)
         .await?;
     let data = page.items.into_iter().map(DeliveryOut::from).collect();
     Ok(Json(ListResponse::new(
@@ -80,6 +85,150 @@ pub async fn replay_endpoint_dead(
     Ok((
         StatusCode::ACCEPTED,
         Json(serde_json::json!({ "replayed": replayed })),
+    )
+        .into_response())
+}
+
+/// Filters of the cross-application dead-letter calls (Herald's own):
+/// `app_id`, `endpoint_id`, `event_type`, `reason`, `since`, `until`
+/// (RFC 3339).
+#[derive(Debug, Deserialize, Default)]
+pub struct DeadFilterParams {
+    pub app_id: Option<String>,
+    pub endpoint_id: Option<String>,
+    pub event_type: Option<String>,
+    pub reason: Option<String>,
+    pub since: Option<String>,
+    pub until: Option<String>,
+}
+
+fn parse_time(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
+    match value.as_deref().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => chrono::DateTime::parse_from_rfc3339(v)
+            .map(|t| Some(t.timestamp_millis()))
+            .map_err(|_| {
+                ApiError::field(field, "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z")
+            }),
+    }
+}
+
+impl DeadFilterParams {
+    /// Resolves names to ids; an unknown app or endpoint is a 404.
+    pub async fn resolve(&self, state: &ApiState) -> ApiResult<DeadFilter> {
+        let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+        let app = match nonempty(&self.app_id) {
+            Some(id) => Some(find_app(state, &id).await?.id),
+            None => None,
+        };
+        let endpoint = match (nonempty(&self.endpoint_id), &app) {
+            (Some(id), Some(app)) => Some(find_endpoint(state, app, &id).await?.id),
+            (Some(id), None) => Some(EndpointId::parse(&id).ok_or_else(|| {
+                ApiError::field(
+                    "endpoint_id",
+                    "must be an endpoint id (ep_…) unless app_id is given",
+                )
+            })?),
+            (None, _) => None,
+        };
+        let reason = match nonempty(&self.reason) {
+            None => None,
+            Some(r) => Some(herald_policy::DeadReason::parse(&r).ok_or_else(|| {
+                ApiError::field("reason", "must be exhausted, permanent_status or too_old")
+            })?),
+        };
+        Ok(DeadFilter {
+            app,
+            endpoint,
+            event_type: nonempty(&self.event_type),
+            reason,
+            since: parse_time("since", &self.since)?,
+            until: parse_time("until", &self.until)?,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct AllDeadParams {
+    #[serde(flatten)]
+    pub list: ListParams,
+    #[serde(flatten)]
+    pub filter: DeadFilterParams,
+}
+
+/// `GET /api/v1/dead-letter`: dead deliveries of every application,
+/// newest first, filtered.
+pub async fn list_all_dead(
+    State(state): State<ApiState>,
+    ApiQuery(params): ApiQuery<AllDeadParams>,
+) -> ApiResult<Json<ListResponse<DeliveryOut>>> {
+    let filter = params.filter.resolve(&state).await?;
+    let page = state
+        .store
+        .list_dead(&filter, &params.list.page(false)?)
+        .await?;
+    let data = page.items.into_iter().map(DeliveryOut::from).collect();
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |d: &DeliveryOut| d.id.clone(),
+    )))
+}
+
+/// The most one bulk replay call moves; callers repeat while it is full.
+pub const MAX_REPLAY_BATCH: usize = 1000;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplayIn {
+    #[serde(flatten)]
+    pub filter: DeadFilterParams,
+    /// Only these deliveries (still subject to the filter).
+    #[serde(default)]
+    pub ids: Option<Vec<String>>,
+    /// At most this many (default and maximum 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `POST /api/v1/dead-letter/replay`: replays the dead deliveries matching
+/// the filter (and `ids`, when given), at most `limit`; answers
+/// `{"replayed": n, "done": bool}` (done: fewer than `limit` matched).
+pub async fn replay_all_dead(
+    State(state): State<ApiState>,
+    super::ApiJson(body): super::ApiJson<ReplayIn>,
+) -> ApiResult<Response> {
+    let filter = body.filter.resolve(&state).await?;
+    let limit = match body.limit {
+        None => MAX_REPLAY_BATCH,
+        Some(n) if (1..=MAX_REPLAY_BATCH).contains(&n) => n,
+        Some(_) => return Err(ApiError::field("limit", "must be 1..=1000")),
+    };
+    let ids = match &body.ids {
+        None => None,
+        Some(list) => {
+            if list.len() > MAX_REPLAY_BATCH {
+                return Err(ApiError::field("ids", "at most 1000 per call"));
+            }
+            Some(
+                list.iter()
+                    .map(|s| DeliveryId::parse(s))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| ApiError::field("ids", "must be delivery ids (dlv_…)"))?,
+            )
+        }
+    };
+    let replayed = state
+        .store
+        .replay_dead_matching(&filter, ids.as_deref(), limit, now_millis())
+        .await?;
+    if replayed > 0 {
+        state.wake.notify_one();
+    }
+    let done = usize::try_from(replayed).unwrap_or(usize::MAX) < limit;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "replayed": replayed, "done": done })),
     )
         .into_response())
 }

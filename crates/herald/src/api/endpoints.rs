@@ -232,6 +232,7 @@ async fn save(
     state: &ApiState,
     mut ep: Endpoint,
     uid_changed: bool,
+    was_disabled: bool,
 ) -> ApiResult<Json<EndpointOut>> {
     if uid_changed {
         if let Some(uid) = &ep.uid {
@@ -244,13 +245,24 @@ async fn save(
             }
         }
     }
+    // Enabling and disabling go through the operator's rules (held
+    // deliveries, the age cap, events), not a plain column write.
+    let want_disabled = ep.disabled;
+    ep.disabled = was_disabled;
     ep.updated_at = now_millis();
     if !state.store.update_endpoint(&ep).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
-    // Re-enabling may make held deliveries due.
-    state.wake.notify_one();
-    Ok(Json(ep.into()))
+    if want_disabled && !was_disabled {
+        state
+            .operator
+            .disable(&ep.app_id, &ep.id, "disabled through the API", false, None)
+            .await?;
+    } else if !want_disabled && was_disabled {
+        state.operator.enable(&ep.app_id, &ep.id).await?;
+    }
+    let saved = find_endpoint(state, &ep.app_id, ep.id.as_str()).await?;
+    Ok(Json(saved.into()))
 }
 
 /// PUT: replaces every field (absent optional fields take their defaults).
@@ -261,6 +273,7 @@ pub async fn update_endpoint(
 ) -> ApiResult<Json<EndpointOut>> {
     let app = find_app(&state, &app_id).await?;
     let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let was_disabled = ep.disabled;
     ep.url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
@@ -272,7 +285,7 @@ pub async fn update_endpoint(
     ep.disabled = body.disabled.unwrap_or(false);
     ep.rate_limit = body.rate_limit;
     ep.metadata = body.metadata.unwrap_or_default();
-    save(&state, ep, uid_changed).await
+    save(&state, ep, uid_changed, was_disabled).await
 }
 
 pub async fn patch_endpoint(
@@ -282,6 +295,7 @@ pub async fn patch_endpoint(
 ) -> ApiResult<Json<EndpointOut>> {
     let app = find_app(&state, &app_id).await?;
     let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let was_disabled = ep.disabled;
     if let Some(url) = &body.url {
         ep.url = check_url(&state, url).await?;
     }
@@ -308,7 +322,7 @@ pub async fn patch_endpoint(
         check_metadata(&Some(m.clone()))?;
         ep.metadata = m;
     }
-    save(&state, ep, uid_changed).await
+    save(&state, ep, uid_changed, was_disabled).await
 }
 
 pub async fn delete_endpoint(
@@ -330,4 +344,91 @@ pub async fn get_endpoint_secret(
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(SecretOut { key: ep.secret }))
+}
+
+/// `GET …/endpoint/{id}/health` (Herald's own): the figures of
+/// [`crate::health::EndpointHealth`], read from stats buckets.
+pub async fn get_endpoint_health(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<crate::health::EndpointHealth>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    Ok(Json(endpoint_health(&state.store, &ep.id).await?))
+}
+
+/// Reads one endpoint's health (two small reads).
+pub async fn endpoint_health(
+    store: &std::sync::Arc<dyn crate::store::Store>,
+    ep: &EndpointId,
+) -> ApiResult<crate::health::EndpointHealth> {
+    let now = now_millis();
+    let status = store
+        .endpoint_status(ep)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let buckets = store
+        .endpoint_stats(ep, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
+        .await?;
+    Ok(crate::health::compute(&status, &buckets, now))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct DisableIn {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST …/endpoint/{id}/disable` (Herald's own), optional `{"reason"}`.
+pub async fn disable_endpoint_route(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<EndpointOut>> {
+    let body: DisableIn = if body.iter().all(u8::is_ascii_whitespace) {
+        DisableIn::default()
+    } else {
+        super::parse_json(&body)?
+    };
+    let reason = body
+        .reason
+        .unwrap_or_else(|| "disabled by an operator".to_owned());
+    if reason.len() > 1000 {
+        return Err(ApiError::field("reason", "must be at most 1000 bytes"));
+    }
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    state
+        .operator
+        .disable(&app.id, &ep.id, &reason, false, None)
+        .await?;
+    Ok(Json(
+        find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
+    ))
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnableOut {
+    pub endpoint: EndpointOut,
+    /// Held deliveries past the age cap, now dead as "too old".
+    pub expired_deliveries: u64,
+}
+
+/// `POST …/endpoint/{id}/enable` (Herald's own).
+pub async fn enable_endpoint_route(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<EnableOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let report = state
+        .operator
+        .enable(&app.id, &ep.id)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    Ok(Json(EnableOut {
+        endpoint: find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
+        expired_deliveries: report.expired,
+    }))
 }

@@ -46,6 +46,8 @@ pub struct ApiState {
     pub admin_token_sha256: [u8; 32],
     /// id-or-uid → app id, for the hot create-message path.
     pub app_ids: Arc<AppIdCache>,
+    /// Enables and disables endpoints, and reports it.
+    pub operator: crate::operator::Operator,
 }
 
 /// Remembers which application an id or uid names, so that creating a
@@ -103,6 +105,20 @@ pub fn router(state: ApiState) -> Router {
             "/app/{app_id}/endpoint/{endpoint_id}/secret",
             get(get_endpoint_secret),
         )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/health",
+            get(get_endpoint_health),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/enable",
+            post(enable_endpoint_route),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/disable",
+            post(disable_endpoint_route),
+        )
+        .route("/dead-letter", get(list_all_dead))
+        .route("/dead-letter/replay", post(replay_all_dead))
         .route(
             "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
             post(replay_endpoint_dead),

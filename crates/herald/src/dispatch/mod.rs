@@ -19,16 +19,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_policy::{decide, Decision, RetryPolicy};
+use herald_policy::{decide, is_gone, should_disable, Decision, DisableRule, RetryPolicy};
 use rand::Rng;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::ids::{AttemptId, EndpointId};
+use crate::operator::Operator;
 use crate::store::{
     now_millis, AttemptRecord, ClaimRequest, ClaimedDelivery, Completion, NextState, Store,
-    StoreResult,
+    StoreResult, StreakUpdate,
 };
 
 pub mod sender;
@@ -105,11 +106,23 @@ pub struct Dispatcher {
     claimed: Claimed,
     /// Signalled when new work may be due: a commit, a replay, a retry.
     wake: Arc<Notify>,
+    disable_rule: DisableRule,
+    operator: Operator,
 }
 
 impl Dispatcher {
-    pub fn new(store: Arc<dyn Store>, config: &Config, wake: Arc<Notify>) -> anyhow::Result<Self> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: &Config,
+        wake: Arc<Notify>,
+        operator: Operator,
+    ) -> anyhow::Result<Self> {
         Ok(Dispatcher {
+            disable_rule: DisableRule {
+                after: config.disable_after,
+                min_window: config.disable_min_window,
+            },
+            operator,
             store,
             sender: Sender::new(config)?,
             policy: config.retry.clone(),
@@ -203,8 +216,40 @@ impl Dispatcher {
                 NextState::Dead(_) => report.dead += 1,
             }
         }
-        self.store.complete(&completions).await?;
+        let streaks = self.store.complete(&completions).await?;
+        self.after_recorded(&completions, &streaks).await;
         Ok(report)
+    }
+
+    /// After outcomes are on disk: disables the endpoints the policy says
+    /// must be (a failing streak, or 410 Gone), and reports what went dead.
+    async fn after_recorded(&self, batch: &[Completion], streaks: &[StreakUpdate]) {
+        let now = now_millis();
+        for s in streaks.iter().filter(|s| !s.disabled) {
+            let gone = batch
+                .iter()
+                .any(|c| c.attempt.endpoint_id == s.endpoint_id && is_gone(c.attempt.status_code));
+            let lasted = Duration::from_millis(
+                u64::try_from(now - s.streak_started_at.unwrap_or(now)).unwrap_or(0),
+            );
+            let Some(cause) = should_disable(&self.disable_rule, gone, s.fail_streak, lasted)
+            else {
+                continue;
+            };
+            // A streak is disabled only if no success ended it meanwhile.
+            let guard = match cause {
+                herald_policy::DisableCause::Gone => None,
+                herald_policy::DisableCause::FailingStreak { .. } => s.streak_started_at,
+            };
+            if let Err(e) = self
+                .operator
+                .disable(&s.app_id, &s.endpoint_id, &cause.describe(), true, guard)
+                .await
+            {
+                tracing::warn!(error = %e, endpoint = %s.endpoint_id, "could not disable endpoint");
+            }
+        }
+        self.operator.report_dead(batch).await;
     }
 
     /// The background loop. Returns after `shutdown` once every request in
@@ -212,11 +257,7 @@ impl Dispatcher {
     /// claimed delivery that had not started has been released.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let (done_tx, done_rx) = mpsc::channel::<Completion>(self.max_in_flight.max(64) * 4);
-        let completer = tokio::spawn(run_completer(
-            self.store.clone(),
-            done_rx,
-            self.wake.clone(),
-        ));
+        let completer = tokio::spawn(self.clone().run_completer(done_rx));
         let mut backoff = Duration::from_millis(50);
         let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
@@ -338,45 +379,46 @@ impl Dispatcher {
     }
 }
 
-/// Writes outcomes in batches: whatever queued up while the previous batch
-/// was being written goes into the next transaction.
-async fn run_completer(
-    store: Arc<dyn Store>,
-    mut rx: mpsc::Receiver<Completion>,
-    wake: Arc<Notify>,
-) {
-    const MAX_BATCH: usize = 2000;
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(c) => batch.push(c),
-                Err(_) => break,
-            }
-        }
-        let mut delay = Duration::from_millis(20);
-        for attempt in 1..=30 {
-            match store.complete(&batch).await {
-                Ok(()) => break,
-                Err(e) if attempt == 30 => {
-                    // Leases bring these deliveries back: at least once holds.
-                    tracing::error!(error = %e, count = batch.len(), "giving up recording outcomes; leases will expire");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?delay, "recording outcomes failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
+impl Dispatcher {
+    /// Writes outcomes in batches: whatever queued up while the previous
+    /// batch was being written goes into the next transaction.
+    async fn run_completer(self: Arc<Self>, mut rx: mpsc::Receiver<Completion>) {
+        const MAX_BATCH: usize = 2000;
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = rx.recv().await {
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(c) => batch.push(c),
+                    Err(_) => break,
                 }
             }
+            let mut delay = Duration::from_millis(20);
+            for attempt in 1..=30 {
+                match self.store.complete(&batch).await {
+                    Ok(streaks) => {
+                        self.after_recorded(&batch, &streaks).await;
+                        break;
+                    }
+                    Err(e) if attempt == 30 => {
+                        // Leases bring these deliveries back: at least once holds.
+                        tracing::error!(error = %e, count = batch.len(), "giving up recording outcomes; leases will expire");
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?delay, "recording outcomes failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            // A retry may now be the earliest due work: let the loop re-plan.
+            if batch
+                .iter()
+                .any(|c| matches!(c.next, NextState::Retry { .. }))
+            {
+                self.wake.notify_one();
+            }
+            batch.clear();
         }
-        // A retry may now be the earliest due work: let the loop re-plan.
-        if batch
-            .iter()
-            .any(|c| matches!(c.next, NextState::Retry { .. }))
-        {
-            wake.notify_one();
-        }
-        batch.clear();
     }
 }

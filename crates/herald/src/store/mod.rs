@@ -259,6 +259,163 @@ pub enum ResendOutcome {
     NoSuchEndpoint,
 }
 
+/// An endpoint's health state, kept current by [`Store::complete`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointStatus {
+    pub fail_streak: u32,
+    pub streak_started_at: Option<Millis>,
+    pub last_success_at: Option<Millis>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<Millis>,
+    pub disabled: bool,
+    pub disabled_reason: Option<String>,
+    pub disabled_at: Option<Millis>,
+    /// Herald disabled it (as opposed to a person).
+    pub auto_disabled: bool,
+}
+
+/// Attempt counts of one endpoint in one 5-minute bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsBucket {
+    pub bucket: Millis,
+    pub attempts: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub latency_sum_ms: u64,
+    pub histogram: [u64; crate::health::HISTOGRAM_LEN],
+}
+
+/// An endpoint's failing streak after a batch of outcomes was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreakUpdate {
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    pub fail_streak: u32,
+    pub streak_started_at: Option<Millis>,
+    pub disabled: bool,
+}
+
+/// What one batch of outcomes changes on one endpoint, folded in order, so
+/// each endpoint row is written once per batch whatever the batch size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointBatch {
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    /// A success came in this batch: the streak restarts from `failures`.
+    pub reset: bool,
+    /// Failed attempts after the batch's last success (or all of them).
+    pub failures: u32,
+    pub first_failure_at: Option<Millis>,
+    pub last_success_at: Option<Millis>,
+    pub last_error: Option<(String, Millis)>,
+}
+
+/// Folds a batch into one [`EndpointBatch`] per endpoint, sorted by
+/// endpoint id (PostgreSQL writers lock the rows in that order).
+pub fn fold_endpoint_batches(batch: &[Completion]) -> Vec<EndpointBatch> {
+    let mut by_ep: BTreeMap<&str, EndpointBatch> = BTreeMap::new();
+    for c in batch {
+        let a = &c.attempt;
+        let e = by_ep
+            .entry(a.endpoint_id.as_str())
+            .or_insert_with(|| EndpointBatch {
+                endpoint_id: a.endpoint_id.clone(),
+                app_id: a.app_id.clone(),
+                reset: false,
+                failures: 0,
+                first_failure_at: None,
+                last_success_at: None,
+                last_error: None,
+            });
+        if a.success {
+            e.reset = true;
+            e.failures = 0;
+            e.first_failure_at = None;
+            e.last_success_at = Some(e.last_success_at.unwrap_or(a.started_at).max(a.started_at));
+        } else {
+            e.failures += 1;
+            e.first_failure_at.get_or_insert(a.started_at);
+            let text = match (&a.error, a.status_code) {
+                (Some(err), _) => err.clone(),
+                (None, Some(code)) => format!("HTTP {code}"),
+                (None, None) => "failed".to_owned(),
+            };
+            e.last_error = Some((text, a.started_at));
+        }
+    }
+    by_ep.into_values().collect()
+}
+
+/// Folds a batch into stats bucket increments per (endpoint, bucket).
+pub fn fold_stats(batch: &[Completion]) -> Vec<(EndpointId, StatsBucket)> {
+    let mut map: BTreeMap<(&str, Millis), StatsBucket> = BTreeMap::new();
+    for c in batch {
+        let a = &c.attempt;
+        let bucket = crate::health::bucket_of(a.started_at);
+        let b = map
+            .entry((a.endpoint_id.as_str(), bucket))
+            .or_insert_with(|| StatsBucket {
+                bucket,
+                ..StatsBucket::default()
+            });
+        b.attempts += 1;
+        if a.success {
+            b.successes += 1;
+        } else {
+            b.failures += 1;
+        }
+        let ms = a.duration_ms.max(0);
+        b.latency_sum_ms += u64::try_from(ms).unwrap_or(0);
+        b.histogram[crate::health::latency_slot(ms)] += 1;
+    }
+    map.into_iter()
+        .map(|((ep, _), b)| (EndpointId::from_trusted(ep.to_owned()), b))
+        .collect()
+}
+
+/// Which dead deliveries a listing or a bulk replay covers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    pub app: Option<AppId>,
+    pub endpoint: Option<EndpointId>,
+    pub event_type: Option<String>,
+    pub reason: Option<DeadReason>,
+    /// Dead-lettered at or after (ms).
+    pub since: Option<Millis>,
+    /// Dead-lettered before (ms).
+    pub until: Option<Millis>,
+}
+
+/// Counts for metrics and the dashboard, read from indexes only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub pending: u64,
+    pub delivering: u64,
+    pub dead: u64,
+    /// Pending deliveries due now (including those held for disabled or
+    /// busy endpoints).
+    pub due: u64,
+    pub oldest_due_at: Option<Millis>,
+    pub disabled_endpoints: u64,
+}
+
+/// An endpoint with its app and health state, for overviews.
+#[derive(Debug, Clone)]
+pub struct EndpointOverview {
+    pub endpoint: Endpoint,
+    pub app_name: String,
+    pub status: EndpointStatus,
+}
+
+/// What enabling an endpoint did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnableReport {
+    /// It was disabled before.
+    pub was_disabled: bool,
+    /// Held deliveries past the age cap, now dead as "too old".
+    pub expired: u64,
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Reads a named setting (e.g. the admin token's hash).
@@ -291,8 +448,10 @@ pub trait Store: Send + Sync + 'static {
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>>;
     /// The earliest `next_attempt_at` of any live delivery, if any.
     async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
-    /// Records attempts and moves deliveries on, all in one transaction.
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<()>;
+    /// Records attempts and moves deliveries on, all in one transaction;
+    /// also keeps each endpoint's failing streak and stats buckets. Returns
+    /// the streak of every endpoint with a failure in the batch.
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>>;
 
     /// Gives back a claimed delivery that was not sent (shutdown): due
     /// again now, as if never claimed. Only the current holder may.
@@ -304,12 +463,18 @@ pub trait Store: Send + Sync + 'static {
         app: &AppId,
         msg: &MsgId,
     ) -> StoreResult<Vec<Delivery>>;
-    async fn list_dead(
+    /// Dead deliveries matching `filter`, by id (newest first unless the
+    /// page asks ascending).
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>>;
+    /// Replays every dead delivery matching `filter` (and, when `ids` is
+    /// given, only those), at most `limit`; returns how many.
+    async fn replay_dead_matching(
         &self,
-        app: &AppId,
-        endpoint: Option<&EndpointId>,
-        page: &PageReq,
-    ) -> StoreResult<Page<Delivery>>;
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64>;
     /// Makes one dead delivery due now, in a fresh retry cycle. False if it
     /// is not dead (or not found).
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool>;
@@ -357,6 +522,9 @@ pub trait Store: Send + Sync + 'static {
         batch: usize,
     ) -> StoreResult<PruneReport>;
 
+    /// Drops endpoint stats buckets that started before `before`.
+    async fn prune_stats(&self, before: Millis) -> StoreResult<u64>;
+
     /// Signals `wake` whenever another process commits work that may be
     /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
     /// it goes on in the background. A backend used by one process only
@@ -365,6 +533,43 @@ pub trait Store: Send + Sync + 'static {
         let _ = wake;
         Ok(())
     }
+
+    /// The endpoint's health state (None if it does not exist).
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>>;
+    /// The endpoint's stats buckets starting at or after `since`.
+    async fn endpoint_stats(&self, ep: &EndpointId, since: Millis)
+        -> StoreResult<Vec<StatsBucket>>;
+    /// Every endpoint (of `app`, or of all apps), failing ones first (by
+    /// streak), then by id; `offset` paging for the dashboard.
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>>;
+    /// Disables an endpoint with a reason. With `streak_started_at`, only
+    /// if that failing streak is still the current one (a success since
+    /// then wins). False if nothing changed (already disabled, gone, or the
+    /// streak moved on).
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// Enables an endpoint and resets its streak; its held deliveries
+    /// resume, except those whose cycle started before `too_old_before`,
+    /// which become dead ("too old"). None if it does not exist.
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>>;
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats>;
 
     /// Cheap liveness probe.
     async fn ping(&self) -> StoreResult<()>;

@@ -426,6 +426,172 @@ fn waking(change: &str, channel: usize) -> String {
     )
 }
 
+const STATUS_COLUMNS: &str =
+    "fail_streak, streak_started_at, last_success_at, last_error, last_error_at, disabled, \
+     disabled_reason, disabled_at, disabled_by";
+const STATUS_COLUMNS_E: &str =
+    "e.fail_streak, e.streak_started_at, e.last_success_at, e.last_error, e.last_error_at, \
+     e.disabled_reason, e.disabled_at, e.disabled_by";
+const ENDPOINT_COLUMNS_E: &str =
+    "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
+     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at";
+
+fn status_from_row(r: &PgRow) -> StoreResult<EndpointStatus> {
+    let by: Option<String> = get(r, "disabled_by")?;
+    Ok(EndpointStatus {
+        fail_streak: u32_of(get(r, "fail_streak")?),
+        streak_started_at: get(r, "streak_started_at")?,
+        last_success_at: get(r, "last_success_at")?,
+        last_error: get(r, "last_error")?,
+        last_error_at: get(r, "last_error_at")?,
+        disabled: get(r, "disabled")?,
+        disabled_reason: get(r, "disabled_reason")?,
+        disabled_at: get(r, "disabled_at")?,
+        auto_disabled: by.as_deref() == Some("auto"),
+    })
+}
+
+fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
+    let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
+    let mut histogram = [0u64; crate::health::HISTOGRAM_LEN];
+    for (i, h) in histogram.iter_mut().enumerate() {
+        *h = n(&format!("h{i}"))?;
+    }
+    Ok(StatsBucket {
+        bucket: get(r, "bucket")?,
+        attempts: n("attempts")?,
+        successes: n("successes")?,
+        failures: n("failures")?,
+        latency_sum_ms: n("latency_sum")?,
+        histogram,
+    })
+}
+
+/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, its
+/// parameters numbered from `$first`, with their values (all text; the
+/// times are cast).
+fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
+    let mut sql = String::from("d.state = 3");
+    let mut args: Vec<String> = Vec::new();
+    let mut add = |sql: &mut String, fragment: &str, value: String| {
+        args.push(value);
+        sql.push_str(&fragment.replace('#', &format!("${}", first + args.len() - 1)));
+    };
+    if let Some(app) = &filter.app {
+        add(&mut sql, " AND d.app_id = #", app.as_str().to_owned());
+    }
+    if let Some(ep) = &filter.endpoint {
+        add(&mut sql, " AND d.endpoint_id = #", ep.as_str().to_owned());
+    }
+    if let Some(t) = &filter.event_type {
+        add(&mut sql, " AND m.event_type = #", t.clone());
+    }
+    if let Some(r) = filter.reason {
+        add(&mut sql, " AND d.dead_reason = #", r.as_str().to_owned());
+    }
+    if let Some(since) = filter.since {
+        add(&mut sql, " AND d.updated_at >= #::int8", since.to_string());
+    }
+    if let Some(until) = filter.until {
+        add(&mut sql, " AND d.updated_at < #::int8", until.to_string());
+    }
+    (sql, args)
+}
+
+/// Moves each endpoint's failing streak on and adds the batch to its stats
+/// buckets, in the completion's transaction. Endpoint rows are locked in
+/// id order so that concurrent completers cannot deadlock; NO KEY UPDATE
+/// does not block ingest's KEY SHARE.
+async fn record_endpoint_health(
+    tx: &mut sqlx::PgConnection,
+    batch: &[Completion],
+) -> StoreResult<Vec<StreakUpdate>> {
+    let eps = fold_endpoint_batches(batch);
+    let ids: Vec<&str> = eps.iter().map(|e| e.endpoint_id.as_str()).collect();
+    sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let rows = sqlx::query(
+        "UPDATE endpoints e SET \
+           fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
+           streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
+           last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
+           last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
+         FROM UNNEST($1::text[], $2::bool[], $3::int4[], $4::int8[], $5::int8[], $6::text[], $7::int8[]) \
+              AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
+         WHERE e.id = v.id \
+         RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures",
+    )
+    .bind(&ids)
+    .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
+    .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
+    .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
+    .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
+    .bind(
+        eps.iter()
+            .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        eps.iter()
+            .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    let mut out = Vec::new();
+    for r in &rows {
+        if get::<i32>(r, "batch_failures")? > 0 {
+            out.push(StreakUpdate {
+                endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                app_id: AppId::from_trusted(get(r, "app_id")?),
+                fail_streak: u32_of(get(r, "fail_streak")?),
+                streak_started_at: get(r, "streak_started_at")?,
+                disabled: get(r, "disabled")?,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
+
+    let stats = fold_stats(batch);
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let column = |f: &dyn Fn(&StatsBucket) -> u64| -> Vec<i64> {
+        stats.iter().map(|(_, b)| n(f(b))).collect()
+    };
+    let mut query = sqlx::query(
+        "INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
+           h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
+         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
+           $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], \
+           $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[]) \
+         ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
+           attempts = endpoint_stats.attempts + excluded.attempts, \
+           successes = endpoint_stats.successes + excluded.successes, \
+           failures = endpoint_stats.failures + excluded.failures, \
+           latency_sum = endpoint_stats.latency_sum + excluded.latency_sum, \
+           h0 = endpoint_stats.h0 + excluded.h0, h1 = endpoint_stats.h1 + excluded.h1, \
+           h2 = endpoint_stats.h2 + excluded.h2, h3 = endpoint_stats.h3 + excluded.h3, \
+           h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
+           h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
+           h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
+           h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11",
+    )
+    .bind(stats.iter().map(|(ep, _)| ep.as_str().to_owned()).collect::<Vec<_>>())
+    .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
+    .bind(column(&|b| b.attempts))
+    .bind(column(&|b| b.successes))
+    .bind(column(&|b| b.failures))
+    .bind(column(&|b| b.latency_sum_ms));
+    for i in 0..crate::health::HISTOGRAM_LEN {
+        query = query.bind(column(&|b| b.histogram[i]));
+    }
+    query.execute(&mut *tx).await.map_err(map_err)?;
+    Ok(out)
+}
+
 impl PostgresStore {
     /// A keyset page over `column` (ids sort by creation time). `sql` ends
     /// in an open WHERE clause whose parameters are `$1..$n`, bound from
@@ -678,7 +844,7 @@ impl Store for PostgresStore {
         apps.dedup();
         let rows = sqlx::query(
             "SELECT id, app_id, filter_types::text AS filter_types FROM endpoints \
-             WHERE app_id = ANY($1) AND NOT disabled ORDER BY id FOR KEY SHARE",
+             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto') ORDER BY id FOR KEY SHARE",
         )
         .bind(&apps)
         .fetch_all(&mut *tx)
@@ -867,9 +1033,9 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<()> {
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
         if batch.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let attempts: Vec<&AttemptRecord> = batch.iter().map(|c| &c.attempt).collect();
         let mut tx = self.pool.begin().await.map_err(map_err)?;
@@ -940,7 +1106,9 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)
+        let streaks = record_endpoint_health(&mut tx, batch).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(streaks)
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
@@ -990,23 +1158,55 @@ impl Store for PostgresStore {
         map_rows(&rows, delivery_from_row)
     }
 
-    async fn list_dead(
-        &self,
-        app: &AppId,
-        endpoint: Option<&EndpointId>,
-        page: &PageReq,
-    ) -> StoreResult<Page<Delivery>> {
-        let mut sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.state = 3 AND d.app_id = $1"
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, args) = dead_filter_sql(filter, 1);
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
-        let mut args = vec![app.as_str().to_owned()];
-        if let Some(ep) = endpoint {
-            sql.push_str(" AND d.endpoint_id = $2");
-            args.push(ep.as_str().to_owned());
-        }
         self.page_of(&sql, "d.id", args, page, delivery_from_row)
             .await
+    }
+
+    async fn replay_dead_matching(
+        &self,
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        // $1 is REPLAY_SET's time, the filter's follow, then the id list,
+        // then the channel.
+        let (mut cond, args) = dead_filter_sql(filter, 2);
+        let mut next = args.len() + 2;
+        if ids.is_some() {
+            cond.push_str(&format!(" AND d.id = ANY(${next}::text[])"));
+            next += 1;
+        }
+        let sql = waking(
+            &format!(
+                "UPDATE deliveries SET {REPLAY_SET} WHERE id IN (SELECT d.id FROM deliveries d \
+                 JOIN messages m ON m.id = d.msg_id WHERE {cond} LIMIT {limit} FOR UPDATE OF d SKIP LOCKED) \
+                 RETURNING TRUE AS wakes"
+            ),
+            next,
+        );
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(now);
+        for a in args {
+            query = query.bind(a);
+        }
+        if let Some(ids) = ids {
+            query = query.bind(
+                ids.iter()
+                    .map(|i| i.as_str().to_owned())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let n = query
+            .bind(&self.wake_channel)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
@@ -1261,6 +1461,170 @@ impl Store for PostgresStore {
             self.closing.clone(),
         ));
         Ok(())
+    }
+
+    async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
+        let done = sqlx::query("DELETE FROM endpoint_stats WHERE bucket < $1")
+            .bind(before)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {STATUS_COLUMNS} FROM endpoints WHERE id = $1"
+        )))
+        .bind(ep.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(status_from_row).transpose()
+    }
+
+    async fn endpoint_stats(
+        &self,
+        ep: &EndpointId,
+        since: Millis,
+    ) -> StoreResult<Vec<StatsBucket>> {
+        let rows = sqlx::query(
+            "SELECT * FROM endpoint_stats WHERE endpoint_id = $1 AND bucket >= $2 ORDER BY bucket",
+        )
+        .bind(ep.as_str())
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, stats_from_row)
+    }
+
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, a.name AS app_name \
+             FROM endpoints e JOIN applications a ON a.id = e.app_id \
+             WHERE ($1::text IS NULL OR e.app_id = $1) \
+             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
+        )))
+        .bind(app.map(|a| a.as_str()))
+        .bind(i64_of(limit))
+        .bind(i64_of(offset))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(EndpointOverview {
+                    endpoint: endpoint_from_row(r)?,
+                    app_name: get(r, "app_name")?,
+                    status: status_from_row(r)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
+             disabled_at = $3, updated_at = $3 \
+             WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5)",
+        )
+        .bind(reason)
+        .bind(if auto { "auto" } else { "operator" })
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(streak_started_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let was: Option<bool> = sqlx::query_scalar(
+            "SELECT disabled FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(was) = was else { return Ok(None) };
+        sqlx::query(
+            "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
+             disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Held past the age cap: dead now, and replayable like any other.
+        let expired = sqlx::query(
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', next_attempt_at = $1, updated_at = $1 \
+             WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(too_old_before)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        // Its held deliveries are claimable again.
+        self.notify_in(&mut tx).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(EnableReport {
+            was_disabled: was,
+            expired,
+        }))
+    }
+
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
+        // Each count walks a partial index, never the history.
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 0) AS pending, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 1) AS delivering, \
+               (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 0 AND next_attempt_at <= $1) AS due, \
+               (SELECT min(next_attempt_at) FROM deliveries WHERE state < 2 AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+               (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let u = |col: &str| -> StoreResult<u64> {
+            Ok(u64::try_from(get::<i64>(&row, col)?).unwrap_or(0))
+        };
+        Ok(QueueStats {
+            pending: u("pending")?,
+            delivering: u("delivering")?,
+            dead: u("dead")?,
+            due: u("due")?,
+            oldest_due_at: get(&row, "oldest")?,
+            disabled_endpoints: u("disabled")?,
+        })
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -27,6 +27,7 @@ use super::*;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_initial.sql"),
     include_str!("../../migrations/sqlite/0002_parking.sql"),
+    include_str!("../../migrations/sqlite/0003_health.sql"),
 ];
 
 /// A full endpoint's due deliveries are parked once they have waited this
@@ -471,7 +472,10 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
         )
         .map_err(map_err)?;
     let mut endpoints_q = conn
-        .prepare_cached("SELECT id, filter_types FROM endpoints WHERE app_id = ?1 AND disabled = 0")
+        .prepare_cached(
+            "SELECT id, filter_types FROM endpoints WHERE app_id = ?1 \
+             AND (disabled = 0 OR disabled_by = 'auto')",
+        )
         .map_err(map_err)?;
     let mut insert_delivery = conn
         .prepare_cached(
@@ -731,7 +735,7 @@ fn park_and_unpark(
     Ok(())
 }
 
-fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<()> {
+fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
@@ -786,7 +790,161 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<()> {
             ])
             .map_err(map_err)?;
     }
-    Ok(())
+    let streaks = record_endpoint_health(conn, batch)?;
+    Ok(streaks)
+}
+
+/// Moves each endpoint's failing streak on and adds the batch to its stats
+/// buckets: one write per endpoint and per bucket, whatever the batch size.
+fn record_endpoint_health(
+    conn: &Connection,
+    batch: &[Completion],
+) -> StoreResult<Vec<StreakUpdate>> {
+    let mut streak = conn
+        .prepare_cached(
+            "UPDATE endpoints SET \
+               fail_streak = CASE WHEN ?1 THEN ?2 ELSE fail_streak + ?2 END, \
+               streak_started_at = CASE WHEN ?1 THEN ?3 ELSE COALESCE(streak_started_at, ?3) END, \
+               last_success_at = CASE WHEN ?1 THEN MAX(COALESCE(last_success_at, 0), ?4) ELSE last_success_at END, \
+               last_error = COALESCE(?5, last_error), last_error_at = COALESCE(?6, last_error_at) \
+             WHERE id = ?7 RETURNING fail_streak, streak_started_at, disabled",
+        )
+        .map_err(map_err)?;
+    let mut out = Vec::new();
+    for e in fold_endpoint_batches(batch) {
+        let (error, error_at) = match &e.last_error {
+            Some((text, at)) => (Some(text.as_str()), Some(*at)),
+            None => (None, None),
+        };
+        let row = streak
+            .query_row(
+                params![
+                    e.reset,
+                    i64::from(e.failures),
+                    e.first_failure_at,
+                    e.last_success_at,
+                    error,
+                    error_at,
+                    e.endpoint_id.as_str()
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, Option<i64>>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(map_err)?;
+        // (None: the endpoint was deleted while its attempt was in flight.)
+        if let Some((fail_streak, started, disabled)) = row {
+            if e.failures > 0 {
+                out.push(StreakUpdate {
+                    endpoint_id: e.endpoint_id,
+                    app_id: e.app_id,
+                    fail_streak: u32_of(fail_streak),
+                    streak_started_at: started,
+                    disabled: disabled != 0,
+                });
+            }
+        }
+    }
+    let mut add = conn
+        .prepare_cached(
+            "INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
+               h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
+             ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
+               attempts = attempts + excluded.attempts, successes = successes + excluded.successes, \
+               failures = failures + excluded.failures, latency_sum = latency_sum + excluded.latency_sum, \
+               h0 = h0 + excluded.h0, h1 = h1 + excluded.h1, h2 = h2 + excluded.h2, h3 = h3 + excluded.h3, \
+               h4 = h4 + excluded.h4, h5 = h5 + excluded.h5, h6 = h6 + excluded.h6, h7 = h7 + excluded.h7, \
+               h8 = h8 + excluded.h8, h9 = h9 + excluded.h9, h10 = h10 + excluded.h10, h11 = h11 + excluded.h11",
+        )
+        .map_err(map_err)?;
+    for (ep, b) in fold_stats(batch) {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let mut values: Vec<rusqlite::types::Value> = vec![
+            ep.as_str().to_owned().into(),
+            b.bucket.into(),
+            n(b.attempts).into(),
+            n(b.successes).into(),
+            n(b.failures).into(),
+            n(b.latency_sum_ms).into(),
+        ];
+        values.extend(
+            b.histogram
+                .iter()
+                .map(|h| rusqlite::types::Value::from(n(*h))),
+        );
+        add.execute(rusqlite::params_from_iter(values))
+            .map_err(map_err)?;
+    }
+    Ok(out)
+}
+
+/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, with
+/// its arguments.
+fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<rusqlite::types::Value>) {
+    let mut sql = String::from("d.state = 3");
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(app) = &filter.app {
+        sql.push_str(" AND d.app_id = ?");
+        args.push(app.as_str().to_owned().into());
+    }
+    if let Some(ep) = &filter.endpoint {
+        sql.push_str(" AND d.endpoint_id = ?");
+        args.push(ep.as_str().to_owned().into());
+    }
+    if let Some(t) = &filter.event_type {
+        sql.push_str(" AND m.event_type = ?");
+        args.push(t.clone().into());
+    }
+    if let Some(r) = filter.reason {
+        sql.push_str(" AND d.dead_reason = ?");
+        args.push(r.as_str().to_owned().into());
+    }
+    if let Some(since) = filter.since {
+        sql.push_str(" AND d.updated_at >= ?");
+        args.push(since.into());
+    }
+    if let Some(until) = filter.until {
+        sql.push_str(" AND d.updated_at < ?");
+        args.push(until.into());
+    }
+    (sql, args)
+}
+
+fn status_from_row(r: &Row<'_>) -> StoreResult<EndpointStatus> {
+    let by: Option<String> = get(r, "disabled_by")?;
+    Ok(EndpointStatus {
+        fail_streak: u32_of(get(r, "fail_streak")?),
+        streak_started_at: get(r, "streak_started_at")?,
+        last_success_at: get(r, "last_success_at")?,
+        last_error: get(r, "last_error")?,
+        last_error_at: get(r, "last_error_at")?,
+        disabled: get::<i64>(r, "disabled")? != 0,
+        disabled_reason: get(r, "disabled_reason")?,
+        disabled_at: get(r, "disabled_at")?,
+        auto_disabled: by.as_deref() == Some("auto"),
+    })
+}
+
+fn stats_from_row(r: &Row<'_>) -> StoreResult<StatsBucket> {
+    let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
+    let mut histogram = [0u64; crate::health::HISTOGRAM_LEN];
+    for (i, h) in histogram.iter_mut().enumerate() {
+        *h = n(&format!("h{i}"))?;
+    }
+    Ok(StatsBucket {
+        bucket: get(r, "bucket")?,
+        attempts: n("attempts")?,
+        successes: n("successes")?,
+        failures: n("failures")?,
+        latency_sum_ms: n("latency_sum")?,
+        histogram,
+    })
 }
 
 /// One batch of retention (see `Store::prune`), in the writer's
@@ -1122,9 +1280,9 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<()> {
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
         if batch.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let batch = batch.to_vec();
         self.write(move |c| complete_tx(c, &batch)).await
@@ -1176,24 +1334,67 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_dead(
-        &self,
-        app: &AppId,
-        endpoint: Option<&EndpointId>,
-        page: &PageReq,
-    ) -> StoreResult<Page<Delivery>> {
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, mut args) = dead_filter_sql(filter);
         let mut sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.state = 3 AND d.app_id = ?"
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
-        let mut args = vec![app.as_str().to_owned()];
-        if let Some(ep) = endpoint {
-            sql.push_str(" AND d.endpoint_id = ?");
-            args.push(ep.as_str().to_owned());
+        if let Some(after) = &page.after {
+            sql.push_str(if page.ascending {
+                " AND d.id > ?"
+            } else {
+                " AND d.id < ?"
+            });
+            args.push(after.clone().into());
         }
-        let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
-            .await
+        sql.push_str(&format!(
+            " ORDER BY d.id {} LIMIT {}",
+            if page.ascending { "ASC" } else { "DESC" },
+            page.limit.saturating_add(1)
+        ));
+        let limit = page.limit;
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
+            let mut items = rows(
+                &mut stmt,
+                rusqlite::params_from_iter(args),
+                delivery_from_row,
+            )?;
+            let has_more = items.len() > limit;
+            items.truncate(limit);
+            Ok(Page { items, has_more })
+        })
+        .await
+    }
+
+    async fn replay_dead_matching(
+        &self,
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let (mut cond, filter_args) = dead_filter_sql(filter);
+        let mut args: Vec<rusqlite::types::Value> = vec![now.into()];
+        args.extend(filter_args);
+        if let Some(ids) = ids {
+            let list: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+            cond.push_str(" AND d.id IN (SELECT value FROM json_each(?))");
+            args.push(to_json(&list)?.into());
+        }
+        // REPLAY_SET's time is ?1; the filter's parameters follow it.
+        let sql = format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE id IN (SELECT d.id FROM deliveries d \
+             JOIN messages m ON m.id = d.msg_id WHERE {} LIMIT {limit})",
+            renumber_from(&cond, 2)
+        );
+        self.write(move |c| {
+            let n = c
+                .execute(&sql, rusqlite::params_from_iter(args))
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
     }
 
     async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
@@ -1309,8 +1510,221 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "DELETE FROM endpoint_stats WHERE bucket < ?1",
+                    params![before],
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM endpoints WHERE id = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![ep], status_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn endpoint_stats(
+        &self,
+        ep: &EndpointId,
+        since: Millis,
+    ) -> StoreResult<Vec<StatsBucket>> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM endpoint_stats WHERE endpoint_id = ?1 AND bucket >= ?2 ORDER BY bucket",
+                )
+                .map_err(map_err)?;
+            rows(&mut stmt, params![ep, since], stats_from_row)
+        })
+        .await
+    }
+
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>> {
+        let app = app.map(|a| a.as_str().to_owned());
+        let (offset, limit) = (
+            i64::try_from(offset).unwrap_or(i64::MAX),
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        );
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT e.*, a.name AS app_name FROM endpoints e JOIN applications a ON a.id = e.app_id \
+                     WHERE (?1 IS NULL OR e.app_id = ?1) \
+                     ORDER BY e.fail_streak DESC, e.id LIMIT ?2 OFFSET ?3",
+                )
+                .map_err(map_err)?;
+            rows(&mut stmt, params![app, limit, offset], |r| {
+                Ok(EndpointOverview {
+                    endpoint: endpoint_from_row(r)?,
+                    app_name: get(r, "app_name")?,
+                    status: status_from_row(r)?,
+                })
+            })
+        })
+        .await
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
+        let by = if auto { "auto" } else { "operator" };
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
+                     disabled_at = ?3, updated_at = ?3 \
+                     WHERE id = ?4 AND disabled = 0 AND (?5 IS NULL OR streak_started_at = ?5)",
+                    params![reason, by, now, ep, streak_started_at],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        self.write(move |c| {
+            let was: Option<i64> = c
+                .query_row(
+                    "SELECT disabled FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some(was) = was else { return Ok(None) };
+            c.execute(
+                "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
+                 disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
+                params![now, ep],
+            )
+            .map_err(map_err)?;
+            // Held past the age cap: dead now, and replayable like any other.
+            let expired = c
+                .execute(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE endpoint_id = ?2 AND state = 0 AND cycle_started_at < ?3",
+                    params![now, ep, too_old_before],
+                )
+                .map_err(map_err)?;
+            c.execute(
+                "UPDATE deliveries SET parked = 0 WHERE endpoint_id = ?1 AND parked = 1",
+                params![ep],
+            )
+            .map_err(map_err)?;
+            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
+                .map_err(map_err)?;
+            Ok(Some(EnableReport {
+                was_disabled: was != 0,
+                expired: u64::try_from(expired).unwrap_or(0),
+            }))
+        })
+        .await
+    }
+
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
+        self.read(move |c| {
+            let count = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<(i64, Option<i64>)> {
+                c.prepare_cached(sql)
+                    .map_err(map_err)?
+                    .query_row(args, |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(map_err)
+            };
+            let u = |n: i64| u64::try_from(n).unwrap_or(0);
+            // Each count walks a partial index, never the history.
+            let (pending_live, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 0",
+                &[],
+            )?;
+            let (delivering, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 1",
+                &[],
+            )?;
+            let (due_live, oldest_live) = count(
+                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1",
+                &[&now],
+            )?;
+            let (parked, oldest_parked) = count(
+                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
+                 WHERE parked = 1",
+                &[],
+            )?;
+            let (dead, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_dead_all WHERE state = 3",
+                &[],
+            )?;
+            let (disabled, _) = count(
+                "SELECT COUNT(*), NULL FROM endpoints WHERE disabled = 1",
+                &[],
+            )?;
+            let oldest_due_at = match (oldest_live, oldest_parked) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            Ok(QueueStats {
+                pending: u(pending_live + parked),
+                delivering: u(delivering),
+                dead: u(dead),
+                due: u(due_live + parked),
+                oldest_due_at,
+                disabled_endpoints: u(disabled),
+            })
+        })
+        .await
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(map_err))
             .await
     }
+}
+
+/// Numbers a fragment's bare `?` parameters from `first` on, so that it
+/// can follow numbered ones (numbered and bare ones must not mix).
+fn renumber_from(sql: &str, first: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = first;
+    for ch in sql.chars() {
+        if ch == '?' {
+            out.push_str(&format!("?{n}"));
+            n += 1;
+        } else {
+            out.push(ch);
+        }
+    }
+    out
 }

@@ -168,7 +168,50 @@ backends!(
     resend_reuses_the_delivery_or_creates_one,
     deleting_an_endpoint_removes_its_deliveries,
     prune_removes_old_finished_history_only,
+    streaks_count_failures_in_a_row_and_reset_on_success,
+    stats_buckets_add_up_per_endpoint_and_prune_by_age,
+    disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_deliveries,
+    only_auto_disabled_endpoints_collect_new_messages,
+    dead_letters_filter_across_apps_and_replay_in_bulk,
+    queue_stats_count_live_dead_due_and_disabled,
+    overview_lists_failing_endpoints_first,
 );
+
+fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
+    DeadFilter {
+        app: Some(app.clone()),
+        endpoint: ep.cloned(),
+        ..DeadFilter::default()
+    }
+}
+
+/// A completion of `d` that failed (`status`) or succeeded, started at
+/// `at` and taking `ms`.
+fn outcome(d: &ClaimedDelivery, ok: bool, status: u16, at: Millis, ms: i64) -> Completion {
+    let next = if ok {
+        NextState::Delivered
+    } else {
+        NextState::Retry { at: at + 60_000 }
+    };
+    let mut c = completion(d, next, at + ms);
+    c.attempt.started_at = at;
+    c.attempt.duration_ms = ms;
+    c.attempt.status_code = Some(status);
+    c.attempt.success = ok;
+    c
+}
+
+async fn claim_n(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    n: usize,
+    now: Millis,
+) -> Vec<ClaimedDelivery> {
+    let ms: Vec<_> = (0..n).map(|_| message(app, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    // Every due delivery: n per subscribed endpoint.
+    claim(store, now, 1000, &HashMap::new(), 1000).await
+}
 
 pub(crate) async fn app(store: &Arc<dyn Store>, uid: Option<&str>) -> App {
     let a = App {
@@ -683,7 +726,7 @@ async fn dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle(store: 
     assert_eq!(store.next_due_at().await.expect("next"), None);
 
     let listed = store
-        .list_dead(&a.id, Some(&e.id), &page(2, None, false))
+        .list_dead(&dead_of(&a.id, Some(&e.id)), &page(2, None, false))
         .await
         .expect("list");
     assert_eq!(listed.items.len(), 2);
@@ -734,7 +777,7 @@ async fn dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle(store: 
     );
     assert_eq!(
         store
-            .list_dead(&a.id, None, &page(10, None, true))
+            .list_dead(&dead_of(&a.id, None), &page(10, None, true))
             .await
             .expect("list")
             .items
@@ -989,7 +1032,7 @@ async fn prune_removes_old_finished_history_only(store: Arc<dyn Store>) {
         .items
         .is_empty());
     let dead_left: Vec<MsgId> = store
-        .list_dead(&a.id, None, &page(10, None, true))
+        .list_dead(&dead_of(&a.id, None), &page(10, None, true))
         .await
         .expect("dead")
         .items
@@ -1225,4 +1268,507 @@ async fn postgres_wake_channel_fits_long_schema_names() {
     assert!(channel.starts_with("herald_wake_"), "{channel}");
     assert_eq!(channel.len(), 63, "{channel}");
     assert!(was_woken);
+}
+
+async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        status,
+        EndpointStatus::default(),
+        "a new endpoint has no history"
+    );
+
+    let got = claim_n(&store, &a.id, 2, T0).await;
+    let streaks = store
+        .complete(&[
+            outcome(&got[0], false, 500, T0, 5),
+            outcome(&got[1], false, 503, T0 + 10, 5),
+        ])
+        .await
+        .expect("complete");
+    assert_eq!(
+        streaks,
+        vec![StreakUpdate {
+            endpoint_id: e.id.clone(),
+            app_id: a.id.clone(),
+            fail_streak: 2,
+            streak_started_at: Some(T0),
+            disabled: false,
+        }]
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(status.last_error.as_deref(), Some("HTTP 503"));
+    assert_eq!(status.last_error_at, Some(T0 + 10));
+
+    // The next batch goes on counting from the same start.
+    let got = claim_n(&store, &a.id, 1, T0 + 100).await;
+    let streaks = store
+        .complete(&[outcome(&got[0], false, 500, T0 + 100, 5)])
+        .await
+        .expect("complete");
+    assert_eq!(
+        (streaks[0].fail_streak, streaks[0].streak_started_at),
+        (3, Some(T0))
+    );
+
+    // fail, success, fail in one batch: the streak is the last failure.
+    let got = claim_n(&store, &a.id, 3, T0 + 200).await;
+    let streaks = store
+        .complete(&[
+            outcome(&got[0], false, 500, T0 + 200, 5),
+            outcome(&got[1], true, 200, T0 + 210, 5),
+            outcome(&got[2], false, 500, T0 + 220, 5),
+        ])
+        .await
+        .expect("complete");
+    assert_eq!(
+        (streaks[0].fail_streak, streaks[0].streak_started_at),
+        (1, Some(T0 + 220))
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(status.last_success_at, Some(T0 + 210));
+
+    // A success last: no streak, and nothing reported.
+    let got = claim_n(&store, &a.id, 1, T0 + 300).await;
+    let streaks = store
+        .complete(&[outcome(&got[0], true, 204, T0 + 300, 5)])
+        .await
+        .expect("complete");
+    assert!(streaks.is_empty());
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        (
+            status.fail_streak,
+            status.streak_started_at,
+            status.last_success_at
+        ),
+        (0, None, Some(T0 + 300))
+    );
+    assert_eq!(
+        status.last_error.as_deref(),
+        Some("HTTP 500"),
+        "the last error stays visible"
+    );
+}
+
+async fn stats_buckets_add_up_per_endpoint_and_prune_by_age(store: Arc<dyn Store>) {
+    use herald::health::{bucket_of, latency_slot, BUCKET_MS};
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let other = endpoint(&store, &a.id, None, false).await;
+    let start = bucket_of(T0);
+    let got = claim_n(&store, &a.id, 3, T0).await;
+    let (mine, theirs): (Vec<_>, Vec<_>) = got.iter().partition(|d| d.endpoint_id == e.id);
+    assert_eq!((mine.len(), theirs.len()), (3, 3));
+    store
+        .complete(&[
+            outcome(mine[0], true, 200, start, 7),
+            outcome(mine[1], false, 500, start + 1, 400),
+            outcome(mine[2], true, 200, start + BUCKET_MS, 40_000),
+            outcome(theirs[0], true, 200, start, 1),
+        ])
+        .await
+        .expect("complete");
+    // A second batch adds to the same bucket.
+    store
+        .complete(&[outcome(theirs[1], false, 500, start + 2, 9)])
+        .await
+        .expect("complete");
+    let buckets = store.endpoint_stats(&e.id, start).await.expect("stats");
+    assert_eq!(buckets.len(), 2);
+    let first = &buckets[0];
+    assert_eq!(
+        (
+            first.bucket,
+            first.attempts,
+            first.successes,
+            first.failures,
+            first.latency_sum_ms
+        ),
+        (start, 2, 1, 1, 407)
+    );
+    assert_eq!(first.histogram[latency_slot(7)], 1);
+    assert_eq!(first.histogram[latency_slot(400)], 1);
+    assert_eq!(first.histogram.iter().sum::<u64>(), 2);
+    assert_eq!(
+        buckets[1].histogram[11], 1,
+        "over 30 s goes in the last slot"
+    );
+    let theirs_buckets = store.endpoint_stats(&other.id, start).await.expect("stats");
+    assert_eq!(
+        (
+            theirs_buckets.len(),
+            theirs_buckets[0].attempts,
+            theirs_buckets[0].failures
+        ),
+        (1, 2, 1)
+    );
+    assert_eq!(
+        store
+            .endpoint_stats(&e.id, start + 1)
+            .await
+            .expect("stats")
+            .len(),
+        1,
+        "since bounds the read"
+    );
+    assert_eq!(
+        store.prune_stats(start + BUCKET_MS).await.expect("prune"),
+        2
+    );
+    assert_eq!(
+        store.endpoint_stats(&e.id, 0).await.expect("stats").len(),
+        1
+    );
+}
+
+async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_deliveries(
+    store: Arc<dyn Store>,
+) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let got = claim_n(&store, &a.id, 1, T0).await;
+    store
+        .complete(&[outcome(&got[0], false, 500, T0, 5)])
+        .await
+        .expect("complete");
+    assert!(
+        !store
+            .disable_endpoint(&e.id, "streak", true, Some(T0 - 1), T0 + 1)
+            .await
+            .expect("disable"),
+        "another streak's start: no change"
+    );
+    assert!(store
+        .disable_endpoint(&e.id, "50 failures", true, Some(T0), T0 + 1)
+        .await
+        .expect("disable"));
+    assert!(
+        !store
+            .disable_endpoint(&e.id, "again", false, None, T0 + 2)
+            .await
+            .expect("disable"),
+        "already disabled"
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert!(status.disabled && status.auto_disabled);
+    assert_eq!(
+        (status.disabled_reason.as_deref(), status.disabled_at),
+        (Some("50 failures"), Some(T0 + 1))
+    );
+
+    // Held: the retry falls due but is not claimed.
+    let mut fresh = message(&a.id, "x", None);
+    fresh.created_at = T0 + 10_000;
+    store
+        .insert_messages(&[fresh.clone()])
+        .await
+        .expect("insert");
+    assert!(claim(&store, T0 + 100_000, 10, &HashMap::new(), 10)
+        .await
+        .is_empty());
+
+    // The first delivery's cycle began at T0: past the cap at re-enable.
+    let report = store
+        .enable_endpoint(&a.id, &e.id, T0 + 100_000, T0 + 5_000)
+        .await
+        .expect("enable")
+        .expect("exists");
+    assert_eq!(
+        report,
+        EnableReport {
+            was_disabled: true,
+            expired: 1
+        }
+    );
+    let dead = store
+        .list_dead(&dead_of(&a.id, Some(&e.id)), &page(10, None, true))
+        .await
+        .expect("dead");
+    assert_eq!(dead.items.len(), 1);
+    assert_eq!(dead.items[0].dead_reason, Some(DeadReason::TooOld));
+    let resumed = claim(&store, T0 + 100_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(resumed.len(), 1, "the young one resumes");
+    assert_eq!(resumed[0].msg_id, fresh.id);
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        (status.disabled, status.fail_streak, status.disabled_reason),
+        (false, 0, None)
+    );
+    let again = store
+        .enable_endpoint(&a.id, &e.id, T0 + 100_001, T0)
+        .await
+        .expect("enable")
+        .expect("exists");
+    assert!(!again.was_disabled);
+    let stranger = app(&store, None).await;
+    assert_eq!(
+        store
+            .enable_endpoint(&stranger.id, &e.id, T0, T0)
+            .await
+            .expect("enable"),
+        None,
+        "another app's endpoint is not found"
+    );
+}
+
+async fn only_auto_disabled_endpoints_collect_new_messages(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let auto = endpoint(&store, &a.id, None, false).await;
+    let by_hand = endpoint(&store, &a.id, None, false).await;
+    assert!(store
+        .disable_endpoint(&auto.id, "r", true, None, T0)
+        .await
+        .expect("disable"));
+    assert!(store
+        .disable_endpoint(&by_hand.id, "r", false, None, T0)
+        .await
+        .expect("disable"));
+    let m = message(&a.id, "x", None);
+    store
+        .insert_messages(std::slice::from_ref(&m))
+        .await
+        .expect("insert");
+    let deliveries = store
+        .list_deliveries_of_message(&a.id, &m.id)
+        .await
+        .expect("list");
+    assert_eq!(
+        deliveries
+            .iter()
+            .map(|d| d.endpoint_id.clone())
+            .collect::<Vec<_>>(),
+        vec![auto.id.clone()],
+        "held for the auto-disabled endpoint only"
+    );
+}
+
+async fn dead_letters_filter_across_apps_and_replay_in_bulk(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let b = app(&store, None).await;
+    let ea = endpoint(&store, &a.id, None, false).await;
+    let eb = endpoint(&store, &b.id, None, false).await;
+    let mut ms = Vec::new();
+    for (app, t) in [
+        (&a.id, "order.created"),
+        (&a.id, "order.paid"),
+        (&b.id, "order.created"),
+    ] {
+        ms.push(message(app, t, None));
+    }
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    assert_eq!(got.len(), 3);
+    let batch: Vec<_> = got
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let reason = if i == 0 {
+                DeadReason::PermanentStatus
+            } else {
+                DeadReason::Exhausted
+            };
+            completion(d, NextState::Dead(reason), T0 + 100 * i as i64)
+        })
+        .collect();
+    store.complete(&batch).await.expect("complete");
+    let ids = |p: Page<Delivery>| p.items.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    let all = ids(store
+        .list_dead(&DeadFilter::default(), &page(10, None, false))
+        .await
+        .expect("list"));
+    assert_eq!(all.len(), 3, "every app");
+    assert!(
+        all.windows(2).all(|w| w[0].as_str() > w[1].as_str()),
+        "newest first"
+    );
+    let of = |f: DeadFilter| {
+        let store = store.clone();
+        async move {
+            store
+                .list_dead(&f, &page(10, None, true))
+                .await
+                .expect("list")
+                .items
+                .len()
+        }
+    };
+    assert_eq!(of(dead_of(&a.id, None)).await, 2);
+    assert_eq!(of(dead_of(&b.id, Some(&eb.id))).await, 1);
+    assert_eq!(of(dead_of(&a.id, Some(&eb.id))).await, 0);
+    assert_eq!(
+        of(DeadFilter {
+            event_type: Some("order.created".into()),
+            ..DeadFilter::default()
+        })
+        .await,
+        2
+    );
+    assert_eq!(
+        of(DeadFilter {
+            reason: Some(DeadReason::PermanentStatus),
+            ..DeadFilter::default()
+        })
+        .await,
+        1
+    );
+    assert_eq!(
+        of(DeadFilter {
+            since: Some(T0 + 100),
+            ..DeadFilter::default()
+        })
+        .await,
+        2
+    );
+    assert_eq!(
+        of(DeadFilter {
+            until: Some(T0 + 100),
+            ..DeadFilter::default()
+        })
+        .await,
+        1
+    );
+    let second_page = store
+        .list_dead(&DeadFilter::default(), &page(2, None, false))
+        .await
+        .expect("list");
+    assert!(second_page.has_more);
+
+    // Replay: only the named ids that match, at most `limit`.
+    let a_ids: Vec<DeliveryId> = got
+        .iter()
+        .filter(|d| d.app_id == a.id)
+        .map(|d| d.id.clone())
+        .collect();
+    let b_id = got
+        .iter()
+        .find(|d| d.app_id == b.id)
+        .map(|d| d.id.clone())
+        .expect("b");
+    let n = store
+        .replay_dead_matching(
+            &dead_of(&a.id, None),
+            Some(std::slice::from_ref(&b_id)),
+            100,
+            T0 + 1_000,
+        )
+        .await
+        .expect("replay");
+    assert_eq!(n, 0, "b's delivery is outside a's filter");
+    let n = store
+        .replay_dead_matching(&dead_of(&a.id, Some(&ea.id)), None, 1, T0 + 1_000)
+        .await
+        .expect("replay");
+    assert_eq!(n, 1, "the limit holds");
+    let n = store
+        .replay_dead_matching(&DeadFilter::default(), Some(&a_ids), 100, T0 + 1_000)
+        .await
+        .expect("replay");
+    assert_eq!(n, 1, "the one left of a's");
+    assert_eq!(of(DeadFilter::default()).await, 1);
+    let replayed = claim(&store, T0 + 1_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(replayed.len(), 2);
+    assert!(replayed.iter().all(|d| d.manual && d.app_id == a.id));
+}
+
+async fn queue_stats_count_live_dead_due_and_disabled(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    endpoint(&store, &a.id, None, false).await;
+    endpoint(&store, &a.id, None, true).await;
+    let empty = store.queue_stats(T0).await.expect("stats");
+    assert_eq!(
+        empty,
+        QueueStats {
+            disabled_endpoints: 1,
+            ..QueueStats::default()
+        }
+    );
+    let ms: Vec<_> = (0..4).map(|_| message(&a.id, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 3, &HashMap::new(), 10).await;
+    assert_eq!(got.len(), 3);
+    store
+        .complete(&[
+            completion(&got[0], NextState::Dead(DeadReason::Exhausted), T0),
+            completion(&got[1], NextState::Retry { at: T0 + 60_000 }, T0),
+        ])
+        .await
+        .expect("complete");
+    let stats = store.queue_stats(T0 + 1).await.expect("stats");
+    assert_eq!(
+        stats,
+        QueueStats {
+            pending: 2,
+            delivering: 1,
+            dead: 1,
+            due: 1,
+            oldest_due_at: Some(T0),
+            disabled_endpoints: 1,
+        }
+    );
+    let later = store.queue_stats(T0 + 60_000).await.expect("stats");
+    assert_eq!((later.due, later.oldest_due_at), (2, Some(T0)));
+}
+
+async fn overview_lists_failing_endpoints_first(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let b = app(&store, None).await;
+    let quiet = endpoint(&store, &a.id, None, false).await;
+    let failing = endpoint(&store, &b.id, None, false).await;
+    let ms = vec![message(&b.id, "x", None)];
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    store
+        .complete(&[outcome(&got[0], false, 500, T0, 5)])
+        .await
+        .expect("complete");
+    let all = store
+        .list_endpoint_overview(None, 0, 10)
+        .await
+        .expect("overview");
+    assert_eq!(
+        all.iter()
+            .map(|o| o.endpoint.id.clone())
+            .collect::<Vec<_>>(),
+        vec![failing.id.clone(), quiet.id.clone()]
+    );
+    assert_eq!(all[0].status.fail_streak, 1);
+    assert_eq!(all[0].app_name, "app");
+    let page2 = store
+        .list_endpoint_overview(None, 1, 10)
+        .await
+        .expect("overview");
+    assert_eq!(page2.len(), 1);
+    let of_a = store
+        .list_endpoint_overview(Some(&a.id), 0, 10)
+        .await
+        .expect("overview");
+    assert_eq!(of_a.len(), 1);
+    assert_eq!(of_a[0].endpoint.id, quiet.id);
 }

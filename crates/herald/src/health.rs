@@ -1,0 +1,253 @@
+//! Endpoint health figures, computed from per-endpoint 5-minute buckets of
+//! attempt counts and a latency histogram (kept by the store as outcomes are
+//! recorded), never from the attempts themselves: a page view reads at most
+//! 288 small rows per endpoint. Pure functions; the store reads, this adds.
+
+use serde::Serialize;
+
+use crate::store::{EndpointStatus, Millis, StatsBucket};
+
+/// Width of one stats bucket.
+pub const BUCKET_MS: Millis = 5 * 60 * 1000;
+/// Upper bounds (ms, inclusive) of the latency histogram's buckets; a last
+/// bucket holds everything slower.
+pub const LATENCY_BOUNDS_MS: [i64; 11] =
+    [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000];
+pub const HISTOGRAM_LEN: usize = LATENCY_BOUNDS_MS.len() + 1;
+
+const HOUR_MS: Millis = 3600 * 1000;
+
+/// The start of the bucket holding `at`.
+pub fn bucket_of(at: Millis) -> Millis {
+    at - at.rem_euclid(BUCKET_MS)
+}
+
+/// The histogram slot of an attempt that took `ms`.
+pub fn latency_slot(ms: i64) -> usize {
+    LATENCY_BOUNDS_MS
+        .iter()
+        .position(|bound| ms <= *bound)
+        .unwrap_or(LATENCY_BOUNDS_MS.len())
+}
+
+/// The `q` quantile (0..=1) of a histogram, as the upper bound of the slot
+/// it falls in (an over-estimate by at most one slot's width). `None` when
+/// empty; the slowest slot reports as its lower bound, "over 30 s".
+pub fn quantile_ms(histogram: &[u64; HISTOGRAM_LEN], q: f64) -> Option<i64> {
+    let total: u64 = histogram.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    // The rank of the quantile, 1-based: p50 of 4 is the 2nd.
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    for (slot, count) in histogram.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return Some(
+                LATENCY_BOUNDS_MS
+                    .get(slot)
+                    .copied()
+                    .unwrap_or(LATENCY_BOUNDS_MS[LATENCY_BOUNDS_MS.len() - 1]),
+            );
+        }
+    }
+    None
+}
+
+/// Figures over one window (last hour, last day).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WindowFigures {
+    pub attempts: u64,
+    pub successes: u64,
+    pub failures: u64,
+    /// failures / attempts, 0 when there were none.
+    pub failure_rate: f64,
+    pub p50_ms: Option<i64>,
+    pub p95_ms: Option<i64>,
+    pub p99_ms: Option<i64>,
+}
+
+/// One point of the dashboard's chart: an hour's attempts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HourPoint {
+    pub hour_start: Millis,
+    pub attempts: u64,
+    pub failures: u64,
+    pub mean_latency_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointHealth {
+    pub last_hour: WindowFigures,
+    pub last_day: WindowFigures,
+    /// Consecutive failed attempts now, 0 after any success.
+    pub failure_streak: u32,
+    pub streak_started_at: Option<Millis>,
+    pub last_success_at: Option<Millis>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<Millis>,
+    pub disabled: bool,
+    pub disabled_reason: Option<String>,
+    pub disabled_at: Option<Millis>,
+    /// The last 24 hours, oldest first, one point per hour.
+    pub hourly: Vec<HourPoint>,
+}
+
+fn window(buckets: &[StatsBucket], since: Millis) -> WindowFigures {
+    let mut histogram = [0u64; HISTOGRAM_LEN];
+    let mut w = WindowFigures::default();
+    for b in buckets.iter().filter(|b| b.bucket >= since) {
+        w.attempts += b.attempts;
+        w.successes += b.successes;
+        w.failures += b.failures;
+        for (sum, n) in histogram.iter_mut().zip(b.histogram.iter()) {
+            *sum += n;
+        }
+    }
+    if w.attempts > 0 {
+        w.failure_rate = w.failures as f64 / w.attempts as f64;
+    }
+    w.p50_ms = quantile_ms(&histogram, 0.50);
+    w.p95_ms = quantile_ms(&histogram, 0.95);
+    w.p99_ms = quantile_ms(&histogram, 0.99);
+    w
+}
+
+/// Adds up an endpoint's buckets (those of the last 24 h; older ones are
+/// ignored) into its health at `now`.
+pub fn compute(status: &EndpointStatus, buckets: &[StatsBucket], now: Millis) -> EndpointHealth {
+    // A bucket counts in a window when it started inside it: the figures
+    // cover the last hour to within one bucket's width.
+    let last_hour = window(buckets, bucket_of(now - HOUR_MS) + BUCKET_MS);
+    let day_start = bucket_of(now - 24 * HOUR_MS) + BUCKET_MS;
+    let last_day = window(buckets, day_start);
+    let first_hour = now - now.rem_euclid(HOUR_MS) - 23 * HOUR_MS;
+    let mut hourly: Vec<HourPoint> = (0..24)
+        .map(|i| HourPoint {
+            hour_start: first_hour + i * HOUR_MS,
+            ..HourPoint::default()
+        })
+        .collect();
+    let mut latency_sums = [0u64; 24];
+    for b in buckets {
+        let Ok(i) = usize::try_from((b.bucket - first_hour).div_euclid(HOUR_MS)) else {
+            continue;
+        };
+        if let Some(point) = hourly.get_mut(i) {
+            point.attempts += b.attempts;
+            point.failures += b.failures;
+            latency_sums[i] += b.latency_sum_ms;
+        }
+    }
+    for (point, sum) in hourly.iter_mut().zip(latency_sums) {
+        point.mean_latency_ms = sum
+            .checked_div(point.attempts)
+            .and_then(|m| i64::try_from(m).ok());
+    }
+    EndpointHealth {
+        last_hour,
+        last_day,
+        failure_streak: status.fail_streak,
+        streak_started_at: status.streak_started_at,
+        last_success_at: status.last_success_at,
+        last_error: status.last_error.clone(),
+        last_error_at: status.last_error_at,
+        disabled: status.disabled,
+        disabled_reason: status.disabled_reason.clone(),
+        disabled_at: status.disabled_at,
+        hourly,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bucket(at: Millis, ok: u64, failed: u64, latency_ms: i64) -> StatsBucket {
+        let mut histogram = [0; HISTOGRAM_LEN];
+        histogram[latency_slot(latency_ms)] = ok + failed;
+        StatsBucket {
+            bucket: bucket_of(at),
+            attempts: ok + failed,
+            successes: ok,
+            failures: failed,
+            latency_sum_ms: (ok + failed) * u64::try_from(latency_ms).unwrap_or(0),
+            histogram,
+        }
+    }
+
+    #[test]
+    fn slots_follow_the_inclusive_bounds() {
+        assert_eq!(latency_slot(0), 0);
+        assert_eq!(latency_slot(10), 0);
+        assert_eq!(latency_slot(11), 1);
+        assert_eq!(latency_slot(30_000), 10);
+        assert_eq!(latency_slot(30_001), 11);
+        assert_eq!(latency_slot(-5), 0);
+    }
+
+    #[test]
+    fn quantiles_pick_the_slot_of_the_rank() {
+        let mut h = [0u64; HISTOGRAM_LEN];
+        assert_eq!(quantile_ms(&h, 0.5), None);
+        h[0] = 90; // ≤ 10 ms
+        h[5] = 9; // ≤ 500 ms
+        h[11] = 1; // > 30 s
+        assert_eq!(quantile_ms(&h, 0.50), Some(10));
+        assert_eq!(quantile_ms(&h, 0.90), Some(10));
+        assert_eq!(quantile_ms(&h, 0.95), Some(500));
+        assert_eq!(quantile_ms(&h, 0.99), Some(500));
+        assert_eq!(quantile_ms(&h, 1.0), Some(30_000));
+        assert_eq!(quantile_ms(&h, 0.0), Some(10));
+    }
+
+    #[test]
+    fn windows_split_the_last_hour_from_the_day() {
+        let now: Millis = 1_800_000_000_000;
+        let status = EndpointStatus {
+            fail_streak: 3,
+            ..EndpointStatus::default()
+        };
+        let buckets = vec![
+            bucket(now - 25 * HOUR_MS, 100, 100, 10), // outside both
+            bucket(now - 5 * HOUR_MS, 8, 2, 40),      // the day only
+            bucket(now - 10 * 60 * 1000, 3, 1, 200),  // both
+            bucket(now, 1, 0, 5),                     // both (current bucket)
+        ];
+        let h = compute(&status, &buckets, now);
+        assert_eq!(
+            (
+                h.last_hour.attempts,
+                h.last_hour.successes,
+                h.last_hour.failures
+            ),
+            (5, 4, 1)
+        );
+        assert!((h.last_hour.failure_rate - 0.2).abs() < 1e-9);
+        assert_eq!(h.last_hour.p50_ms, Some(250));
+        assert_eq!(
+            (h.last_day.attempts, h.last_day.failures),
+            (15, 3),
+            "the 25 h old bucket is left out"
+        );
+        assert_eq!(h.last_day.p50_ms, Some(50));
+        assert_eq!(h.failure_streak, 3);
+        assert_eq!(h.hourly.len(), 24);
+        assert_eq!(h.hourly.iter().map(|p| p.attempts).sum::<u64>(), 15);
+        let last = &h.hourly[23];
+        assert!(last.hour_start <= now && now < last.hour_start + HOUR_MS);
+        assert_eq!(h.hourly[18].attempts, 10, "five hours ago");
+        assert_eq!(h.hourly[18].mean_latency_ms, Some(40));
+    }
+
+    #[test]
+    fn no_attempts_means_no_rate_and_no_latency() {
+        let h = compute(&EndpointStatus::default(), &[], 1_800_000_000_000);
+        assert_eq!(h.last_day, WindowFigures::default());
+        assert!(h.hourly.iter().all(|p| p.mean_latency_ms.is_none()));
+    }
+}
