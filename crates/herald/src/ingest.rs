@@ -75,6 +75,13 @@ async fn run(
                     let any = outcomes.iter().any(
                         |o| matches!(o, InsertOutcome::Inserted { deliveries } if *deliveries > 0),
                     );
+                    // Committed: each of these is answered 202. Duplicates
+                    // (409) were not accepted, so they do not count.
+                    let inserted = outcomes
+                        .iter()
+                        .filter(|o| matches!(o, InsertOutcome::Inserted { .. }))
+                        .count();
+                    crate::metrics::messages_ingested(u64::try_from(inserted).unwrap_or(u64::MAX));
                     for (reply, outcome) in replies.into_iter().zip(outcomes) {
                         // The requester may have gone away; the message is stored.
                         let _ = reply.send(Ok(outcome));

@@ -4,11 +4,14 @@
 
 pub mod api;
 pub mod bench;
+pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod dispatch;
 pub mod health;
 pub mod ids;
 pub mod ingest;
+pub mod metrics;
 pub mod net;
 pub mod operator;
 pub mod outbox;

@@ -42,6 +42,12 @@ enum Command {
     },
     /// Measure ingest and end-to-end delivery on this machine.
     Bench(herald::bench::BenchArgs),
+    /// Dead letters of a running Herald: list, replay.
+    #[command(subcommand)]
+    Dead(herald::cli::DeadCommand),
+    /// Endpoints of a running Herald: enable, disable.
+    #[command(subcommand)]
+    Endpoint(herald::cli::EndpointCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -61,6 +67,8 @@ fn main() -> std::process::ExitCode {
             Command::Serve { config, role } => serve(config, role).await,
             Command::Migrate { config } => migrate(config).await,
             Command::Bench(args) => herald::bench::run(args).await,
+            Command::Dead(cmd) => herald::cli::dead(cmd).await,
+            Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
         }
     });
     match result {

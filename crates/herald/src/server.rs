@@ -172,6 +172,9 @@ pub async fn start(
         let listener = listener.context("the API needs a listener")?;
         let (admin_digest, generated) = admin_token(&config, store.as_ref()).await?;
         generated_admin_token = generated;
+        // The queue gauges are refreshed where /metrics is served.
+        let metrics = Arc::new(crate::metrics::Exporter::new(store.clone()));
+        background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
         let state = ApiState {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone()),
@@ -182,6 +185,8 @@ pub async fn start(
             admin_token_sha256: admin_digest,
             app_ids: Default::default(),
             operator,
+            metrics,
+            dashboard: Default::default(),
         };
         // Trailing slashes are optional, as in Svix: normalise before routing.
         let app = tower::Layer::layer(

@@ -133,3 +133,136 @@ pub async fn find_app(state: &ApiState, id_or_uid: &str) -> ApiResult<App> {
         .await?
         .ok_or(ApiError::NotFound("application"))
 }
+
+fn check_app_fields(
+    name: &str,
+    uid: &Option<String>,
+    metadata: &Option<BTreeMap<String, String>>,
+) -> ApiResult<()> {
+    if name.trim().is_empty() {
+        return Err(ApiError::field("name", "must not be empty"));
+    }
+    check_uid("uid", uid)?;
+    check_metadata(metadata)
+}
+
+/// 409 if another application has `uid`.
+async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> ApiResult<()> {
+    if let Some(uid) = uid {
+        if let Some(other) = state.store.get_app(uid).await? {
+            if other.id != *own {
+                return Err(ApiError::Conflict(format!(
+                    "an application with uid `{uid}` already exists"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// PUT: replaces the application named by the path, or creates it (201).
+pub async fn put_app(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiJson(body): ApiJson<ApplicationIn>,
+) -> ApiResult<Response> {
+    check_app_fields(&body.name, &body.uid, &body.metadata)?;
+    let now = now_millis();
+    match state.store.get_app(&app_id).await? {
+        Some(mut app) => {
+            check_uid_free(&state, &body.uid, &app.id).await?;
+            app.uid = body.uid;
+            app.name = body.name;
+            app.rate_limit = body.rate_limit;
+            app.metadata = body.metadata.unwrap_or_default();
+            app.updated_at = now;
+            if !state.store.update_app(&app).await? {
+                return Err(ApiError::NotFound("application"));
+            }
+            state.app_ids.forget(&app.id);
+            Ok((StatusCode::OK, Json(ApplicationOut::from(app))).into_response())
+        }
+        None => {
+            // Created under the path's name when that is a uid (an app id
+            // cannot be chosen by the caller).
+            let uid = match (&body.uid, AppId::parse(&app_id)) {
+                (Some(uid), _) => Some(uid.clone()),
+                (None, Some(_)) => return Err(ApiError::NotFound("application")),
+                (None, None) => Some(app_id.clone()),
+            };
+            check_uid("uid", &uid)?;
+            check_uid_free(&state, &uid, &AppId::generate()).await?;
+            let app = App {
+                id: AppId::generate(),
+                uid,
+                name: body.name,
+                rate_limit: body.rate_limit,
+                metadata: body.metadata.unwrap_or_default(),
+                created_at: now,
+                updated_at: now,
+            };
+            state.store.create_app(&app).await?;
+            Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
+        }
+    }
+}
+
+/// PATCH: an absent field stays; `null` clears `uid` and `rateLimit`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationPatch {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default, deserialize_with = "super::double_option")]
+    pub uid: Option<Option<String>>,
+    #[serde(
+        default,
+        alias = "throttleRate",
+        deserialize_with = "super::double_option"
+    )]
+    pub rate_limit: Option<Option<u16>>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+pub async fn patch_app(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiJson(body): ApiJson<ApplicationPatch>,
+) -> ApiResult<Json<ApplicationOut>> {
+    let mut app = find_app(&state, &app_id).await?;
+    if let Some(name) = body.name {
+        app.name = name;
+    }
+    if let Some(uid) = body.uid {
+        app.uid = uid;
+    }
+    if let Some(rate) = body.rate_limit {
+        app.rate_limit = rate;
+    }
+    if let Some(m) = body.metadata {
+        app.metadata = m;
+    }
+    check_app_fields(&app.name, &app.uid, &Some(app.metadata.clone()))?;
+    check_uid_free(&state, &app.uid, &app.id).await?;
+    app.updated_at = now_millis();
+    if !state.store.update_app(&app).await? {
+        return Err(ApiError::NotFound("application"));
+    }
+    state.app_ids.forget(&app.id);
+    Ok(Json(app.into()))
+}
+
+/// DELETE: the application with its endpoints, messages and history.
+pub async fn delete_app(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let app = find_app(&state, &app_id).await?;
+    state.app_ids.forget(&app.id);
+    if !state.store.delete_app(&app.id).await? {
+        return Err(ApiError::NotFound("application"));
+    }
+    state.app_ids.forget(&app.id);
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -94,8 +94,13 @@ pub async fn replay_endpoint_dead(
 /// (RFC 3339).
 #[derive(Debug, Deserialize, Default)]
 pub struct DeadFilterParams {
+    // Query strings use snake_case, JSON bodies camelCase (as Svix): both
+    // spellings are accepted in both places.
+    #[serde(alias = "appId")]
     pub app_id: Option<String>,
+    #[serde(alias = "endpointId")]
     pub endpoint_id: Option<String>,
+    #[serde(alias = "eventType")]
     pub event_type: Option<String>,
     pub reason: Option<String>,
     pub since: Option<String>,

@@ -119,7 +119,11 @@ async fn check_url(state: &ApiState, url: &str) -> ApiResult<String> {
     Ok(parsed.as_str().to_owned())
 }
 
-fn check_filter(types: &Option<Vec<String>>) -> ApiResult<Option<Vec<String>>> {
+/// A valid filter naming existing event types (sorted, deduplicated).
+async fn check_filter(
+    state: &ApiState,
+    types: &Option<Vec<String>>,
+) -> ApiResult<Option<Vec<String>>> {
     match types {
         None => Ok(None),
         Some(list) if list.is_empty() => Err(ApiError::field(
@@ -136,7 +140,9 @@ fn check_filter(types: &Option<Vec<String>>) -> ApiResult<Option<Vec<String>>> {
             let mut list = list.clone();
             list.sort();
             list.dedup();
-            Ok(Some(list))
+            let list = Some(list);
+            super::event_types::check_known_types(state, &list).await?;
+            Ok(list)
         }
     }
 }
@@ -160,7 +166,7 @@ pub async fn create_endpoint(
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
-    let filter_types = check_filter(&body.filter_types)?;
+    let filter_types = check_filter(&state, &body.filter_types).await?;
     let secret = match &body.secret {
         Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
         None => Secret::generate(),
@@ -278,7 +284,7 @@ pub async fn update_endpoint(
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
-    ep.filter_types = check_filter(&body.filter_types)?;
+    ep.filter_types = check_filter(&state, &body.filter_types).await?;
     let uid_changed = ep.uid != body.uid;
     ep.uid = body.uid;
     ep.description = body.description.unwrap_or_default();
@@ -313,7 +319,7 @@ pub async fn patch_endpoint(
         ep.disabled = disabled;
     }
     if let Some(types) = body.filter_types {
-        ep.filter_types = check_filter(&types)?;
+        ep.filter_types = check_filter(&state, &types).await?;
     }
     if let Some(rate) = body.rate_limit {
         ep.rate_limit = rate;
@@ -431,4 +437,64 @@ pub async fn enable_endpoint_route(
         endpoint: find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
         expired_deliveries: report.expired,
     }))
+}
+
+/// How long a rotated-out secret keeps signing unless the caller says
+/// otherwise (Svix keeps the old key for 24 hours).
+pub const DEFAULT_GRACE_SECONDS: u64 = 24 * 3600;
+const MAX_GRACE_SECONDS: u64 = 30 * 24 * 3600;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RotateIn {
+    /// The new secret (`whsec_…`); generated when absent.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// How long the current secret keeps signing (default 24 h).
+    #[serde(default)]
+    pub grace_period_seconds: Option<u64>,
+}
+
+/// `POST …/endpoint/{id}/secret/rotate`: 204. Until the grace period ends,
+/// every attempt carries a signature by the new and by each still-valid
+/// old secret (at most 10), space-separated, as Standard Webhooks says.
+pub async fn rotate_endpoint_secret(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<StatusCode> {
+    let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
+        RotateIn::default()
+    } else {
+        super::parse_json(&body)?
+    };
+    let secret = match &body.key {
+        Some(k) => Secret::parse(k).map_err(|e| ApiError::field("key", e.to_string()))?,
+        None => Secret::generate(),
+    };
+    let grace = body.grace_period_seconds.unwrap_or(DEFAULT_GRACE_SECONDS);
+    if grace > MAX_GRACE_SECONDS {
+        return Err(ApiError::field(
+            "gracePeriodSeconds",
+            "must be at most 2592000 (30 days)",
+        ));
+    }
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let now = now_millis();
+    let grace_ms = i64::try_from(grace.saturating_mul(1000)).unwrap_or(i64::MAX);
+    if !state
+        .store
+        .rotate_secret(
+            &app.id,
+            &ep.id,
+            &secret.expose(),
+            now.saturating_add(grace_ms),
+            now,
+        )
+        .await?
+    {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    Ok(StatusCode::NO_CONTENT)
 }

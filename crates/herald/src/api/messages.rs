@@ -60,6 +60,7 @@ pub async fn create_message(
     ApiJson(body): ApiJson<MessageIn>,
 ) -> ApiResult<Response> {
     let app_id = find_app_id(&state, &app_id).await?;
+    let app_key = app_id.clone();
     if !valid_uid(&body.event_type) {
         return Err(ApiError::field(
             "eventType",
@@ -103,6 +104,11 @@ pub async fn create_message(
             "a message with eventId `{}` already exists in this application",
             out.event_id.unwrap_or_default()
         ))),
+        InsertOutcome::NoSuchApp => {
+            // Deleted since it was cached (here or by another process).
+            state.app_ids.forget(&app_key);
+            Err(ApiError::NotFound("application"))
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub mod attempts;
 pub mod dead;
 pub mod endpoints;
 pub mod error;
+pub mod event_types;
 pub mod messages;
 
 pub use error::{ApiError, ApiResult, FieldError};
@@ -48,12 +49,18 @@ pub struct ApiState {
     pub app_ids: Arc<AppIdCache>,
     /// Enables and disables endpoints, and reports it.
     pub operator: crate::operator::Operator,
+    /// The dashboard's log-in sessions (per server, in memory).
+    pub dashboard: crate::dashboard::Sessions,
+    /// Renders `/metrics` (with this instance's queue gauges).
+    pub metrics: Arc<crate::metrics::Exporter>,
 }
 
 /// Remembers which application an id or uid names, so that creating a
-/// message does not cost a database read. Applications are never deleted
-/// or re-keyed, so an entry cannot go stale; the map is simply cleared when
-/// it grows past its bound.
+/// message does not cost a database read. An entry goes stale when its app
+/// is deleted or its uid changes: this process forgets it then, and the
+/// store refuses a message for an app that no longer exists (another
+/// process's cache), after which it is forgotten too. The map is simply
+/// cleared when it grows past its bound.
 #[derive(Default)]
 pub struct AppIdCache(std::sync::RwLock<std::collections::HashMap<String, crate::ids::AppId>>);
 
@@ -66,6 +73,12 @@ impl AppIdCache {
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .cloned()
+    }
+
+    /// Forgets every key naming `id`.
+    pub fn forget(&self, id: &crate::ids::AppId) {
+        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, v| v != id);
     }
 
     pub fn put(&self, key: &str, id: crate::ids::AppId) {
@@ -89,7 +102,10 @@ pub fn router(state: ApiState) -> Router {
     use messages::*;
     let api = Router::new()
         .route("/app", get(list_apps).post(create_app))
-        .route("/app/{app_id}", get(get_app))
+        .route(
+            "/app/{app_id}",
+            get(get_app).put(put_app).patch(patch_app).delete(delete_app),
+        )
         .route(
             "/app/{app_id}/endpoint",
             get(list_endpoints).post(create_endpoint),
@@ -106,6 +122,10 @@ pub fn router(state: ApiState) -> Router {
             get(get_endpoint_secret),
         )
         .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
+            post(rotate_endpoint_secret),
+        )
+        .route(
             "/app/{app_id}/endpoint/{endpoint_id}/health",
             get(get_endpoint_health),
         )
@@ -116,6 +136,17 @@ pub fn router(state: ApiState) -> Router {
         .route(
             "/app/{app_id}/endpoint/{endpoint_id}/disable",
             post(disable_endpoint_route),
+        )
+        .route(
+            "/event-type",
+            get(event_types::list_event_types).post(event_types::create_event_type),
+        )
+        .route(
+            "/event-type/{event_type_name}",
+            get(event_types::get_event_type)
+                .put(event_types::put_event_type)
+                .patch(event_types::patch_event_type)
+                .delete(event_types::delete_event_type),
         )
         .route("/dead-letter", get(list_all_dead))
         .route("/dead-letter/replay", post(replay_all_dead))
@@ -150,7 +181,13 @@ pub fn router(state: ApiState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
+        // Outside the token: a Prometheus scrape carries no bearer token.
+        // It reveals endpoint ids and queue sizes, so firewall it (README).
+        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz))
         .nest("/api/v1", api)
+        // Not behind the bearer token: the dashboard has its own log-in.
+        .nest("/dashboard", crate::dashboard::router())
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -166,6 +203,50 @@ async fn healthz(State(state): State<ApiState>) -> Response {
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(serde_json::json!({"status": "unavailable"})),
+        )
+            .into_response(),
+    }
+}
+
+/// Ready to take traffic: the store answers. Migrations need no check of
+/// their own: they are applied when the store is opened, and a process
+/// whose open failed never serves, so a served ping means a migrated store.
+async fn readyz(State(state): State<ApiState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"status": "ready"})),
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness probe: store unreachable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(serde_json::json!({"status": "unavailable"})),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Prometheus text format; the metrics are listed in `crate::metrics`.
+async fn metrics(State(state): State<ApiState>) -> Response {
+    match state.metrics.render().await {
+        Some(text) => (
+            StatusCode::OK,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({
+                "code": "metrics_unavailable",
+                "detail": "another metrics recorder is installed in this process",
+            })),
         )
             .into_response(),
     }

@@ -108,6 +108,8 @@ pub struct Dispatcher {
     wake: Arc<Notify>,
     disable_rule: DisableRule,
     operator: Operator,
+    /// Attempt counters and durations, labelled by endpoint (bounded).
+    metrics: crate::metrics::AttemptMetrics,
 }
 
 impl Dispatcher {
@@ -123,6 +125,7 @@ impl Dispatcher {
                 min_window: config.disable_min_window,
             },
             operator,
+            metrics: crate::metrics::AttemptMetrics::new(config.metrics_max_endpoints),
             store,
             sender: Sender::new(config)?,
             policy: config.retry.clone(),
@@ -170,6 +173,8 @@ impl Dispatcher {
             },
             Decision::Dead(reason) => NextState::Dead(reason),
         };
+        self.metrics
+            .record_attempt(&d.endpoint_id, &next, observed.duration);
         tracing::debug!(
             delivery = %d.id, endpoint = %d.endpoint_id, attempt = attempt_number,
             status = ?observed.status, error = ?observed.error, next = ?next, "attempt finished"

@@ -68,17 +68,18 @@ impl Sender {
             Ok(url) => url,
             Err(e) => return failed(format!("refused: {e}")),
         };
-        let secret = match Secret::parse(&d.secret) {
+        // The current secret first, then those a rotation keeps valid.
+        let secrets = match std::iter::once(&d.secret)
+            .chain(d.old_secrets.iter())
+            .map(|s| Secret::parse(s))
+            .collect::<Result<Vec<_>, _>>()
+        {
             Ok(s) => s,
             Err(e) => return failed(format!("endpoint secret unusable: {e}")),
         };
         let timestamp = chrono::Utc::now().timestamp();
-        let signature = signature_header(
-            [&secret],
-            d.msg_id.as_str(),
-            timestamp,
-            d.payload.as_bytes(),
-        );
+        let signature =
+            signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
         let request = self
             .client
             .post(url.into_url())

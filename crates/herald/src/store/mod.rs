@@ -98,6 +98,9 @@ pub enum InsertOutcome {
     Inserted { deliveries: usize },
     /// The app already has a message with this `eventId`.
     DuplicateEventId,
+    /// The app does not exist (it was deleted after the caller looked it
+    /// up): nothing stored.
+    NoSuchApp,
 }
 
 /// Delivery states as stored. `Pending` and `Delivering` are "live": they
@@ -155,6 +158,9 @@ pub struct ClaimedDelivery {
     pub endpoint_id: EndpointId,
     pub url: String,
     pub secret: String,
+    /// Secrets replaced by a rotation whose grace period has not ended:
+    /// attempts are signed with these too.
+    pub old_secrets: Vec<String>,
     pub event_type: String,
     pub payload: String,
     /// Attempts made before this one, over the delivery's whole life.
@@ -373,6 +379,72 @@ pub fn fold_stats(batch: &[Completion]) -> Vec<(EndpointId, StatsBucket)> {
         .collect()
 }
 
+/// An event type of the catalogue (global, as in Svix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventType {
+    pub name: String,
+    pub description: String,
+    pub archived: bool,
+    pub deprecated: bool,
+    /// JSON text, as given.
+    pub schemas: Option<String>,
+    pub feature_flag: Option<String>,
+    pub group_name: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// Most secrets a rotation keeps signing with besides the current one.
+pub const MAX_OLD_SECRETS: usize = 10;
+
+/// One secret replaced by a rotation, signing until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OldSecret {
+    pub key: String,
+    pub expires_at: Millis,
+}
+
+/// The still-valid old secrets in their stored JSON form (`[]` is the
+/// common case and costs no parsing).
+pub fn valid_old_secrets(json: &str, now: Millis) -> StoreResult<Vec<String>> {
+    if json == "[]" {
+        return Ok(Vec::new());
+    }
+    let all: Vec<OldSecret> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad old_secrets: {e}")))?;
+    Ok(all
+        .into_iter()
+        .filter(|s| s.expires_at > now)
+        .map(|s| s.key)
+        .collect())
+}
+
+/// The old-secrets JSON after `current` is replaced: `current` first,
+/// valid until `grace_until`; expired ones dropped; at most
+/// [`MAX_OLD_SECRETS`].
+pub fn rotated_old_secrets(
+    json: &str,
+    current: &str,
+    grace_until: Millis,
+    now: Millis,
+) -> StoreResult<String> {
+    let mut all: Vec<OldSecret> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad old_secrets: {e}")))?;
+    all.retain(|s| s.expires_at > now);
+    if grace_until > now {
+        all.insert(
+            0,
+            OldSecret {
+                key: current.to_owned(),
+                expires_at: grace_until,
+            },
+        );
+    }
+    all.truncate(MAX_OLD_SECRETS);
+    serde_json::to_string(&all).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
 /// Which dead deliveries a listing or a bulk replay covers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadFilter {
@@ -427,6 +499,12 @@ pub trait Store: Send + Sync + 'static {
     /// By id or by `uid`.
     async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>>;
     async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>>;
+    /// Replaces `uid`, `name`, `rate_limit`, `metadata`, `updated_at`;
+    /// false if it does not exist.
+    async fn update_app(&self, app: &App) -> StoreResult<bool>;
+    /// Deletes the app with its endpoints, messages, deliveries and
+    /// attempts; false if it does not exist.
+    async fn delete_app(&self, id: &AppId) -> StoreResult<bool>;
 
     async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()>;
     /// By id or by `uid`, within the app.
@@ -534,6 +612,33 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Creates an event type; `Conflict` if the name exists.
+    async fn create_event_type(&self, et: &EventType) -> StoreResult<()>;
+    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>>;
+    /// By name; archived ones only when asked.
+    async fn list_event_types(
+        &self,
+        include_archived: bool,
+        page: &PageReq,
+    ) -> StoreResult<Page<EventType>>;
+    /// Replaces the mutable fields (keeps `created_at`); false if absent.
+    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool>;
+    /// Deletes an event type for good; false if absent.
+    async fn delete_event_type(&self, name: &str) -> StoreResult<bool>;
+    /// The names in `names` that are not event types.
+    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>>;
+
+    /// Replaces the endpoint's secret with `new_secret`; the current one
+    /// keeps signing until `grace_until` (see [`rotated_old_secrets`]).
+    /// False if the endpoint does not exist.
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool>;
     /// The endpoint's health state (None if it does not exist).
     async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>>;
     /// The endpoint's stats buckets starting at or after `since`.

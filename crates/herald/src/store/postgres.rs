@@ -436,6 +436,20 @@ const ENDPOINT_COLUMNS_E: &str =
     "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
      e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at";
 
+fn event_type_from_row(r: &PgRow) -> StoreResult<EventType> {
+    Ok(EventType {
+        name: get(r, "name")?,
+        description: get(r, "description")?,
+        archived: get(r, "archived")?,
+        deprecated: get(r, "deprecated")?,
+        schemas: get(r, "schemas")?,
+        feature_flag: get(r, "feature_flag")?,
+        group_name: get(r, "group_name")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
 fn status_from_row(r: &PgRow) -> StoreResult<EndpointStatus> {
     let by: Option<String> = get(r, "disabled_by")?;
     Ok(EndpointStatus {
@@ -685,6 +699,51 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn update_app(&self, app: &App) -> StoreResult<bool> {
+        let metadata = to_json(&app.metadata)?;
+        let done = sqlx::query(
+            "UPDATE applications SET uid = $1, name = $2, rate_limit = $3, metadata = $4::jsonb, updated_at = $5 \
+             WHERE id = $6",
+        )
+        .bind(app.uid.as_deref())
+        .bind(&app.name)
+        .bind(app.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(app.updated_at)
+        .bind(app.id.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // Attempts are history without a foreign key: they go first,
+        // found through the messages (indexed); the rest cascades.
+        sqlx::query(
+            "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = $1)",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query(
+            "DELETE FROM endpoint_stats WHERE endpoint_id IN (SELECT id FROM endpoints WHERE app_id = $1)",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let done = sqlx::query("DELETE FROM applications WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
         let row = sqlx::query(AssertSqlSafe(format!(
             "SELECT {APP_COLUMNS} FROM applications WHERE id = $1 OR uid = $1 \
@@ -804,6 +863,34 @@ impl Store for PostgresStore {
         }
         let mut tx = self.pool.begin().await.map_err(map_err)?;
 
+        // An app deleted after the API looked it up: refuse its messages
+        // alone rather than fail the batch on the foreign key. KEY SHARE
+        // keeps the others from being deleted until this commits.
+        let mut wanted: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let existing: HashSet<String> = sqlx::query_scalar(
+            "SELECT id FROM applications WHERE id = ANY($1) ORDER BY id FOR KEY SHARE",
+        )
+        .bind(&wanted)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .into_iter()
+        .collect();
+        let all = batch;
+        let kept: Vec<NewMessage>;
+        let batch: &[NewMessage] = if existing.len() == wanted.len() {
+            all
+        } else {
+            kept = all
+                .iter()
+                .filter(|m| existing.contains(m.app_id.as_str()))
+                .cloned()
+                .collect();
+            &kept
+        };
+
         // All messages in one statement, inserted in batch order, so that
         // of two with the same eventId the first is kept, as one at a time
         // would. RETURNING names the ones stored.
@@ -859,10 +946,14 @@ impl Store for PostgresStore {
                 .push((get(r, "id")?, filter.as_deref().map(from_json).transpose()?));
         }
 
-        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut outcomes = Vec::with_capacity(all.len());
         let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for m in batch {
+        for m in all {
+            if !existing.contains(m.app_id.as_str()) {
+                outcomes.push(InsertOutcome::NoSuchApp);
+                continue;
+            }
             // `remove`: a repeated message id counts as stored once.
             if !stored.remove(m.id.as_str()) {
                 outcomes.push(InsertOutcome::DuplicateEventId);
@@ -985,7 +1076,7 @@ impl Store for PostgresStore {
              FROM messages m, endpoints e \
              WHERE d.id = ANY($4) AND m.id = d.msg_id AND e.id = d.endpoint_id \
              RETURNING d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, d.cycle_started_at, \
-                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret",
+                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret, e.old_secrets",
         )
         .bind(req.lease_until)
         .bind(&token)
@@ -1007,6 +1098,7 @@ impl Store for PostgresStore {
                     endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
                     url: get(r, "url")?,
                     secret: get(r, "secret")?,
+                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, req.now)?,
                     event_type: get(r, "event_type")?,
                     payload: get(r, "payload")?,
                     attempts: u32_of(get(r, "attempts")?),
@@ -1470,6 +1562,133 @@ impl Store for PostgresStore {
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected())
+    }
+
+    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
+        let done = sqlx::query(
+            "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
+             group_name, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&et.name)
+        .bind(&et.description)
+        .bind(et.archived)
+        .bind(et.deprecated)
+        .bind(et.schemas.as_deref())
+        .bind(et.feature_flag.as_deref())
+        .bind(et.group_name.as_deref())
+        .bind(et.created_at)
+        .bind(et.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!(
+                "an event type named `{}` already exists",
+                et.name
+            )));
+        }
+        Ok(())
+    }
+
+    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
+        let row = sqlx::query("SELECT * FROM event_types WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.as_ref().map(event_type_from_row).transpose()
+    }
+
+    async fn list_event_types(
+        &self,
+        include_archived: bool,
+        page: &PageReq,
+    ) -> StoreResult<Page<EventType>> {
+        let sql = if include_archived {
+            "SELECT * FROM event_types WHERE TRUE"
+        } else {
+            "SELECT * FROM event_types WHERE NOT archived"
+        };
+        self.page_of(sql, "name", Vec::new(), page, event_type_from_row)
+            .await
+    }
+
+    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE event_types SET description = $1, archived = $2, deprecated = $3, schemas = $4, \
+             feature_flag = $5, group_name = $6, updated_at = $7 WHERE name = $8",
+        )
+        .bind(&et.description)
+        .bind(et.archived)
+        .bind(et.deprecated)
+        .bind(et.schemas.as_deref())
+        .bind(et.feature_flag.as_deref())
+        .bind(et.group_name.as_deref())
+        .bind(et.updated_at)
+        .bind(&et.name)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
+        let done = sqlx::query("DELETE FROM event_types WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT n FROM UNNEST($1::text[]) AS u(n) \
+             WHERE NOT EXISTS (SELECT 1 FROM event_types WHERE name = u.n)",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT secret, old_secrets FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else { return Ok(false) };
+        let old = rotated_old_secrets(
+            &get::<String>(&row, "old_secrets")?,
+            &get::<String>(&row, "secret")?,
+            grace_until,
+            now,
+        )?;
+        sqlx::query(
+            "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
+        )
+        .bind(new_secret)
+        .bind(old)
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
     }
 
     async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {

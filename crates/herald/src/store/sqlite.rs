@@ -28,6 +28,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_initial.sql"),
     include_str!("../../migrations/sqlite/0002_parking.sql"),
     include_str!("../../migrations/sqlite/0003_health.sql"),
+    include_str!("../../migrations/sqlite/0004_secret_rotation.sql"),
+    include_str!("../../migrations/sqlite/0005_event_types.sql"),
 ];
 
 /// A full endpoint's due deliveries are parked once they have waited this
@@ -483,9 +485,29 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
              created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?5, ?5)",
         )
         .map_err(map_err)?;
+    let mut app_exists = conn
+        .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
+        .map_err(map_err)?;
+    let mut apps_known: HashMap<&str, bool> = HashMap::new();
     let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batch.len());
     for m in batch {
+        // An app deleted after the API looked it up: refuse that message
+        // alone rather than fail the batch on the foreign key.
+        let known = match apps_known.get(m.app_id.as_str()) {
+            Some(k) => *k,
+            None => {
+                let k = app_exists
+                    .exists(params![m.app_id.as_str()])
+                    .map_err(map_err)?;
+                apps_known.insert(m.app_id.as_str(), k);
+                k
+            }
+        };
+        if !known {
+            outcomes.push(InsertOutcome::NoSuchApp);
+            continue;
+        }
         let inserted = insert_msg
             .execute(params![
                 m.id.as_str(),
@@ -603,7 +625,7 @@ fn claim_tx(
         .map_err(map_err)?;
     let mut details = conn
         .prepare_cached(
-            "SELECT m.event_type, m.payload, e.url, e.secret FROM messages m, endpoints e \
+            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets FROM messages m, endpoints e \
              WHERE m.id = ?1 AND e.id = ?2",
         )
         .map_err(map_err)?;
@@ -625,13 +647,14 @@ fn claim_tx(
             .map_err(map_err)?;
         let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
             claimed;
-        let (event_type, payload, url, secret) = details
+        let (event_type, payload, url, secret, old_secrets) = details
             .query_row(params![msg_id, endpoint_id], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
                     r.get::<_, String>(2)?,
                     r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
                 ))
             })
             .map_err(map_err)?;
@@ -643,6 +666,7 @@ fn claim_tx(
             endpoint_id: EndpointId::from_trusted(endpoint_id),
             url,
             secret,
+            old_secrets: valid_old_secrets(&old_secrets, now)?,
             event_type,
             payload,
             attempts: u32_of(attempts),
@@ -916,6 +940,20 @@ fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<rusqlite::types::Value>)
     (sql, args)
 }
 
+fn event_type_from_row(r: &Row<'_>) -> StoreResult<EventType> {
+    Ok(EventType {
+        name: get(r, "name")?,
+        description: get(r, "description")?,
+        archived: get::<i64>(r, "archived")? != 0,
+        deprecated: get::<i64>(r, "deprecated")? != 0,
+        schemas: get(r, "schemas")?,
+        feature_flag: get(r, "feature_flag")?,
+        group_name: get(r, "group_name")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
 fn status_from_row(r: &Row<'_>) -> StoreResult<EndpointStatus> {
     let by: Option<String> = get(r, "disabled_by")?;
     Ok(EndpointStatus {
@@ -1105,6 +1143,45 @@ impl Store for SqliteStore {
             )
             .map_err(map_err)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn update_app(&self, app: &App) -> StoreResult<bool> {
+        let app = app.clone();
+        let metadata = to_json(&app.metadata)?;
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE applications SET uid = ?1, name = ?2, rate_limit = ?3, metadata = ?4, updated_at = ?5 \
+                     WHERE id = ?6",
+                    params![app.uid, app.name, app.rate_limit, metadata, app.updated_at, app.id.as_str()],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
+        let id = id.as_str().to_owned();
+        self.write(move |c| {
+            // Attempts are history without a foreign key: they go first,
+            // found through the messages (indexed); the rest cascades.
+            c.execute(
+                "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = ?1)",
+                params![id],
+            )
+            .map_err(map_err)?;
+            c.execute(
+                "DELETE FROM endpoint_stats WHERE endpoint_id IN (SELECT id FROM endpoints WHERE app_id = ?1)",
+                params![id],
+            )
+            .map_err(map_err)?;
+            let n = c
+                .execute("DELETE FROM applications WHERE id = ?1", params![id])
+                .map_err(map_err)?;
+            Ok(n == 1)
         })
         .await
     }
@@ -1519,6 +1596,151 @@ impl Store for SqliteStore {
                 )
                 .map_err(map_err)?;
             Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
+        let et = et.clone();
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
+                     group_name, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                     ON CONFLICT DO NOTHING",
+                    params![
+                        et.name,
+                        et.description,
+                        et.archived,
+                        et.deprecated,
+                        et.schemas,
+                        et.feature_flag,
+                        et.group_name,
+                        et.created_at,
+                        et.updated_at
+                    ],
+                )
+                .map_err(map_err)?;
+            if n == 0 {
+                return Err(StoreError::Conflict(format!(
+                    "an event type named `{}` already exists",
+                    et.name
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
+        let name = name.to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM event_types WHERE name = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![name], event_type_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_event_types(
+        &self,
+        include_archived: bool,
+        page: &PageReq,
+    ) -> StoreResult<Page<EventType>> {
+        let sql = if include_archived {
+            "SELECT * FROM event_types WHERE 1 = 1"
+        } else {
+            "SELECT * FROM event_types WHERE archived = 0"
+        };
+        let page = page.clone();
+        self.read(move |c| page_of(c, sql, "name", Vec::new(), &page, event_type_from_row))
+            .await
+    }
+
+    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
+        let et = et.clone();
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE event_types SET description = ?1, archived = ?2, deprecated = ?3, schemas = ?4, \
+                     feature_flag = ?5, group_name = ?6, updated_at = ?7 WHERE name = ?8",
+                    params![
+                        et.description,
+                        et.archived,
+                        et.deprecated,
+                        et.schemas,
+                        et.feature_flag,
+                        et.group_name,
+                        et.updated_at,
+                        et.name
+                    ],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
+        let name = name.to_owned();
+        self.write(move |c| {
+            let n = c
+                .execute("DELETE FROM event_types WHERE name = ?1", params![name])
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
+        let list = to_json(&names)?;
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT name FROM event_types)",
+                )
+                .map_err(map_err)?;
+            let found = stmt
+                .query_map(params![list], |r| r.get::<_, String>(0))
+                .map_err(map_err)?;
+            found.collect::<Result<Vec<_>, _>>().map_err(map_err)
+        })
+        .await
+    }
+
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep, new_secret) = (
+            app.as_str().to_owned(),
+            ep.as_str().to_owned(),
+            new_secret.to_owned(),
+        );
+        self.write(move |c| {
+            let current: Option<(String, String)> = c
+                .query_row(
+                    "SELECT secret, old_secrets FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some((secret, old)) = current else {
+                return Ok(false);
+            };
+            let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+            c.execute(
+                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
+                params![new_secret, old, now, ep],
+            )
+            .map_err(map_err)?;
+            Ok(true)
         })
         .await
     }

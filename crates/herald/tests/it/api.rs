@@ -100,6 +100,7 @@ async fn applications_and_endpoints_have_svix_shapes() {
     assert_eq!(ep["description"], "main");
     assert!(ep["filterTypes"].is_null());
 
+    app.create_event_types(&["a.b"]).await;
     let (s, patched) = app
         .request(
             reqwest::Method::PATCH,
@@ -356,4 +357,233 @@ async fn many_concurrent_messages_are_all_stored_in_group_commits() {
     }
     assert_eq!(delivered, 200);
     assert_eq!(rx.requests().len(), 200);
+}
+
+#[tokio::test]
+async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
+    let app = spawn_stepped(&[]).await;
+    let (s, et) = app
+        .post(
+            "/api/v1/event-type",
+            json!({"name": "order.created", "description": "An order", "schemas": {"1": {"type": "object"}}, "featureFlags": ["beta"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{et}");
+    assert_eq!(et["name"], "order.created");
+    assert_eq!(et["deprecated"], false);
+    assert_eq!(et["featureFlags"], json!(["beta"]));
+    assert_eq!(et["schemas"]["1"]["type"], "object");
+    let (s, dup) = app
+        .post("/api/v1/event-type", json!({"name": "order.created"}))
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{dup}");
+    let (s, bad) = app
+        .post("/api/v1/event-type", json!({"name": "no spaces"}))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    assert_eq!(bad["detail"][0]["loc"], json!(["body", "name"]));
+    let (s, bad) = app
+        .post("/api/v1/event-type", json!({"name": "x", "schemas": [1]}))
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+
+    // PUT creates (201) then replaces (200); PATCH keeps what it does not name.
+    let (s, _) = app
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/event-type/order.paid",
+            Some(json!({"description": "paid"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, put) = app
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/event-type/order.paid",
+            Some(json!({"description": "paid!", "deprecated": true})),
+        )
+        .await;
+    assert_eq!(
+        (s, put["deprecated"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    let (s, patched) = app
+        .request(
+            reqwest::Method::PATCH,
+            "/api/v1/event-type/order.paid",
+            Some(json!({"groupName": "orders"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{patched}");
+    assert_eq!(
+        (patched["description"].clone(), patched["groupName"].clone()),
+        (json!("paid!"), json!("orders"))
+    );
+
+    // Filters must name existing event types.
+    let app_id = app.create_app().await;
+    let (s, bad) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint"),
+            json!({"url": "https://93.184.215.14/", "filterTypes": ["order.created", "order.shipped"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    assert_eq!(bad["detail"][0]["loc"], json!(["body", "filterTypes"]));
+    assert!(
+        bad["detail"][0]["msg"]
+            .as_str()
+            .is_some_and(|m| m.contains("order.shipped")),
+        "{bad}"
+    );
+    app.create_endpoint(
+        &app_id,
+        "https://93.184.215.14/",
+        json!({"filterTypes": ["order.created", "order.paid"]}),
+    )
+    .await;
+
+    // DELETE archives: hidden from the list unless asked for.
+    let (s, _) = app
+        .request(
+            reqwest::Method::DELETE,
+            "/api/v1/event-type/order.paid",
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (_, list) = app.get("/api/v1/event-type").await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1));
+    let (_, list) = app.get("/api/v1/event-type?include_archived=true").await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
+    assert_eq!(list["data"][1]["archived"], true);
+    let (s, _) = app
+        .request(
+            reqwest::Method::DELETE,
+            "/api/v1/event-type/order.paid?expunge=true",
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = app.get("/api/v1/event-type/order.paid").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = app.get("/api/v1/event-type?include_archived=maybe").await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn applications_upsert_patch_and_delete_with_everything_under_them() {
+    let app = spawn_stepped(&[]).await;
+    let (s, created) = app
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/app/billing",
+            Some(json!({"name": "Billing"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{created}");
+    assert_eq!(created["uid"], "billing");
+    let id = created["id"].as_str().expect("id").to_owned();
+    let (s, replaced) = app
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/app/billing",
+            Some(json!({"name": "Billing 2", "uid": "billing", "metadata": {"team": "a"}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{replaced}");
+    assert_eq!(
+        (replaced["id"].clone(), replaced["name"].clone()),
+        (json!(id), json!("Billing 2"))
+    );
+    let (s, _) = app
+        .request(
+            reqwest::Method::PUT,
+            "/api/v1/app/app_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+            Some(json!({"name": "x"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "an app id cannot be chosen");
+
+    let (s, patched) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{id}"),
+            Some(json!({"uid": "invoicing"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{patched}");
+    assert_eq!(
+        (
+            patched["uid"].clone(),
+            patched["name"].clone(),
+            patched["metadata"]["team"].clone()
+        ),
+        (json!("invoicing"), json!("Billing 2"), json!("a"))
+    );
+    let (s, _) = app.get("/api/v1/app/billing").await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the old uid is free again");
+    let other = app.create_app().await;
+    let (s, _) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{other}"),
+            Some(json!({"uid": "invoicing"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    let (s, bad) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{id}"),
+            Some(json!({"name": ""})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+
+    let rx = Receiver::start().await;
+    app.create_endpoint("invoicing", &rx.url("/"), json!({}))
+        .await;
+    let msg = app.send_message("invoicing", "a.b", json!({})).await;
+    let (s, _) = app
+        .request(reqwest::Method::DELETE, "/api/v1/app/invoicing", None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    for path in [
+        format!("/api/v1/app/{id}"),
+        format!("/api/v1/app/{id}/msg/{msg}"),
+        format!("/api/v1/app/{id}/endpoint"),
+    ] {
+        let (s, _) = app.get(&path).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}");
+    }
+    let (s, _) = app
+        .post(
+            "/api/v1/app/invoicing/msg",
+            json!({"eventType": "a.b", "payload": {}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "the uid is no longer cached");
+    assert_eq!(app.step().await.claimed, 0, "its deliveries went with it");
+
+    // Deleted behind this process's back (as by another API process): the
+    // cached id is refused by the store, answered 404, never 500.
+    let third = app.create_app().await;
+    app.send_message(&third, "a.b", json!({})).await;
+    let app_id = herald::ids::AppId::parse(&third).expect("id");
+    assert!(app
+        .running()
+        .store
+        .delete_app(&app_id)
+        .await
+        .expect("delete"));
+    let (s, out) = app
+        .post(
+            &format!("/api/v1/app/{third}/msg"),
+            json!({"eventType": "a.b", "payload": {}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{out}");
+    app.shutdown().await;
 }

@@ -325,3 +325,145 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
         .expect("list");
     assert_eq!(ds[0].state, herald::store::DeliveryState::Delivered);
 }
+
+/// Runs `herald <args>` against `addr` with `token`; returns (ok, stdout,
+/// stderr).
+async fn cli(addr: SocketAddr, token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = herald()
+        .args(args)
+        .env("HERALD_URL", format!("http://{addr}"))
+        .env("HERALD_ADMIN_TOKEN", token)
+        .output()
+        .await
+        .expect("runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
+    let rx = crate::helpers::Receiver::start().await;
+    rx.always(crate::helpers::Reply::status(400));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut proc = serve(
+        &dir.path().join("h.db"),
+        &[
+            ("HERALD_ADMIN_TOKEN", TOKEN),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+        ],
+    )
+    .await;
+    let remote = Remote::new(proc.addr);
+    let app_id = remote.app_with_endpoint(&rx.url("/hook")).await;
+    let ep: serde_json::Value = remote
+        .client
+        .get(format!("{}/app/{app_id}/endpoint", remote.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let ep_id = ep["data"][0]["id"].as_str().expect("endpoint").to_owned();
+    for i in 0..3 {
+        let resp = remote
+            .client
+            .post(format!("{}/app/{app_id}/msg", remote.base))
+            .bearer_auth(TOKEN)
+            .json(&json!({"eventType": "order.created", "payload": {"i": i}}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status(), 202);
+    }
+    rx.wait_for(3).await;
+    // Dead after one attempt (400): wait until all three are listed.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let listing = loop {
+        let (ok, out, err) = cli(proc.addr, TOKEN, &["dead", "list", "--app", &app_id]).await;
+        assert!(ok, "{err}");
+        if out.matches("dlv_").count() == 3 {
+            break out;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{out}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(listing.contains("permanent_status"), "{listing}");
+    assert!(listing.contains("HTTP 400"), "{listing}");
+    let (ok, page, _) = cli(proc.addr, TOKEN, &["dead", "list", "--limit", "2"]).await;
+    assert!(ok);
+    assert!(page.contains("more: --iterator dlv_"), "{page}");
+
+    let (ok, _, err) = cli(proc.addr, "wrong-token-0123456789", &["dead", "list"]).await;
+    assert!(!ok);
+    assert!(err.contains("401"), "{err}");
+    let (ok, _, err) = cli(proc.addr, TOKEN, &["dead", "replay"]).await;
+    assert!(!ok);
+    assert!(err.contains("--all"), "{err}");
+
+    rx.always(crate::helpers::Reply::status(200));
+    let first = listing
+        .split_whitespace()
+        .find(|w| w.starts_with("dlv_"))
+        .expect("an id")
+        .to_owned();
+    let (ok, out, err) = cli(proc.addr, TOKEN, &["dead", "replay", &first]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("replayed 1 of 1"), "{out}");
+    let (ok, out, err) = cli(
+        proc.addr,
+        TOKEN,
+        &["dead", "replay", "--all", "--app", &app_id],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("replayed 2"), "{out}");
+    assert!(err.contains("so far"), "progress is shown: {err}");
+    rx.wait_for(6).await;
+
+    let (ok, out, err) = cli(
+        proc.addr,
+        TOKEN,
+        &[
+            "endpoint",
+            "disable",
+            &app_id,
+            &ep_id,
+            "--reason",
+            "maintenance",
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("disabled"), "{out}");
+    let health: serde_json::Value = remote
+        .client
+        .get(format!(
+            "{}/app/{app_id}/endpoint/{ep_id}/health",
+            remote.base
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["disabledReason"], "maintenance");
+    let (ok, out, err) = cli(proc.addr, TOKEN, &["endpoint", "enable", &app_id, &ep_id]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("enabled"), "{out}");
+    let (ok, _, err) = cli(
+        proc.addr,
+        TOKEN,
+        &["endpoint", "enable", &app_id, "ep_missing"],
+    )
+    .await;
+    assert!(!ok);
+    assert!(err.contains("404"), "{err}");
+    proc.child.kill().await.expect("kill");
+}

@@ -465,6 +465,8 @@ async fn filter_types_choose_the_endpoints() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
+    app.create_event_types(&["user.created", "user.deleted"])
+        .await;
     app.create_endpoint(
         &app_id,
         &rx.url("/only-created"),
@@ -653,4 +655,73 @@ async fn one_stuck_endpoint_does_not_hold_up_the_others() {
         "the stuck endpoint never gets more than its cap"
     );
     drop(app.running); // no graceful wait for the 15 s answers
+}
+
+/// Verifies `r` with `secret` alone (standardwebhooks accepts a header
+/// whose signatures include one by this secret).
+fn verifies_with(secret: &str, r: &Recorded) -> bool {
+    let wh = standardwebhooks::Webhook::new(secret).expect("secret accepted by standardwebhooks");
+    let mut headers = http::HeaderMap::new();
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        headers.insert(name, r.header(name).parse().expect("header value"));
+    }
+    wh.verify(&r.body, &headers).is_ok()
+}
+
+#[tokio::test]
+async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let ep = app
+        .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
+        .await;
+    let ep_id = ep["id"].as_str().expect("id");
+    let old = secret_of(&app, &app_id, ep_id).await;
+    let rotate = format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret/rotate");
+
+    let new = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let (status, body) = app
+        .post(&rotate, json!({"key": new, "gracePeriodSeconds": 1}))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(secret_of(&app, &app_id, ep_id).await, new);
+    app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    assert_eq!(got[0].header("webhook-signature").split(' ').count(), 2);
+    assert!(verifies_with(new, &got[0]), "the new secret verifies");
+    assert!(
+        verifies_with(&old, &got[0]),
+        "the old one too, during the grace"
+    );
+
+    // Past the one-second grace only the new secret signs.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(2).await;
+    assert_eq!(got[1].header("webhook-signature").split(' ').count(), 1);
+    assert!(verifies_with(new, &got[1]));
+    assert!(
+        !verifies_with(&old, &got[1]),
+        "the old secret no longer verifies"
+    );
+
+    // Bad input: a malformed key, an absurd grace; no body at all is fine.
+    let (status, body) = app.post(&rotate, json!({"key": "hunter2"})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["detail"][0]["loc"][1], "key", "{body}");
+    let (status, _) = app
+        .post(&rotate, json!({"gracePeriodSeconds": 99_999_999}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = app.request(reqwest::Method::POST, &rotate, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_ne!(
+        secret_of(&app, &app_id, ep_id).await,
+        new,
+        "a generated key"
+    );
+    app.shutdown().await;
 }

@@ -143,6 +143,16 @@ impl TestApp {
         out
     }
 
+    /// Creates these event types (endpoint filters must name existing ones).
+    pub async fn create_event_types(&self, names: &[&str]) {
+        for name in names {
+            let (status, out) = self
+                .post("/api/v1/event-type", serde_json::json!({ "name": name }))
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{out}");
+        }
+    }
+
     pub async fn send_message(&self, app: &str, event_type: &str, payload: Value) -> String {
         let (status, out) = self
             .post(

@@ -4,8 +4,11 @@
 
 mod api;
 mod binary;
+mod dashboard;
 mod delivery;
+mod endpoint_health;
 mod helpers;
+mod metrics;
 mod outbox;
 mod scale_out;
 mod sdk;

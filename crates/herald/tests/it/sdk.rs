@@ -1,7 +1,7 @@
 //! The official Svix Rust SDK, pointed at Herald, drives the happy path.
 
 use svix::api::{Svix, SvixOptions};
-use svix::models::{ApplicationIn, EndpointIn, MessageIn};
+use svix::models::{ApplicationIn, EndpointIn, EventTypeIn, MessageIn};
 
 use crate::helpers::*;
 
@@ -37,6 +37,15 @@ async fn the_svix_sdk_creates_an_app_an_endpoint_and_a_message_that_arrives() {
     let apps = svix.application().list(None).await.expect("list");
     assert_eq!(apps.data.len(), 1);
 
+    let et = svix
+        .event_type()
+        .create(
+            EventTypeIn::new("invoice.paid".into(), "An invoice was paid".into()),
+            None,
+        )
+        .await
+        .expect("event type created through the SDK");
+    assert_eq!(et.name, "invoice.paid");
     let ep = svix
         .endpoint()
         .create(

@@ -175,6 +175,9 @@ backends!(
     dead_letters_filter_across_apps_and_replay_in_bulk,
     queue_stats_count_live_dead_due_and_disabled,
     overview_lists_failing_endpoints_first,
+    rotated_secrets_sign_until_their_grace_ends,
+    event_types_are_created_listed_updated_and_deleted,
+    apps_update_and_delete_with_everything_under_them,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -1771,4 +1774,204 @@ async fn overview_lists_failing_endpoints_first(store: Arc<dyn Store>) {
         .expect("overview");
     assert_eq!(of_a.len(), 1);
     assert_eq!(of_a[0].endpoint.id, quiet.id);
+}
+
+async fn rotated_secrets_sign_until_their_grace_ends(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let first = e.secret.clone();
+    let second = herald_signing::Secret::generate().expose();
+    assert!(store
+        .rotate_secret(&a.id, &e.id, &second, T0 + 1_000, T0)
+        .await
+        .expect("rotate"));
+    let m = message(&a.id, "x", None);
+    store
+        .insert_messages(std::slice::from_ref(&m))
+        .await
+        .expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    assert_eq!(got[0].secret, second);
+    assert_eq!(got[0].old_secrets, vec![first.clone()], "within the grace");
+    let got_ep = store
+        .get_endpoint(&a.id, e.id.as_str())
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(got_ep.secret, second);
+
+    // A zero grace drops the replaced secret at once; older ones live on.
+    let third = herald_signing::Secret::generate().expose();
+    assert!(store
+        .rotate_secret(&a.id, &e.id, &third, T0 + 500, T0 + 500)
+        .await
+        .expect("rotate"));
+    store
+        .release(&got[0].id, &got[0].lease_token, T0 + 500)
+        .await
+        .expect("release");
+    let got = claim(&store, T0 + 500, 10, &HashMap::new(), 10).await;
+    assert_eq!(
+        (got[0].secret.clone(), got[0].old_secrets.clone()),
+        (third.clone(), vec![first])
+    );
+    store
+        .release(&got[0].id, &got[0].lease_token, T0 + 1_000)
+        .await
+        .expect("release");
+    let got = claim(&store, T0 + 1_000, 10, &HashMap::new(), 10).await;
+    assert!(got[0].old_secrets.is_empty(), "the grace has ended");
+
+    // At most ten old secrets are kept.
+    for i in 0..12 {
+        let s = herald_signing::Secret::generate().expose();
+        assert!(store
+            .rotate_secret(&a.id, &e.id, &s, T0 + 100_000, T0 + 2_000 + i)
+            .await
+            .expect("rotate"));
+    }
+    store
+        .release(&got[0].id, &got[0].lease_token, T0 + 3_000)
+        .await
+        .expect("release");
+    let got = claim(&store, T0 + 3_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(got[0].old_secrets.len(), MAX_OLD_SECRETS);
+    let stranger = app(&store, None).await;
+    assert!(!store
+        .rotate_secret(&stranger.id, &e.id, &third, T0, T0)
+        .await
+        .expect("rotate"));
+}
+
+async fn event_types_are_created_listed_updated_and_deleted(store: Arc<dyn Store>) {
+    let et = |name: &str, archived: bool| EventType {
+        name: name.to_owned(),
+        description: "d".into(),
+        archived,
+        deprecated: false,
+        schemas: Some(r#"{"1":{}}"#.into()),
+        feature_flag: None,
+        group_name: Some("g".into()),
+        created_at: T0,
+        updated_at: T0,
+    };
+    for (name, archived) in [("b.two", false), ("a.one", false), ("c.old", true)] {
+        store
+            .create_event_type(&et(name, archived))
+            .await
+            .expect("create");
+    }
+    assert!(matches!(
+        store.create_event_type(&et("a.one", false)).await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(
+        store.get_event_type("a.one").await.expect("get"),
+        Some(et("a.one", false))
+    );
+    let names = |p: Page<EventType>| p.items.into_iter().map(|e| e.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(
+            store
+                .list_event_types(false, &page(10, None, true))
+                .await
+                .expect("list")
+        ),
+        vec!["a.one", "b.two"]
+    );
+    let first = store
+        .list_event_types(true, &page(2, None, true))
+        .await
+        .expect("list");
+    assert!(first.has_more);
+    assert_eq!(
+        names(
+            store
+                .list_event_types(true, &page(2, Some("b.two".into()), true))
+                .await
+                .expect("list")
+        ),
+        vec!["c.old"]
+    );
+    let mut changed = et("a.one", true);
+    changed.description = "new".into();
+    changed.updated_at = T0 + 1;
+    assert!(store.update_event_type(&changed).await.expect("update"));
+    assert_eq!(
+        store.get_event_type("a.one").await.expect("get"),
+        Some(changed)
+    );
+    assert!(!store
+        .update_event_type(&et("zzz", false))
+        .await
+        .expect("update"));
+    assert_eq!(
+        store
+            .unknown_event_types(&["a.one".into(), "nope".into(), "c.old".into()])
+            .await
+            .expect("unknown"),
+        vec!["nope".to_owned()]
+    );
+    assert!(store.delete_event_type("a.one").await.expect("delete"));
+    assert!(!store.delete_event_type("a.one").await.expect("delete"));
+}
+
+async fn apps_update_and_delete_with_everything_under_them(store: Arc<dyn Store>) {
+    let a = app(&store, Some("one")).await;
+    let b = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    endpoint(&store, &b.id, None, false).await;
+    let mut changed = a.clone();
+    changed.uid = Some("uno".into());
+    changed.name = "renamed".into();
+    changed.updated_at = T0 + 1;
+    assert!(store.update_app(&changed).await.expect("update"));
+    assert_eq!(store.get_app("uno").await.expect("get"), Some(changed));
+    assert_eq!(store.get_app("one").await.expect("get"), None);
+
+    let ms = vec![message(&a.id, "x", None), message(&b.id, "x", None)];
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let of_a: Vec<_> = got.iter().filter(|d| d.app_id == a.id).collect();
+    store
+        .complete(&[completion(of_a[0], NextState::Retry { at: T0 + 1 }, T0)])
+        .await
+        .expect("complete");
+    assert!(store.delete_app(&a.id).await.expect("delete"));
+    assert!(!store.delete_app(&a.id).await.expect("delete"));
+    assert_eq!(store.get_app(a.id.as_str()).await.expect("get"), None);
+    assert_eq!(
+        store.get_endpoint(&a.id, e.id.as_str()).await.expect("get"),
+        None
+    );
+    assert_eq!(
+        store
+            .get_message(&a.id, ms[0].id.as_str())
+            .await
+            .expect("get"),
+        None
+    );
+    assert!(store
+        .list_attempts_of_endpoint(&a.id, &e.id, &page(10, None, true))
+        .await
+        .expect("attempts")
+        .items
+        .is_empty());
+    assert!(store
+        .get_message(&b.id, ms[1].id.as_str())
+        .await
+        .expect("get")
+        .is_some());
+    assert!(!store.update_app(&a).await.expect("update"));
+
+    // A message for a deleted app is refused alone; the batch goes on.
+    let later = vec![message(&a.id, "x", None), message(&b.id, "x", None)];
+    let outcomes = store.insert_messages(&later).await.expect("insert");
+    assert_eq!(
+        outcomes,
+        vec![
+            InsertOutcome::NoSuchApp,
+            InsertOutcome::Inserted { deliveries: 1 }
+        ]
+    );
 }

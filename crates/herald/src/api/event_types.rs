@@ -1,0 +1,364 @@
+//! Event types: the catalogue of `eventType` names (Svix's
+//! `/api/v1/event-type`). Endpoints' `filterTypes` must name existing ones.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::{
+    double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
+    ListParams, ListResponse,
+};
+use crate::store::{now_millis, EventType};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventTypeIn {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub archived: Option<bool>,
+    #[serde(default)]
+    pub deprecated: Option<bool>,
+    #[serde(default)]
+    pub schemas: Option<serde_json::Value>,
+    /// Svix's older single flag; `featureFlags` is the current name.
+    #[serde(default)]
+    pub feature_flag: Option<String>,
+    #[serde(default)]
+    pub feature_flags: Option<Vec<String>>,
+    #[serde(default)]
+    pub group_name: Option<String>,
+}
+
+/// PUT's body: the name comes from the path.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventTypeUpdate {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub archived: Option<bool>,
+    #[serde(default)]
+    pub deprecated: Option<bool>,
+    #[serde(default)]
+    pub schemas: Option<serde_json::Value>,
+    /// Svix's older single flag; `featureFlags` is the current name.
+    #[serde(default)]
+    pub feature_flag: Option<String>,
+    #[serde(default)]
+    pub feature_flags: Option<Vec<String>>,
+    #[serde(default)]
+    pub group_name: Option<String>,
+}
+
+/// PATCH: an absent field stays; `null` clears it.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EventTypePatch {
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub archived: Option<bool>,
+    #[serde(default)]
+    pub deprecated: Option<bool>,
+    #[serde(default, deserialize_with = "double_option")]
+    pub schemas: Option<Option<serde_json::Value>>,
+    #[serde(default, deserialize_with = "double_option")]
+    pub feature_flag: Option<Option<String>>,
+    #[serde(default, deserialize_with = "double_option")]
+    pub feature_flags: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    pub group_name: Option<Option<String>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventTypeOut {
+    pub name: String,
+    pub description: String,
+    pub archived: bool,
+    pub deprecated: bool,
+    pub schemas: Option<serde_json::Value>,
+    pub feature_flag: Option<String>,
+    pub feature_flags: Option<Vec<String>>,
+    pub group_name: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// Feature flags are stored as one JSON array in `feature_flag`.
+fn flags_text(one: Option<String>, many: Option<Vec<String>>) -> Option<String> {
+    let mut all: Vec<String> = many.unwrap_or_default();
+    all.extend(one);
+    all.sort();
+    all.dedup();
+    if all.is_empty() {
+        None
+    } else {
+        serde_json::to_string(&all).ok()
+    }
+}
+
+fn flags_of(text: &Option<String>) -> Option<Vec<String>> {
+    text.as_deref().and_then(|t| serde_json::from_str(t).ok())
+}
+
+impl From<EventType> for EventTypeOut {
+    fn from(e: EventType) -> Self {
+        let flags = flags_of(&e.feature_flag);
+        EventTypeOut {
+            feature_flag: flags.as_ref().and_then(|f| f.first().cloned()),
+            feature_flags: flags,
+            schemas: e
+                .schemas
+                .as_deref()
+                .and_then(|s| serde_json::from_str(s).ok()),
+            name: e.name,
+            description: e.description,
+            archived: e.archived,
+            deprecated: e.deprecated,
+            group_name: e.group_name,
+            created_at: rfc3339(e.created_at),
+            updated_at: rfc3339(e.updated_at),
+        }
+    }
+}
+
+fn check_name(name: &str) -> ApiResult<()> {
+    if valid_uid(name) {
+        Ok(())
+    } else {
+        Err(ApiError::field(
+            "name",
+            "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+        ))
+    }
+}
+
+fn check_fields(
+    description: &Option<String>,
+    schemas: &Option<serde_json::Value>,
+    feature_flags: &Option<String>,
+    group_name: &Option<String>,
+) -> ApiResult<()> {
+    if description.as_ref().is_some_and(|d| d.len() > 8192) {
+        return Err(ApiError::field("description", "must be at most 8192 bytes"));
+    }
+    if let Some(s) = schemas {
+        if !s.is_object() {
+            return Err(ApiError::field("schemas", "must be a JSON object"));
+        }
+        if s.to_string().len() > 256 * 1024 {
+            return Err(ApiError::field("schemas", "must be at most 256 KiB"));
+        }
+    }
+    for flag in flags_of(feature_flags).unwrap_or_default() {
+        if !valid_uid(&flag) {
+            return Err(ApiError::field(
+                "featureFlags",
+                "each must be 1-256 characters of letters, digits, '-', '_' or '.'",
+            ));
+        }
+    }
+    for (field, v) in [("groupName", group_name)] {
+        if let Some(v) = v {
+            if !valid_uid(v) {
+                return Err(ApiError::field(
+                    field,
+                    "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct EventTypeListParams {
+    #[serde(flatten)]
+    pub list: ListParams,
+    pub include_archived: Option<String>,
+}
+
+pub async fn list_event_types(
+    State(state): State<ApiState>,
+    ApiQuery(params): ApiQuery<EventTypeListParams>,
+) -> ApiResult<Json<ListResponse<EventTypeOut>>> {
+    let include_archived = match params.include_archived.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::Validation(vec![super::FieldError::query(
+                "include_archived",
+                "must be true or false",
+            )]))
+        }
+    };
+    let page = state
+        .store
+        .list_event_types(include_archived, &params.list.page(true)?)
+        .await?;
+    let data = page.items.into_iter().map(EventTypeOut::from).collect();
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |e: &EventTypeOut| e.name.clone(),
+    )))
+}
+
+pub async fn create_event_type(
+    State(state): State<ApiState>,
+    ApiJson(body): ApiJson<EventTypeIn>,
+) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
+    check_name(&body.name)?;
+    let flags = flags_text(body.feature_flag, body.feature_flags);
+    check_fields(&body.description, &body.schemas, &flags, &body.group_name)?;
+    let now = now_millis();
+    let et = EventType {
+        name: body.name,
+        description: body.description.unwrap_or_default(),
+        archived: body.archived.unwrap_or(false),
+        deprecated: body.deprecated.unwrap_or(false),
+        schemas: body.schemas.map(|s| s.to_string()),
+        feature_flag: flags,
+        group_name: body.group_name,
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.create_event_type(&et).await?;
+    Ok((StatusCode::CREATED, Json(et.into())))
+}
+
+async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
+    state
+        .store
+        .get_event_type(name)
+        .await?
+        .ok_or(ApiError::NotFound("event type"))
+}
+
+pub async fn get_event_type(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<EventTypeOut>> {
+    Ok(Json(find(&state, &name).await?.into()))
+}
+
+/// PUT: replaces the event type, creating it (201) if absent.
+pub async fn put_event_type(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<EventTypeUpdate>,
+) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
+    let flags = flags_text(body.feature_flag, body.feature_flags);
+    check_fields(&body.description, &body.schemas, &flags, &body.group_name)?;
+    let now = now_millis();
+    let mut et = EventType {
+        name: name.clone(),
+        description: body.description.unwrap_or_default(),
+        archived: body.archived.unwrap_or(false),
+        deprecated: body.deprecated.unwrap_or(false),
+        schemas: body.schemas.map(|s| s.to_string()),
+        feature_flag: flags,
+        group_name: body.group_name,
+        created_at: now,
+        updated_at: now,
+    };
+    match state.store.get_event_type(&name).await? {
+        Some(existing) => {
+            et.created_at = existing.created_at;
+            state.store.update_event_type(&et).await?;
+            Ok((StatusCode::OK, Json(et.into())))
+        }
+        None => {
+            check_name(&name)?;
+            state.store.create_event_type(&et).await?;
+            Ok((StatusCode::CREATED, Json(et.into())))
+        }
+    }
+}
+
+pub async fn patch_event_type(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<EventTypePatch>,
+) -> ApiResult<Json<EventTypeOut>> {
+    let mut et = find(&state, &name).await?;
+    let flags = match (&body.feature_flag, &body.feature_flags) {
+        (None, None) => None,
+        (one, many) => Some(flags_text(one.clone().flatten(), many.clone().flatten())),
+    };
+    check_fields(
+        &body.description,
+        &body.schemas.clone().flatten(),
+        &flags.clone().flatten(),
+        &body.group_name.clone().flatten(),
+    )?;
+    if let Some(d) = body.description {
+        et.description = d;
+    }
+    if let Some(a) = body.archived {
+        et.archived = a;
+    }
+    if let Some(d) = body.deprecated {
+        et.deprecated = d;
+    }
+    if let Some(s) = body.schemas {
+        et.schemas = s.map(|s| s.to_string());
+    }
+    if let Some(f) = flags {
+        et.feature_flag = f;
+    }
+    if let Some(g) = body.group_name {
+        et.group_name = g;
+    }
+    et.updated_at = now_millis();
+    if !state.store.update_event_type(&et).await? {
+        return Err(ApiError::NotFound("event type"));
+    }
+    Ok(Json(et.into()))
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct DeleteParams {
+    pub expunge: Option<String>,
+}
+
+/// DELETE archives (Svix's default); `?expunge=true` deletes for good.
+pub async fn delete_event_type(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiQuery(params): ApiQuery<DeleteParams>,
+) -> ApiResult<StatusCode> {
+    let mut et = find(&state, &name).await?;
+    let gone = if params.expunge.as_deref() == Some("true") {
+        state.store.delete_event_type(&name).await?
+    } else {
+        et.archived = true;
+        et.updated_at = now_millis();
+        state.store.update_event_type(&et).await?
+    };
+    if !gone {
+        return Err(ApiError::NotFound("event type"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// 422 naming `filterTypes` unless every name is an existing event type.
+pub async fn check_known_types(state: &ApiState, types: &Option<Vec<String>>) -> ApiResult<()> {
+    let Some(types) = types else { return Ok(()) };
+    let unknown = state.store.unknown_event_types(types).await?;
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::field(
+        "filterTypes",
+        format!(
+            "unknown event types: {} (create them under /api/v1/event-type first)",
+            unknown.join(", ")
+        ),
+    ))
+}

@@ -1,0 +1,316 @@
+//! Operator commands for the terminal: `herald dead list|replay` and
+//! `herald endpoint enable|disable`. They call a running Herald's API (the
+//! same calls the dashboard makes), so the rules, the wake-ups and the
+//! operator events are the server's, whatever the store.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+/// Where the server is and how to reach it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// Herald's base URL.
+    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// The admin token.
+    #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DeadFilterArgs {
+    /// Application id or uid.
+    #[arg(long)]
+    pub app: Option<String>,
+    /// Endpoint id (or uid, with --app).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    #[arg(long)]
+    pub event_type: Option<String>,
+    /// exhausted, permanent_status or too_old.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Dead-lettered at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Dead-lettered before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<String>,
+}
+
+impl DeadFilterArgs {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        [
+            ("app_id", &self.app),
+            ("endpoint_id", &self.endpoint),
+            ("event_type", &self.event_type),
+            ("reason", &self.reason),
+            ("since", &self.since),
+            ("until", &self.until),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum DeadCommand {
+    /// List dead deliveries, newest first.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        filter: DeadFilterArgs,
+        /// At most this many (1-250).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Continue after this delivery id (printed at the end of a page).
+        #[arg(long)]
+        iterator: Option<String>,
+    },
+    /// Replay dead deliveries: the ones named, or every one matching the
+    /// filters (with --all), in batches, showing progress.
+    Replay {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        filter: DeadFilterArgs,
+        /// Delivery ids (dlv_…) to replay.
+        ids: Vec<String>,
+        /// Replay every dead delivery matching the filters.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum EndpointCommand {
+    /// Enable an endpoint: its held deliveries resume (those past the age
+    /// cap become dead, "too old").
+    Enable {
+        #[command(flatten)]
+        target: Target,
+        /// Application id or uid.
+        app: String,
+        /// Endpoint id or uid.
+        endpoint: String,
+    },
+    /// Disable an endpoint: nothing is sent to it until it is enabled.
+    Disable {
+        #[command(flatten)]
+        target: Target,
+        app: String,
+        endpoint: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    fn new(target: &Target) -> anyhow::Result<Self> {
+        Ok(Client {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()?,
+            base: target.url.trim_end_matches('/').to_owned(),
+            token: target.token.clone(),
+        })
+    }
+
+    /// Sends a request; a non-2xx answer becomes an error quoting the
+    /// server's `detail`.
+    async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let resp = req
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach Herald at {}", self.base))?;
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            let detail = match &body["detail"] {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            bail!("Herald answered {status}: {detail}");
+        }
+        Ok(body)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/api/v1{path}", self.base)
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub async fn dead(command: DeadCommand) -> anyhow::Result<()> {
+    match command {
+        DeadCommand::List {
+            target,
+            filter,
+            limit,
+            iterator,
+        } => {
+            let client = Client::new(&target)?;
+            let mut query = filter.pairs();
+            query.push(("limit", limit.to_string()));
+            if let Some(it) = iterator {
+                query.push(("iterator", it));
+            }
+            let page = client
+                .call(client.http.get(client.url("/dead-letter")).query(&query))
+                .await?;
+            let rows = page["data"].as_array().cloned().unwrap_or_default();
+            println!(
+                "{:<32} {:<32} {:<20} {:<17} {:>8} {:<12} DEAD SINCE",
+                "DELIVERY", "ENDPOINT", "EVENT TYPE", "REASON", "ATTEMPTS", "LAST"
+            );
+            for d in &rows {
+                let last = match (&d["lastStatusCode"], &d["lastError"]) {
+                    (Value::Number(n), _) => format!("HTTP {n}"),
+                    (_, Value::String(e)) => e.chars().take(12).collect(),
+                    _ => "-".to_owned(),
+                };
+                println!(
+                    "{:<32} {:<32} {:<20} {:<17} {:>8} {:<12} {}",
+                    text(&d["id"]),
+                    text(&d["endpointId"]),
+                    text(&d["eventType"]),
+                    text(&d["deadReason"]),
+                    text(&d["attempts"]),
+                    last,
+                    text(&d["updatedAt"]),
+                );
+            }
+            if page["done"] == Value::Bool(false) {
+                println!("more: --iterator {}", text(&page["iterator"]));
+            } else {
+                println!("({} shown, no more)", rows.len());
+            }
+            Ok(())
+        }
+        DeadCommand::Replay {
+            target,
+            filter,
+            ids,
+            all,
+        } => {
+            if ids.is_empty() && !all {
+                bail!("name delivery ids to replay, or pass --all to replay every one matching the filters");
+            }
+            if !ids.is_empty() && all {
+                bail!("pass delivery ids or --all, not both");
+            }
+            let client = Client::new(&target)?;
+            let mut body = serde_json::Map::new();
+            for (k, v) in filter.pairs() {
+                body.insert(k.to_owned(), Value::String(v));
+            }
+            if !ids.is_empty() {
+                let mut total: u64 = 0;
+                for chunk in ids.chunks(crate::api::dead::MAX_REPLAY_BATCH) {
+                    let mut b = body.clone();
+                    b.insert("ids".to_owned(), json!(chunk));
+                    b.insert("limit".to_owned(), json!(chunk.len()));
+                    let out = client
+                        .call(client.http.post(client.url("/dead-letter/replay")).json(&b))
+                        .await?;
+                    total += out["replayed"].as_u64().unwrap_or(0);
+                }
+                // Ids that were not dead (or not found) are skipped.
+                println!("replayed {total} of {}", ids.len());
+                return Ok(());
+            }
+            // Only what was dead when the replay began: a delivery that
+            // fails again while this runs is not replayed a second time.
+            if !body.contains_key("until") {
+                body.insert(
+                    "until".to_owned(),
+                    Value::String(crate::api::rfc3339(crate::store::now_millis())),
+                );
+            }
+            let mut total: u64 = 0;
+            loop {
+                let out = client
+                    .call(
+                        client
+                            .http
+                            .post(client.url("/dead-letter/replay"))
+                            .json(&body),
+                    )
+                    .await?;
+                total += out["replayed"].as_u64().unwrap_or(0);
+                eprintln!("replayed {total} so far…");
+                if out["done"] != Value::Bool(false) {
+                    break;
+                }
+            }
+            println!("replayed {total}");
+            Ok(())
+        }
+    }
+}
+
+pub async fn endpoint(command: EndpointCommand) -> anyhow::Result<()> {
+    match command {
+        EndpointCommand::Enable {
+            target,
+            app,
+            endpoint,
+        } => {
+            let client = Client::new(&target)?;
+            let out = client
+                .call(
+                    client
+                        .http
+                        .post(client.url(&format!("/app/{app}/endpoint/{endpoint}/enable"))),
+                )
+                .await?;
+            println!(
+                "endpoint {} enabled; {} held deliveries were past the age cap and are now dead (too_old)",
+                text(&out["endpoint"]["id"]),
+                text(&out["expiredDeliveries"])
+            );
+            Ok(())
+        }
+        EndpointCommand::Disable {
+            target,
+            app,
+            endpoint,
+            reason,
+        } => {
+            let client = Client::new(&target)?;
+            let body = match reason {
+                Some(r) => json!({ "reason": r }),
+                None => json!({}),
+            };
+            let out = client
+                .call(
+                    client
+                        .http
+                        .post(client.url(&format!("/app/{app}/endpoint/{endpoint}/disable")))
+                        .json(&body),
+                )
+                .await?;
+            println!("endpoint {} disabled", text(&out["id"]));
+            Ok(())
+        }
+    }
+}

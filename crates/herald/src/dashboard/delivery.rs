@@ -1,0 +1,375 @@
+//! `/dashboard/app/{app}/delivery/{dlv}`: one delivery (one message to one
+//! endpoint): its payload, the headers Herald sends with it, every attempt,
+//! and a replay button while it is dead.
+
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::dead::{last_result, reason_badge};
+use super::layout::{self, ago, badge, truncate, when, Nav, Tone};
+use super::overview::app_label;
+use super::session::{Authed, Posted};
+use super::{query_string, see_other, DashError, DashResult, PAGE_SIZE};
+use crate::api::apps::find_app;
+use crate::api::ApiState;
+use crate::ids::{AppId, DeliveryId};
+use crate::store::{now_millis, AttemptRecord, Delivery, DeliveryState, Millis, PageReq};
+
+#[derive(Debug, Deserialize, Default)]
+pub struct DeliveryQuery {
+    /// Attempts after this attempt id.
+    pub after: Option<String>,
+}
+
+/// Raw pages of the message's attempts read at most per view, looking for
+/// this delivery's (a message fanned out to many endpoints has many).
+const MAX_SCANNED_PAGES: usize = 20;
+const SCAN_PAGE: usize = 250;
+
+fn delivery_path(app: &AppId, id: &DeliveryId) -> String {
+    format!("/dashboard/app/{app}/delivery/{id}")
+}
+
+pub async fn page(
+    session: Authed,
+    State(state): State<ApiState>,
+    Path((app_id, delivery_id)): Path<(String, String)>,
+    Query(query): Query<DeliveryQuery>,
+) -> DashResult {
+    let now = now_millis();
+    let app = find_app(&state, &app_id).await?;
+    let id = DeliveryId::parse(&delivery_id).ok_or(DashError::NotFound("delivery"))?;
+    let d = state
+        .store
+        .get_delivery(&app.id, &id)
+        .await?
+        .ok_or(DashError::NotFound("delivery"))?;
+    // Either may be gone (retention, a deleted endpoint); the page says so.
+    let message = state.store.get_message(&app.id, d.msg_id.as_str()).await?;
+    let endpoint = state
+        .store
+        .get_endpoint(&app.id, d.endpoint_id.as_str())
+        .await?;
+    let after = query.after.filter(|a| !a.is_empty());
+    let (attempts, next) = attempts_of(&state, &d, after.clone()).await?;
+
+    let here = delivery_path(&app.id, &d.id);
+    let endpoint_href = format!("/dashboard/app/{}/endpoint/{}", app.id, d.endpoint_id);
+    let body = html! {
+        h1 { "Delivery " small.mono { (d.id) } }
+        div.columns {
+            section {
+                dl.facts {
+                    dt { "State" }
+                    dd {
+                        @match d.state {
+                            DeliveryState::Delivered => (badge(Tone::Ok, "delivered")),
+                            DeliveryState::Dead => { (badge(Tone::Bad, "dead")) " " (reason_badge(&d)) },
+                            other => (badge(Tone::Warn, other.as_str())),
+                        }
+                    }
+                    dt { "Application" }
+                    dd { a href=(format!("/dashboard?app={}", app.id)) { (app_label(&app)) } }
+                    dt { "Endpoint" }
+                    dd {
+                        a href=(endpoint_href) {
+                            @match &endpoint {
+                                Some(ep) => (ep.url),
+                                None => { (d.endpoint_id) " (deleted)" },
+                            }
+                        }
+                    }
+                    dt { "Message" }
+                    dd.mono { (d.msg_id) }
+                    dt { "Event type" }
+                    dd { code { (d.event_type) } }
+                    @if let Some(event_id) = message.as_ref().and_then(|m| m.event_id.as_ref()) {
+                        dt { "Event id" }
+                        dd.mono { (event_id) }
+                    }
+                    dt { "Attempts" }
+                    dd { (d.attempts) }
+                    dt { "Last result" }
+                    dd { (last_result(&d)) }
+                    @if matches!(d.state, DeliveryState::Pending | DeliveryState::Delivering) {
+                        dt { "Next attempt" }
+                        dd { (ago(Some(d.next_attempt_at), now)) }
+                    }
+                    dt { "Created" }
+                    dd { (when(d.created_at)) }
+                    dt { "Last change" }
+                    dd { (when(d.updated_at)) }
+                }
+                @if d.state == DeliveryState::Dead {
+                    form.toolbar method="post" action=(format!("{here}/replay")) {
+                        (layout::csrf_field(&session))
+                        button.primary type="submit" { "Replay" }
+                        span.muted.small { "A fresh retry cycle, with the same Idempotency-Key." }
+                    }
+                }
+            }
+            section {
+                (headers_table(&d))
+            }
+        }
+        h2 {
+            "Payload"
+            small { "as sent, re-indented" }
+        }
+        @match &message {
+            Some(m) => pre { (pretty_json(&m.payload)) },
+            None => p.muted { "The message is no longer stored (retention)." },
+        }
+        h2 { "Attempts" small { "oldest first" } }
+        @if attempts.is_empty() {
+            p.muted { "No attempts yet." }
+        } @else {
+            (attempts_table(&attempts, now, false))
+        }
+        (layout::pager(
+            None,
+            next.map(|id| (format!("{here}{}", query_string([("after", id.as_str())])), "Later attempts")),
+            after.map(|_| here.clone()),
+        ))
+    };
+    Ok(layout::page(
+        &session,
+        &format!("Delivery {}", d.id),
+        Nav::Other,
+        body,
+    ))
+}
+
+/// The delivery's attempts after `after`, oldest first, at most a page,
+/// and the cursor of the next page. The store lists a message's attempts
+/// (every endpoint's); this keeps the delivery's own, reading a bounded
+/// number of pages.
+async fn attempts_of(
+    state: &ApiState,
+    d: &Delivery,
+    mut after: Option<String>,
+) -> DashResult<(Vec<AttemptRecord>, Option<String>)> {
+    let mut found = Vec::new();
+    for _ in 0..MAX_SCANNED_PAGES {
+        let page = state
+            .store
+            .list_attempts_of_message(
+                &d.app_id,
+                &d.msg_id,
+                &PageReq {
+                    limit: SCAN_PAGE,
+                    after: after.clone(),
+                    ascending: true,
+                },
+            )
+            .await?;
+        let has_more = page.has_more;
+        for a in page.items {
+            after = Some(a.id.as_str().to_owned());
+            if a.delivery_id == d.id {
+                found.push(a);
+                if found.len() == PAGE_SIZE {
+                    return Ok((found, after));
+                }
+            }
+        }
+        if !has_more {
+            return Ok((found, None));
+        }
+    }
+    Ok((found, after))
+}
+
+fn headers_table(d: &Delivery) -> Markup {
+    let next_attempt = d.attempts + 1;
+    html! {
+        table {
+            thead { tr { th { "Header Herald sends" } th { "Value" } } }
+            tbody {
+                tr { td.mono { "content-type" } td.mono { "application/json" } }
+                tr { td.mono { "user-agent" } td.mono { (crate::dispatch::sender::USER_AGENT) } }
+                tr { td.mono { "webhook-id" } td.mono { (d.msg_id) } }
+                tr {
+                    td.mono { "webhook-timestamp" }
+                    td { span.muted { "the attempt's time, Unix seconds" } }
+                }
+                tr {
+                    td.mono { "webhook-signature" }
+                    td { span.mono { "v1,…" } " " span.muted { "computed per attempt (HMAC-SHA256 of id.timestamp.payload)" } }
+                }
+                tr { td.mono { "idempotency-key" } td.mono { (d.id) } }
+                tr { td.mono { "x-event-type" } td.mono { (d.event_type) } }
+                tr {
+                    td.mono { "x-attempt" }
+                    td { span.mono { "1…" } " " span.muted { "the attempt's number; the next is " (next_attempt) } }
+                }
+            }
+        }
+    }
+}
+
+/// Attempts, one a row; `with_delivery` adds a column linking each one's
+/// delivery (on pages listing several deliveries' attempts).
+pub fn attempts_table(attempts: &[AttemptRecord], now: Millis, with_delivery: bool) -> Markup {
+    html! {
+        table {
+            thead {
+                tr {
+                    th.num { "#" }
+                    th { "Time" }
+                    th { "Result" }
+                    th.num { "Status" }
+                    th.num { "Duration" }
+                    th { "Error" }
+                    th { "Response" }
+                    @if with_delivery { th { "Delivery" } }
+                }
+            }
+            tbody {
+                @for a in attempts {
+                    tr {
+                        td.num { (a.attempt_number) }
+                        td {
+                            (when(a.started_at))
+                            div.small.muted { (ago(Some(a.started_at), now)) @if a.manual { " · manual" } }
+                        }
+                        td {
+                            @if a.success { (badge(Tone::Ok, "success")) } @else { (badge(Tone::Bad, "failed")) }
+                        }
+                        td.num.mono { @match a.status_code { Some(code) => (code), None => span.muted { "–" } } }
+                        td.num { (layout::duration_text(a.duration_ms)) }
+                        td {
+                            @match &a.error {
+                                Some(error) => div.small.clip title=(error) { (error) },
+                                None => span.muted { "–" },
+                            }
+                        }
+                        td {
+                            @if a.response.is_empty() {
+                                span.muted { "–" }
+                            } @else {
+                                details {
+                                    summary.mono.small { (truncate(&a.response, 60)) }
+                                    pre { (a.response) }
+                                }
+                            }
+                        }
+                        @if with_delivery {
+                            td.mono.small {
+                                a href=(delivery_path(&a.app_id, &a.delivery_id)) { (a.delivery_id) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// JSON text re-indented for reading, keeping every token exactly as it
+/// was sent (key order, number spelling), which a parse and re-print
+/// would not. Text that is not JSON comes back as it was.
+fn pretty_json(raw: &str) -> String {
+    if serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
+        return raw.to_owned();
+    }
+    let mut out = String::with_capacity(raw.len() + raw.len() / 4);
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut chars = raw.chars().peekable();
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                // An empty container stays on one line.
+                while chars.peek().is_some_and(|n| n.is_whitespace()) {
+                    chars.next();
+                }
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    if let Some(close) = chars.next() {
+                        out.push(close);
+                    }
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `POST …/delivery/{dlv}/replay`: replays it if it is dead.
+pub async fn replay(
+    State(state): State<ApiState>,
+    Path((app_id, delivery_id)): Path<(String, String)>,
+    posted: Posted,
+) -> DashResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let id = DeliveryId::parse(&delivery_id).ok_or(DashError::NotFound("delivery"))?;
+    if state.store.replay_dead(&app.id, &id, now_millis()).await? {
+        state.wake.notify_one();
+        tracing::info!(delivery = %id, "delivery replayed from the dashboard");
+        posted.session.flash("Replayed 1");
+    } else {
+        let d = state
+            .store
+            .get_delivery(&app.id, &id)
+            .await?
+            .ok_or(DashError::NotFound("delivery"))?;
+        posted.session.flash(format!(
+            "Not replayed: the delivery is {}, not dead.",
+            d.state.as_str()
+        ));
+    }
+    Ok(see_other(&delivery_path(&app.id, &id)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pretty_json;
+
+    #[test]
+    fn json_is_reindented_without_touching_tokens() {
+        assert_eq!(
+            pretty_json(r#"{"b": 2,  "a":[1, 2.50],"s":"x, {y}: \"z\"","e":{},"l":[ ]}"#),
+            "{\n  \"b\": 2,\n  \"a\": [\n    1,\n    2.50\n  ],\n  \"s\": \"x, {y}: \\\"z\\\"\",\n  \"e\": {},\n  \"l\": []\n}"
+        );
+        assert_eq!(pretty_json("not json {"), "not json {");
+        assert_eq!(pretty_json("42"), "42");
+    }
+}

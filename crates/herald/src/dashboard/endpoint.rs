@@ -1,0 +1,274 @@
+//! `/dashboard/app/{app}/endpoint/{ep}`: one endpoint's settings, health
+//! and chart, enable/disable, its recent attempts (50 to a page, newest
+//! first) and a link to its dead letters.
+
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use maud::html;
+use serde::Deserialize;
+
+use super::delivery::attempts_table;
+use super::layout::{self, ago, hourly_chart, latency, percent, when, Nav};
+use super::overview::{app_label, state_badge};
+use super::session::{Authed, Posted};
+use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
+use crate::api::apps::find_app;
+use crate::api::endpoints::{endpoint_health, find_endpoint};
+use crate::api::ApiState;
+use crate::health::WindowFigures;
+use crate::store::{now_millis, AttemptRecord, Endpoint};
+
+/// The longest disable reason kept (the API's rule).
+const MAX_REASON_BYTES: usize = 1000;
+
+#[derive(Debug, Deserialize, Default)]
+pub struct EndpointQuery {
+    pub after: Option<String>,
+    pub before: Option<String>,
+}
+
+fn endpoint_path(ep: &Endpoint) -> String {
+    format!("/dashboard/app/{}/endpoint/{}", ep.app_id, ep.id)
+}
+
+/// `whsec_` and the last four characters: enough to tell secrets apart.
+fn masked(secret: &str) -> String {
+    let tail: String = {
+        let chars: Vec<char> = secret.chars().collect();
+        chars[chars.len().saturating_sub(4)..].iter().collect()
+    };
+    format!("whsec_••••••••••••••••{tail}")
+}
+
+pub async fn page(
+    session: Authed,
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    Query(query): Query<EndpointQuery>,
+) -> DashResult {
+    let now = now_millis();
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let health = endpoint_health(&state.store, &ep.id).await?;
+    let cursor = Cursor::new(&query.after, &query.before);
+    let page = state
+        .store
+        .list_attempts_of_endpoint(&app.id, &ep.id, &cursor.request(PAGE_SIZE))
+        .await?;
+    let listed = cursor.finish(page, |a: &AttemptRecord| a.id.as_str().to_owned());
+
+    let here = endpoint_path(&ep);
+    let link = |name: &str, id: &str| format!("{here}{}", query_string([(name, id)]));
+    let newer = listed
+        .newer
+        .as_deref()
+        .map(|id| (link("before", id), "Newer"));
+    let older = listed.older.as_deref().map(|id| (link("after", id), "Older"));
+    let first = (!cursor.is_first_page()).then(|| here.clone());
+    let dead_href = format!(
+        "/dashboard/dead{}",
+        query_string([("app", app.id.as_str()), ("endpoint", ep.id.as_str())])
+    );
+
+    let body = html! {
+        h1 {
+            "Endpoint "
+            small.mono { (ep.id) }
+        }
+        div.columns {
+            section {
+                dl.facts {
+                    dt { "URL" }
+                    dd.mono { (ep.url) }
+                    dt { "Application" }
+                    dd { a href=(format!("/dashboard?app={}", app.id)) { (app_label(&app)) } }
+                    @if let Some(uid) = &ep.uid {
+                        dt { "uid" }
+                        dd.mono { (uid) }
+                    }
+                    @if !ep.description.is_empty() {
+                        dt { "Description" }
+                        dd { (ep.description) }
+                    }
+                    dt { "Event types" }
+                    dd {
+                        @match &ep.filter_types {
+                            None => span.muted { "all" },
+                            Some(types) => {
+                                @for (i, t) in types.iter().enumerate() {
+                                    @if i > 0 { ", " }
+                                    code { (t) }
+                                }
+                            }
+                        }
+                    }
+                    @if let Some(rate) = ep.rate_limit {
+                        dt { "Rate limit" }
+                        dd { (rate) " / s" }
+                    }
+                    dt { "Signing secret" }
+                    dd {
+                        span.mono #secret { (masked(&ep.secret)) }
+                        " "
+                        a href=(format!("{here}/secret")) data-reveal="secret" { "reveal" }
+                    }
+                    dt { "Created" }
+                    dd { (when(ep.created_at)) }
+                    dt { "State" }
+                    dd {
+                        (state_badge(&health, now))
+                        @if let Some(at) = health.disabled_at {
+                            div.small.muted { "disabled " (ago(Some(at), now)) }
+                        }
+                    }
+                    dt { "Dead letters" }
+                    dd { a href=(dead_href) { "this endpoint's dead letters" } }
+                }
+                @if health.disabled {
+                    form.toolbar method="post" action=(format!("{here}/enable")) {
+                        (layout::csrf_field(&session))
+                        button.primary type="submit" { "Enable" }
+                        span.muted.small { "Held deliveries resume; those past the age cap become dead." }
+                    }
+                } @else {
+                    form.toolbar method="post" action=(format!("{here}/disable")) {
+                        (layout::csrf_field(&session))
+                        input name="reason" placeholder="reason (optional)" size="32"
+                            maxlength=(MAX_REASON_BYTES);
+                        button.danger type="submit" { "Disable" }
+                    }
+                }
+            }
+            section {
+                table {
+                    thead {
+                        tr {
+                            th {}
+                            th.num { "Attempts" } th.num { "Failed" } th.num { "Failure rate" }
+                            th.num { "p50" } th.num { "p95" } th.num { "p99" }
+                        }
+                    }
+                    tbody {
+                        (window_row("Last hour", &health.last_hour))
+                        (window_row("Last 24 hours", &health.last_day))
+                    }
+                }
+                dl.facts {
+                    dt { "Failing streak" }
+                    dd {
+                        (health.failure_streak)
+                        @if let Some(since) = health.streak_started_at {
+                            span.muted { " since " (ago(Some(since), now)) }
+                        }
+                    }
+                    dt { "Last success" }
+                    dd { (ago(health.last_success_at, now)) }
+                    dt { "Last error" }
+                    dd {
+                        @match &health.last_error {
+                            Some(error) => { (error) span.muted { " · " (ago(health.last_error_at, now)) } },
+                            None => span.muted { "none" },
+                        }
+                    }
+                }
+                h2 { "Attempts per hour" small { "last 24 hours, UTC" } }
+                (hourly_chart(&health.hourly, 620, 140, true))
+                div.legend { i.a {} "attempts" i.f {} "failed" }
+            }
+        }
+        h2 { "Recent attempts" small { "newest first" } }
+        @if listed.items.is_empty() {
+            p.muted { "No attempts." }
+        } @else {
+            (attempts_table(&listed.items, now, true))
+        }
+        (layout::pager(newer, older, first))
+    };
+    Ok(layout::page(
+        &session,
+        &format!("Endpoint {}", ep.id),
+        Nav::Other,
+        body,
+    ))
+}
+
+fn window_row(label: &str, w: &WindowFigures) -> maud::Markup {
+    html! {
+        tr {
+            th { (label) }
+            td.num { (w.attempts) }
+            td.num { (w.failures) }
+            td.num { (percent(w.failure_rate, w.attempts)) }
+            td.num { (latency(w.p50_ms)) }
+            td.num { (latency(w.p95_ms)) }
+            td.num { (latency(w.p99_ms)) }
+        }
+    }
+}
+
+/// `GET …/endpoint/{ep}/secret`: the secret as plain text, for the reveal
+/// link (the dashboard has no bearer token for the API's route).
+pub async fn secret(
+    _session: Authed,
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> DashResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        ep.secret,
+    )
+        .into_response())
+}
+
+/// `POST …/endpoint/{ep}/enable`, through the operator's rules.
+pub async fn enable(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    posted: Posted,
+) -> DashResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let report = state
+        .operator
+        .enable(&app.id, &ep.id)
+        .await?
+        .ok_or(DashError::NotFound("endpoint"))?;
+    posted.session.flash(match (report.was_disabled, report.expired) {
+        (false, _) => "It was already enabled.".to_owned(),
+        (true, 0) => "Enabled.".to_owned(),
+        (true, n) => format!("Enabled; {n} held deliveries were past the age cap and are now dead."),
+    });
+    Ok(see_other(&endpoint_path(&ep)))
+}
+
+/// `POST …/endpoint/{ep}/disable` with an optional `reason`.
+pub async fn disable(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    posted: Posted,
+) -> DashResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let reason = match posted.form.text("reason") {
+        "" => "disabled by an operator in the dashboard",
+        r if r.len() > MAX_REASON_BYTES => {
+            return Err(DashError::BadRequest(format!(
+                "the reason may be at most {MAX_REASON_BYTES} bytes"
+            )))
+        }
+        r => r,
+    };
+    let changed = state
+        .operator
+        .disable(&app.id, &ep.id, reason, false, None)
+        .await?;
+    posted.session.flash(if changed {
+        "Disabled: nothing is sent to it until it is enabled."
+    } else {
+        "It was already disabled."
+    });
+    Ok(see_other(&endpoint_path(&ep)))
+}

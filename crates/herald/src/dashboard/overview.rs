@@ -1,0 +1,214 @@
+//! `/dashboard`: the queue's figures, then every endpoint with its health,
+//! failing ones first, 50 to a page.
+
+use axum::extract::{Query, State};
+use maud::{html, Markup};
+use serde::Deserialize;
+
+use super::layout::{self, ago, badge, hourly_chart, latency, percent, truncate, Nav, Tone};
+use super::session::Authed;
+use super::{query_string, DashResult, PAGE_SIZE};
+use crate::api::apps::find_app;
+use crate::api::ApiState;
+use crate::health::{EndpointHealth, WindowFigures};
+use crate::store::{now_millis, App, EndpointOverview, Millis, QueueStats};
+
+#[derive(Debug, Deserialize, Default)]
+pub struct OverviewQuery {
+    /// Only this application's endpoints (id or uid).
+    pub app: Option<String>,
+    pub offset: Option<String>,
+}
+
+/// How far offset paging may go: past it, the listing would scan a long
+/// way for nothing useful.
+const MAX_OFFSET: usize = 100_000;
+
+pub async fn page(
+    session: Authed,
+    State(state): State<ApiState>,
+    Query(query): Query<OverviewQuery>,
+) -> DashResult {
+    let now = now_millis();
+    let app = match query.app.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
+        Some(a) => Some(find_app(&state, a).await?),
+        None => None,
+    };
+    let offset = query
+        .offset
+        .as_deref()
+        .and_then(|o| o.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(MAX_OFFSET);
+    let stats = state.store.queue_stats(now).await?;
+    // One more than a page, to know whether there is a next one.
+    let mut rows = state
+        .store
+        .list_endpoint_overview(app.as_ref().map(|a| &a.id), offset, PAGE_SIZE + 1)
+        .await?;
+    let has_more = rows.len() > PAGE_SIZE;
+    rows.truncate(PAGE_SIZE);
+    // One small read per endpoint (its stats buckets), side by side.
+    let since = now - 24 * 3600 * 1000 - crate::health::BUCKET_MS;
+    let buckets = futures::future::try_join_all(
+        rows.iter()
+            .map(|r| state.store.endpoint_stats(&r.endpoint.id, since)),
+    )
+    .await?;
+    let healths: Vec<EndpointHealth> = rows
+        .iter()
+        .zip(&buckets)
+        .map(|(r, b)| crate::health::compute(&r.status, b, now))
+        .collect();
+
+    let app_param = app.as_ref().map(|a| a.id.as_str()).unwrap_or("");
+    let link = |offset: usize| {
+        let offset = offset.to_string();
+        format!(
+            "/dashboard{}",
+            query_string([("app", app_param), ("offset", offset.as_str())])
+        )
+    };
+    let prev = (offset > 0).then(|| (link(offset.saturating_sub(PAGE_SIZE)), "Previous"));
+    let next = has_more.then(|| (link(offset + PAGE_SIZE), "Next"));
+
+    let body = html! {
+        h1 { "Overview" }
+        (queue_cards(&stats, now))
+        h2 {
+            @if let Some(app) = &app {
+                "Endpoints of " (app.name)
+                small { a href="/dashboard" { "all applications" } }
+            } @else {
+                "Endpoints"
+                small { "failing first · figures from the last hour and the last 24 hours" }
+            }
+        }
+        @if rows.is_empty() {
+            p.muted { "No endpoints yet." }
+        } @else {
+            (endpoint_table(&rows, &healths, now))
+        }
+        (layout::pager(prev, next, None))
+    };
+    Ok(layout::page(&session, "Overview", Nav::Overview, body))
+}
+
+fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {
+    let oldest = stats
+        .oldest_due_at
+        .map(|at| layout::duration_text(now - at))
+        .unwrap_or_else(|| "–".to_owned());
+    html! {
+        div.cards {
+            div.card { div.label { "Pending" } div.value { (stats.pending) } }
+            div.card { div.label { "Delivering" } div.value { (stats.delivering) } }
+            div.card { div.label { "Due now" } div.value { (stats.due) } }
+            div.card { div.label { "Oldest due" } div.value { (oldest) } }
+            div.card.alert[stats.dead > 0] {
+                div.label { a href="/dashboard/dead" { "Dead letters" } }
+                div.value { (stats.dead) }
+            }
+            div.card.alert[stats.disabled_endpoints > 0] {
+                div.label { "Disabled endpoints" }
+                div.value { (stats.disabled_endpoints) }
+            }
+        }
+    }
+}
+
+/// The state column: disabled (and why), failing (for how long), or ok.
+pub fn state_badge(health: &EndpointHealth, now: Millis) -> Markup {
+    if health.disabled {
+        html! {
+            (badge(Tone::Off, "disabled"))
+            @if let Some(reason) = &health.disabled_reason {
+                div.small.muted.clip.narrow title=(reason) { (reason) }
+            }
+        }
+    } else if health.failure_streak > 0 {
+        let text = format!("failing ×{}", health.failure_streak);
+        html! {
+            (badge(Tone::Bad, &text))
+            @if let Some(since) = health.streak_started_at {
+                div.small.muted { "since " (ago(Some(since), now)) }
+            }
+        }
+    } else if health.last_success_at.is_some() {
+        badge(Tone::Ok, "healthy")
+    } else {
+        badge(Tone::Off, "no traffic")
+    }
+}
+
+fn window_cells(w: &WindowFigures) -> Markup {
+    html! {
+        td.num { (w.attempts) }
+        td.num { (percent(w.failure_rate, w.attempts)) }
+        td.num { (latency(w.p50_ms)) br; span.muted { (latency(w.p95_ms)) } }
+    }
+}
+
+fn endpoint_table(rows: &[EndpointOverview], healths: &[EndpointHealth], now: Millis) -> Markup {
+    html! {
+        div.scroll {
+            table {
+                thead {
+                    tr.group {
+                        th colspan="2" {}
+                        th colspan="3" { "Last hour" }
+                        th colspan="3" { "Last 24 hours" }
+                        th colspan="3" {}
+                    }
+                    tr {
+                        th { "Endpoint" }
+                        th { "State" }
+                        th.num { "Attempts" } th.num { "Failed" } th.num title="p50 and p95 latency" { "p50 / p95" }
+                        th.num { "Attempts" } th.num { "Failed" } th.num title="p50 and p95 latency" { "p50 / p95" }
+                        th { "Last success" }
+                        th { "Last error" }
+                        th title="Attempts per hour over the last 24 hours; failed ones in red" { "24 h" }
+                    }
+                }
+                tbody {
+                    @for (row, health) in rows.iter().zip(healths) {
+                        @let ep = &row.endpoint;
+                        @let href = format!("/dashboard/app/{}/endpoint/{}", ep.app_id, ep.id);
+                        tr.failing[!health.disabled && health.failure_streak > 0]
+                            .disabled[health.disabled] {
+                            td {
+                                a.clip href=(href) title=(ep.url) { (truncate(&ep.url, 56)) }
+                                div.small.muted.nowrap {
+                                    a.muted href=(format!("/dashboard?app={}", ep.app_id)) { (row.app_name) }
+                                    " · " span.mono { (ep.id) }
+                                }
+                            }
+                            td { (state_badge(health, now)) }
+                            (window_cells(&health.last_hour))
+                            (window_cells(&health.last_day))
+                            td { (ago(health.last_success_at, now)) }
+                            td {
+                                @if let Some(error) = &health.last_error {
+                                    div.clip.narrow.small title=(error) { (truncate(error, 48)) }
+                                    div.small.muted { (ago(health.last_error_at, now)) }
+                                } @else {
+                                    span.muted { "–" }
+                                }
+                            }
+                            td { (hourly_chart(&health.hourly, 120, 30, false)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Names an application for a page title (its name, else its id).
+pub fn app_label(app: &App) -> &str {
+    if app.name.is_empty() {
+        app.id.as_str()
+    } else {
+        &app.name
+    }
+}

@@ -1,0 +1,626 @@
+//! The operator dashboard: log-in, sessions and CSRF over real HTTP, then
+//! the replay flow clicked through in headless Chromium (chromedriver).
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// A client that keeps cookies, as a browser, and shows redirects instead
+/// of following them.
+fn cookie_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client builds")
+}
+
+fn location(resp: &reqwest::Response) -> String {
+    header_text(resp.headers(), "location")
+}
+
+async fn get_page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
+    let resp = client
+        .get(app.url(path))
+        .send()
+        .await
+        .expect("herald answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("body"))
+}
+
+async fn post_form(
+    client: &reqwest::Client,
+    app: &TestApp,
+    path: &str,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    client
+        .post(app.url(path))
+        .form(form)
+        .send()
+        .await
+        .expect("herald answers")
+}
+
+/// The CSRF token the page's forms carry.
+fn csrf_of(html: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let start = html.find(marker).expect("the page has a CSRF field") + marker.len();
+    let len = html[start..].find('"').expect("the value ends");
+    html[start..start + len].to_owned()
+}
+
+async fn delivery_state(app: &TestApp, app_id: &str, msg: &str) -> String {
+    app.deliveries(app_id, msg).await[0]["state"]
+        .as_str()
+        .expect("state")
+        .to_owned()
+}
+
+/// An app (named `name`) with one endpoint at `rx` whose one message went
+/// dead (the receiver answered 400). Returns (app id, endpoint id, message
+/// id, delivery id).
+async fn dead_delivery(app: &TestApp, rx: &Receiver, name: &str) -> (String, String, String, String) {
+    rx.script([Reply::status(400).body("rejected: bad amount")]);
+    let (status, body) = app.post("/api/v1/app", json!({ "name": name })).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let app_id = body["id"].as_str().expect("app id").to_owned();
+    let ep = app
+        .create_endpoint(&app_id, &rx.url("/hooks/billing"), json!({}))
+        .await;
+    let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
+    let msg = app
+        .send_message(&app_id, "invoice.paid", json!({"invoice": "in_1", "amount": 4200}))
+        .await;
+    let report = app.step().await;
+    assert_eq!((report.claimed, report.dead), (1, 1));
+    let dlv = app.deliveries(&app_id, &msg).await[0]["id"]
+        .as_str()
+        .expect("delivery id")
+        .to_owned();
+    assert_eq!(delivery_state(app, &app_id, &msg).await, "dead");
+    (app_id, ep_id, msg, dlv)
+}
+
+#[tokio::test]
+async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let evil_name = "<script>alert('pwned')</script> & Co";
+    let (app_id, ep_id, msg, dlv) = dead_delivery(&app, &rx, evil_name).await;
+    let browser = cookie_client();
+
+    // Nothing without a session: pages and forms alike go to the log-in.
+    for path in [
+        "/dashboard",
+        "/dashboard/dead",
+        &format!("/dashboard/app/{app_id}/delivery/{dlv}"),
+        &format!("/dashboard/app/{app_id}/endpoint/{ep_id}/secret"),
+    ] {
+        let resp = browser.get(app.url(path)).send().await.expect("answer");
+        assert_eq!(resp.status(), 303, "{path}");
+        assert_eq!(location(&resp), "/dashboard/login", "{path}");
+    }
+    let resp = post_form(
+        &browser,
+        &app,
+        "/dashboard/dead/replay",
+        &[("scope", "selected"), ("id", &dlv)],
+    )
+    .await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(delivery_state(&app, &app_id, &msg).await, "dead");
+    let (status, login_page) = get_page(&browser, &app, "/dashboard/login").await;
+    assert_eq!(status, 200);
+    assert!(login_page.contains(r#"name="token""#), "{login_page}");
+
+    // A wrong token is refused and starts no session.
+    let resp = post_form(&browser, &app, "/dashboard/login", &[("token", "guess")]).await;
+    assert_eq!(resp.status(), 401);
+    assert!(resp.headers().get("set-cookie").is_none());
+    assert!(resp
+        .text()
+        .await
+        .expect("body")
+        .contains("not the admin token"));
+    let resp = browser
+        .get(app.url("/dashboard"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 303);
+
+    // The right one: a session cookie the page's script cannot read and
+    // other sites' requests do not carry.
+    let resp = post_form(&browser, &app, "/dashboard/login", &[("token", TOKEN)]).await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(location(&resp), "/dashboard");
+    let cookie = header_text(resp.headers(), "set-cookie");
+    assert!(cookie.starts_with("herald_session="), "{cookie}");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/dashboard", "Max-Age=43200"] {
+        assert!(cookie.contains(attribute), "{attribute} in {cookie}");
+    }
+    let session_value = cookie
+        .trim_start_matches("herald_session=")
+        .split(';')
+        .next()
+        .expect("value")
+        .to_owned();
+
+    // The overview lists the endpoint, failing, with the app's name escaped.
+    let resp = browser
+        .get(app.url("/dashboard"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 200);
+    assert!(header_text(resp.headers(), "content-type").starts_with("text/html"));
+    let csp = header_text(resp.headers(), "content-security-policy");
+    assert!(csp.contains("script-src 'sha256-"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    let overview = resp.text().await.expect("body");
+    assert!(overview.contains(&ep_id), "the endpoint is listed");
+    assert!(overview.contains(&rx.url("/hooks/billing")));
+    assert!(overview.contains("failing ×1"), "{overview}");
+    assert!(overview.contains("HTTP 400"), "its last error");
+    assert!(
+        overview.contains("&lt;script&gt;alert('pwned')&lt;/script&gt; &amp; Co"),
+        "the app's name is escaped"
+    );
+    assert!(!overview.contains("<script>alert"), "and never raw");
+
+    // The dead letter is listed; replaying it without the page's token is
+    // refused and changes nothing.
+    let (status, dead_page) = get_page(&browser, &app, "/dashboard/dead").await;
+    assert_eq!(status, 200);
+    assert!(dead_page.contains(&format!(r#"name="id" value="{dlv}""#)));
+    assert!(dead_page.contains("permanent_status"));
+    let csrf = csrf_of(&dead_page);
+    let forged = [
+        vec![("scope", "selected"), ("id", dlv.as_str())],
+        vec![("scope", "selected"), ("id", dlv.as_str()), ("csrf", "0123abcd")],
+        vec![("scope", "matching"), ("csrf", "")],
+    ];
+    for form in &forged {
+        let resp = post_form(&browser, &app, "/dashboard/dead/replay", form).await;
+        assert_eq!(resp.status(), 403, "{form:?}");
+        assert_eq!(delivery_state(&app, &app_id, &msg).await, "dead");
+    }
+    // The right token from another site's page: refused too.
+    let resp = browser
+        .post(app.url("/dashboard/dead/replay"))
+        .header("origin", "http://evil.example")
+        .form(&[("scope", "selected"), ("id", &dlv), ("csrf", &csrf)])
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 403);
+    assert_eq!(delivery_state(&app, &app_id, &msg).await, "dead");
+
+    // With the token (and our own origin): replayed, back to the list with
+    // the count, and delivered by the next step.
+    rx.always(Reply::status(200));
+    let resp = browser
+        .post(app.url("/dashboard/dead/replay"))
+        .header("origin", app.base.as_str())
+        .form(&[("scope", "selected"), ("id", &dlv), ("csrf", &csrf)])
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 303);
+    assert_eq!(location(&resp), "/dashboard/dead");
+    let (_, after) = get_page(&browser, &app, "/dashboard/dead").await;
+    assert!(after.contains("Replayed 1"), "the flash");
+    assert!(!after.contains(&format!(r#"value="{dlv}""#)), "no longer dead");
+    let (_, again) = get_page(&browser, &app, "/dashboard/dead").await;
+    assert!(!again.contains("Replayed 1"), "a flash shows once");
+    assert_eq!(app.step().await.delivered, 1);
+    assert_eq!(rx.requests().len(), 2);
+    assert_eq!(delivery_state(&app, &app_id, &msg).await, "delivered");
+
+    // The delivery's page: payload, the headers, both attempts.
+    let (status, page) =
+        get_page(&browser, &app, &format!("/dashboard/app/{app_id}/delivery/{dlv}")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("delivered"));
+    assert!(page.contains(&msg), "webhook-id");
+    assert!(page.contains("idempotency-key"));
+    assert!(page.contains("v1,…"));
+    assert!(page.contains("&quot;amount&quot;: 4200"), "the payload, indented");
+    assert!(page.contains("rejected: bad amount"), "the 400's response");
+    assert!(
+        !page.contains(&format!("{dlv}/replay")),
+        "no replay button once delivered"
+    );
+
+    // The endpoint's page: disable with a reason (escaped when shown),
+    // then enable, each through the operator's rules.
+    let ep_path = format!("/dashboard/app/{app_id}/endpoint/{ep_id}");
+    let (status, ep_page) = get_page(&browser, &app, &ep_path).await;
+    assert_eq!(status, 200);
+    assert!(ep_page.contains("whsec_••••"), "the secret is masked");
+    let csrf = csrf_of(&ep_page);
+    let resp = post_form(
+        &browser,
+        &app,
+        &format!("{ep_path}/disable"),
+        &[("reason", "maintenance <b>now</b>")],
+    )
+    .await;
+    assert_eq!(resp.status(), 403, "no token, no change");
+    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    assert_eq!(ep_json["disabled"], false);
+    let resp = post_form(
+        &browser,
+        &app,
+        &format!("{ep_path}/disable"),
+        &[("reason", "maintenance <b>now</b>"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(location(&resp), ep_path);
+    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    assert_eq!(ep_json["disabled"], true);
+    let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
+    assert!(ep_page.contains("maintenance &lt;b&gt;now&lt;/b&gt;"));
+    assert!(ep_page.contains("Disabled: nothing is sent"), "the flash");
+    let resp = post_form(&browser, &app, &format!("{ep_path}/enable"), &[("csrf", &csrf)]).await;
+    assert_eq!(resp.status(), 303);
+    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    assert_eq!(ep_json["disabled"], false);
+
+    // The reveal link gives the secret the API gives.
+    let (status, secret) = get_page(&browser, &app, &format!("{ep_path}/secret")).await;
+    assert_eq!(status, 200);
+    let (_, api_secret) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret"))
+        .await;
+    assert_eq!(Value::String(secret), api_secret["key"]);
+
+    // Log-out needs the token too, then ends the session on the server:
+    // the old cookie, sent again, is worth nothing.
+    let resp = post_form(&browser, &app, "/dashboard/logout", &[]).await;
+    assert_eq!(resp.status(), 403);
+    let resp = post_form(&browser, &app, "/dashboard/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(location(&resp), "/dashboard/login");
+    assert!(header_text(resp.headers(), "set-cookie").contains("Max-Age=0"));
+    let resp = browser
+        .get(app.url("/dashboard"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 303);
+    let replayed_cookie = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .get(app.url("/dashboard"))
+        .header("cookie", format!("herald_session={session_value}"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(replayed_cookie.status(), 303);
+    assert_eq!(location(&replayed_cookie), "/dashboard/login");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
+    let app = spawn_stepped(&[]).await;
+    let rx_a = Receiver::start().await;
+    let rx_b = Receiver::start().await;
+    let (app_a, _, msg_a, _) = dead_delivery(&app, &rx_a, "A").await;
+    let (app_b, ep_b, msg_b, _) = dead_delivery(&app, &rx_b, "B").await;
+    let browser = cookie_client();
+    post_form(&browser, &app, "/dashboard/login", &[("token", TOKEN)]).await;
+
+    // Filtered to B's endpoint: only B's dead letter shows and is replayed.
+    let filter = format!("/dashboard/dead?app={app_b}&endpoint={ep_b}");
+    let (status, page) = get_page(&browser, &app, &filter).await;
+    assert_eq!(status, 200);
+    let csrf = csrf_of(&page);
+    let resp = post_form(
+        &browser,
+        &app,
+        "/dashboard/dead/replay",
+        &[
+            ("scope", "matching"),
+            ("app", &app_b),
+            ("endpoint", &ep_b),
+            ("csrf", &csrf),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status(), 303);
+    assert_eq!(location(&resp), format!("/dashboard/dead?app={app_b}&endpoint={ep_b}"));
+    let (_, page) = get_page(&browser, &app, &filter).await;
+    assert!(page.contains("Replayed 1"));
+    assert_eq!(delivery_state(&app, &app_b, &msg_b).await, "pending");
+    assert_eq!(delivery_state(&app, &app_a, &msg_a).await, "dead");
+
+    // A filter that names nothing is explained, not a crash.
+    let (status, page) = get_page(&browser, &app, "/dashboard/dead?since=yesterday").await;
+    assert_eq!(status, 422);
+    assert!(page.contains("since: write a time"), "{page}");
+    let (status, _) = get_page(&browser, &app, "/dashboard/dead?app=app_nosuch").await;
+    assert_eq!(status, 422);
+    app.shutdown().await;
+}
+
+/// chromedriver on a free local port, in its own process group so that
+/// the browsers it starts end with it.
+struct Chromedriver {
+    child: std::process::Child,
+    url: String,
+    profile: tempfile::TempDir,
+}
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+impl Chromedriver {
+    async fn start() -> Chromedriver {
+        use std::os::unix::process::CommandExt;
+        let port = closed_port().await;
+        let child = std::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver starts");
+        let driver = Chromedriver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            profile: tempfile::tempdir().expect("profile dir"),
+        };
+        let deadline = Instant::now() + PATIENCE;
+        let client = reqwest::Client::new();
+        loop {
+            if let Ok(r) = client.get(format!("{}/status", driver.url)).send().await {
+                if r.status() == 200 {
+                    return driver;
+                }
+            }
+            assert!(Instant::now() < deadline, "chromedriver never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn browser(&self) -> Client {
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+            "--lang=en-US",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([format!("--user-data-dir={}", self.profile.path().display())])
+        .collect::<Vec<_>>();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({ "binary": CHROMIUM, "args": args }),
+        );
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("chromium starts under chromedriver")
+    }
+}
+
+impl Drop for Chromedriver {
+    fn drop(&mut self) {
+        // The group's id is chromedriver's pid: this ends it and the
+        // Chromium processes it started, and nothing else.
+        if let Ok(pgid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals that process
+            // group; no memory is involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Saves a screenshot into docs/ when asked to (`HERALD_UPDATE_SCREENSHOT=1`),
+/// so that ordinary runs leave the tree alone.
+async fn save_screenshot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    if std::env::var("HERALD_UPDATE_SCREENSHOT").as_deref() == Ok("1") {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        std::fs::create_dir_all(&dir).expect("docs/ exists");
+        std::fs::write(dir.join(name), png).expect("screenshot saved");
+    }
+}
+
+/// Waits (bounded) until the element's text contains `text`.
+async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(el) = browser.find(Locator::Css(css)).await {
+            if let Ok(found) = el.text().await {
+                if found.contains(text) {
+                    return found;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{text}` never appeared in {css} (at {:?})",
+            browser.current_url().await.map(|u| u.to_string())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn dashboard_in_chromium_replays_a_dead_letter() {
+    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED (chromium/chromedriver not installed): dashboard_in_chromium_replays_a_dead_letter"
+        );
+        return;
+    }
+    let app = spawn_stepped(&[]).await;
+    // Some traffic so the overview has something to show: a healthy
+    // endpoint, a disabled one, and the one whose delivery goes dead.
+    let rx = Receiver::start().await;
+    let rx_orders = Receiver::start().await;
+    let (app_id, _ep_id, msg, dlv) = dead_delivery(&app, &rx, "Acme Shop").await;
+    let (status, body) = app.post("/api/v1/app", json!({"name": "Initech"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let initech = body["id"].as_str().expect("app id").to_owned();
+    app.create_endpoint(
+        &initech,
+        &rx_orders.url("/webhooks/orders"),
+        json!({"description": "order sync"}),
+    )
+    .await;
+    for i in 0..6 {
+        app.send_message(&initech, "order.created", json!({"order": i}))
+            .await;
+    }
+    // One more whose receiver stumbles once (a retried 503), so the
+    // figures show a failure rate on a healthy endpoint.
+    let rx_flaky = Receiver::start().await;
+    rx_flaky.script([Reply::status(503)]);
+    let (status, body) = app.post("/api/v1/app", json!({"name": "Umbrella"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let umbrella = body["id"].as_str().expect("app id").to_owned();
+    app.create_endpoint(&umbrella, &rx_flaky.url("/ingest/herald"), json!({}))
+        .await;
+    for i in 0..4 {
+        app.send_message(&umbrella, "shipment.updated", json!({"shipment": i}))
+            .await;
+    }
+    let (status, body) = app.post("/api/v1/app", json!({"name": "Globex"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let globex = body["id"].as_str().expect("app id").to_owned();
+    let paused = app
+        .create_endpoint(&globex, &rx_orders.url("/globex/events"), json!({}))
+        .await;
+    let (status, _) = app
+        .post(
+            &format!(
+                "/api/v1/app/{globex}/endpoint/{}/disable",
+                paused["id"].as_str().expect("id")
+            ),
+            json!({"reason": "receiver migrating to a new cluster"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + PATIENCE;
+    while rx_orders.requests().len() < 6 || rx_flaky.requests().len() < 5 {
+        app.step().await;
+        assert!(Instant::now() < deadline, "the orders were never delivered");
+    }
+    // The dead delivery's receiver is fixed now.
+    rx.always(Reply::status(200));
+
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser().await;
+    browser
+        .set_window_size(1400, 1000)
+        .await
+        .expect("window size");
+
+    // Log in through the form the redirect leads to.
+    browser
+        .goto(&app.url("/dashboard"))
+        .await
+        .expect("open the dashboard");
+    let url = browser.current_url().await.expect("url");
+    assert_eq!(url.path(), "/dashboard/login");
+    browser
+        .find(Locator::Css("input[name=token]"))
+        .await
+        .expect("token field")
+        .send_keys(TOKEN)
+        .await
+        .expect("type the token");
+    browser
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .expect("log-in button")
+        .click()
+        .await
+        .expect("log in");
+    let cards = wait_for_text(&browser, ".cards", "Dead letters").await;
+    assert!(cards.contains("Disabled endpoints"));
+    let table = wait_for_text(&browser, "table", "Acme Shop").await;
+    assert!(table.contains("failing ×1"), "{table}");
+    assert!(table.contains("disabled"), "{table}");
+    // The inline style ran (its hash is in the CSP): the header is dark.
+    let background = browser
+        .execute(
+            "return getComputedStyle(document.querySelector('header')).backgroundColor",
+            vec![],
+        )
+        .await
+        .expect("script runs");
+    assert_eq!(background, json!("rgb(36, 41, 47)"));
+    save_screenshot(&browser, "dashboard.png").await;
+
+    // Dead letters: tick the row, replay the selection.
+    browser
+        .goto(&app.url("/dashboard/dead"))
+        .await
+        .expect("open dead letters");
+    let checkbox = browser
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Css(&format!(r#"input[name="id"][value="{dlv}"]"#)))
+        .await
+        .expect("the delivery's row");
+    checkbox.click().await.expect("tick it");
+    // The inline script ran too: it counts the ticked rows.
+    wait_for_text(&browser, "[data-selected-count]", "1 selected").await;
+    save_screenshot(&browser, "dashboard-dead-letters.png").await;
+    browser
+        .find(Locator::Css(r#"button[name="scope"][value="selected"]"#))
+        .await
+        .expect("replay button")
+        .click()
+        .await
+        .expect("replay selected");
+    wait_for_text(&browser, ".flash", "Replayed 1").await;
+
+    // The dispatcher sends it again; the receiver, fixed, takes it.
+    assert_eq!(app.step().await.delivered, 1);
+    let got = rx.wait_for(2).await;
+    assert_eq!(got[1].header("idempotency-key"), dlv);
+    assert_eq!(got[1].header("x-attempt"), "2");
+
+    browser
+        .goto(&app.url(&format!("/dashboard/app/{app_id}/delivery/{dlv}")))
+        .await
+        .expect("open the delivery");
+    let facts = wait_for_text(&browser, "dl.facts", "delivered").await;
+    assert!(facts.contains(&msg), "{facts}");
+    let attempts = wait_for_text(&browser, "main", "success").await;
+    assert!(attempts.contains("failed"), "the first attempt is listed too");
+    browser.close().await.expect("browser closes");
+    drop(driver);
+    app.shutdown().await;
+}

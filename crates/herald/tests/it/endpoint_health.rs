@@ -1,0 +1,374 @@
+//! Endpoint health, auto-disable and operator webhooks, end to end: real
+//! receivers, the dispatcher stepped by hand so nothing depends on timing.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// An app with one endpoint pointed at `rx`; returns (app id, endpoint id).
+async fn app_and_endpoint(app: &TestApp, rx: &Receiver) -> (String, String) {
+    let app_id = app.create_app().await;
+    let ep = app
+        .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
+        .await;
+    (app_id, ep["id"].as_str().expect("id").to_owned())
+}
+
+async fn health(app: &TestApp, app_id: &str, ep_id: &str) -> Value {
+    let (status, h) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/health"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{h}");
+    h
+}
+
+async fn send_n(app: &TestApp, app_id: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            app.send_message(app_id, "order.created", json!({ "n": i }))
+                .await,
+        );
+    }
+    ids
+}
+
+#[tokio::test]
+async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
+    let app = spawn_stepped(&[
+        ("HERALD_DISABLE_AFTER", "3"),
+        ("HERALD_DISABLE_MIN_WINDOW", "0s"),
+        ("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms,0ms"),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(500));
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    send_n(&app, &app_id, 3).await;
+    assert_eq!(app.step().await.retried, 3);
+
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(h["failureStreak"], 3);
+    assert_eq!(h["disabled"], true, "{h}");
+    assert_eq!(
+        h["disabledReason"], "3 consecutive failed attempts over 0s",
+        "{h}"
+    );
+    assert_eq!(h["lastError"], "HTTP 500");
+    assert_eq!(h["lastHour"]["attempts"], 3);
+    assert_eq!(h["lastHour"]["failures"], 3);
+    assert_eq!(h["lastHour"]["failureRate"], 1.0);
+    assert!(h["lastHour"]["p50Ms"].is_i64(), "{h}");
+    assert!(h["lastSuccessAt"].is_null());
+    let (_, ep) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
+        .await;
+    assert_eq!(ep["disabled"], true);
+
+    // Held: the retries fall due at once but are not attempted, and a new
+    // message is routed to the (automatically) disabled endpoint and held.
+    let late = send_n(&app, &app_id, 1).await;
+    assert_eq!(app.step().await.claimed, 0);
+    assert_eq!(rx.requests().len(), 3);
+    let held = app.deliveries(&app_id, &late[0]).await;
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0]["state"], "pending");
+
+    // Enabling (here by PATCH, as the Svix SDKs do) resumes everything.
+    rx.always(Reply::status(200));
+    let (status, out) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
+            Some(json!({"disabled": false})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["disabled"], false);
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(
+        (h["failureStreak"].clone(), h["disabledReason"].clone()),
+        (json!(0), Value::Null)
+    );
+    assert_eq!(app.step().await.delivered, 4);
+    assert_eq!(rx.requests().len(), 7);
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(h["lastHour"]["attempts"], 7);
+    assert_eq!(h["lastHour"]["successes"], 4);
+    assert!(h["lastSuccessAt"].is_i64(), "{h}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_window_must_pass_too_and_any_success_resets_the_streak() {
+    let app = spawn_stepped(&[
+        ("HERALD_DISABLE_AFTER", "2"),
+        ("HERALD_DISABLE_MIN_WINDOW", "1h"),
+        ("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms,0ms"),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(503));
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    send_n(&app, &app_id, 3).await;
+    app.step().await;
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(h["failureStreak"], 3);
+    assert_eq!(h["disabled"], false, "a streak younger than the window");
+
+    // One success in the next batch ends the streak.
+    rx.script([Reply::status(503), Reply::status(200), Reply::status(503)]);
+    app.step().await;
+    let h = health(&app, &app_id, &ep_id).await;
+    assert!(h["failureStreak"].as_u64().expect("streak") <= 2, "{h}");
+    assert!(h["lastSuccessAt"].is_i64());
+    assert_eq!(h["disabled"], false);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn gone_disables_at_once_and_the_reason_says_so() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(410));
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    send_n(&app, &app_id, 1).await;
+    let report = app.step().await;
+    assert_eq!(report.dead, 1, "410 is a permanent status for the delivery");
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(h["disabled"], true);
+    assert_eq!(h["disabledReason"], "the endpoint answered 410 Gone");
+    assert_eq!(h["failureStreak"], 1);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
+    let app = spawn_stepped(&[
+        ("HERALD_DISABLE_AFTER", "1"),
+        ("HERALD_DISABLE_MIN_WINDOW", "0s"),
+        ("HERALD_MAX_AGE", "300ms"),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(500));
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let ids = send_n(&app, &app_id, 1).await;
+    assert_eq!(app.step().await.retried, 1);
+    assert_eq!(health(&app, &app_id, &ep_id).await["disabled"], true);
+    // The age cap is measured on the store's clock: let it pass.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/enable"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["expiredDeliveries"], 1);
+    assert_eq!(out["endpoint"]["disabled"], false);
+    let ds = app.deliveries(&app_id, &ids[0]).await;
+    assert_eq!(
+        (ds[0]["state"].clone(), ds[0]["deadReason"].clone()),
+        (json!("dead"), json!("too_old")),
+        "{ds:?}"
+    );
+
+    rx.always(Reply::status(200));
+    let (status, out) = app
+        .post(
+            "/api/v1/dead-letter/replay",
+            json!({"app_id": app_id, "reason": "too_old"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{out}");
+    assert_eq!(out["replayed"], 1);
+    assert_eq!(app.step().await.delivered, 1);
+    assert_eq!(rx.requests().len(), 2);
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn disabling_by_hand_routes_nothing_new_and_records_the_reason() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/disable"),
+            json!({"reason": "customer asked"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert_eq!(out["disabled"], true);
+    assert_eq!(
+        health(&app, &app_id, &ep_id).await["disabledReason"],
+        "customer asked"
+    );
+    let ids = send_n(&app, &app_id, 1).await;
+    assert!(app.deliveries(&app_id, &ids[0]).await.is_empty());
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/disable"),
+            json!({"reason": 5}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert_eq!(out["detail"][0]["loc"][1], "reason", "{out}");
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn dead_letters_list_and_replay_across_apps_with_filters() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(400));
+    let (a, _) = app_and_endpoint(&app, &rx).await;
+    let (b, eb) = app_and_endpoint(&app, &rx).await;
+    send_n(&app, &a, 2).await;
+    app.send_message(&b, "invoice.paid", json!({})).await;
+    assert_eq!(app.step().await.dead, 3);
+
+    let (status, all) = app.get("/api/v1/dead-letter?limit=2").await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(all["data"].as_array().map(Vec::len), Some(2));
+    assert_eq!(all["done"], false);
+    let (_, of_type) = app.get("/api/v1/dead-letter?event_type=invoice.paid").await;
+    assert_eq!(of_type["data"].as_array().map(Vec::len), Some(1));
+    assert_eq!(of_type["data"][0]["endpointId"], eb.as_str());
+    let (status, bad) = app.get("/api/v1/dead-letter?since=yesterday").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    let (status, bad) = app.get("/api/v1/dead-letter?reason=bored").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    let (status, _) = app.get("/api/v1/dead-letter?app_id=app_nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    rx.always(Reply::status(200));
+    let first = of_type["data"][0]["id"].as_str().expect("id").to_owned();
+    let (status, out) = app
+        .post("/api/v1/dead-letter/replay", json!({"ids": [first]}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{out}");
+    assert_eq!(out["replayed"], 1);
+    let (status, out) = app
+        .post("/api/v1/dead-letter/replay", json!({"ids": ["nope"]}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    let (status, out) = app
+        .post("/api/v1/dead-letter/replay", json!({"limit": 5000}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    let (_, out) = app
+        .post("/api/v1/dead-letter/replay", json!({"app_id": a}))
+        .await;
+    assert_eq!(
+        (out["replayed"].clone(), out["done"].clone()),
+        (json!(2), json!(true))
+    );
+    assert_eq!(app.step().await.delivered, 3);
+    let (_, left) = app.get("/api/v1/dead-letter").await;
+    assert_eq!(left["data"].as_array().map(Vec::len), Some(0));
+    app.shutdown().await;
+}
+
+fn verify_operator(secret: &str, r: &Recorded) -> Value {
+    let wh = standardwebhooks::Webhook::new(secret).expect("secret");
+    let mut headers = http::HeaderMap::new();
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        headers.insert(name, r.header(name).parse().expect("header value"));
+    }
+    wh.verify(&r.body, &headers)
+        .expect("operator events are signed with the configured secret");
+    serde_json::from_slice(&r.body).expect("JSON event")
+}
+
+#[tokio::test]
+async fn operator_webhooks_report_disable_enable_and_exhaustion() {
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let app = spawn_stepped(&[
+        ("HERALD_DISABLE_AFTER", "1"),
+        ("HERALD_DISABLE_MIN_WINDOW", "0s"),
+        ("HERALD_OPERATOR_WEBHOOK_URL", &ops.url("/ops")),
+        ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(400));
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let msg = send_n(&app, &app_id, 1).await.remove(0);
+    assert_eq!(app.step().await.dead, 1);
+    // The events travel the durable path: the next step delivers them.
+    app.step().await;
+    let got = ops.wait_for(2).await;
+    let events: Vec<Value> = got.iter().map(|r| verify_operator(secret, r)).collect();
+    let of_type = |t: &str| {
+        events
+            .iter()
+            .find(|e| e["type"] == t)
+            .unwrap_or_else(|| panic!("no {t} in {events:?}"))
+            .clone()
+    };
+    let disabled = of_type("endpoint.disabled");
+    assert_eq!(disabled["data"]["endpointId"], ep_id.as_str());
+    assert_eq!(disabled["data"]["appId"], app_id.as_str());
+    assert_eq!(disabled["data"]["trigger"], "automatic");
+    let exhausted = of_type("message.attempt.exhausted");
+    assert_eq!(exhausted["data"]["msgId"], msg.as_str());
+    assert_eq!(exhausted["data"]["reason"], "permanent_status");
+    assert_eq!(exhausted["data"]["lastAttempt"]["responseStatusCode"], 400);
+
+    let (status, _) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/enable"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    app.step().await;
+    let got = ops.wait_for(3).await;
+    let enabled = verify_operator(secret, &got[2]);
+    assert_eq!(enabled["type"], "endpoint.enabled");
+    assert_eq!(enabled["data"]["endpointId"], ep_id.as_str());
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn operator_webhooks_need_a_valid_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values: std::collections::BTreeMap<String, String> = [
+        ("HERALD_OPERATOR_WEBHOOK_URL", "http://127.0.0.1:9/ops"),
+        (
+            "HERALD_DATABASE_URL",
+            &format!("sqlite://{}", dir.path().join("h.db").display()),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let err = herald::config::Config::from_values(&values).expect_err("secret required");
+    assert!(
+        err.to_string().contains("HERALD_OPERATOR_WEBHOOK_SECRET"),
+        "{err}"
+    );
+    let mut bad = values.clone();
+    bad.insert("HERALD_OPERATOR_WEBHOOK_SECRET".into(), "hunter2".into());
+    let err = herald::config::Config::from_values(&bad).expect_err("bad secret");
+    assert!(
+        err.to_string().contains("HERALD_OPERATOR_WEBHOOK_SECRET"),
+        "{err}"
+    );
+    let mut bad_url = values;
+    bad_url.insert("HERALD_OPERATOR_WEBHOOK_URL".into(), "ftp://x".into());
+    bad_url.insert(
+        "HERALD_OPERATOR_WEBHOOK_SECRET".into(),
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+    );
+    let err = herald::config::Config::from_values(&bad_url).expect_err("bad url");
+    assert!(
+        err.to_string().contains("HERALD_OPERATOR_WEBHOOK_URL"),
+        "{err}"
+    );
+}
