@@ -56,7 +56,7 @@ pub fn quantile_ms(histogram: &[u64; HISTOGRAM_LEN], q: f64) -> Option<i64> {
 }
 
 /// Figures over one window (last hour, last day).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WindowFigures {
     pub attempts: u64,
@@ -70,28 +70,36 @@ pub struct WindowFigures {
 }
 
 /// One point of the dashboard's chart: an hour's attempts.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HourPoint {
+    /// Unix milliseconds (as every time of this struct).
+    #[schema(value_type = i64)]
     pub hour_start: Millis,
     pub attempts: u64,
     pub failures: u64,
     pub mean_latency_ms: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+// `Millis` is an alias of i64 that the OpenAPI derive cannot see through,
+// hence the `value_type`s.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointHealth {
     pub last_hour: WindowFigures,
     pub last_day: WindowFigures,
     /// Consecutive failed attempts now, 0 after any success.
     pub failure_streak: u32,
+    #[schema(value_type = Option<i64>)]
     pub streak_started_at: Option<Millis>,
+    #[schema(value_type = Option<i64>)]
     pub last_success_at: Option<Millis>,
     pub last_error: Option<String>,
+    #[schema(value_type = Option<i64>)]
     pub last_error_at: Option<Millis>,
     pub disabled: bool,
     pub disabled_reason: Option<String>,
+    #[schema(value_type = Option<i64>)]
     pub disabled_at: Option<Millis>,
     /// The last 24 hours, oldest first, one point per hour.
     pub hourly: Vec<HourPoint>,

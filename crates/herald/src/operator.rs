@@ -107,6 +107,8 @@ impl Operator {
                     disabled: false,
                     rate_limit: None,
                     metadata: Default::default(),
+                    channels: None,
+                    headers: Default::default(),
                     secret: secret.clone(),
                     created_at: now,
                     updated_at: now,
@@ -152,6 +154,7 @@ impl Operator {
                     "data": data,
                 })
                 .to_string(),
+                channels: None,
                 created_at: now,
             })
             .collect();

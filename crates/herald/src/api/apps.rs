@@ -8,6 +8,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::error::{
+    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::{
     check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
     ListParams, ListResponse,
@@ -15,19 +19,24 @@ use super::{
 use crate::ids::AppId;
 use crate::store::{now_millis, App};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationIn {
+    /// Not blank.
+    #[schema(pattern = "\\S")]
     pub name: String,
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<String>,
+    /// Also accepted as `throttleRate`.
     #[serde(default, alias = "throttleRate")]
+    #[schema(maximum = 65535)]
     pub rate_limit: Option<u16>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationOut {
     pub id: String,
@@ -55,12 +64,28 @@ impl From<App> for ApplicationOut {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct CreateAppParams {
+    /// `true`: answer 200 with the application that has this uid, if any.
     #[serde(default)]
+    #[param(value_type = Option<bool>)]
     pub get_if_exists: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/app",
+    tag = "Application",
+    params(CreateAppParams),
+    request_body = ApplicationIn,
+    responses(
+        (status = 200, description = "The existing application (`get_if_exists=true`)", body = ApplicationOut),
+        (status = 201, description = "Created", body = ApplicationOut),
+        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn create_app(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<CreateAppParams>,
@@ -95,6 +120,16 @@ pub async fn create_app(
     Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}",
+    tag = "Application",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    responses(
+        (status = 200, description = "The application", body = ApplicationOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_app(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -102,6 +137,16 @@ pub async fn get_app(
     Ok(Json(find_app(&state, &app_id).await?.into()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/app",
+    tag = "Application",
+    params(ListParams),
+    responses(
+        (status = 200, description = "A page of applications", body = ListResponse<ApplicationOut>),
+        BadRequestResponse, UnauthorizedResponse, ValidationResponse,
+    )
+)]
 pub async fn list_apps(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<ListParams>,
@@ -161,6 +206,20 @@ async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> 
 }
 
 /// PUT: replaces the application named by the path, or creates it (201).
+#[utoipa::path(
+    put,
+    path = "/app/{app_id}",
+    tag = "Application",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid; \
+             a uid that names no application creates one with it")),
+    request_body = ApplicationIn,
+    responses(
+        (status = 200, description = "Replaced", body = ApplicationOut),
+        (status = 201, description = "Created", body = ApplicationOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn put_app(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -208,23 +267,38 @@ pub async fn put_app(
 }
 
 /// PATCH: an absent field stays; `null` clears `uid` and `rateLimit`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationPatch {
     #[serde(default)]
+    #[schema(pattern = "\\S")]
     pub name: Option<String>,
     #[serde(default, deserialize_with = "super::double_option")]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<Option<String>>,
     #[serde(
         default,
         alias = "throttleRate",
         deserialize_with = "super::double_option"
     )]
+    #[schema(maximum = 65535)]
     pub rate_limit: Option<Option<u16>>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
+#[utoipa::path(
+    patch,
+    path = "/app/{app_id}",
+    tag = "Application",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body = ApplicationPatch,
+    responses(
+        (status = 200, description = "Changed", body = ApplicationOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn patch_app(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -254,6 +328,16 @@ pub async fn patch_app(
 }
 
 /// DELETE: the application with its endpoints, messages and history.
+#[utoipa::path(
+    delete,
+    path = "/app/{app_id}",
+    tag = "Application",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    responses(
+        (status = 204, description = "Deleted"),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn delete_app(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,

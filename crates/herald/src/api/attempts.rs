@@ -6,11 +6,14 @@ use serde::Serialize;
 
 use super::apps::find_app;
 use super::endpoints::find_endpoint;
+use super::error::{
+    BadRequestResponse, NotFoundResponse, UnauthorizedResponse, ValidationResponse,
+};
 use super::messages::find_message;
 use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::store::AttemptRecord;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AttemptOut {
     pub id: String,
@@ -66,29 +69,65 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/attempt/msg/{msg_id}",
+    tag = "Attempt",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ListParams),
+    responses(
+        (status = 200, description = "A page of the message's attempts", body = ListResponse<AttemptOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_attempts_by_msg(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
-    ApiQuery(params): ApiQuery<ListParams>,
+    ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
     let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let page_req = params.list.page(false)?;
+    let Some(mut filter) = params.filter()? else {
+        return Ok(respond(crate::store::Page {
+            items: Vec::new(),
+            has_more: false,
+        }));
+    };
+    filter.msg = Some(msg.id);
     let page = state
         .store
-        .list_attempts_of_message(&app.id, &msg.id, &params.page(false)?)
+        .list_attempts(&app.id, &filter, &page_req)
         .await?;
     Ok(respond(page))
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/attempt/endpoint/{endpoint_id}",
+    tag = "Attempt",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid"), ListParams),
+    responses(
+        (status = 200, description = "A page of the attempts to the endpoint", body = ListResponse<AttemptOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_attempts_by_endpoint(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
-    ApiQuery(params): ApiQuery<ListParams>,
+    ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let page_req = params.list.page(false)?;
+    let Some(mut filter) = params.filter()? else {
+        return Ok(respond(crate::store::Page {
+            items: Vec::new(),
+            has_more: false,
+        }));
+    };
+    filter.endpoint = Some(ep.id);
     let page = state
         .store
-        .list_attempts_of_endpoint(&app.id, &ep.id, &params.page(false)?)
+        .list_attempts(&app.id, &filter, &page_req)
         .await?;
     Ok(respond(page))
 }

@@ -7,22 +7,56 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::apps::find_app;
 use super::endpoints::find_endpoint;
+use super::error::{
+    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::ids::{DeliveryId, EndpointId};
 use crate::store::{now_millis, DeadFilter};
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeadParams {
+    // Documented by `ListParams`' own derive: IntoParams cannot flatten.
     #[serde(flatten)]
+    #[param(ignore)]
     pub list: ListParams,
+    /// Only this endpoint's (id or uid).
     pub endpoint_id: Option<String>,
 }
 
+/// The answer of a replay of an endpoint's dead deliveries.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ReplayedOut {
+    /// How many dead deliveries were put back in the queue.
+    pub replayed: u64,
+}
+
+/// The answer of a bulk replay.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BulkReplayOut {
+    pub replayed: u64,
+    /// Fewer than `limit` matched: nothing is left to replay.
+    pub done: bool,
+}
+
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/dead-letter",
+    tag = "Dead letter",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams, DeadParams),
+    responses(
+        (status = 200, description = "A page of the application's dead deliveries, newest first",
+         body = ListResponse<DeliveryOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_dead(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -50,6 +84,16 @@ pub async fn list_dead(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/dead-letter/{delivery_id}/replay",
+    tag = "Dead letter",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("delivery_id" = String, Path, description = "The delivery's id (dlv_…)")),
+    responses(
+        (status = 202, description = "Replayed: a fresh retry cycle starts now", body = super::EmptyOut),
+        UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+    )
+)]
 pub async fn replay_dead(
     State(state): State<ApiState>,
     Path((app_id, delivery_id)): Path<(String, String)>,
@@ -69,6 +113,16 @@ pub async fn replay_dead(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
+    tag = "Dead letter",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 202, description = "Every dead delivery of the endpoint replayed", body = ReplayedOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn replay_endpoint_dead(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -82,28 +136,37 @@ pub async fn replay_endpoint_dead(
     if replayed > 0 {
         state.wake.notify_one();
     }
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "replayed": replayed })),
-    )
-        .into_response())
+    Ok((StatusCode::ACCEPTED, Json(ReplayedOut { replayed })).into_response())
 }
 
 /// Filters of the cross-application dead-letter calls (Herald's own):
 /// `app_id`, `endpoint_id`, `event_type`, `reason`, `since`, `until`
 /// (RFC 3339).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams, utoipa::ToSchema)]
+#[into_params(parameter_in = Query)]
 pub struct DeadFilterParams {
     // Query strings use snake_case, JSON bodies camelCase (as Svix): both
-    // spellings are accepted in both places.
+    // spellings are accepted in both places (the description names the
+    // snake_case one).
+    /// Only this application's (id or uid).
     #[serde(alias = "appId")]
     pub app_id: Option<String>,
+    /// Only this endpoint's: an id or, with `app_id`, a uid.
     #[serde(alias = "endpointId")]
     pub endpoint_id: Option<String>,
     #[serde(alias = "eventType")]
     pub event_type: Option<String>,
+    /// `exhausted`, `permanent_status` or `too_old`.
+    #[param(pattern = "^(exhausted|permanent_status|too_old)?$")]
+    #[schema(pattern = "^(exhausted|permanent_status|too_old)?$")]
     pub reason: Option<String>,
+    /// Dead since this time (RFC 3339).
+    #[param(format = DateTime)]
+    #[schema(format = DateTime)]
     pub since: Option<String>,
+    /// Dead until this time (RFC 3339).
+    #[param(format = DateTime)]
+    #[schema(format = DateTime)]
     pub until: Option<String>,
 }
 
@@ -149,6 +212,8 @@ impl DeadFilterParams {
             reason,
             since: parse_time("since", &self.since)?,
             until: parse_time("until", &self.until)?,
+            created_since: None,
+            created_until: None,
         })
     }
 }
@@ -163,6 +228,17 @@ pub struct AllDeadParams {
 
 /// `GET /api/v1/dead-letter`: dead deliveries of every application,
 /// newest first, filtered.
+#[utoipa::path(
+    get,
+    path = "/dead-letter",
+    tag = "Dead letter",
+    params(ListParams, DeadFilterParams),
+    responses(
+        (status = 200, description = "A page of dead deliveries, newest first",
+         body = ListResponse<DeliveryOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_all_dead(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<AllDeadParams>,
@@ -183,22 +259,35 @@ pub async fn list_all_dead(
 /// The most one bulk replay call moves; callers repeat while it is full.
 pub const MAX_REPLAY_BATCH: usize = 1000;
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplayIn {
     #[serde(flatten)]
     pub filter: DeadFilterParams,
-    /// Only these deliveries (still subject to the filter).
+    /// Only these deliveries (`dlv_…`; still subject to the filter).
     #[serde(default)]
+    #[schema(max_items = 1000)]
     pub ids: Option<Vec<String>>,
     /// At most this many (default and maximum 1000).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }
 
 /// `POST /api/v1/dead-letter/replay`: replays the dead deliveries matching
 /// the filter (and `ids`, when given), at most `limit`; answers
 /// `{"replayed": n, "done": bool}` (done: fewer than `limit` matched).
+#[utoipa::path(
+    post,
+    path = "/dead-letter/replay",
+    tag = "Dead letter",
+    request_body = ReplayIn,
+    responses(
+        (status = 202, description = "Replayed; repeat while `done` is false", body = BulkReplayOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn replay_all_dead(
     State(state): State<ApiState>,
     super::ApiJson(body): super::ApiJson<ReplayIn>,
@@ -231,9 +320,5 @@ pub async fn replay_all_dead(
         state.wake.notify_one();
     }
     let done = usize::try_from(replayed).unwrap_or(usize::MAX) < limit;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "replayed": replayed, "done": done })),
-    )
-        .into_response())
+    Ok((StatusCode::ACCEPTED, Json(BulkReplayOut { replayed, done })).into_response())
 }

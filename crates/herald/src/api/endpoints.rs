@@ -10,6 +10,10 @@ use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
 
 use super::apps::find_app;
+use super::error::{
+    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::{
     check_metadata, check_uid, double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery,
     ApiResult, ApiState, ListParams, ListResponse,
@@ -18,52 +22,76 @@ use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
 use crate::store::{now_millis, Endpoint};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointIn {
+    /// http or https; a public address unless private networks are allowed.
+    #[schema(format = "uri")]
     pub url: String,
     #[serde(default)]
+    #[schema(max_length = 4096)]
     pub description: Option<String>,
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<String>,
     #[serde(default)]
     pub version: Option<i64>,
     #[serde(default)]
     pub disabled: Option<bool>,
     /// Svix's older name; SDK 2.x sends `eventTypes`. Both are accepted.
+    /// Existing event types only; absent: every type.
     #[serde(default, alias = "eventTypes")]
+    #[schema(min_items = 1)]
     pub filter_types: Option<Vec<String>>,
+    /// Also accepted as `throttleRate`.
     #[serde(default, alias = "throttleRate")]
+    #[schema(maximum = 65535)]
     pub rate_limit: Option<u16>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `whsec_` and 24 to 64 bytes in base64; generated when absent.
     #[serde(default)]
+    #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
     pub secret: Option<String>,
+    #[serde(default)]
+    #[schema(max_items = 10)]
+    pub channels: Option<Vec<String>>,
+    /// Extra request headers (Herald accepts them at creation too), at most 20.
+    #[serde(default)]
+    pub headers: Option<BTreeMap<String, String>>,
 }
 
 /// PATCH: an absent field stays; `null` clears it.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPatch {
     #[serde(default)]
+    #[schema(format = "uri")]
     pub url: Option<String>,
     #[serde(default)]
+    #[schema(max_length = 4096)]
     pub description: Option<String>,
     #[serde(default, deserialize_with = "double_option")]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<Option<String>>,
     #[serde(default)]
     pub disabled: Option<bool>,
     #[serde(default, alias = "eventTypes", deserialize_with = "double_option")]
+    #[schema(min_items = 1)]
     pub filter_types: Option<Option<Vec<String>>>,
     #[serde(default, alias = "throttleRate", deserialize_with = "double_option")]
+    #[schema(maximum = 65535)]
     pub rate_limit: Option<Option<u16>>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub version: Option<i64>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(max_items = 10)]
+    pub channels: Option<Option<Vec<String>>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointOut {
     pub id: String,
@@ -93,7 +121,7 @@ impl From<Endpoint> for EndpointOut {
             uid: e.uid,
             event_types: e.filter_types.clone(),
             filter_types: e.filter_types,
-            channels: None,
+            channels: e.channels,
             rate_limit: e.rate_limit,
             throttle_rate: e.rate_limit,
             metadata: e.metadata,
@@ -103,7 +131,7 @@ impl From<Endpoint> for EndpointOut {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SecretOut {
     pub key: String,
 }
@@ -147,6 +175,74 @@ async fn check_filter(
     }
 }
 
+/// At most 10 channels of 1-128 safe characters, kept sorted and unique.
+pub fn check_channels(
+    field: &str,
+    channels: &Option<Vec<String>>,
+) -> ApiResult<Option<Vec<String>>> {
+    let Some(list) = channels else {
+        return Ok(None);
+    };
+    if list.is_empty() {
+        return Ok(None);
+    }
+    if list.len() > 10 {
+        return Err(ApiError::field(field, "at most 10 channels"));
+    }
+    if let Some(bad) = list.iter().find(|c| c.len() > 128 || !valid_uid(c)) {
+        return Err(ApiError::field(
+            field,
+            format!("`{bad}` must be 1-128 characters of letters, digits, '-', '_' or '.'"),
+        ));
+    }
+    let mut list = list.clone();
+    list.sort();
+    list.dedup();
+    Ok(Some(list))
+}
+
+/// Headers Herald sets itself (or that HTTP reserves) cannot be overridden.
+const RESERVED_HEADERS: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "idempotency-key",
+    "x-attempt",
+    "x-event-type",
+    "content-type",
+    "content-length",
+    "host",
+    "user-agent",
+    "connection",
+    "transfer-encoding",
+];
+
+/// Valid header names and values, at most 20, none reserved.
+pub fn check_headers(headers: &BTreeMap<String, String>) -> ApiResult<()> {
+    if headers.len() > 20 {
+        return Err(ApiError::field("headers", "at most 20 headers"));
+    }
+    for (name, value) in headers {
+        let lower = name.to_ascii_lowercase();
+        if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("svix-") {
+            return Err(ApiError::field(
+                "headers",
+                format!("`{name}` is set by Herald and cannot be overridden"),
+            ));
+        }
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || http::HeaderValue::from_str(value).is_err()
+            || value.len() > 4096
+        {
+            return Err(ApiError::field(
+                "headers",
+                format!("`{name}` is not a valid header name and value"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_description(d: &Option<String>) -> ApiResult<()> {
     match d {
         Some(d) if d.len() > 4096 => {
@@ -156,23 +252,44 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body = EndpointIn,
+    responses(
+        (status = 201, description = "Created", body = EndpointOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn create_endpoint(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
     ApiJson(body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
     let app = find_app(&state, &app_id).await?;
+    insert_endpoint(&state, app.id, body).await
+}
+
+/// Validates `body` and stores it as a new endpoint of `app` (201).
+async fn insert_endpoint(state: &ApiState, app_id: AppId, body: EndpointIn) -> ApiResult<Response> {
+    let state = state.clone();
     let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
     let filter_types = check_filter(&state, &body.filter_types).await?;
+    let channels = check_channels("channels", &body.channels)?;
+    let headers = body.headers.clone().unwrap_or_default();
+    check_headers(&headers)?;
     let secret = match &body.secret {
         Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
         None => Secret::generate(),
     };
     if let Some(uid) = &body.uid {
-        if state.store.get_endpoint(&app.id, uid).await?.is_some() {
+        if state.store.get_endpoint(&app_id, uid).await?.is_some() {
             return Err(ApiError::Conflict(format!(
                 "an endpoint with uid `{uid}` already exists"
             )));
@@ -181,7 +298,7 @@ pub async fn create_endpoint(
     let now = now_millis();
     let ep = Endpoint {
         id: EndpointId::generate(),
-        app_id: app.id,
+        app_id,
         uid: body.uid,
         url,
         description: body.description.unwrap_or_default(),
@@ -189,6 +306,8 @@ pub async fn create_endpoint(
         disabled: body.disabled.unwrap_or(false),
         rate_limit: body.rate_limit,
         metadata: body.metadata.unwrap_or_default(),
+        channels,
+        headers,
         secret: secret.expose(),
         created_at: now,
         updated_at: now,
@@ -206,6 +325,16 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
         .ok_or(ApiError::NotFound("endpoint"))
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "The endpoint", body = EndpointOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_endpoint(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -216,6 +345,16 @@ pub async fn get_endpoint(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams),
+    responses(
+        (status = 200, description = "A page of endpoints", body = ListResponse<EndpointOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -272,13 +411,34 @@ async fn save(
 }
 
 /// PUT: replaces every field (absent optional fields take their defaults).
+#[utoipa::path(
+    put,
+    path = "/app/{app_id}/endpoint/{endpoint_id}",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = EndpointIn,
+    responses(
+        (status = 200, description = "Replaced", body = EndpointOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn update_endpoint(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
-    ApiJson(body): ApiJson<EndpointIn>,
-) -> ApiResult<Json<EndpointOut>> {
+    ApiJson(mut body): ApiJson<EndpointIn>,
+) -> ApiResult<Response> {
     let app = find_app(&state, &app_id).await?;
-    let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let Some(mut ep) = state.store.get_endpoint(&app.id, &endpoint_id).await? else {
+        // Svix's upsert: a missing endpoint named by a uid is created
+        // under it (an endpoint id cannot be chosen by the caller).
+        if EndpointId::parse(&endpoint_id).is_some() {
+            return Err(ApiError::NotFound("endpoint"));
+        }
+        check_uid("uid", &Some(endpoint_id.clone()))?;
+        body.uid = body.uid.or(Some(endpoint_id));
+        return insert_endpoint(&state, app.id, body).await;
+    };
     let was_disabled = ep.disabled;
     ep.url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
@@ -291,9 +451,24 @@ pub async fn update_endpoint(
     ep.disabled = body.disabled.unwrap_or(false);
     ep.rate_limit = body.rate_limit;
     ep.metadata = body.metadata.unwrap_or_default();
-    save(&state, ep, uid_changed, was_disabled).await
+    ep.channels = check_channels("channels", &body.channels)?;
+    save(&state, ep, uid_changed, was_disabled)
+        .await
+        .map(IntoResponse::into_response)
 }
 
+#[utoipa::path(
+    patch,
+    path = "/app/{app_id}/endpoint/{endpoint_id}",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = EndpointPatch,
+    responses(
+        (status = 200, description = "Changed", body = EndpointOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn patch_endpoint(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -328,9 +503,22 @@ pub async fn patch_endpoint(
         check_metadata(&Some(m.clone()))?;
         ep.metadata = m;
     }
+    if let Some(channels) = body.channels {
+        ep.channels = check_channels("channels", &channels)?;
+    }
     save(&state, ep, uid_changed, was_disabled).await
 }
 
+#[utoipa::path(
+    delete,
+    path = "/app/{app_id}/endpoint/{endpoint_id}",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 204, description = "Deleted, with its deliveries and attempts"),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -343,6 +531,16 @@ pub async fn delete_endpoint(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/secret",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "The current signing secret", body = SecretOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_endpoint_secret(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -354,6 +552,16 @@ pub async fn get_endpoint_secret(
 
 /// `GET …/endpoint/{id}/health` (Herald's own): the figures of
 /// [`crate::health::EndpointHealth`], read from stats buckets.
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/health",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "Attempt figures of the last hour and day", body = crate::health::EndpointHealth),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_endpoint_health(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -379,13 +587,26 @@ pub async fn endpoint_health(
     Ok(crate::health::compute(&status, &buckets, now))
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct DisableIn {
     #[serde(default)]
+    #[schema(max_length = 1000)]
     pub reason: Option<String>,
 }
 
 /// `POST …/endpoint/{id}/disable` (Herald's own), optional `{"reason"}`.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/disable",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body(content = Option<DisableIn>, description = "Optional; an empty body is fine"),
+    responses(
+        (status = 200, description = "Disabled: new deliveries are held", body = EndpointOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn disable_endpoint_route(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -413,7 +634,7 @@ pub async fn disable_endpoint_route(
     ))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnableOut {
     pub endpoint: EndpointOut,
@@ -422,6 +643,16 @@ pub struct EnableOut {
 }
 
 /// `POST …/endpoint/{id}/enable` (Herald's own).
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/enable",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "Enabled: held deliveries resume", body = EnableOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn enable_endpoint_route(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -444,25 +675,39 @@ pub async fn enable_endpoint_route(
 pub const DEFAULT_GRACE_SECONDS: u64 = 24 * 3600;
 const MAX_GRACE_SECONDS: u64 = 30 * 24 * 3600;
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RotateIn {
     /// The new secret (`whsec_…`); generated when absent.
     #[serde(default)]
+    #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
     pub key: Option<String>,
     /// How long the current secret keeps signing (default 24 h).
     #[serde(default)]
+    #[schema(maximum = 2592000)]
     pub grace_period_seconds: Option<u64>,
 }
 
-/// `POST …/endpoint/{id}/secret/rotate`: 204. Until the grace period ends,
+/// `POST …/endpoint/{id}/secret/rotate`: 200 `{"key"}`. Until the grace period ends,
 /// every attempt carries a signature by the new and by each still-valid
 /// old secret (at most 10), space-separated, as Standard Webhooks says.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body(content = Option<RotateIn>, description = "Optional; an empty body generates the new secret"),
+    responses(
+        (status = 200, description = "Rotated: the new secret", body = SecretOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn rotate_endpoint_secret(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
     body: axum::body::Bytes,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Json<SecretOut>> {
     let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
         RotateIn::default()
     } else {
@@ -496,5 +741,91 @@ pub async fn rotate_endpoint_secret(
     {
         return Err(ApiError::NotFound("endpoint"));
     }
+    // The official SDKs (2.x) read the new key from the answer; older
+    // ones ignore the body: 200 with `{"key"}` suits both.
+    Ok(Json(SecretOut {
+        key: secret.expose(),
+    }))
+}
+
+/// `GET …/headers`: the endpoint's extra headers. Herald does not mark any
+/// as sensitive, so `sensitive` is always empty (the SDK expects it).
+#[derive(Debug, Serialize)]
+pub struct HeadersOut {
+    pub headers: BTreeMap<String, String>,
+    pub sensitive: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HeadersIn {
+    pub headers: BTreeMap<String, String>,
+}
+
+/// PATCH: sets the headers given; removes those given as `null` and
+/// those named in `deleteHeaders` (the SDKs' way).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeadersPatch {
+    #[serde(default)]
+    pub headers: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    pub delete_headers: Option<Vec<String>>,
+}
+
+pub async fn get_endpoint_headers(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<HeadersOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    Ok(Json(HeadersOut {
+        headers: ep.headers,
+        sensitive: Vec::new(),
+    }))
+}
+
+async fn save_headers(
+    state: &ApiState,
+    mut ep: Endpoint,
+    headers: BTreeMap<String, String>,
+) -> ApiResult<StatusCode> {
+    check_headers(&headers)?;
+    ep.headers = headers;
+    ep.updated_at = now_millis();
+    if !state.store.update_endpoint(&ep).await? {
+        return Err(ApiError::NotFound("endpoint"));
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT …/headers`: replaces them all (204).
+pub async fn put_endpoint_headers(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<HeadersIn>,
+) -> ApiResult<StatusCode> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    save_headers(&state, ep, body.headers).await
+}
+
+/// `PATCH …/headers`: sets the named ones, removes those given as null.
+pub async fn patch_endpoint_headers(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<HeadersPatch>,
+) -> ApiResult<StatusCode> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let mut headers = ep.headers.clone();
+    for (name, value) in body.headers {
+        match value {
+            Some(v) => headers.insert(name, v),
+            None => headers.remove(&name),
+        };
+    }
+    for name in body.delete_headers.unwrap_or_default() {
+        headers.remove(&name);
+    }
+    save_headers(&state, ep, headers).await
 }

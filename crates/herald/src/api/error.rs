@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use crate::store::StoreError;
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// One invalid field of a 422: where it is (`["body", "url"]`,
+/// `["query", "limit"]`), what is wrong, and the kind of error.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct FieldError {
     pub loc: Vec<String>,
     pub msg: String,
@@ -86,11 +88,58 @@ impl From<StoreError> for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct Body<'a, D: Serialize> {
-    code: &'a str,
-    detail: D,
+/// The body of every error but a 422: a stable `code` and a readable
+/// `detail`. The OpenAPI description documents errors with this very type.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub code: &'static str,
+    pub detail: String,
 }
+
+/// The body of a 422: `detail` names each invalid field.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ValidationErrorBody {
+    pub code: &'static str,
+    pub detail: Vec<FieldError>,
+}
+
+// The error responses as the OpenAPI description lists them, one type per
+// status, so that each handler's annotation names exactly the ones it can give.
+
+/// Malformed JSON or query string.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 400)]
+pub struct BadRequestResponse(pub ErrorBody);
+
+/// Missing or wrong bearer token.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401)]
+pub struct UnauthorizedResponse(pub ErrorBody);
+
+/// No such application, endpoint, message, delivery or event type.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 404)]
+pub struct NotFoundResponse(pub ErrorBody);
+
+/// A uid or eventId already taken, or a delivery not in a fitting state.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 409)]
+pub struct ConflictResponse(pub ErrorBody);
+
+/// The body or the payload is over its limit.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 413)]
+pub struct PayloadTooLargeResponse(pub ErrorBody);
+
+/// A field or query parameter is invalid; `detail` names it.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 422)]
+pub struct ValidationResponse(pub ValidationErrorBody);
+
+/// The store cannot be reached.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 503)]
+pub struct UnavailableResponse(pub ErrorBody);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -107,7 +156,7 @@ impl IntoResponse for ApiError {
         let mut response = match self {
             ApiError::Validation(fields) => (
                 status,
-                axum::Json(Body {
+                axum::Json(ValidationErrorBody {
                     code,
                     detail: fields,
                 }),
@@ -115,7 +164,7 @@ impl IntoResponse for ApiError {
                 .into_response(),
             other => (
                 status,
-                axum::Json(Body {
+                axum::Json(ErrorBody {
                     code,
                     detail: other.to_string(),
                 }),

@@ -6,23 +6,31 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::error::{
+    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::{
     double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
     ListParams, ListResponse,
 };
 use crate::store::{now_millis, EventType};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypeIn {
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub name: String,
     #[serde(default)]
+    #[schema(max_length = 8192)]
     pub description: Option<String>,
     #[serde(default)]
     pub archived: Option<bool>,
     #[serde(default)]
     pub deprecated: Option<bool>,
+    /// JSON Schemas by version, e.g. `{"1": {...}}`; at most 256 KiB.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub schemas: Option<serde_json::Value>,
     /// Svix's older single flag; `featureFlags` is the current name.
     #[serde(default)]
@@ -30,20 +38,24 @@ pub struct EventTypeIn {
     #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub group_name: Option<String>,
 }
 
 /// PUT's body: the name comes from the path.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypeUpdate {
     #[serde(default)]
+    #[schema(max_length = 8192)]
     pub description: Option<String>,
     #[serde(default)]
     pub archived: Option<bool>,
     #[serde(default)]
     pub deprecated: Option<bool>,
+    /// JSON Schemas by version, e.g. `{"1": {...}}`; at most 256 KiB.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub schemas: Option<serde_json::Value>,
     /// Svix's older single flag; `featureFlags` is the current name.
     #[serde(default)]
@@ -51,36 +63,41 @@ pub struct EventTypeUpdate {
     #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub group_name: Option<String>,
 }
 
 /// PATCH: an absent field stays; `null` clears it.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypePatch {
     #[serde(default)]
+    #[schema(max_length = 8192)]
     pub description: Option<String>,
     #[serde(default)]
     pub archived: Option<bool>,
     #[serde(default)]
     pub deprecated: Option<bool>,
     #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<Object>)]
     pub schemas: Option<Option<serde_json::Value>>,
     #[serde(default, deserialize_with = "double_option")]
     pub feature_flag: Option<Option<String>>,
     #[serde(default, deserialize_with = "double_option")]
     pub feature_flags: Option<Option<Vec<String>>>,
     #[serde(default, deserialize_with = "double_option")]
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub group_name: Option<Option<String>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypeOut {
     pub name: String,
     pub description: String,
     pub archived: bool,
     pub deprecated: bool,
+    #[schema(value_type = Option<Object>)]
     pub schemas: Option<serde_json::Value>,
     pub feature_flag: Option<String>,
     pub feature_flags: Option<Vec<String>>,
@@ -176,13 +193,28 @@ fn check_fields(
     Ok(())
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventTypeListParams {
+    // Documented by `ListParams`' own derive: IntoParams cannot flatten.
     #[serde(flatten)]
+    #[param(ignore)]
     pub list: ListParams,
+    /// `true`: archived event types too.
+    #[param(value_type = Option<bool>)]
     pub include_archived: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/event-type",
+    tag = "Event type",
+    params(ListParams, EventTypeListParams),
+    responses(
+        (status = 200, description = "A page of event types", body = ListResponse<EventTypeOut>),
+        BadRequestResponse, UnauthorizedResponse, ValidationResponse,
+    )
+)]
 pub async fn list_event_types(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<EventTypeListParams>,
@@ -209,6 +241,17 @@ pub async fn list_event_types(
     )))
 }
 
+#[utoipa::path(
+    post,
+    path = "/event-type",
+    tag = "Event type",
+    request_body = EventTypeIn,
+    responses(
+        (status = 201, description = "Created", body = EventTypeOut),
+        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn create_event_type(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<EventTypeIn>,
@@ -240,6 +283,16 @@ async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
         .ok_or(ApiError::NotFound("event type"))
 }
 
+#[utoipa::path(
+    get,
+    path = "/event-type/{event_type_name}",
+    tag = "Event type",
+    params(("event_type_name" = String, Path, description = "The event type's name")),
+    responses(
+        (status = 200, description = "The event type", body = EventTypeOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_event_type(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -248,6 +301,19 @@ pub async fn get_event_type(
 }
 
 /// PUT: replaces the event type, creating it (201) if absent.
+#[utoipa::path(
+    put,
+    path = "/event-type/{event_type_name}",
+    tag = "Event type",
+    params(("event_type_name" = String, Path, description = "The event type's name")),
+    request_body = EventTypeUpdate,
+    responses(
+        (status = 200, description = "Replaced", body = EventTypeOut),
+        (status = 201, description = "Created", body = EventTypeOut),
+        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn put_event_type(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -281,6 +347,18 @@ pub async fn put_event_type(
     }
 }
 
+#[utoipa::path(
+    patch,
+    path = "/event-type/{event_type_name}",
+    tag = "Event type",
+    params(("event_type_name" = String, Path, description = "The event type's name")),
+    request_body = EventTypePatch,
+    responses(
+        (status = 200, description = "Changed", body = EventTypeOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn patch_event_type(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -322,12 +400,25 @@ pub async fn patch_event_type(
     Ok(Json(et.into()))
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteParams {
+    /// `true`: delete for good instead of archiving.
+    #[param(value_type = Option<bool>)]
     pub expunge: Option<String>,
 }
 
 /// DELETE archives (Svix's default); `?expunge=true` deletes for good.
+#[utoipa::path(
+    delete,
+    path = "/event-type/{event_type_name}",
+    tag = "Event type",
+    params(("event_type_name" = String, Path, description = "The event type's name"), DeleteParams),
+    responses(
+        (status = 204, description = "Archived (or deleted with `expunge=true`)"),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn delete_event_type(
     State(state): State<ApiState>,
     Path(name): Path<String>,

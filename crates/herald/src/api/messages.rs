@@ -9,28 +9,42 @@ use serde_json::value::RawValue;
 
 use super::apps::{find_app, find_app_id};
 use super::endpoints::find_endpoint;
+use super::error::{
+    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::{
     accepted_empty, rfc3339, valid_uid, ApiError, ApiJson, ApiResult, ApiState, MAX_PAYLOAD_BYTES,
 };
 use crate::ids::MsgId;
 use crate::store::{now_millis, Delivery, InsertOutcome, Message, NewMessage, ResendOutcome};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageIn {
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub event_type: String,
-    /// Kept as the exact JSON text the client sent: it is what receivers get.
+    /// Kept as the exact JSON text the client sent: it is what receivers
+    /// get. Any JSON value (Svix sends an object), at most 1 MiB.
+    #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
+    /// Unique per application: a repeat is a 409.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 256)]
     pub event_id: Option<String>,
+    /// Routing: endpoints with channels receive only messages sharing one.
+    #[serde(default)]
+    #[schema(max_items = 10)]
+    pub channels: Option<Vec<String>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageOut {
     pub id: String,
     pub event_type: String,
     pub event_id: Option<String>,
+    #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     pub channels: Option<Vec<String>>,
     pub timestamp: String,
@@ -48,12 +62,24 @@ impl TryFrom<Message> for MessageOut {
             event_type: m.event_type,
             event_id: m.event_id,
             payload,
-            channels: None,
+            channels: m.channels,
             timestamp: rfc3339(m.created_at),
         })
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/msg",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body = MessageIn,
+    responses(
+        (status = 202, description = "Stored (committed); delivery follows", body = MessageOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn create_message(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -79,6 +105,7 @@ pub async fn create_message(
             payload.len()
         )));
     }
+    let channels = super::endpoints::check_channels("channels", &body.channels)?;
     let created_at = now_millis();
     let message = NewMessage {
         id: MsgId::generate(),
@@ -86,6 +113,7 @@ pub async fn create_message(
         event_type: body.event_type.clone(),
         event_id: body.event_id.clone(),
         payload: payload.to_owned(),
+        channels: channels.clone(),
         created_at,
     };
     // The answer reuses the request's own payload: no copy, no re-parse.
@@ -94,7 +122,7 @@ pub async fn create_message(
         event_type: body.event_type,
         event_id: body.event_id,
         payload: body.payload,
-        channels: None,
+        channels,
         timestamp: rfc3339(created_at),
     };
     // Returns only after the transaction holding the message has committed.
@@ -112,6 +140,16 @@ pub async fn create_message(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/msg/{msg_id}",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
+    responses(
+        (status = 200, description = "The message, with its payload", body = MessageOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_message(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
@@ -137,7 +175,7 @@ pub async fn find_message(
 }
 
 /// A delivery as the API shows it (a Herald extension to Svix's surface).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveryOut {
     /// Also the `Idempotency-Key` every attempt of this delivery carries.
@@ -178,11 +216,21 @@ impl From<Delivery> for DeliveryOut {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeliveryList {
     pub data: Vec<DeliveryOut>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/msg/{msg_id}/delivery",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
+    responses(
+        (status = 200, description = "The message's deliveries, one per endpoint", body = DeliveryList),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn list_message_deliveries(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
@@ -199,6 +247,16 @@ pub async fn list_message_deliveries(
 
 /// Svix's resend: one more attempt of this message to this endpoint now,
 /// with the delivery's own Idempotency-Key.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 202, description = "Queued: one more attempt now", body = super::EmptyOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn resend(
     State(state): State<ApiState>,
     Path((app_id, msg_id, endpoint_id)): Path<(String, String, String)>,

@@ -27,7 +27,9 @@ pub mod dead;
 pub mod endpoints;
 pub mod error;
 pub mod event_types;
+pub mod history;
 pub mod messages;
+pub mod openapi;
 
 pub use error::{ApiError, ApiResult, FieldError};
 
@@ -122,6 +124,12 @@ pub fn router(state: ApiState) -> Router {
             get(get_endpoint_secret),
         )
         .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/headers",
+            get(get_endpoint_headers)
+                .put(put_endpoint_headers)
+                .patch(patch_endpoint_headers),
+        )
+        .route(
             "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
             post(rotate_endpoint_secret),
         )
@@ -154,7 +162,30 @@ pub fn router(state: ApiState) -> Router {
             "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
             post(replay_endpoint_dead),
         )
-        .route("/app/{app_id}/msg", post(create_message))
+        .route(
+            "/app/{app_id}/msg",
+            get(history::list_messages).post(create_message),
+        )
+        .route(
+            "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}",
+            get(history::get_attempt),
+        )
+        .route(
+            "/app/{app_id}/msg/{msg_id}/endpoint",
+            get(history::list_attempted_destinations),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/msg",
+            get(history::list_attempted_messages),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/stats",
+            get(history::endpoint_stats),
+        )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/recover",
+            post(history::recover),
+        )
         .route("/app/{app_id}/msg/{msg_id}", get(get_message))
         .route(
             "/app/{app_id}/msg/{msg_id}/delivery",
@@ -181,6 +212,9 @@ pub fn router(state: ApiState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
+        // Outside the token, so that tools can fetch the description before
+        // they have one; a static route beside the `/api/v1` nest wins over it.
+        .route("/api/v1/openapi.json", get(openapi::openapi_json))
         // Outside the token: a Prometheus scrape carries no bearer token.
         // It reveals endpoint ids and queue sizes, so firewall it (README).
         .route("/metrics", get(metrics))
@@ -193,44 +227,72 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-async fn healthz(State(state): State<ApiState>) -> Response {
+/// The body of `/healthz` and `/readyz`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatusOut {
+    /// `ok` (healthz), `ready` (readyz) or `unavailable`.
+    pub status: &'static str,
+}
+
+fn status(code: StatusCode, status: &'static str) -> Response {
+    (code, axum::Json(StatusOut { status })).into_response()
+}
+
+/// Liveness: 200 when the store answers (no token).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "Health",
+    security(()),
+    responses(
+        (status = 200, description = "The store answers", body = StatusOut),
+        (status = 503, description = "The store does not answer", body = StatusOut),
+    )
+)]
+pub async fn healthz(State(state): State<ApiState>) -> Response {
     match state.store.ping().await {
-        Ok(()) => (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({"status": "ok"})),
-        )
-            .into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({"status": "unavailable"})),
-        )
-            .into_response(),
+        Ok(()) => status(StatusCode::OK, "ok"),
+        Err(_) => status(StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     }
 }
 
 /// Ready to take traffic: the store answers. Migrations need no check of
 /// their own: they are applied when the store is opened, and a process
 /// whose open failed never serves, so a served ping means a migrated store.
-async fn readyz(State(state): State<ApiState>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "Health",
+    security(()),
+    responses(
+        (status = 200, description = "Ready to take traffic", body = StatusOut),
+        (status = 503, description = "The store does not answer", body = StatusOut),
+    )
+)]
+pub async fn readyz(State(state): State<ApiState>) -> Response {
     match state.store.ping().await {
-        Ok(()) => (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({"status": "ready"})),
-        )
-            .into_response(),
+        Ok(()) => status(StatusCode::OK, "ready"),
         Err(e) => {
             tracing::warn!(error = %e, "readiness probe: store unreachable");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(serde_json::json!({"status": "unavailable"})),
-            )
-                .into_response()
+            status(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
         }
     }
 }
 
 /// Prometheus text format; the metrics are listed in `crate::metrics`.
-async fn metrics(State(state): State<ApiState>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "Health",
+    security(()),
+    responses(
+        (status = 200, description = "Prometheus text exposition format",
+         body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 503, description = "Another metrics recorder is installed in this process",
+         body = error::ErrorBody),
+    )
+)]
+pub async fn metrics(State(state): State<ApiState>) -> Response {
     match state.metrics.render().await {
         Some(text) => (
             StatusCode::OK,
@@ -243,10 +305,10 @@ async fn metrics(State(state): State<ApiState>) -> Response {
             .into_response(),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({
-                "code": "metrics_unavailable",
-                "detail": "another metrics recorder is installed in this process",
-            })),
+            axum::Json(error::ErrorBody {
+                code: "metrics_unavailable",
+                detail: "another metrics recorder is installed in this process".to_owned(),
+            }),
         )
             .into_response(),
     }
@@ -350,11 +412,26 @@ fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
     })
 }
 
-#[derive(Debug, Deserialize, Default)]
+/// The paging parameters of every list. `limit` is read as text so that a
+/// bad value is a 422 naming it; the description says what it must be.
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
+    /// How many items, 1..=250 (default 50).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 250)]
     pub limit: Option<String>,
+    /// The `iterator` of the previous page, to get the next one.
     pub iterator: Option<String>,
+    #[param(value_type = Option<ListOrder>)]
     pub order: Option<String>,
+}
+
+/// The order of a list (`ListParams::order`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ListOrder {
+    Ascending,
+    Descending,
 }
 
 impl ListParams {
@@ -392,12 +469,16 @@ impl ListParams {
 }
 
 /// Svix's list envelope. `iterator` is always present, even when null.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ListResponse<T: Serialize> {
     pub data: Vec<T>,
+    /// Pass it back as `iterator` to get the next page.
+    #[schema(required = true)]
     pub iterator: Option<String>,
+    #[schema(required = true)]
     pub prev_iterator: Option<String>,
+    /// No page after this one.
     pub done: bool,
 }
 
@@ -458,7 +539,12 @@ where
     Option::<T>::deserialize(de).map(Some)
 }
 
-/// 202 with an empty JSON object: the SDKs parse every body.
+/// An empty JSON object: the SDKs parse every body, even when there is
+/// nothing to say.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EmptyOut {}
+
+/// 202 with an empty JSON object.
 pub fn accepted_empty() -> Response {
-    (StatusCode::ACCEPTED, axum::Json(serde_json::json!({}))).into_response()
+    (StatusCode::ACCEPTED, axum::Json(EmptyOut {})).into_response()
 }

@@ -195,8 +195,14 @@ pub async fn page(
         pairs.push((cursor_name, id));
         format!("/dashboard/dead{}", query_string(pairs))
     };
-    let newer = listed.newer.as_deref().map(|id| (link("before", id), "Newer"));
-    let older = listed.older.as_deref().map(|id| (link("after", id), "Older"));
+    let newer = listed
+        .newer
+        .as_deref()
+        .map(|id| (link("before", id), "Newer"));
+    let older = listed
+        .older
+        .as_deref()
+        .map(|id| (link("after", id), "Older"));
     let first = (!cursor.is_first_page()).then(|| link("after", ""));
 
     let body = html! {
@@ -249,14 +255,9 @@ pub async fn page(
 /// The names of the applications the rows belong to (one read each).
 async fn app_names(state: &ApiState, items: &[Delivery]) -> DashResult<HashMap<AppId, String>> {
     let ids: BTreeSet<&AppId> = items.iter().map(|d| &d.app_id).collect();
-    let apps =
-        futures::future::try_join_all(ids.iter().map(|id| state.store.get_app(id.as_str())))
-            .await?;
-    Ok(apps
-        .into_iter()
-        .flatten()
-        .map(|a| (a.id, a.name))
-        .collect())
+    let apps = futures::future::try_join_all(ids.iter().map(|id| state.store.get_app(id.as_str())))
+        .await?;
+    Ok(apps.into_iter().flatten().map(|a| (a.id, a.name)).collect())
 }
 
 fn filter_form(text: &FilterText, apps: &[crate::store::App]) -> Markup {

@@ -2,6 +2,8 @@
 //! endpoint): its payload, the headers Herald sends with it, every attempt,
 //! and a replay button while it is dead.
 
+use std::collections::BTreeMap;
+
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use maud::{html, Markup};
@@ -111,7 +113,7 @@ pub async fn page(
                 }
             }
             section {
-                (headers_table(&d))
+                (headers_table(&d, endpoint.as_ref().map(|ep| &ep.headers)))
             }
         }
         h2 {
@@ -182,12 +184,42 @@ async fn attempts_of(
     Ok((found, after))
 }
 
-fn headers_table(d: &Delivery) -> Markup {
+/// A custom header's value as shown: credentials-looking ones are masked,
+/// since a dashboard is often looked at over someone's shoulder.
+pub fn shown_header_value(name: &str, value: &str) -> String {
+    let name = name.to_ascii_lowercase();
+    let sensitive = [
+        "auth",
+        "token",
+        "secret",
+        "key",
+        "cookie",
+        "password",
+        "signature",
+    ]
+    .iter()
+    .any(|word| name.contains(word));
+    if sensitive {
+        "•••••• (hidden)".to_owned()
+    } else {
+        value.to_owned()
+    }
+}
+
+fn headers_table(d: &Delivery, custom: Option<&BTreeMap<String, String>>) -> Markup {
     let next_attempt = d.attempts + 1;
     html! {
         table {
             thead { tr { th { "Header Herald sends" } th { "Value" } } }
             tbody {
+                // The endpoint's own headers go first; Herald's below
+                // replace any of the same name.
+                @for (name, value) in custom.into_iter().flatten() {
+                    tr {
+                        td.mono { (name) }
+                        td { span.mono { (shown_header_value(name, value)) } " " span.muted.small { "(the endpoint's)" } }
+                    }
+                }
                 tr { td.mono { "content-type" } td.mono { "application/json" } }
                 tr { td.mono { "user-agent" } td.mono { (crate::dispatch::sender::USER_AGENT) } }
                 tr { td.mono { "webhook-id" } td.mono { (d.msg_id) } }
@@ -361,7 +393,18 @@ pub async fn replay(
 
 #[cfg(test)]
 mod tests {
-    use super::pretty_json;
+    use super::{pretty_json, shown_header_value};
+
+    #[test]
+    fn credential_headers_are_masked() {
+        assert_eq!(shown_header_value("X-Tenant", "acme"), "acme");
+        for name in ["Authorization", "x-api-key", "X-Auth-Token", "Cookie"] {
+            assert!(
+                !shown_header_value(name, "s3cr3t").contains("s3cr3t"),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn json_is_reindented_without_touching_tokens() {

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
 
-use super::delivery::attempts_table;
+use super::delivery::{attempts_table, shown_header_value};
 use super::layout::{self, ago, hourly_chart, latency, percent, when, Nav};
 use super::overview::{app_label, state_badge};
 use super::session::{Authed, Posted};
@@ -64,7 +64,10 @@ pub async fn page(
         .newer
         .as_deref()
         .map(|id| (link("before", id), "Newer"));
-    let older = listed.older.as_deref().map(|id| (link("after", id), "Older"));
+    let older = listed
+        .older
+        .as_deref()
+        .map(|id| (link("after", id), "Older"));
     let first = (!cursor.is_first_page()).then(|| here.clone());
     let dead_href = format!(
         "/dashboard/dead{}",
@@ -106,6 +109,23 @@ pub async fn page(
                     @if let Some(rate) = ep.rate_limit {
                         dt { "Rate limit" }
                         dd { (rate) " / s" }
+                    }
+                    @if let Some(channels) = &ep.channels {
+                        dt { "Channels" }
+                        dd {
+                            @for (i, c) in channels.iter().enumerate() {
+                                @if i > 0 { ", " }
+                                code { (c) }
+                            }
+                        }
+                    }
+                    @if !ep.headers.is_empty() {
+                        dt { "Extra headers" }
+                        dd {
+                            @for (name, value) in &ep.headers {
+                                div.mono.small { (name) ": " (shown_header_value(name, value)) }
+                            }
+                        }
                     }
                     dt { "Signing secret" }
                     dd {
@@ -236,11 +256,15 @@ pub async fn enable(
         .enable(&app.id, &ep.id)
         .await?
         .ok_or(DashError::NotFound("endpoint"))?;
-    posted.session.flash(match (report.was_disabled, report.expired) {
-        (false, _) => "It was already enabled.".to_owned(),
-        (true, 0) => "Enabled.".to_owned(),
-        (true, n) => format!("Enabled; {n} held deliveries were past the age cap and are now dead."),
-    });
+    posted
+        .session
+        .flash(match (report.was_disabled, report.expired) {
+            (false, _) => "It was already enabled.".to_owned(),
+            (true, 0) => "Enabled.".to_owned(),
+            (true, n) => {
+                format!("Enabled; {n} held deliveries were past the age cap and are now dead.")
+            }
+        });
     Ok(see_other(&endpoint_path(&ep)))
 }
 

@@ -79,6 +79,7 @@ form.filters label { display: flex; flex-direction: column; gap: 2px; font-size:
 .columns { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 28px; }
 dl.facts { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 5px 18px; margin: 0; }
 dl.facts dt { color: var(--muted); }
+table + dl.facts { margin-top: 14px; }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 .login { max-width: 380px; margin: 14vh auto; padding: 28px; border: 1px solid var(--line); border-radius: 10px; }
 .login form { display: flex; flex-direction: column; gap: 10px; margin-top: 16px; }
@@ -338,7 +339,11 @@ pub fn hourly_chart(points: &[HourPoint], width: u32, height: u32, labels: bool)
         points.iter().map(|p| p.failures).sum::<u64>()
     );
     html! {
-        svg.chart width=(width) height=(height) viewBox=(format!("0 0 {width} {height}"))
+        // The labelled chart fills its column (the viewBox keeps its shape);
+        // the sparkline keeps its size inside a table cell.
+        svg.chart width=(if labels { "100%".to_owned() } else { width.to_string() })
+            height=[(!labels).then_some(height)]
+            viewBox=(format!("0 0 {width} {height}"))
             role="img" aria-label=(summary) {
             title { (summary) }
             rect.track x=(fmt(left)) y=(fmt(top - plot_h)) width=(fmt(plot_w)) height=(fmt(plot_h)) {}

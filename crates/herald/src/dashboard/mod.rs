@@ -235,9 +235,7 @@ impl Cursor {
             )
         } else {
             (
-                self.after
-                    .as_ref()
-                    .and_then(|_| items.first().map(&id_of)),
+                self.after.as_ref().and_then(|_| items.first().map(&id_of)),
                 page.has_more.then(|| items.last().map(&id_of)).flatten(),
             )
         };

@@ -30,7 +30,12 @@ pub async fn page(
     Query(query): Query<OverviewQuery>,
 ) -> DashResult {
     let now = now_millis();
-    let app = match query.app.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
+    let app = match query
+        .app
+        .as_deref()
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+    {
         Some(a) => Some(find_app(&state, a).await?),
         None => None,
     };

@@ -330,10 +330,7 @@ pub async fn login(State(state): State<ApiState>, form: FormFields) -> Response 
         tokio::time::sleep(Duration::from_millis(250)).await;
         return (
             StatusCode::UNAUTHORIZED,
-            layout::bare_page(
-                "Log in",
-                login_form(Some("That is not the admin token.")),
-            ),
+            layout::bare_page("Log in", login_form(Some("That is not the admin token."))),
         )
             .into_response();
     }
@@ -362,17 +359,35 @@ mod tests {
 
     #[test]
     fn origins_match_their_host_only() {
-        assert!(origin_matches_host("http://127.0.0.1:8080", "127.0.0.1:8080"));
-        assert!(origin_matches_host("https://herald.example", "herald.example"));
+        assert!(origin_matches_host(
+            "http://127.0.0.1:8080",
+            "127.0.0.1:8080"
+        ));
+        assert!(origin_matches_host(
+            "https://herald.example",
+            "herald.example"
+        ));
         assert!(origin_matches_host(
             "https://herald.example",
             "herald.example:443"
         ));
-        assert!(origin_matches_host("http://HERALD.example", "herald.example"));
-        assert!(!origin_matches_host("http://127.0.0.1:8081", "127.0.0.1:8080"));
-        assert!(!origin_matches_host("https://evil.example", "herald.example"));
+        assert!(origin_matches_host(
+            "http://HERALD.example",
+            "herald.example"
+        ));
+        assert!(!origin_matches_host(
+            "http://127.0.0.1:8081",
+            "127.0.0.1:8080"
+        ));
+        assert!(!origin_matches_host(
+            "https://evil.example",
+            "herald.example"
+        ));
         assert!(!origin_matches_host("null", "herald.example"));
-        assert!(!origin_matches_host("http://herald.example.evil", "herald.example"));
+        assert!(!origin_matches_host(
+            "http://herald.example.evil",
+            "herald.example"
+        ));
     }
 
     #[test]
@@ -393,8 +408,11 @@ mod tests {
         let (key, csrf) = sessions.find(&id).expect("live session");
         assert_eq!(csrf.len(), 64);
         assert!(sessions.find("not-a-session").is_none());
-        if let Some(s) = sessions.lock().get_mut(&key) {
-            s.expires_at = Instant::now() - Duration::from_secs(1);
+        if let (Some(s), Some(past)) = (
+            sessions.lock().get_mut(&key),
+            Instant::now().checked_sub(Duration::from_secs(1)),
+        ) {
+            s.expires_at = past;
         }
         assert!(sessions.find(&id).is_none(), "expired");
         assert!(sessions.is_empty(), "and swept");

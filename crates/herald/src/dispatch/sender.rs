@@ -80,9 +80,13 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
-        let request = self
-            .client
-            .post(url.into_url())
+        let mut request = self.client.post(url.into_url());
+        // The endpoint's own headers first: Herald's, set after, win (the
+        // API refuses reserved names anyway).
+        for (name, value) in &d.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let request = request
             .header(http::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", d.msg_id.as_str())
             .header("webhook-timestamp", timestamp.to_string())

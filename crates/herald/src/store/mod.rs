@@ -60,6 +60,10 @@ pub struct Endpoint {
     pub disabled: bool,
     pub rate_limit: Option<u16>,
     pub metadata: BTreeMap<String, String>,
+    /// `None`: every message. `Some(list)`: only messages with one of these.
+    pub channels: Option<Vec<String>>,
+    /// Extra headers sent with every request to this endpoint.
+    pub headers: BTreeMap<String, String>,
     /// `whsec_…`. Never logged: `Debug` redacts it.
     pub secret: String,
     pub created_at: Millis,
@@ -87,6 +91,8 @@ pub struct NewMessage {
     pub event_id: Option<String>,
     /// The payload's JSON text, exactly as it will be sent.
     pub payload: String,
+    /// Routing: endpoints with channels receive only messages sharing one.
+    pub channels: Option<Vec<String>>,
     pub created_at: Millis,
 }
 
@@ -161,6 +167,8 @@ pub struct ClaimedDelivery {
     /// Secrets replaced by a rotation whose grace period has not ended:
     /// attempts are signed with these too.
     pub old_secrets: Vec<String>,
+    /// The endpoint's extra headers.
+    pub headers: Vec<(String, String)>,
     pub event_type: String,
     pub payload: String,
     /// Attempts made before this one, over the delivery's whole life.
@@ -445,6 +453,65 @@ pub fn rotated_old_secrets(
     serde_json::to_string(&all).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
+/// An endpoint's extra headers from their stored JSON (`{}` costs no
+/// parsing).
+pub fn headers_of(json: &str) -> StoreResult<Vec<(String, String)>> {
+    if json == "{}" {
+        return Ok(Vec::new());
+    }
+    let map: BTreeMap<String, String> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad endpoint headers: {e}")))?;
+    Ok(map.into_iter().collect())
+}
+
+/// Whether a message goes to an endpoint: its event type passes the
+/// endpoint's filter and, when the endpoint has channels, the message
+/// shares one of them. Both stores route with this.
+pub fn routes_to(
+    event_type: &str,
+    msg_channels: Option<&[String]>,
+    filter: Option<&[String]>,
+    ep_channels: Option<&[String]>,
+) -> bool {
+    filter.is_none_or(|types| types.iter().any(|t| t == event_type))
+        && ep_channels.is_none_or(|wanted| {
+            msg_channels.is_some_and(|have| have.iter().any(|c| wanted.contains(c)))
+        })
+}
+
+/// Which messages of an app a listing shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageFilter {
+    /// Any of these event types.
+    pub event_types: Option<Vec<String>>,
+    /// Messages carrying this channel.
+    pub channel: Option<String>,
+    /// Created before (ms).
+    pub before: Option<Millis>,
+    /// Created after (ms).
+    pub after: Option<Millis>,
+}
+
+/// Which attempts of an app a listing shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttemptFilter {
+    pub msg: Option<MsgId>,
+    pub endpoint: Option<EndpointId>,
+    /// Succeeded (true) or failed (false).
+    pub success: Option<bool>,
+    /// 0: no response; 100, 200, …, 500: that class of status code.
+    pub code_class: Option<u16>,
+}
+
+/// An endpoint's deliveries by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryCounts {
+    pub pending: u64,
+    pub delivering: u64,
+    pub delivered: u64,
+    pub dead: u64,
+}
+
 /// Which dead deliveries a listing or a bulk replay covers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadFilter {
@@ -456,6 +523,10 @@ pub struct DeadFilter {
     pub since: Option<Millis>,
     /// Dead-lettered before (ms).
     pub until: Option<Millis>,
+    /// Message created at or after (ms): `recover`'s window.
+    pub created_since: Option<Millis>,
+    /// Message created before (ms).
+    pub created_until: Option<Millis>,
 }
 
 /// Counts for metrics and the dashboard, read from indexes only.
@@ -578,13 +649,49 @@ pub trait Store: Send + Sync + 'static {
         app: &AppId,
         msg: &MsgId,
         page: &PageReq,
-    ) -> StoreResult<Page<AttemptRecord>>;
+    ) -> StoreResult<Page<AttemptRecord>> {
+        let filter = AttemptFilter {
+            msg: Some(msg.clone()),
+            ..AttemptFilter::default()
+        };
+        self.list_attempts(app, &filter, page).await
+    }
     async fn list_attempts_of_endpoint(
         &self,
         app: &AppId,
         ep: &EndpointId,
         page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>> {
+        let filter = AttemptFilter {
+            endpoint: Some(ep.clone()),
+            ..AttemptFilter::default()
+        };
+        self.list_attempts(app, &filter, page).await
+    }
+    /// Attempts of the app matching `filter` (by message or by endpoint,
+    /// both indexed), by id.
+    async fn list_attempts(
+        &self,
+        app: &AppId,
+        filter: &AttemptFilter,
+        page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>>;
+    async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>>;
+    /// The app's messages matching `filter`, by id.
+    async fn list_messages(
+        &self,
+        app: &AppId,
+        filter: &MessageFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<Message>>;
+    /// The endpoint's deliveries with their messages, by message id.
+    async fn list_endpoint_messages(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        page: &PageReq,
+    ) -> StoreResult<Page<(Delivery, Message)>>;
+    async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts>;
 
     /// Deletes old history in small batches: messages older than
     /// `finished_before` whose deliveries are all delivered (or that have

@@ -314,7 +314,7 @@ fn app_from_row(r: &PgRow) -> StoreResult<App> {
 
 const ENDPOINT_COLUMNS: &str =
     "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
-     metadata::text AS metadata, secret, created_at, updated_at";
+     metadata::text AS metadata, secret, created_at, updated_at, channels, headers";
 
 fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
     let filter: Option<String> = get(r, "filter_types")?;
@@ -328,13 +328,18 @@ fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
         disabled: get(r, "disabled")?,
         rate_limit: u16_opt(get(r, "rate_limit")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
+        channels: get::<Option<String>>(r, "channels")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
+        headers: from_json(&get::<String>(r, "headers")?)?,
         secret: get(r, "secret")?,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })
 }
 
-const MESSAGE_COLUMNS: &str = "id, app_id, event_type, event_id, payload, created_at";
+const MESSAGE_COLUMNS: &str = "id, app_id, event_type, event_id, payload, created_at, channels";
 
 fn message_from_row(r: &PgRow) -> StoreResult<Message> {
     Ok(Message {
@@ -343,6 +348,10 @@ fn message_from_row(r: &PgRow) -> StoreResult<Message> {
         event_type: get(r, "event_type")?,
         event_id: get(r, "event_id")?,
         payload: get(r, "payload")?,
+        channels: get::<Option<String>>(r, "channels")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
         created_at: get(r, "created_at")?,
     })
 }
@@ -434,7 +443,7 @@ const STATUS_COLUMNS_E: &str =
      e.disabled_reason, e.disabled_at, e.disabled_by";
 const ENDPOINT_COLUMNS_E: &str =
     "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
-     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at";
+     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers";
 
 fn event_type_from_row(r: &PgRow) -> StoreResult<EventType> {
     Ok(EventType {
@@ -508,6 +517,12 @@ fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
     }
     if let Some(until) = filter.until {
         add(&mut sql, " AND d.updated_at < #::int8", until.to_string());
+    }
+    if let Some(since) = filter.created_since {
+        add(&mut sql, " AND d.created_at >= #::int8", since.to_string());
+    }
+    if let Some(until) = filter.created_until {
+        add(&mut sql, " AND d.created_at < #::int8", until.to_string());
     }
     (sql, args)
 }
@@ -772,8 +787,8 @@ impl Store for PostgresStore {
         let metadata = to_json(&ep.metadata)?;
         sqlx::query(
             "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
-             metadata, secret, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12)",
+             metadata, secret, created_at, updated_at, channels, headers) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12, $13, $14)",
         )
         .bind(ep.id.as_str())
         .bind(ep.app_id.as_str())
@@ -787,6 +802,8 @@ impl Store for PostgresStore {
         .bind(&ep.secret)
         .bind(ep.created_at)
         .bind(ep.updated_at)
+        .bind(ep.channels.as_ref().map(to_json).transpose()?)
+        .bind(to_json(&ep.headers)?)
         .execute(&self.pool)
         .await
         .map_err(map_err)?;
@@ -824,7 +841,8 @@ impl Store for PostgresStore {
         // it was disabled: wake the dispatchers.
         let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
             "UPDATE endpoints SET uid = $1, url = $2, description = $3, filter_types = $4::jsonb, disabled = $5, \
-             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9 WHERE id = $10 AND app_id = $11 \
+             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9, channels = $13, headers = $14 \
+             WHERE id = $10 AND app_id = $11 \
              RETURNING NOT disabled AS wakes",
             12,
         )))
@@ -840,6 +858,8 @@ impl Store for PostgresStore {
         .bind(ep.id.as_str())
         .bind(ep.app_id.as_str())
         .bind(&self.wake_channel)
+        .bind(ep.channels.as_ref().map(to_json).transpose()?)
+        .bind(to_json(&ep.headers)?)
         .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
@@ -895,10 +915,10 @@ impl Store for PostgresStore {
         // of two with the same eventId the first is kept, as one at a time
         // would. RETURNING names the ones stored.
         let inserted: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
-             SELECT id, app_id, event_type, event_id, payload, created_at \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[]) \
-                  WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, ord) \
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
+             SELECT id, app_id, event_type, event_id, payload, created_at, channels \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
+                  WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
              ORDER BY ord \
              ON CONFLICT DO NOTHING \
              RETURNING id",
@@ -919,6 +939,12 @@ impl Store for PostgresStore {
         )
         .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
         .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.channels.as_ref().map(to_json).transpose())
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
         .fetch_all(&mut *tx)
         .await
         .map_err(map_err)?;
@@ -930,20 +956,23 @@ impl Store for PostgresStore {
         apps.sort_unstable();
         apps.dedup();
         let rows = sqlx::query(
-            "SELECT id, app_id, filter_types::text AS filter_types FROM endpoints \
+            "SELECT id, app_id, filter_types::text AS filter_types, channels FROM endpoints \
              WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto') ORDER BY id FOR KEY SHARE",
         )
         .bind(&apps)
         .fetch_all(&mut *tx)
         .await
         .map_err(map_err)?;
-        let mut endpoints_of: HashMap<String, Vec<(String, Option<Vec<String>>)>> = HashMap::new();
+        type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
+        let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
         for r in &rows {
             let filter: Option<String> = get(r, "filter_types")?;
-            endpoints_of
-                .entry(get(r, "app_id")?)
-                .or_default()
-                .push((get(r, "id")?, filter.as_deref().map(from_json).transpose()?));
+            let channels: Option<String> = get(r, "channels")?;
+            endpoints_of.entry(get(r, "app_id")?).or_default().push((
+                get(r, "id")?,
+                filter.as_deref().map(from_json).transpose()?,
+                channels.as_deref().map(from_json).transpose()?,
+            ));
         }
 
         let mut outcomes = Vec::with_capacity(all.len());
@@ -960,15 +989,17 @@ impl Store for PostgresStore {
                 continue;
             }
             let mut fanned = 0;
-            for (ep_id, filter) in endpoints_of
+            for (ep_id, filter, channels) in endpoints_of
                 .get(m.app_id.as_str())
                 .map(Vec::as_slice)
                 .unwrap_or_default()
             {
-                if filter
-                    .as_ref()
-                    .is_none_or(|types| types.contains(&m.event_type))
-                {
+                if routes_to(
+                    &m.event_type,
+                    m.channels.as_deref(),
+                    filter.as_deref(),
+                    channels.as_deref(),
+                ) {
                     d_id.push(DeliveryId::generate().into_string());
                     d_msg.push(m.id.as_str());
                     d_ep.push(ep_id.as_str());
@@ -1076,7 +1107,7 @@ impl Store for PostgresStore {
              FROM messages m, endpoints e \
              WHERE d.id = ANY($4) AND m.id = d.msg_id AND e.id = d.endpoint_id \
              RETURNING d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, d.cycle_started_at, \
-                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret, e.old_secrets",
+                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers",
         )
         .bind(req.lease_until)
         .bind(&token)
@@ -1099,6 +1130,7 @@ impl Store for PostgresStore {
                     url: get(r, "url")?,
                     secret: get(r, "secret")?,
                     old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, req.now)?,
+                    headers: headers_of(&get::<String>(r, "headers")?)?,
                     event_type: get(r, "event_type")?,
                     payload: get(r, "payload")?,
                     attempts: u32_of(get(r, "attempts")?),
@@ -1382,38 +1414,148 @@ impl Store for PostgresStore {
         Ok(ResendOutcome::Queued)
     }
 
-    async fn list_attempts_of_message(
+    async fn list_attempts(
         &self,
         app: &AppId,
-        msg: &MsgId,
+        filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        self.page_of(
-            &format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE msg_id = $1 AND app_id = $2"),
-            "id",
-            vec![msg.as_str().to_owned(), app.as_str().to_owned()],
-            page,
-            attempt_from_row,
-        )
-        .await
+        let mut sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE app_id = $1");
+        let mut args = vec![app.as_str().to_owned()];
+        let mut add = |sql: &mut String, fragment: &str, value: String| {
+            args.push(value);
+            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
+        };
+        if let Some(msg) = &filter.msg {
+            add(&mut sql, " AND msg_id = #", msg.as_str().to_owned());
+        }
+        if let Some(ep) = &filter.endpoint {
+            add(&mut sql, " AND endpoint_id = #", ep.as_str().to_owned());
+        }
+        if let Some(ok) = filter.success {
+            sql.push_str(if ok {
+                " AND success"
+            } else {
+                " AND NOT success"
+            });
+        }
+        match filter.code_class {
+            None => {}
+            Some(0) => sql.push_str(" AND status_code IS NULL"),
+            Some(class) => {
+                add(&mut sql, " AND status_code >= #::int4", class.to_string());
+                add(
+                    &mut sql,
+                    " AND status_code < #::int4",
+                    (class + 100).to_string(),
+                );
+            }
+        }
+        self.page_of(&sql, "id", args, page, attempt_from_row).await
     }
 
-    async fn list_attempts_of_endpoint(
+    async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = $1 AND app_id = $2"
+        )))
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(attempt_from_row).transpose()
+    }
+
+    async fn list_messages(
+        &self,
+        app: &AppId,
+        filter: &MessageFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<Message>> {
+        let mut sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1");
+        let mut args = vec![app.as_str().to_owned()];
+        let mut add = |sql: &mut String, fragment: &str, value: String| {
+            args.push(value);
+            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
+        };
+        if let Some(types) = &filter.event_types {
+            add(
+                &mut sql,
+                " AND event_type IN (SELECT jsonb_array_elements_text(#::jsonb))",
+                to_json(types)?,
+            );
+        }
+        if let Some(channel) = &filter.channel {
+            add(
+                &mut sql,
+                " AND jsonb_exists(channels::jsonb, #)",
+                channel.clone(),
+            );
+        }
+        if let Some(before) = filter.before {
+            add(&mut sql, " AND created_at < #::int8", before.to_string());
+        }
+        if let Some(after) = filter.after {
+            add(&mut sql, " AND created_at > #::int8", after.to_string());
+        }
+        self.page_of(&sql, "id", args, page, message_from_row).await
+    }
+
+    async fn list_endpoint_messages(
         &self,
         app: &AppId,
         ep: &EndpointId,
         page: &PageReq,
-    ) -> StoreResult<Page<AttemptRecord>> {
+    ) -> StoreResult<Page<(Delivery, Message)>> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = $1 AND d.app_id = $2"
+        );
         self.page_of(
-            &format!(
-                "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE endpoint_id = $1 AND app_id = $2"
-            ),
-            "id",
+            &sql,
+            "d.msg_id",
             vec![ep.as_str().to_owned(), app.as_str().to_owned()],
             page,
-            attempt_from_row,
+            |r| {
+                let d = delivery_from_row(r)?;
+                let m = Message {
+                    id: d.msg_id.clone(),
+                    app_id: d.app_id.clone(),
+                    event_type: d.event_type.clone(),
+                    event_id: get(r, "event_id")?,
+                    payload: get(r, "payload")?,
+                    channels: get::<Option<String>>(r, "channels")?
+                        .as_deref()
+                        .map(from_json)
+                        .transpose()?,
+                    created_at: get(r, "msg_created_at")?,
+                };
+                Ok((d, m))
+            },
         )
         .await
+    }
+
+    async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
+        let rows = sqlx::query(
+            "SELECT state, count(*) AS n FROM deliveries WHERE endpoint_id = $1 GROUP BY state",
+        )
+        .bind(ep.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let mut counts = DeliveryCounts::default();
+        for r in &rows {
+            let n = u64::try_from(get::<i64>(r, "n")?).unwrap_or(0);
+            match DeliveryState::from_i64(i64::from(get::<i16>(r, "state")?)) {
+                Some(DeliveryState::Pending) => counts.pending = n,
+                Some(DeliveryState::Delivering) => counts.delivering = n,
+                Some(DeliveryState::Delivered) => counts.delivered = n,
+                Some(DeliveryState::Dead) => counts.dead = n,
+                None => {}
+            }
+        }
+        Ok(counts)
     }
 
     async fn prune(

@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0003_health.sql"),
     include_str!("../../migrations/sqlite/0004_secret_rotation.sql"),
     include_str!("../../migrations/sqlite/0005_event_types.sql"),
+    include_str!("../../migrations/sqlite/0006_channels_headers.sql"),
 ];
 
 /// A full endpoint's due deliveries are parked once they have waited this
@@ -372,10 +373,16 @@ fn endpoint_from_row(r: &Row<'_>) -> StoreResult<Endpoint> {
         disabled: get::<i64>(r, "disabled")? != 0,
         rate_limit: u16_opt(get(r, "rate_limit")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
+        channels: json_opt(get(r, "channels")?)?,
+        headers: from_json(&get::<String>(r, "headers")?)?,
         secret: get(r, "secret")?,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })
+}
+
+fn json_opt<T: serde::de::DeserializeOwned>(text: Option<String>) -> StoreResult<Option<T>> {
+    text.as_deref().map(from_json).transpose()
 }
 
 fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
@@ -385,6 +392,7 @@ fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
         event_type: get(r, "event_type")?,
         event_id: get(r, "event_id")?,
         payload: get(r, "payload")?,
+        channels: json_opt(get(r, "channels")?)?,
         created_at: get(r, "created_at")?,
     })
 }
@@ -463,19 +471,19 @@ fn page_of<T>(
     Ok(Page { items, has_more })
 }
 
-/// An enabled endpoint's id and its event-type filter (None = all).
-type Subscriber = (String, Option<Vec<String>>);
+/// An enabled endpoint's id, its event-type filter and its channels.
+type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
 
 fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
     let mut insert_msg = conn
         .prepare_cached(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
         )
         .map_err(map_err)?;
     let mut endpoints_q = conn
         .prepare_cached(
-            "SELECT id, filter_types FROM endpoints WHERE app_id = ?1 \
+            "SELECT id, filter_types, channels FROM endpoints WHERE app_id = ?1 \
              AND (disabled = 0 OR disabled_by = 'auto')",
         )
         .map_err(map_err)?;
@@ -515,7 +523,8 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
                 m.event_type,
                 m.event_id,
                 m.payload,
-                m.created_at
+                m.created_at,
+                m.channels.as_ref().map(to_json).transpose()?
             ])
             .map_err(map_err)?;
         if inserted == 0 {
@@ -528,21 +537,26 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
-                let filter: Option<String> = get(r, "filter_types")?;
-                eps.push((get(r, "id")?, filter.as_deref().map(from_json).transpose()?));
+                eps.push((
+                    get(r, "id")?,
+                    json_opt(get(r, "filter_types")?)?,
+                    json_opt(get(r, "channels")?)?,
+                ));
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
         let mut fanned = 0;
-        for (ep_id, filter) in endpoints_of
+        for (ep_id, filter, channels) in endpoints_of
             .get(m.app_id.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default()
         {
-            if filter
-                .as_ref()
-                .is_none_or(|types| types.contains(&m.event_type))
-            {
+            if routes_to(
+                &m.event_type,
+                m.channels.as_deref(),
+                filter.as_deref(),
+                channels.as_deref(),
+            ) {
                 insert_delivery
                     .execute(params![
                         DeliveryId::generate().as_str(),
@@ -625,7 +639,7 @@ fn claim_tx(
         .map_err(map_err)?;
     let mut details = conn
         .prepare_cached(
-            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets FROM messages m, endpoints e \
+            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers FROM messages m, endpoints e \
              WHERE m.id = ?1 AND e.id = ?2",
         )
         .map_err(map_err)?;
@@ -647,7 +661,7 @@ fn claim_tx(
             .map_err(map_err)?;
         let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
             claimed;
-        let (event_type, payload, url, secret, old_secrets) = details
+        let (event_type, payload, url, secret, old_secrets, headers) = details
             .query_row(params![msg_id, endpoint_id], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -655,6 +669,7 @@ fn claim_tx(
                     r.get::<_, String>(2)?,
                     r.get::<_, String>(3)?,
                     r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
                 ))
             })
             .map_err(map_err)?;
@@ -667,6 +682,7 @@ fn claim_tx(
             url,
             secret,
             old_secrets: valid_old_secrets(&old_secrets, now)?,
+            headers: headers_of(&headers)?,
             event_type,
             payload,
             attempts: u32_of(attempts),
@@ -935,6 +951,14 @@ fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<rusqlite::types::Value>)
     }
     if let Some(until) = filter.until {
         sql.push_str(" AND d.updated_at < ?");
+        args.push(until.into());
+    }
+    if let Some(since) = filter.created_since {
+        sql.push_str(" AND d.created_at >= ?");
+        args.push(since.into());
+    }
+    if let Some(until) = filter.created_until {
+        sql.push_str(" AND d.created_at < ?");
         args.push(until.into());
     }
     (sql, args)
@@ -1216,10 +1240,13 @@ impl Store for SqliteStore {
         let ep = ep.clone();
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
+        let channels = ep.channels.as_ref().map(to_json).transpose()?;
+        let headers = to_json(&ep.headers)?;
         self.write(move |c| {
             c.execute(
                 "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
-                 metadata, secret, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 metadata, secret, created_at, updated_at, channels, headers) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     ep.id.as_str(),
                     ep.app_id.as_str(),
@@ -1232,7 +1259,9 @@ impl Store for SqliteStore {
                     metadata,
                     ep.secret,
                     ep.created_at,
-                    ep.updated_at
+                    ep.updated_at,
+                    channels,
+                    headers
                 ],
             )
             .map_err(map_err)?;
@@ -1273,11 +1302,14 @@ impl Store for SqliteStore {
         let ep = ep.clone();
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
+        let channels = ep.channels.as_ref().map(to_json).transpose()?;
+        let headers = to_json(&ep.headers)?;
         self.write(move |c| {
             let n = c
                 .execute(
                     "UPDATE endpoints SET uid = ?1, url = ?2, description = ?3, filter_types = ?4, disabled = ?5, \
-                     rate_limit = ?6, metadata = ?7, secret = ?8, updated_at = ?9 WHERE id = ?10 AND app_id = ?11",
+                     rate_limit = ?6, metadata = ?7, secret = ?8, updated_at = ?9, channels = ?12, headers = ?13 \
+                     WHERE id = ?10 AND app_id = ?11",
                     params![
                         ep.uid,
                         ep.url,
@@ -1289,7 +1321,9 @@ impl Store for SqliteStore {
                         ep.secret,
                         ep.updated_at,
                         ep.id.as_str(),
-                        ep.app_id.as_str()
+                        ep.app_id.as_str(),
+                        channels,
+                        headers
                     ],
                 )
                 .map_err(map_err)?;
@@ -1532,44 +1566,136 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list_attempts_of_message(
+    async fn list_attempts(
         &self,
         app: &AppId,
-        msg: &MsgId,
+        filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let args = vec![msg.as_str().to_owned(), app.as_str().to_owned()];
+        let mut sql = String::from("SELECT * FROM attempts WHERE app_id = ?");
+        let mut args = vec![app.as_str().to_owned()];
+        if let Some(msg) = &filter.msg {
+            sql.push_str(" AND msg_id = ?");
+            args.push(msg.as_str().to_owned());
+        }
+        if let Some(ep) = &filter.endpoint {
+            sql.push_str(" AND endpoint_id = ?");
+            args.push(ep.as_str().to_owned());
+        }
+        if let Some(ok) = filter.success {
+            sql.push_str(if ok {
+                " AND success = 1"
+            } else {
+                " AND success = 0"
+            });
+        }
+        match filter.code_class {
+            None => {}
+            Some(0) => sql.push_str(" AND status_code IS NULL"),
+            Some(class) => {
+                sql.push_str(
+                    " AND status_code >= CAST(? AS INTEGER) AND status_code < CAST(? AS INTEGER)",
+                );
+                args.push(class.to_string());
+                args.push((class + 100).to_string());
+            }
+        }
         let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "id", args, &page, attempt_from_row))
+            .await
+    }
+
+    async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
         self.read(move |c| {
-            page_of(
-                c,
-                "SELECT * FROM attempts WHERE msg_id = ? AND app_id = ?",
-                "id",
-                args,
-                &page,
-                attempt_from_row,
-            )
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM attempts WHERE id = ?1 AND app_id = ?2")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![id, app], attempt_from_row)?.pop())
         })
         .await
     }
 
-    async fn list_attempts_of_endpoint(
+    async fn list_messages(
+        &self,
+        app: &AppId,
+        filter: &MessageFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<Message>> {
+        let mut sql = String::from("SELECT * FROM messages WHERE app_id = ?");
+        let mut args = vec![app.as_str().to_owned()];
+        if let Some(types) = &filter.event_types {
+            sql.push_str(" AND event_type IN (SELECT value FROM json_each(?))");
+            args.push(to_json(types)?);
+        }
+        if let Some(channel) = &filter.channel {
+            sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = ?)");
+            args.push(channel.clone());
+        }
+        if let Some(before) = filter.before {
+            sql.push_str(" AND created_at < CAST(? AS INTEGER)");
+            args.push(before.to_string());
+        }
+        if let Some(after) = filter.after {
+            sql.push_str(" AND created_at > CAST(? AS INTEGER)");
+            args.push(after.to_string());
+        }
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "id", args, &page, message_from_row))
+            .await
+    }
+
+    async fn list_endpoint_messages(
         &self,
         app: &AppId,
         ep: &EndpointId,
         page: &PageReq,
-    ) -> StoreResult<Page<AttemptRecord>> {
+    ) -> StoreResult<Page<(Delivery, Message)>> {
         let args = vec![ep.as_str().to_owned(), app.as_str().to_owned()];
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
+        );
         let page = page.clone();
         self.read(move |c| {
-            page_of(
-                c,
-                "SELECT * FROM attempts WHERE endpoint_id = ? AND app_id = ?",
-                "id",
-                args,
-                &page,
-                attempt_from_row,
-            )
+            page_of(c, &sql, "d.msg_id", args, &page, |r| {
+                let d = delivery_from_row(r)?;
+                let m = Message {
+                    id: d.msg_id.clone(),
+                    app_id: d.app_id.clone(),
+                    event_type: d.event_type.clone(),
+                    event_id: get(r, "event_id")?,
+                    payload: get(r, "payload")?,
+                    channels: json_opt(get(r, "channels")?)?,
+                    created_at: get(r, "msg_created_at")?,
+                };
+                Ok((d, m))
+            })
+        })
+        .await
+    }
+
+    async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT state, COUNT(*) FROM deliveries WHERE endpoint_id = ?1 GROUP BY state",
+                )
+                .map_err(map_err)?;
+            let mut counts = DeliveryCounts::default();
+            let mut rs = stmt.query(params![ep]).map_err(map_err)?;
+            while let Some(r) = rs.next().map_err(map_err)? {
+                let n = u64::try_from(r.get::<_, i64>(1).map_err(map_err)?).unwrap_or(0);
+                match DeliveryState::from_i64(r.get(0).map_err(map_err)?) {
+                    Some(DeliveryState::Pending) => counts.pending = n,
+                    Some(DeliveryState::Delivering) => counts.delivering = n,
+                    Some(DeliveryState::Delivered) => counts.delivered = n,
+                    Some(DeliveryState::Dead) => counts.dead = n,
+                    None => {}
+                }
+            }
+            Ok(counts)
         })
         .await
     }

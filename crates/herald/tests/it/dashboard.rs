@@ -66,7 +66,11 @@ async fn delivery_state(app: &TestApp, app_id: &str, msg: &str) -> String {
 /// An app (named `name`) with one endpoint at `rx` whose one message went
 /// dead (the receiver answered 400). Returns (app id, endpoint id, message
 /// id, delivery id).
-async fn dead_delivery(app: &TestApp, rx: &Receiver, name: &str) -> (String, String, String, String) {
+async fn dead_delivery(
+    app: &TestApp,
+    rx: &Receiver,
+    name: &str,
+) -> (String, String, String, String) {
     rx.script([Reply::status(400).body("rejected: bad amount")]);
     let (status, body) = app.post("/api/v1/app", json!({ "name": name })).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -76,7 +80,11 @@ async fn dead_delivery(app: &TestApp, rx: &Receiver, name: &str) -> (String, Str
         .await;
     let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
     let msg = app
-        .send_message(&app_id, "invoice.paid", json!({"invoice": "in_1", "amount": 4200}))
+        .send_message(
+            &app_id,
+            "invoice.paid",
+            json!({"invoice": "in_1", "amount": 4200}),
+        )
         .await;
     let report = app.step().await;
     assert_eq!((report.claimed, report.dead), (1, 1));
@@ -143,7 +151,12 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert_eq!(location(&resp), "/dashboard");
     let cookie = header_text(resp.headers(), "set-cookie");
     assert!(cookie.starts_with("herald_session="), "{cookie}");
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/dashboard", "Max-Age=43200"] {
+    for attribute in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Path=/dashboard",
+        "Max-Age=43200",
+    ] {
         assert!(cookie.contains(attribute), "{attribute} in {cookie}");
     }
     let session_value = cookie
@@ -184,7 +197,11 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     let csrf = csrf_of(&dead_page);
     let forged = [
         vec![("scope", "selected"), ("id", dlv.as_str())],
-        vec![("scope", "selected"), ("id", dlv.as_str()), ("csrf", "0123abcd")],
+        vec![
+            ("scope", "selected"),
+            ("id", dlv.as_str()),
+            ("csrf", "0123abcd"),
+        ],
         vec![("scope", "matching"), ("csrf", "")],
     ];
     for form in &forged {
@@ -217,7 +234,10 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert_eq!(location(&resp), "/dashboard/dead");
     let (_, after) = get_page(&browser, &app, "/dashboard/dead").await;
     assert!(after.contains("Replayed 1"), "the flash");
-    assert!(!after.contains(&format!(r#"value="{dlv}""#)), "no longer dead");
+    assert!(
+        !after.contains(&format!(r#"value="{dlv}""#)),
+        "no longer dead"
+    );
     let (_, again) = get_page(&browser, &app, "/dashboard/dead").await;
     assert!(!again.contains("Replayed 1"), "a flash shows once");
     assert_eq!(app.step().await.delivered, 1);
@@ -225,14 +245,21 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert_eq!(delivery_state(&app, &app_id, &msg).await, "delivered");
 
     // The delivery's page: payload, the headers, both attempts.
-    let (status, page) =
-        get_page(&browser, &app, &format!("/dashboard/app/{app_id}/delivery/{dlv}")).await;
+    let (status, page) = get_page(
+        &browser,
+        &app,
+        &format!("/dashboard/app/{app_id}/delivery/{dlv}"),
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(page.contains("delivered"));
     assert!(page.contains(&msg), "webhook-id");
     assert!(page.contains("idempotency-key"));
     assert!(page.contains("v1,…"));
-    assert!(page.contains("&quot;amount&quot;: 4200"), "the payload, indented");
+    assert!(
+        page.contains("&quot;amount&quot;: 4200"),
+        "the payload, indented"
+    );
     assert!(page.contains("rejected: bad amount"), "the 400's response");
     assert!(
         !page.contains(&format!("{dlv}/replay")),
@@ -254,7 +281,9 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     )
     .await;
     assert_eq!(resp.status(), 403, "no token, no change");
-    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    let (_, ep_json) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
+        .await;
     assert_eq!(ep_json["disabled"], false);
     let resp = post_form(
         &browser,
@@ -265,14 +294,24 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     .await;
     assert_eq!(resp.status(), 303);
     assert_eq!(location(&resp), ep_path);
-    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    let (_, ep_json) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
+        .await;
     assert_eq!(ep_json["disabled"], true);
     let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
     assert!(ep_page.contains("maintenance &lt;b&gt;now&lt;/b&gt;"));
     assert!(ep_page.contains("Disabled: nothing is sent"), "the flash");
-    let resp = post_form(&browser, &app, &format!("{ep_path}/enable"), &[("csrf", &csrf)]).await;
+    let resp = post_form(
+        &browser,
+        &app,
+        &format!("{ep_path}/enable"),
+        &[("csrf", &csrf)],
+    )
+    .await;
     assert_eq!(resp.status(), 303);
-    let (_, ep_json) = app.get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}")).await;
+    let (_, ep_json) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
+        .await;
     assert_eq!(ep_json["disabled"], false);
 
     // The reveal link gives the secret the API gives.
@@ -339,7 +378,10 @@ async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
     )
     .await;
     assert_eq!(resp.status(), 303);
-    assert_eq!(location(&resp), format!("/dashboard/dead?app={app_b}&endpoint={ep_b}"));
+    assert_eq!(
+        location(&resp),
+        format!("/dashboard/dead?app={app_b}&endpoint={ep_b}")
+    );
     let (_, page) = get_page(&browser, &app, &filter).await;
     assert!(page.contains("Replayed 1"));
     assert_eq!(delivery_state(&app, &app_b, &msg_b).await, "pending");
@@ -619,7 +661,10 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     let facts = wait_for_text(&browser, "dl.facts", "delivered").await;
     assert!(facts.contains(&msg), "{facts}");
     let attempts = wait_for_text(&browser, "main", "success").await;
-    assert!(attempts.contains("failed"), "the first attempt is listed too");
+    assert!(
+        attempts.contains("failed"),
+        "the first attempt is listed too"
+    );
     browser.close().await.expect("browser closes");
     drop(driver);
     app.shutdown().await;

@@ -437,10 +437,12 @@ async fn the_age_cap_dead_letters_old_messages_and_caps_the_last_delay() {
         event_id: None,
         payload: "{}".into(),
         created_at: now - 24 * 3_600_000 - 1_000,
+        channels: None,
     };
     let nearly = herald::store::NewMessage {
         id: herald::ids::MsgId::generate(),
         created_at: now - 24 * 3_600_000 + 60_000,
+        channels: None,
         ..old.clone()
     };
     store
@@ -600,6 +602,8 @@ async fn ssrf_guard_refuses_private_addresses_when_connecting() {
                 disabled: false,
                 rate_limit: None,
                 metadata: Default::default(),
+                channels: None,
+                headers: Default::default(),
                 secret: herald_signing::Secret::generate().expose(),
                 created_at: now,
                 updated_at: now,
@@ -684,7 +688,8 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     let (status, body) = app
         .post(&rotate, json!({"key": new, "gracePeriodSeconds": 1}))
         .await;
-    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["key"], new);
     assert_eq!(secret_of(&app, &app_id, ep_id).await, new);
     app.send_message(&app_id, "a.b", json!({})).await;
     app.step().await;
@@ -717,7 +722,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let (status, _) = app.request(reqwest::Method::POST, &rotate, None).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(status, StatusCode::OK);
     assert_ne!(
         secret_of(&app, &app_id, ep_id).await,
         new,

@@ -9,6 +9,7 @@ mod delivery;
 mod endpoint_health;
 mod helpers;
 mod metrics;
+mod openapi;
 mod outbox;
 mod scale_out;
 mod sdk;

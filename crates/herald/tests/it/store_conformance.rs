@@ -246,6 +246,8 @@ pub(crate) async fn endpoint(
         disabled,
         rate_limit: None,
         metadata: Default::default(),
+        channels: None,
+        headers: Default::default(),
         secret: herald_signing::Secret::generate().expose(),
         created_at: T0,
         updated_at: T0,
@@ -262,6 +264,7 @@ fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage 
         event_id: event_id.map(str::to_owned),
         payload: r#"{"a": 1}"#.into(),
         created_at: T0,
+        channels: None,
     }
 }
 
@@ -551,6 +554,7 @@ async fn claim_respects_the_limit_and_the_endpoint_cap(store: Arc<dyn Store>) {
     let early: Vec<_> = (0..20)
         .map(|_| NewMessage {
             created_at: T0 - 1000,
+            channels: None,
             ..message(&a.id, "x", None)
         })
         .collect();
@@ -901,6 +905,7 @@ async fn prune_removes_old_finished_history_only(store: Arc<dyn Store>) {
     let e3 = endpoint(&store, &a.id, Some(vec!["three"]), false).await;
     let at = |created_at: Millis, event_type: &str| NewMessage {
         created_at,
+        channels: None,
         ..message(&a.id, event_type, None)
     };
     // "one" goes to e1, "two" to e1 and e2, "three" to e1 and e3.

@@ -1,0 +1,390 @@
+//! What happened to messages, as Svix's API shows it: the message list,
+//! one attempt, the endpoints a message was sent to, the messages an
+//! endpoint was sent, an endpoint's counts, and `recover`.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::apps::find_app;
+use super::attempts::AttemptOut;
+use super::endpoints::find_endpoint;
+use super::messages::{find_message, MessageOut};
+use super::{
+    rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
+};
+use crate::ids::AttemptId;
+use crate::store::{
+    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Message, MessageFilter,
+};
+
+/// Svix's message status for a delivery: 0 success, 1 pending, 2 fail,
+/// 3 sending.
+pub fn svix_status(state: DeliveryState) -> (u8, &'static str) {
+    match state {
+        DeliveryState::Delivered => (0, "success"),
+        DeliveryState::Pending => (1, "pending"),
+        DeliveryState::Dead => (2, "fail"),
+        DeliveryState::Delivering => (3, "sending"),
+    }
+}
+
+fn time_param(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
+    match value.as_deref().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => chrono::DateTime::parse_from_rfc3339(v)
+            .map(|t| Some(t.timestamp_millis()))
+            .map_err(|_| {
+                ApiError::Validation(vec![FieldError::query(
+                    field,
+                    "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+                )])
+            }),
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+pub struct MessageListParams {
+    #[serde(flatten)]
+    pub list: ListParams,
+    /// Comma-separated, as the SDKs send it.
+    pub event_types: Option<String>,
+    pub channel: Option<String>,
+    pub before: Option<String>,
+    pub after: Option<String>,
+}
+
+/// `GET /app/{app}/msg`: newest first unless `order=ascending`.
+pub async fn list_messages(
+    State(state): State<ApiState>,
+    Path(app_id): Path<String>,
+    ApiQuery(params): ApiQuery<MessageListParams>,
+) -> ApiResult<Json<ListResponse<MessageOut>>> {
+    let app = find_app(&state, &app_id).await?;
+    let event_types = params.event_types.as_deref().map(|s| {
+        s.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    });
+    let filter = MessageFilter {
+        event_types: event_types.filter(|t| !t.is_empty()),
+        channel: params.channel.clone().filter(|c| !c.is_empty()),
+        before: time_param("before", &params.before)?,
+        after: time_param("after", &params.after)?,
+    };
+    let page = state
+        .store
+        .list_messages(&app.id, &filter, &params.list.page(false)?)
+        .await?;
+    let data = page
+        .items
+        .into_iter()
+        .map(MessageOut::try_from)
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |m: &MessageOut| m.id.clone(),
+    )))
+}
+
+/// The attempt-list filters Svix's SDKs send.
+#[derive(Debug, Deserialize, Default)]
+pub struct AttemptListParams {
+    #[serde(flatten)]
+    pub list: ListParams,
+    /// 0 success, 1 pending, 2 fail, 3 sending.
+    pub status: Option<String>,
+    /// 0 (no response), 100, 200, 300, 400 or 500.
+    pub status_code_class: Option<String>,
+}
+
+impl AttemptListParams {
+    /// The filter, or `None` when it can match nothing (an attempt in the
+    /// log has finished: it is never pending nor sending).
+    pub fn filter(&self) -> ApiResult<Option<AttemptFilter>> {
+        let mut filter = AttemptFilter::default();
+        match self.status.as_deref().filter(|s| !s.is_empty()) {
+            None => {}
+            Some("0") => filter.success = Some(true),
+            Some("2") => filter.success = Some(false),
+            Some("1") | Some("3") => return Ok(None),
+            Some(_) => {
+                return Err(ApiError::Validation(vec![FieldError::query(
+                    "status",
+                    "must be 0, 1, 2 or 3",
+                )]))
+            }
+        }
+        match self.status_code_class.as_deref().filter(|s| !s.is_empty()) {
+            None => {}
+            Some(c) => match c.parse::<u16>() {
+                Ok(class @ (0 | 100 | 200 | 300 | 400 | 500)) => filter.code_class = Some(class),
+                _ => {
+                    return Err(ApiError::Validation(vec![FieldError::query(
+                        "status_code_class",
+                        "must be 0, 100, 200, 300, 400 or 500",
+                    )]))
+                }
+            },
+        }
+        Ok(Some(filter))
+    }
+}
+
+/// `GET /app/{app}/msg/{msg}/attempt/{attempt}`.
+pub async fn get_attempt(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id, attempt_id)): Path<(String, String, String)>,
+) -> ApiResult<Json<AttemptOut>> {
+    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let id = AttemptId::parse(&attempt_id).ok_or(ApiError::NotFound("attempt"))?;
+    match state.store.get_attempt(&app.id, &id).await? {
+        Some(a) if a.msg_id == msg.id => Ok(Json(a.into())),
+        _ => Err(ApiError::NotFound("attempt")),
+    }
+}
+
+/// Svix's `MessageEndpointOut`: an endpoint a message went to, with the
+/// delivery's state.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageEndpointOut {
+    pub id: String,
+    pub url: String,
+    pub description: String,
+    pub uid: Option<String>,
+    pub disabled: bool,
+    pub event_types: Option<Vec<String>>,
+    pub channels: Option<Vec<String>>,
+    pub throttle_rate: Option<u16>,
+    pub status: u8,
+    pub status_text: &'static str,
+    pub next_attempt: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+fn next_attempt(d: &Delivery) -> Option<String> {
+    matches!(d.state, DeliveryState::Pending).then(|| rfc3339(d.next_attempt_at))
+}
+
+/// `GET /app/{app}/msg/{msg}/endpoint`: every endpoint the message was
+/// routed to (a message has one delivery per endpoint, so one page holds
+/// them unless `limit` is smaller).
+pub async fn list_attempted_destinations(
+    State(state): State<ApiState>,
+    Path((app_id, msg_id)): Path<(String, String)>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<MessageEndpointOut>>> {
+    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let page = params.page(true)?;
+    let mut deliveries = state
+        .store
+        .list_deliveries_of_message(&app.id, &msg.id)
+        .await?;
+    deliveries.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
+    if !page.ascending {
+        deliveries.reverse();
+    }
+    let after = page.after.clone();
+    let mut data = Vec::new();
+    let mut has_more = false;
+    for d in deliveries.iter().filter(|d| match &after {
+        None => true,
+        Some(a) if page.ascending => d.endpoint_id.as_str() > a.as_str(),
+        Some(a) => d.endpoint_id.as_str() < a.as_str(),
+    }) {
+        if data.len() == page.limit {
+            has_more = true;
+            break;
+        }
+        // An endpoint deleted since has no delivery left: skip a race.
+        let Some(ep) = state
+            .store
+            .get_endpoint(&app.id, d.endpoint_id.as_str())
+            .await?
+        else {
+            continue;
+        };
+        let (status, status_text) = svix_status(d.state);
+        data.push(MessageEndpointOut {
+            id: ep.id.into_string(),
+            url: ep.url,
+            description: ep.description,
+            uid: ep.uid,
+            disabled: ep.disabled,
+            event_types: ep.filter_types,
+            channels: ep.channels,
+            throttle_rate: ep.rate_limit,
+            status,
+            status_text,
+            next_attempt: next_attempt(d),
+            created_at: rfc3339(ep.created_at),
+            updated_at: rfc3339(ep.updated_at),
+        });
+    }
+    Ok(Json(ListResponse::new(
+        data,
+        has_more,
+        |e: &MessageEndpointOut| e.id.clone(),
+    )))
+}
+
+/// Svix's `EndpointMessageOut`: a message sent to an endpoint, with the
+/// delivery's state.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointMessageOut {
+    pub id: String,
+    pub event_type: String,
+    pub event_id: Option<String>,
+    pub payload: Box<RawValue>,
+    pub channels: Option<Vec<String>>,
+    pub timestamp: String,
+    pub status: u8,
+    pub status_text: &'static str,
+    pub next_attempt: Option<String>,
+}
+
+fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
+    let (status, status_text) = svix_status(d.state);
+    Ok(EndpointMessageOut {
+        next_attempt: next_attempt(&d),
+        id: m.id.into_string(),
+        event_type: m.event_type,
+        event_id: m.event_id,
+        payload: RawValue::from_string(m.payload).map_err(|e| {
+            tracing::error!(error = %e, "stored payload is not JSON");
+            ApiError::Internal
+        })?,
+        channels: m.channels,
+        timestamp: rfc3339(m.created_at),
+        status,
+        status_text,
+    })
+}
+
+/// `GET /app/{app}/endpoint/{ep}/msg`: newest first.
+pub async fn list_attempted_messages(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> ApiResult<Json<ListResponse<EndpointMessageOut>>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let page = state
+        .store
+        .list_endpoint_messages(&app.id, &ep.id, &params.page(false)?)
+        .await?;
+    let data = page
+        .items
+        .into_iter()
+        .map(|(d, m)| endpoint_message(d, m))
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |m: &EndpointMessageOut| m.id.clone(),
+    )))
+}
+
+/// Svix's `EndpointStats`: the endpoint's deliveries by status.
+#[derive(Debug, Serialize)]
+pub struct EndpointStatsOut {
+    pub success: u64,
+    pub pending: u64,
+    pub sending: u64,
+    pub fail: u64,
+    pub canceled: u64,
+}
+
+/// `GET /app/{app}/endpoint/{ep}/stats` (`since`/`until` are accepted and
+/// ignored: the counts cover the deliveries kept, see `HERALD_RETENTION`).
+pub async fn endpoint_stats(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+) -> ApiResult<Json<EndpointStatsOut>> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let c = state.store.endpoint_delivery_counts(&ep.id).await?;
+    Ok(Json(EndpointStatsOut {
+        success: c.delivered,
+        pending: c.pending,
+        sending: c.delivering,
+        fail: c.dead,
+        canceled: 0,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RecoverIn {
+    pub since: String,
+    #[serde(default)]
+    pub until: Option<String>,
+}
+
+/// `POST /app/{app}/endpoint/{ep}/recover`: replays the endpoint's failed
+/// (dead) deliveries of messages created in `[since, until)`. Done before
+/// answering, in batches, so the task is reported finished.
+pub async fn recover(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<RecoverIn>,
+) -> ApiResult<Response> {
+    let parse = |field: &str, v: &str| {
+        chrono::DateTime::parse_from_rfc3339(v)
+            .map(|t| t.timestamp_millis())
+            .map_err(|_| ApiError::field(field, "must be an RFC 3339 time"))
+    };
+    let since = parse("since", &body.since)?;
+    let until = body
+        .until
+        .as_deref()
+        .map(|u| parse("until", u))
+        .transpose()?;
+    if until.is_some_and(|u| u <= since) {
+        return Err(ApiError::field("until", "must be after since"));
+    }
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let now = now_millis();
+    let filter = DeadFilter {
+        app: Some(app.id),
+        endpoint: Some(ep.id),
+        created_since: Some(since),
+        created_until: until,
+        // Only what was dead when this began: a delivery that fails again
+        // meanwhile is not replayed twice.
+        until: Some(now + 1),
+        ..DeadFilter::default()
+    };
+    let batch = super::dead::MAX_REPLAY_BATCH;
+    loop {
+        let n = state
+            .store
+            .replay_dead_matching(&filter, None, batch, now)
+            .await?;
+        if n > 0 {
+            state.wake.notify_one();
+        }
+        if usize::try_from(n).unwrap_or(usize::MAX) < batch {
+            break;
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({
+            "id": format!("qtask_{}", ulid::Ulid::new().to_string().to_ascii_lowercase()),
+            "status": "finished",
+            "task": "endpoint.recover",
+            "updatedAt": rfc3339(now_millis()),
+        })),
+    )
+        .into_response())
+}

@@ -1,0 +1,122 @@
+//! The OpenAPI 3 description of the HTTP API, served at
+//! `/api/v1/openapi.json`. It is derived from the handlers' `#[utoipa::path]`
+//! annotations and the request and response types themselves (their serde
+//! names included), so renaming a field changes the description with it.
+//! The test `tests/it/openapi.rs` checks that every route of [`super::router`]
+//! is in it with exactly the methods the router answers.
+
+use axum::response::IntoResponse;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::OpenApi;
+
+use super::{apps, attempts, dead, endpoints, event_types, messages};
+
+/// The routes nested under `/api/v1`, all behind the bearer token.
+#[derive(OpenApi)]
+#[openapi(paths(
+    apps::list_apps,
+    apps::create_app,
+    apps::get_app,
+    apps::put_app,
+    apps::patch_app,
+    apps::delete_app,
+    endpoints::list_endpoints,
+    endpoints::create_endpoint,
+    endpoints::get_endpoint,
+    endpoints::update_endpoint,
+    endpoints::patch_endpoint,
+    endpoints::delete_endpoint,
+    endpoints::get_endpoint_secret,
+    endpoints::rotate_endpoint_secret,
+    endpoints::get_endpoint_health,
+    endpoints::enable_endpoint_route,
+    endpoints::disable_endpoint_route,
+    event_types::list_event_types,
+    event_types::create_event_type,
+    event_types::get_event_type,
+    event_types::put_event_type,
+    event_types::patch_event_type,
+    event_types::delete_event_type,
+    messages::create_message,
+    messages::get_message,
+    messages::list_message_deliveries,
+    messages::resend,
+    attempts::list_attempts_by_msg,
+    attempts::list_attempts_by_endpoint,
+    dead::list_dead,
+    dead::replay_dead,
+    dead::replay_endpoint_dead,
+    dead::list_all_dead,
+    dead::replay_all_dead,
+))]
+struct V1;
+
+/// The whole description: the token-free routes at the root, the API under
+/// `/api/v1`. The dashboard (HTML with its own log-in) is not part of it.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Herald",
+        description = "Durable, signed, retried outbound webhooks. The API is shaped like \
+                       Svix's API v1 (camelCase JSON, prefixed ids, list envelopes \
+                       `{data, iterator, prevIterator, done}`, errors `{code, detail}`), \
+                       so the official Svix SDKs can drive it.",
+    ),
+    paths(super::healthz, super::readyz, super::metrics, openapi_json),
+    nest((path = "/api/v1", api = V1)),
+    // Those only named by error responses and parameter types, which the
+    // derive does not collect by itself.
+    components(schemas(
+        super::error::ErrorBody,
+        super::error::ValidationErrorBody,
+        super::error::FieldError,
+        super::ListOrder,
+    )),
+    security(("bearer" = [])),
+    modifiers(&BearerScheme),
+)]
+pub struct HeraldApi;
+
+/// Declares the `bearer` scheme that `security(("bearer" = []))` refers to:
+/// the admin token in `Authorization: Bearer …`.
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The description as JSON. Built once per process: it never changes while
+/// the process runs.
+pub fn document() -> &'static str {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DOCUMENT.get_or_init(|| {
+        HeraldApi::openapi().to_json().unwrap_or_else(|e| {
+            // Serializing in-memory structs of strings and maps cannot fail;
+            // if it ever did, say so instead of serving a broken document.
+            tracing::error!(error = %e, "cannot serialize the OpenAPI description");
+            String::from("{}")
+        })
+    })
+}
+
+/// This document (no token).
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    tag = "Health",
+    security(()),
+    responses((status = 200, description = "This OpenAPI 3 description", body = Object)),
+)]
+pub async fn openapi_json() -> axum::response::Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        document(),
+    )
+        .into_response()
+}
