@@ -268,6 +268,66 @@ pub async fn dead(command: DeadCommand) -> anyhow::Result<()> {
     }
 }
 
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Create an application-scoped API token (printed once).
+    Create {
+        #[command(flatten)]
+        target: Target,
+        /// Application id or uid.
+        #[arg(long)]
+        app: String,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Revoke an application token.
+    Revoke {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        app: String,
+        /// The token's id (tok_…).
+        id: String,
+    },
+}
+
+pub async fn token(command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Create { target, app, name } => {
+            let client = Client::new(&target)?;
+            let out = client
+                .call(
+                    client
+                        .http
+                        .post(client.url(&format!("/app/{app}/token")))
+                        .json(&json!({ "name": name })),
+                )
+                .await?;
+            println!("token id: {}", text(&out["id"]));
+            println!(
+                "token (shown only now; keep it safe): {}",
+                text(&out["token"])
+            );
+            Ok(())
+        }
+        TokenCommand::Revoke { target, app, id } => {
+            let client = Client::new(&target)?;
+            let resp = client
+                .http
+                .delete(client.url(&format!("/app/{app}/token/{id}")))
+                .bearer_auth(&client.token)
+                .send()
+                .await
+                .with_context(|| format!("cannot reach Herald at {}", client.base))?;
+            if !resp.status().is_success() {
+                bail!("Herald answered {}", resp.status());
+            }
+            println!("token {id} revoked");
+            Ok(())
+        }
+    }
+}
+
 pub async fn endpoint(command: EndpointCommand) -> anyhow::Result<()> {
     match command {
         EndpointCommand::Enable {

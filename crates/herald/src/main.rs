@@ -48,6 +48,9 @@ enum Command {
     /// Endpoints of a running Herald: enable, disable.
     #[command(subcommand)]
     Endpoint(herald::cli::EndpointCommand),
+    /// Application-scoped API tokens of a running Herald: create, revoke.
+    #[command(subcommand)]
+    Token(herald::cli::TokenCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +72,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => herald::bench::run(args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
+            Command::Token(cmd) => herald::cli::token(cmd).await,
         }
     });
     match result {

@@ -184,6 +184,7 @@ pub async fn start(
             },
             admin_token_sha256: admin_digest,
             app_ids: Default::default(),
+            tokens: Default::default(),
             operator,
             metrics,
             dashboard: Default::default(),
@@ -237,6 +238,12 @@ async fn run_retention(store: Arc<dyn Store>, config: Config, shutdown: Cancella
         // Health needs the last 24 h of stats buckets; a day more is slack.
         if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
             tracing::warn!(error = %e, "pruning endpoint stats failed");
+        }
+        if let Err(e) = store
+            .prune_idempotency(now - crate::api::idempotency::KEY_LIFETIME_MS)
+            .await
+        {
+            tracing::warn!(error = %e, "pruning idempotency keys failed");
         }
         loop {
             let result = store

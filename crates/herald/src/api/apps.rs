@@ -91,6 +91,7 @@ pub async fn create_app(
     ApiQuery(params): ApiQuery<CreateAppParams>,
     ApiJson(body): ApiJson<ApplicationIn>,
 ) -> ApiResult<Response> {
+    let get_if_exists = super::query_bool("get_if_exists", &params.get_if_exists)?;
     if body.name.trim().is_empty() {
         return Err(ApiError::field("name", "must not be empty"));
     }
@@ -98,7 +99,7 @@ pub async fn create_app(
     check_metadata(&body.metadata)?;
     if let Some(uid) = &body.uid {
         if let Some(existing) = state.store.get_app(uid).await? {
-            if params.get_if_exists.as_deref() == Some("true") {
+            if get_if_exists {
                 return Ok((StatusCode::OK, Json(ApplicationOut::from(existing))).into_response());
             }
             return Err(ApiError::Conflict(format!(
@@ -348,5 +349,7 @@ pub async fn delete_app(
         return Err(ApiError::NotFound("application"));
     }
     state.app_ids.forget(&app.id);
+    // Its tokens went with it.
+    state.tokens.clear();
     Ok(StatusCode::NO_CONTENT)
 }

@@ -50,6 +50,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("{0}")]
@@ -146,6 +148,7 @@ impl IntoResponse for ApiError {
         let (status, code) = match &self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_failed"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),

@@ -219,16 +219,7 @@ pub async fn list_event_types(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<EventTypeListParams>,
 ) -> ApiResult<Json<ListResponse<EventTypeOut>>> {
-    let include_archived = match params.include_archived.as_deref() {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(_) => {
-            return Err(ApiError::Validation(vec![super::FieldError::query(
-                "include_archived",
-                "must be true or false",
-            )]))
-        }
-    };
+    let include_archived = super::query_bool("include_archived", &params.include_archived)?;
     let page = state
         .store
         .list_event_types(include_archived, &params.list.page(true)?)
@@ -424,8 +415,9 @@ pub async fn delete_event_type(
     Path(name): Path<String>,
     ApiQuery(params): ApiQuery<DeleteParams>,
 ) -> ApiResult<StatusCode> {
+    let expunge = super::query_bool("expunge", &params.expunge)?;
     let mut et = find(&state, &name).await?;
-    let gone = if params.expunge.as_deref() == Some("true") {
+    let gone = if expunge {
         state.store.delete_event_type(&name).await?
     } else {
         et.archived = true;

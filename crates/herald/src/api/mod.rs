@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -22,12 +22,14 @@ use crate::net::NetworkPolicy;
 use crate::store::{Millis, PageReq, Store};
 
 pub mod apps;
+pub mod auth;
 pub mod attempts;
 pub mod dead;
 pub mod endpoints;
 pub mod error;
 pub mod event_types;
 pub mod history;
+pub mod idempotency;
 pub mod messages;
 pub mod openapi;
 
@@ -36,7 +38,7 @@ pub use error::{ApiError, ApiResult, FieldError};
 /// The largest payload accepted (413 above it).
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// Request bodies may carry a little more than the payload (other fields).
-const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
+pub const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
 
 #[derive(Clone)]
 pub struct ApiState {
@@ -49,6 +51,8 @@ pub struct ApiState {
     pub admin_token_sha256: [u8; 32],
     /// id-or-uid → app id, for the hot create-message path.
     pub app_ids: Arc<AppIdCache>,
+    /// Application tokens by digest.
+    pub tokens: Arc<auth::TokenCache>,
     /// Enables and disables endpoints, and reports it.
     pub operator: crate::operator::Operator,
     /// The dashboard's log-in sessions (per server, in memory).
@@ -209,7 +213,20 @@ pub fn router(state: ApiState) -> Router {
             post(replay_dead),
         )
         .fallback(|| async { ApiError::NotFound("route") })
-        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route(
+            "/app/{app_id}/token",
+            get(auth::list_tokens).post(auth::create_token),
+        )
+        .route(
+            "/app/{app_id}/token/{token_id}",
+            axum::routing::delete(auth::delete_token),
+        )
+        // The last layer runs first: the token, then the idempotency key.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            idempotency::idempotency,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
     Router::new()
         .route("/healthz", get(healthz))
         // Outside the token, so that tools can fetch the description before
@@ -314,23 +331,6 @@ pub async fn metrics(State(state): State<ApiState>) -> Response {
     }
 }
 
-async fn require_token(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
-    match presented {
-        // Comparing digests: equal-length, and a timing difference reveals
-        // nothing about the token itself.
-        Some(token) if token_sha256(token) == state.admin_token_sha256 => next.run(request).await,
-        _ => ApiError::Unauthorized.into_response(),
-    }
-}
 
 /// A JSON body. Malformed JSON → 400; a missing or wrong-typed field → 422
 /// naming it; a body over the limit → 413. The content type is not
@@ -353,6 +353,15 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    // Every body is an object, but serde's derived structs also take a JSON
+    // array (fields by position), so `[null, null]` would PATCH the first
+    // two fields: refuse anything but an object (found by schemathesis).
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+            Ok(_) => Err(ApiError::field("", "the body must be a JSON object")),
+            Err(e) => Err(ApiError::BadRequest(format!("invalid JSON body: {e}"))),
+        };
+    }
     // The fast path; only a body that fails is parsed again to name the
     // offending field.
     if let Ok(value) = serde_json::from_slice(bytes) {
@@ -424,6 +433,19 @@ pub struct ListParams {
     pub iterator: Option<String>,
     #[param(value_type = Option<ListOrder>)]
     pub order: Option<String>,
+}
+
+/// A boolean query parameter: absent is false; anything but `true` or
+/// `false` is a 422 naming it (not silently false).
+pub fn query_bool(field: &str, value: &Option<String>) -> ApiResult<bool> {
+    match value.as_deref() {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(ApiError::Validation(vec![FieldError::query(
+            field,
+            "must be true or false",
+        )])),
+    }
 }
 
 /// The order of a list (`ListParams::order`).

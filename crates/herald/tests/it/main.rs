@@ -14,3 +14,4 @@ mod outbox;
 mod scale_out;
 mod sdk;
 mod store_conformance;
+mod tenancy;

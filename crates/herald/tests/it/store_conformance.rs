@@ -178,6 +178,8 @@ backends!(
     rotated_secrets_sign_until_their_grace_ends,
     event_types_are_created_listed_updated_and_deleted,
     apps_update_and_delete_with_everything_under_them,
+    tokens_are_found_by_digest_and_go_with_their_app,
+    idempotency_keys_replay_refuse_and_expire,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -1979,4 +1981,76 @@ async fn apps_update_and_delete_with_everything_under_them(store: Arc<dyn Store>
             InsertOutcome::Inserted { deliveries: 1 }
         ]
     );
+}
+
+async fn tokens_are_found_by_digest_and_go_with_their_app(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let t = ApiToken {
+        id: "tok_1".into(),
+        app_id: a.id.clone(),
+        name: "ci".into(),
+        created_at: T0,
+    };
+    store.create_token(&t, "ab12").await.expect("create");
+    assert_eq!(
+        store.find_token("ab12").await.expect("find"),
+        Some(t.clone())
+    );
+    assert_eq!(store.find_token("ffff").await.expect("find"), None);
+    assert_eq!(
+        store.list_tokens(&a.id).await.expect("list"),
+        vec![t.clone()]
+    );
+    let other = app(&store, None).await;
+    assert!(!store
+        .delete_token(&other.id, "tok_1")
+        .await
+        .expect("delete"));
+    assert!(store.delete_token(&a.id, "tok_1").await.expect("delete"));
+    store.create_token(&t, "ab12").await.expect("again");
+    assert!(store.delete_app(&a.id).await.expect("delete app"));
+    assert_eq!(store.find_token("ab12").await.expect("find"), None);
+}
+
+async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
+    let begin = |key: &'static str, hash: &'static str, now: Millis| {
+        let store = store.clone();
+        async move {
+            store
+                .idempotency_begin("admin", key, hash, now, now - 1_000, now - 100)
+                .await
+                .expect("begin")
+        }
+    };
+    assert_eq!(begin("k", "h1", T0).await, IdemBegin::Fresh);
+    assert_eq!(begin("k", "h1", T0 + 1).await, IdemBegin::InProgress);
+    assert_eq!(begin("k", "h2", T0 + 1).await, IdemBegin::Mismatch);
+    store
+        .idempotency_finish("admin", "k", 202, r#"{"id":"msg_1"}"#)
+        .await
+        .expect("finish");
+    assert_eq!(
+        begin("k", "h1", T0 + 2).await,
+        IdemBegin::Replay {
+            status: 202,
+            body: r#"{"id":"msg_1"}"#.into()
+        }
+    );
+    // Scopes are apart.
+    assert_eq!(
+        store
+            .idempotency_begin("tok_x", "k", "h9", T0, T0 - 1_000, T0 - 100)
+            .await
+            .expect("begin"),
+        IdemBegin::Fresh
+    );
+    // Past its lifetime a key is fresh again; a dead "in progress" too.
+    assert_eq!(begin("k", "h2", T0 + 5_000).await, IdemBegin::Fresh);
+    assert_eq!(begin("k", "h2", T0 + 5_000 + 200).await, IdemBegin::Fresh);
+    // Aborted: fresh at once.
+    assert_eq!(begin("j", "h", T0).await, IdemBegin::Fresh);
+    store.idempotency_abort("admin", "j").await.expect("abort");
+    assert_eq!(begin("j", "h", T0 + 1).await, IdemBegin::Fresh);
+    assert!(store.prune_idempotency(T0 + 10_000).await.expect("prune") >= 2);
+    assert_eq!(begin("k", "zz", T0 + 10_001).await, IdemBegin::Fresh);
 }

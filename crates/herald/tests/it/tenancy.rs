@@ -1,0 +1,285 @@
+//! Application-scoped tokens and Idempotency-Key, end to end.
+
+use axum::http::StatusCode;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// Sends `method path` with `token` and `body`; returns status and JSON.
+async fn call(
+    app: &TestApp,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("herald answers");
+    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
+    let text = resp.text().await.expect("body");
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).expect("JSON body")
+    };
+    (status, value)
+}
+
+#[tokio::test]
+async fn an_application_token_reaches_its_own_application_and_nothing_else() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(400));
+    app.create_event_types(&["a.b"]).await;
+    let (_, a) = app
+        .post("/api/v1/app", json!({"name": "A", "uid": "tenant-a"}))
+        .await;
+    let (_, b) = app
+        .post("/api/v1/app", json!({"name": "B", "uid": "tenant-b"}))
+        .await;
+    let (a, b) = (
+        a["id"].as_str().expect("id").to_owned(),
+        b["id"].as_str().expect("id").to_owned(),
+    );
+    let ep_b = app.create_endpoint(&b, &rx.url("/b"), json!({})).await;
+    let ep_b = ep_b["id"].as_str().expect("id").to_owned();
+    let msg_b = app.send_message(&b, "a.b", json!({})).await;
+    app.step().await;
+    let attempt_b = app.attempts_of_msg(&b, &msg_b).await[0]["id"]
+        .as_str()
+        .expect("attempt")
+        .to_owned();
+    let dlv_b = app.deliveries(&b, &msg_b).await[0]["id"]
+        .as_str()
+        .expect("delivery")
+        .to_owned();
+    let (s, tok_b) = app.post(&format!("/api/v1/app/{b}/token"), json!({})).await;
+    assert_eq!(s, StatusCode::CREATED, "{tok_b}");
+    let tok_b_id = tok_b["id"].as_str().expect("id").to_owned();
+
+    let (s, created) = app
+        .post(&format!("/api/v1/app/{a}/token"), json!({"name": "ci"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{created}");
+    let token = created["token"]
+        .as_str()
+        .expect("token shown once")
+        .to_owned();
+    assert!(token.starts_with("hrld_app_"));
+    let (_, listed) = app.get(&format!("/api/v1/app/{a}/token")).await;
+    assert_eq!(listed["data"][0]["name"], "ci");
+    assert!(
+        listed["data"][0].get("token").is_none(),
+        "never shown again"
+    );
+
+    // Its own application works, by id and by uid.
+    let (s, _) = call(&app, &token, Method::GET, &format!("/api/v1/app/{a}"), None).await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, ep) = call(
+        &app,
+        &token,
+        Method::POST,
+        "/api/v1/app/tenant-a/endpoint",
+        Some(json!({"url": rx.url("/a")})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{ep}");
+    let (s, _) = call(
+        &app,
+        &token,
+        Method::POST,
+        &format!("/api/v1/app/{a}/msg"),
+        Some(json!({"eventType": "a.b", "payload": {}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, _) = call(&app, &token, Method::GET, "/api/v1/event-type", None).await;
+    assert_eq!(s, StatusCode::OK, "the catalogue is readable");
+
+    // Every route of B, by id and by uid: 404, as if B did not exist.
+    let body = Some(
+        json!({"name": "x", "url": "http://127.0.0.1:9/", "eventType": "a.b", "payload": {}, "since": "2020-01-01T00:00:00Z", "headers": {}}),
+    );
+    for app_ref in [b.as_str(), "tenant-b"] {
+        let p = |rest: &str| format!("/api/v1/app/{app_ref}{rest}");
+        let routes: Vec<(Method, String)> = vec![
+            (Method::GET, p("")),
+            (Method::PUT, p("")),
+            (Method::PATCH, p("")),
+            (Method::DELETE, p("")),
+            (Method::GET, p("/endpoint")),
+            (Method::POST, p("/endpoint")),
+            (Method::GET, p(&format!("/endpoint/{ep_b}"))),
+            (Method::PUT, p(&format!("/endpoint/{ep_b}"))),
+            (Method::PATCH, p(&format!("/endpoint/{ep_b}"))),
+            (Method::DELETE, p(&format!("/endpoint/{ep_b}"))),
+            (Method::GET, p(&format!("/endpoint/{ep_b}/secret"))),
+            (Method::POST, p(&format!("/endpoint/{ep_b}/secret/rotate"))),
+            (Method::GET, p(&format!("/endpoint/{ep_b}/headers"))),
+            (Method::PUT, p(&format!("/endpoint/{ep_b}/headers"))),
+            (Method::PATCH, p(&format!("/endpoint/{ep_b}/headers"))),
+            (Method::GET, p(&format!("/endpoint/{ep_b}/health"))),
+            (Method::GET, p(&format!("/endpoint/{ep_b}/stats"))),
+            (Method::POST, p(&format!("/endpoint/{ep_b}/enable"))),
+            (Method::POST, p(&format!("/endpoint/{ep_b}/disable"))),
+            (Method::POST, p(&format!("/endpoint/{ep_b}/recover"))),
+            (Method::GET, p(&format!("/endpoint/{ep_b}/msg"))),
+            (
+                Method::POST,
+                p(&format!("/endpoint/{ep_b}/dead-letter/replay")),
+            ),
+            (Method::GET, p("/msg")),
+            (Method::POST, p("/msg")),
+            (Method::GET, p(&format!("/msg/{msg_b}"))),
+            (Method::GET, p(&format!("/msg/{msg_b}/delivery"))),
+            (Method::GET, p(&format!("/msg/{msg_b}/endpoint"))),
+            (Method::GET, p(&format!("/msg/{msg_b}/attempt/{attempt_b}"))),
+            (
+                Method::POST,
+                p(&format!("/msg/{msg_b}/endpoint/{ep_b}/resend")),
+            ),
+            (Method::GET, p(&format!("/attempt/msg/{msg_b}"))),
+            (Method::GET, p(&format!("/attempt/endpoint/{ep_b}"))),
+            (Method::GET, p("/dead-letter")),
+            (Method::POST, p(&format!("/dead-letter/{dlv_b}/replay"))),
+        ];
+        for (method, path) in routes {
+            let (s, out) = call(&app, &token, method.clone(), &path, body.clone()).await;
+            assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}: {out}");
+        }
+        for (method, path) in [
+            (Method::GET, p("/token")),
+            (Method::POST, p("/token")),
+            (Method::DELETE, p(&format!("/token/{tok_b_id}"))),
+        ] {
+            let (s, out) = call(&app, &token, method.clone(), &path, None).await;
+            assert!(
+                s == StatusCode::NOT_FOUND || s == StatusCode::FORBIDDEN,
+                "{method} {path}: {s} {out}"
+            );
+        }
+    }
+    // What no application token may do: 403.
+    for (method, path) in [
+        (Method::GET, "/api/v1/app".to_owned()),
+        (Method::POST, "/api/v1/app".to_owned()),
+        (Method::POST, "/api/v1/event-type".to_owned()),
+        (Method::GET, "/api/v1/dead-letter".to_owned()),
+        (Method::POST, "/api/v1/dead-letter/replay".to_owned()),
+        (Method::GET, format!("/api/v1/app/{a}/token")),
+        (Method::POST, format!("/api/v1/app/{a}/token")),
+    ] {
+        let (s, out) = call(
+            &app,
+            &token,
+            method.clone(),
+            &path,
+            Some(json!({"name": "x"})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {out}");
+        assert_eq!(out["code"], "forbidden");
+    }
+    // B is untouched.
+    let (s, b_now) = app.get(&format!("/api/v1/app/{b}")).await;
+    assert_eq!((s, b_now["name"].clone()), (StatusCode::OK, json!("B")));
+    let (_, ep_now) = app.get(&format!("/api/v1/app/{b}/endpoint/{ep_b}")).await;
+    assert_eq!(ep_now["disabled"], false);
+    assert_eq!(app.deliveries(&b, &msg_b).await[0]["state"], "dead");
+
+    // Revoked: refused at once.
+    let token_id = created["id"].as_str().expect("id");
+    let (s, _) = app
+        .request(
+            Method::DELETE,
+            &format!("/api/v1/app/{a}/token/{token_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = call(&app, &token, Method::GET, &format!("/api/v1/app/{a}"), None).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    app.shutdown().await;
+}
+
+async fn post_keyed(
+    app: &TestApp,
+    token: &str,
+    path: &str,
+    key: &str,
+    body: Value,
+) -> (StatusCode, String, bool) {
+    let resp = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("herald answers");
+    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
+    let replayed = resp.headers().get("idempotent-replayed").is_some();
+    (status, resp.text().await.expect("body"), replayed)
+}
+
+#[tokio::test]
+async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() {
+    let app = spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let path = format!("/api/v1/app/{app_id}/msg");
+    let body = json!({"eventType": "a.b", "payload": {"n": 1}});
+    let (s1, first, replayed1) = post_keyed(&app, TOKEN, &path, "key-1", body.clone()).await;
+    let (s2, second, replayed2) = post_keyed(&app, TOKEN, &path, "key-1", body.clone()).await;
+    assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
+    assert_eq!(first, second, "the identical response");
+    assert!(!replayed1 && replayed2);
+    let (_, listed) = app.get(&path).await;
+    assert_eq!(
+        listed["data"].as_array().map(Vec::len),
+        Some(1),
+        "one message"
+    );
+
+    // The same key with another body: refused, nothing stored.
+    let (s, out, _) = post_keyed(
+        &app,
+        TOKEN,
+        &path,
+        "key-1",
+        json!({"eventType": "a.b", "payload": {"n": 2}}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{out}");
+    // The same key on another route: refused too.
+    let (s, _, _) = post_keyed(&app, TOKEN, "/api/v1/app", "key-1", json!({"name": "x"})).await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    // A client error is kept as well: the repeat gets the same 422.
+    let bad = json!({"eventType": "no spaces", "payload": {}});
+    let (s1, e1, _) = post_keyed(&app, TOKEN, &path, "key-2", bad.clone()).await;
+    let (s2, e2, r2) = post_keyed(&app, TOKEN, &path, "key-2", bad).await;
+    assert_eq!(
+        (s1, s2),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::UNPROCESSABLE_ENTITY
+        )
+    );
+    assert_eq!(e1, e2);
+    assert!(r2);
+    // Keys are per token: an application token's "key-1" is its own.
+    let (_, tok) = app
+        .post(&format!("/api/v1/app/{app_id}/token"), json!({}))
+        .await;
+    let token = tok["token"].as_str().expect("token");
+    let (s, _, replayed) = post_keyed(&app, token, &path, "key-1", body).await;
+    assert_eq!((s, replayed), (StatusCode::ACCEPTED, false));
+    let (_, listed) = app.get(&path).await;
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(2));
+    app.shutdown().await;
+}
