@@ -41,7 +41,10 @@ impl Principal {
 /// Entries live 30 s: a token revoked through another process stops
 /// working within that time (at once through this one).
 #[derive(Default)]
-pub struct TokenCache(RwLock<HashMap<[u8; 32], (Option<ApiToken>, Instant)>>);
+pub struct TokenCache(RwLock<HashMap<[u8; 32], CachedToken>>);
+
+/// A lookup's answer (None: no such token) and when it was made.
+type CachedToken = (Option<ApiToken>, Instant);
 
 impl TokenCache {
     const TTL: Duration = Duration::from_secs(30);

@@ -482,10 +482,20 @@ impl ListParams {
                 )]))
             }
         };
+        // A `prevIterator` is the first id of a page behind a '-'.
+        let iterator = self.iterator.as_deref().filter(|s| !s.is_empty());
+        let (after, backwards) = match iterator {
+            Some(it) => match it.strip_prefix('-') {
+                Some(id) => (Some(id.to_owned()), true),
+                None => (Some(it.to_owned()), false),
+            },
+            None => (None, false),
+        };
         Ok(PageReq {
             limit,
-            after: self.iterator.clone().filter(|s| !s.is_empty()),
+            after,
             ascending,
+            backwards,
         })
     }
 }
@@ -508,7 +518,8 @@ impl<T: Serialize> ListResponse<T> {
     pub fn new(data: Vec<T>, has_more: bool, id_of: impl Fn(&T) -> String) -> Self {
         ListResponse {
             iterator: data.last().map(&id_of),
-            prev_iterator: None,
+            // Pass back to get the page before this one.
+            prev_iterator: data.first().map(|first| format!("-{}", id_of(first))),
             done: !has_more,
             data,
         }

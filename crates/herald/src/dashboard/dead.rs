@@ -165,6 +165,7 @@ pub async fn page(
             limit: 100,
             after: None,
             ascending: true,
+            backwards: false,
         })
         .await?
         .items;

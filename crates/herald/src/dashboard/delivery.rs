@@ -164,6 +164,7 @@ async fn attempts_of(
                     limit: SCAN_PAGE,
                     after: after.clone(),
                     ascending: true,
+                    backwards: false,
                 },
             )
             .await?;

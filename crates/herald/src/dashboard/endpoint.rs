@@ -145,6 +145,11 @@ pub async fn page(
                     dt { "Dead letters" }
                     dd { a href=(dead_href) { "this endpoint's dead letters" } }
                 }
+                form.toolbar method="post" action=(format!("{here}/rotate")) {
+                    (layout::csrf_field(&session))
+                    button type="submit" { "Rotate secret" }
+                    span.muted.small { "The old secret keeps signing beside the new one for 24 hours." }
+                }
                 @if health.disabled {
                     form.toolbar method="post" action=(format!("{here}/enable")) {
                         (layout::csrf_field(&session))
@@ -294,5 +299,31 @@ pub async fn disable(
     } else {
         "It was already disabled."
     });
+    Ok(see_other(&endpoint_path(&ep)))
+}
+
+/// `POST …/endpoint/{ep}/rotate`: a new generated secret; the current one
+/// keeps signing for the API's default grace period.
+pub async fn rotate(
+    State(state): State<ApiState>,
+    Path((app_id, endpoint_id)): Path<(String, String)>,
+    posted: Posted,
+) -> DashResult<Response> {
+    let app = find_app(&state, &app_id).await?;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let now = crate::store::now_millis();
+    let grace_ms =
+        i64::try_from(crate::api::endpoints::DEFAULT_GRACE_SECONDS * 1000).unwrap_or(i64::MAX);
+    let secret = herald_signing::Secret::generate().expose();
+    if !state
+        .store
+        .rotate_secret(&app.id, &ep.id, &secret, now.saturating_add(grace_ms), now)
+        .await?
+    {
+        return Err(DashError::NotFound("endpoint"));
+    }
+    posted
+        .session
+        .flash("Secret rotated: the previous one signs too for 24 hours.");
     Ok(see_other(&endpoint_path(&ep)))
 }

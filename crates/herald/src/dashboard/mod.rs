@@ -56,6 +56,10 @@ pub fn router() -> Router<ApiState> {
             post(endpoint::enable),
         )
         .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/rotate",
+            post(endpoint::rotate),
+        )
+        .route(
             "/app/{app_id}/endpoint/{endpoint_id}/disable",
             post(endpoint::disable),
         )
@@ -216,11 +220,13 @@ impl Cursor {
                 limit,
                 after: Some(before.clone()),
                 ascending: true,
+                backwards: false,
             },
             None => crate::store::PageReq {
                 limit,
                 after: self.after.clone(),
                 ascending: false,
+                backwards: false,
             },
         }
     }

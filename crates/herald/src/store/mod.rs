@@ -255,9 +255,20 @@ pub struct Delivery {
 #[derive(Debug, Clone, Default)]
 pub struct PageReq {
     pub limit: usize,
-    /// Return items strictly after this id in the chosen order.
+    /// Return items strictly after this id in the chosen order (or, when
+    /// `backwards`, strictly before it).
     pub after: Option<String>,
     pub ascending: bool,
+    /// The page that ends just before `after` (a `prevIterator`), still
+    /// in the chosen order.
+    pub backwards: bool,
+}
+
+impl PageReq {
+    /// The direction the store walks its index in.
+    pub fn walks_ascending(&self) -> bool {
+        self.ascending != self.backwards
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -644,17 +644,18 @@ impl PostgresStore {
     ) -> StoreResult<Page<T>> {
         // Only constant SQL fragments are spliced in; every value is bound.
         let mut sql = sql.to_owned();
+        let up = page.walks_ascending();
         if let Some(after) = &page.after {
             args.push(after.clone());
             sql.push_str(&format!(
                 " AND {column} {} ${}",
-                if page.ascending { ">" } else { "<" },
+                if up { ">" } else { "<" },
                 args.len()
             ));
         }
         sql.push_str(&format!(
             " ORDER BY {column} {} LIMIT ${}",
-            if page.ascending { "ASC" } else { "DESC" },
+            if up { "ASC" } else { "DESC" },
             args.len() + 1
         ));
         let mut query = sqlx::query(AssertSqlSafe(sql));
@@ -669,6 +670,9 @@ impl PostgresStore {
         let mut items = map_rows(&rows, map)?;
         let has_more = items.len() > page.limit;
         items.truncate(page.limit);
+        if page.backwards {
+            items.reverse();
+        }
         Ok(Page { items, has_more })
     }
 }

@@ -453,22 +453,23 @@ fn page_of<T>(
     map: fn(&Row<'_>) -> StoreResult<T>,
 ) -> StoreResult<Page<T>> {
     let mut sql = sql.to_owned();
+    let up = page.walks_ascending();
     if let Some(after) = &page.after {
-        sql.push_str(&format!(
-            " AND {column} {} ?",
-            if page.ascending { ">" } else { "<" }
-        ));
+        sql.push_str(&format!(" AND {column} {} ?", if up { ">" } else { "<" }));
         args.push(after.clone());
     }
     sql.push_str(&format!(
         " ORDER BY {column} {} LIMIT {}",
-        if page.ascending { "ASC" } else { "DESC" },
+        if up { "ASC" } else { "DESC" },
         page.limit.saturating_add(1)
     ));
     let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
     let mut items = rows(&mut stmt, rusqlite::params_from_iter(args.iter()), map)?;
     let has_more = items.len() > page.limit;
     items.truncate(page.limit);
+    if page.backwards {
+        items.reverse();
+    }
     Ok(Page { items, has_more })
 }
 
@@ -1460,20 +1461,17 @@ impl Store for SqliteStore {
         let mut sql = format!(
             "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
+        let up = page.walks_ascending();
         if let Some(after) = &page.after {
-            sql.push_str(if page.ascending {
-                " AND d.id > ?"
-            } else {
-                " AND d.id < ?"
-            });
+            sql.push_str(if up { " AND d.id > ?" } else { " AND d.id < ?" });
             args.push(after.clone().into());
         }
         sql.push_str(&format!(
             " ORDER BY d.id {} LIMIT {}",
-            if page.ascending { "ASC" } else { "DESC" },
+            if up { "ASC" } else { "DESC" },
             page.limit.saturating_add(1)
         ));
-        let limit = page.limit;
+        let (limit, backwards) = (page.limit, page.backwards);
         self.read(move |c| {
             let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
             let mut items = rows(
@@ -1483,6 +1481,9 @@ impl Store for SqliteStore {
             )?;
             let has_more = items.len() > limit;
             items.truncate(limit);
+            if backwards {
+                items.reverse();
+            }
             Ok(Page { items, has_more })
         })
         .await

@@ -587,3 +587,51 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     assert_eq!(s, StatusCode::NOT_FOUND, "{out}");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn lists_page_forward_with_iterator_and_back_with_prev_iterator() {
+    let app = spawn_stepped(&[]).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(app.create_app().await);
+    }
+    let names = |v: &serde_json::Value| {
+        v["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|a| a["id"].as_str().expect("id").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let (_, p1) = app.get("/api/v1/app?limit=2").await;
+    assert_eq!(names(&p1), ids[0..2]);
+    assert_eq!(p1["done"], false);
+    let it = p1["iterator"].as_str().expect("iterator");
+    let (_, p2) = app.get(&format!("/api/v1/app?limit=2&iterator={it}")).await;
+    assert_eq!(names(&p2), ids[2..4]);
+    let prev = p2["prevIterator"].as_str().expect("prevIterator");
+    assert!(prev.starts_with('-'), "{prev}");
+    let (_, back) = app
+        .get(&format!("/api/v1/app?limit=2&iterator={prev}"))
+        .await;
+    assert_eq!(
+        names(&back),
+        ids[0..2],
+        "the page before, in the same order"
+    );
+    let (_, desc) = app
+        .get(&format!(
+            "/api/v1/app?limit=2&order=descending&iterator=-{}",
+            ids[1]
+        ))
+        .await;
+    assert_eq!(names(&desc), vec![ids[3].clone(), ids[2].clone()]);
+    let (_, last) = app
+        .get(&format!("/api/v1/app?limit=2&iterator={}", ids[3]))
+        .await;
+    assert_eq!(
+        (names(&last), last["done"].clone()),
+        (ids[4..].to_vec(), json!(true))
+    );
+    app.shutdown().await;
+}

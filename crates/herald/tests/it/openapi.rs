@@ -154,7 +154,10 @@ async fn fetch_document(app: &TestApp) -> Value {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    assert!(content_type.starts_with("application/json"), "{content_type}");
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
     let text = resp.text().await.expect("body");
     serde_json::from_str(&text).expect("the document is JSON")
 }
@@ -304,7 +307,10 @@ async fn openapi_document_has_every_route_with_its_methods() {
         missing.is_empty(),
         "routes without an OpenAPI path: {missing:?}"
     );
-    assert!(extra.is_empty(), "OpenAPI paths that are not routed: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "OpenAPI paths that are not routed: {extra:?}"
+    );
 
     for (path, methods) in &documented {
         let served = served_methods(&app, path).await;

@@ -322,6 +322,7 @@ fn page(limit: usize, after: Option<String>, ascending: bool) -> PageReq {
         limit,
         after,
         ascending,
+        backwards: false,
     }
 }
 
