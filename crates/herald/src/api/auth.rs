@@ -220,21 +220,20 @@ pub async fn create_token(
     Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
-#[derive(Debug, Serialize)]
-pub struct TokenList {
-    pub data: Vec<TokenOut>,
-}
-
 /// `GET /app/{app}/token` (admin): the app's tokens, without secrets.
 pub async fn list_tokens(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
-) -> ApiResult<Json<TokenList>> {
+) -> ApiResult<Json<super::ListResponse<TokenOut>>> {
     let app = find_app(&state, &app_id).await?;
+    // An application has a handful of tokens: one page holds them all.
     let tokens = state.store.list_tokens(&app.id).await?;
-    Ok(Json(TokenList {
-        data: tokens.into_iter().map(TokenOut::from).collect(),
-    }))
+    let data = tokens.into_iter().map(TokenOut::from).collect();
+    Ok(Json(super::ListResponse::new(
+        data,
+        false,
+        |t: &TokenOut| t.id.clone(),
+    )))
 }
 
 /// `DELETE /app/{app}/token/{id}` (admin): revokes at once here, within

@@ -465,5 +465,56 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     .await;
     assert!(!ok);
     assert!(err.contains("404"), "{err}");
+
+    // An application token from the CLI reaches its application only.
+    let (ok, out, err) = cli(
+        proc.addr,
+        TOKEN,
+        &["token", "create", "--app", &app_id, "--name", "ci"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let app_token = out
+        .split_whitespace()
+        .find(|w| w.starts_with("hrld_app_"))
+        .expect("the token is printed")
+        .to_owned();
+    let token_id = out
+        .split_whitespace()
+        .find(|w| w.starts_with("tok_"))
+        .expect("its id is printed")
+        .to_owned();
+    let get_app = |token: String| {
+        let (client, url) = (
+            remote.client.clone(),
+            format!("{}/app/{app_id}", remote.base),
+        );
+        async move {
+            client
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("get")
+                .status()
+        }
+    };
+    assert_eq!(get_app(app_token.clone()).await, 200);
+    let listing = remote
+        .client
+        .get(format!("{}/app", remote.base))
+        .bearer_auth(&app_token)
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(listing.status(), 403);
+    let (ok, _, err) = cli(
+        proc.addr,
+        TOKEN,
+        &["token", "revoke", "--app", &app_id, &token_id],
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(get_app(app_token).await, 401);
     proc.child.kill().await.expect("kill");
 }
