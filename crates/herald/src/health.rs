@@ -73,8 +73,9 @@ pub struct WindowFigures {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HourPoint {
-    /// Unix milliseconds (as every time of this struct).
-    #[schema(value_type = i64)]
+    /// RFC 3339 in the API (Unix ms inside Herald, as every time here).
+    #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "as_rfc3339")]
     pub hour_start: Millis,
     pub attempts: u64,
     pub failures: u64,
@@ -90,19 +91,35 @@ pub struct EndpointHealth {
     pub last_day: WindowFigures,
     /// Consecutive failed attempts now, 0 after any success.
     pub failure_streak: u32,
-    #[schema(value_type = Option<i64>)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
     pub streak_started_at: Option<Millis>,
-    #[schema(value_type = Option<i64>)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
     pub last_success_at: Option<Millis>,
     pub last_error: Option<String>,
-    #[schema(value_type = Option<i64>)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
     pub last_error_at: Option<Millis>,
     pub disabled: bool,
     pub disabled_reason: Option<String>,
-    #[schema(value_type = Option<i64>)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
     pub disabled_at: Option<Millis>,
     /// The last 24 hours, oldest first, one point per hour.
     pub hourly: Vec<HourPoint>,
+}
+
+// Times are Unix ms inside Herald and RFC 3339 in the API, as everywhere.
+fn as_rfc3339<S: serde::Serializer>(ms: &Millis, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::api::rfc3339(*ms))
+}
+
+fn opt_rfc3339<S: serde::Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => s.serialize_str(&crate::api::rfc3339(*ms)),
+        None => s.serialize_none(),
+    }
 }
 
 fn window(buckets: &[StatsBucket], since: Millis) -> WindowFigures {
