@@ -23,21 +23,14 @@ struct Receiver {
     seen: Mutex<HashSet<String>>,
 }
 
-async fn webhook(
-    State(rx): State<Arc<Receiver>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
+async fn webhook(State(rx): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes) -> StatusCode {
     // 1. Authentic and recent (the crate checks the timestamp's age too).
     if rx.verifier.verify(&body, &headers).is_err() {
         return StatusCode::UNAUTHORIZED;
     }
     // 2. Once per delivery: a retry after a lost answer is acknowledged
     //    without doing the work again.
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-    else {
+    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
         return StatusCode::BAD_REQUEST;
     };
     let first_time = rx

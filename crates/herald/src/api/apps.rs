@@ -9,8 +9,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::error::{
-    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
+    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
+    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
 };
 use super::{
     check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
@@ -82,8 +82,8 @@ pub struct CreateAppParams {
     responses(
         (status = 200, description = "The existing application (`get_if_exists=true`)", body = ApplicationOut),
         (status = 201, description = "Created", body = ApplicationOut),
-        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
     )
 )]
 pub async fn create_app(
@@ -145,7 +145,7 @@ pub async fn get_app(
     params(ListParams),
     responses(
         (status = 200, description = "A page of applications", body = ListResponse<ApplicationOut>),
-        BadRequestResponse, UnauthorizedResponse, ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ValidationResponse,
     )
 )]
 pub async fn list_apps(

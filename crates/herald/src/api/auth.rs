@@ -16,6 +16,10 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
 use super::apps::find_app;
+use super::error::{
+    BadRequestResponse, ForbiddenResponse, NotFoundResponse, PayloadTooLargeResponse,
+    UnauthorizedResponse, ValidationResponse,
+};
 use super::{rfc3339, token_sha256, ApiError, ApiResult, ApiState};
 use crate::ids::AppId;
 use crate::store::{now_millis, ApiToken};
@@ -156,13 +160,14 @@ async fn allowed(state: &ApiState, own: &AppId, method: &Method, path: &str) -> 
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct TokenIn {
     #[serde(default)]
+    #[schema(max_length = 256)]
     pub name: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenOut {
     pub id: String,
@@ -187,6 +192,18 @@ impl From<ApiToken> for TokenOut {
 }
 
 /// `POST /app/{app}/token` (admin): a new application token, shown once.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/token",
+    tag = "Token",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body(content = ref("#/components/schemas/TokenIn"), description = "Optional; an empty body is fine"),
+    responses(
+        (status = 201, description = "Created; `token` is shown this once", body = TokenOut),
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn create_token(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -221,6 +238,16 @@ pub async fn create_token(
 }
 
 /// `GET /app/{app}/token` (admin): the app's tokens, without secrets.
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/token",
+    tag = "Token",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    responses(
+        (status = 200, description = "The application's tokens, in one page", body = super::ListResponse<TokenOut>),
+        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+    )
+)]
 pub async fn list_tokens(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -238,6 +265,16 @@ pub async fn list_tokens(
 
 /// `DELETE /app/{app}/token/{id}` (admin): revokes at once here, within
 /// 30 s in other processes.
+#[utoipa::path(
+    delete,
+    path = "/app/{app_id}/token/{token_id}",
+    tag = "Token",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("token_id" = String, Path, description = "The token's id (tok_…)")),
+    responses(
+        (status = 204, description = "Revoked"),
+        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+    )
+)]
 pub async fn delete_token(
     State(state): State<ApiState>,
     Path((app_id, token_id)): Path<(String, String)>,

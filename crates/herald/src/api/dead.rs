@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::apps::find_app;
 use super::endpoints::find_endpoint;
 use super::error::{
-    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
+    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
+    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
 };
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
@@ -236,7 +236,8 @@ pub struct AllDeadParams {
     responses(
         (status = 200, description = "A page of dead deliveries, newest first",
          body = ListResponse<DeliveryOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ValidationResponse,
     )
 )]
 pub async fn list_all_dead(
@@ -284,8 +285,8 @@ pub struct ReplayIn {
     request_body = ReplayIn,
     responses(
         (status = 202, description = "Replayed; repeat while `done` is false", body = BulkReplayOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
     )
 )]
 pub async fn replay_all_dead(

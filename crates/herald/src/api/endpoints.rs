@@ -26,7 +26,7 @@ use crate::store::{now_millis, Endpoint};
 #[serde(rename_all = "camelCase")]
 pub struct EndpointIn {
     /// http or https; a public address unless private networks are allowed.
-    #[schema(format = "uri")]
+    #[schema(format = "uri", pattern = "^[Hh][Tt][Tt][Pp][Ss]?://")]
     pub url: String,
     #[serde(default)]
     #[schema(max_length = 4096)]
@@ -66,7 +66,7 @@ pub struct EndpointIn {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPatch {
     #[serde(default)]
-    #[schema(format = "uri")]
+    #[schema(format = "uri", pattern = "^[Hh][Tt][Tt][Pp][Ss]?://")]
     pub url: Option<String>,
     #[serde(default)]
     #[schema(max_length = 4096)]
@@ -419,6 +419,7 @@ async fn save(
     request_body = EndpointIn,
     responses(
         (status = 200, description = "Replaced", body = EndpointOut),
+        (status = 201, description = "Created under the uid of the path", body = EndpointOut),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
         PayloadTooLargeResponse, ValidationResponse,
     )
@@ -600,7 +601,7 @@ pub struct DisableIn {
     path = "/app/{app_id}/endpoint/{endpoint_id}/disable",
     tag = "Endpoint",
     params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
-    request_body(content = Option<DisableIn>, description = "Optional; an empty body is fine"),
+    request_body(content = ref("#/components/schemas/DisableIn"), description = "Optional; an empty body is fine"),
     responses(
         (status = 200, description = "Disabled: new deliveries are held", body = EndpointOut),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
@@ -696,7 +697,7 @@ pub struct RotateIn {
     path = "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
     tag = "Endpoint",
     params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
-    request_body(content = Option<RotateIn>, description = "Optional; an empty body generates the new secret"),
+    request_body(content = ref("#/components/schemas/RotateIn"), description = "Optional; an empty body generates the new secret"),
     responses(
         (status = 200, description = "Rotated: the new secret", body = SecretOut),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
@@ -750,20 +751,20 @@ pub async fn rotate_endpoint_secret(
 
 /// `GET …/headers`: the endpoint's extra headers. Herald does not mark any
 /// as sensitive, so `sensitive` is always empty (the SDK expects it).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HeadersOut {
     pub headers: BTreeMap<String, String>,
     pub sensitive: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct HeadersIn {
     pub headers: BTreeMap<String, String>,
 }
 
 /// PATCH: sets the headers given; removes those given as `null` and
 /// those named in `deleteHeaders` (the SDKs' way).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HeadersPatch {
     #[serde(default)]
@@ -772,6 +773,16 @@ pub struct HeadersPatch {
     pub delete_headers: Option<Vec<String>>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "The extra headers sent with every attempt", body = HeadersOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_endpoint_headers(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -799,6 +810,18 @@ async fn save_headers(
 }
 
 /// `PUT …/headers`: replaces them all (204).
+#[utoipa::path(
+    put,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = HeadersIn,
+    responses(
+        (status = 204, description = "Replaced"),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn put_endpoint_headers(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -810,6 +833,18 @@ pub async fn put_endpoint_headers(
 }
 
 /// `PATCH …/headers`: sets the named ones, removes those given as null.
+#[utoipa::path(
+    patch,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = HeadersPatch,
+    responses(
+        (status = 204, description = "Changed"),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn patch_endpoint_headers(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,

@@ -118,6 +118,11 @@ pub struct BadRequestResponse(pub ErrorBody);
 #[response(status = 401)]
 pub struct UnauthorizedResponse(pub ErrorBody);
 
+/// An application token asked for what only the admin token may do.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 403)]
+pub struct ForbiddenResponse(pub ErrorBody);
+
 /// No such application, endpoint, message, delivery or event type.
 #[derive(utoipa::IntoResponses)]
 #[response(status = 404)]

@@ -7,8 +7,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::error::{
-    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
+    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
+    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
 };
 use super::{
     double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
@@ -239,8 +239,8 @@ pub async fn list_event_types(
     request_body = EventTypeIn,
     responses(
         (status = 201, description = "Created", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
     )
 )]
 pub async fn create_event_type(
@@ -301,8 +301,8 @@ pub async fn get_event_type(
     responses(
         (status = 200, description = "Replaced", body = EventTypeOut),
         (status = 201, description = "Created", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, ConflictResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
+        PayloadTooLargeResponse, ValidationResponse,
     )
 )]
 pub async fn put_event_type(
@@ -346,8 +346,8 @@ pub async fn put_event_type(
     request_body = EventTypePatch,
     responses(
         (status = 200, description = "Changed", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
     )
 )]
 pub async fn patch_event_type(
@@ -407,7 +407,8 @@ pub struct DeleteParams {
     params(("event_type_name" = String, Path, description = "The event type's name"), DeleteParams),
     responses(
         (status = 204, description = "Archived (or deleted with `expunge=true`)"),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ValidationResponse,
     )
 )]
 pub async fn delete_event_type(

@@ -12,6 +12,10 @@ use serde_json::value::RawValue;
 use super::apps::find_app;
 use super::attempts::AttemptOut;
 use super::endpoints::find_endpoint;
+use super::error::{
+    BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
+    ValidationResponse,
+};
 use super::messages::{find_message, MessageOut};
 use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
@@ -46,18 +50,35 @@ fn time_param(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct MessageListParams {
+    // Documented by `ListParams`' own derive: IntoParams cannot flatten.
     #[serde(flatten)]
+    #[param(ignore)]
     pub list: ListParams,
     /// Comma-separated, as the SDKs send it.
     pub event_types: Option<String>,
     pub channel: Option<String>,
+    /// Created before this time (RFC 3339).
+    #[param(format = DateTime)]
     pub before: Option<String>,
+    /// Created after this time (RFC 3339).
+    #[param(format = DateTime)]
     pub after: Option<String>,
 }
 
 /// `GET /app/{app}/msg`: newest first unless `order=ascending`.
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/msg",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams, MessageListParams),
+    responses(
+        (status = 200, description = "A page of messages, newest first", body = ListResponse<MessageOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_messages(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
@@ -94,14 +115,36 @@ pub async fn list_messages(
 }
 
 /// The attempt-list filters Svix's SDKs send.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AttemptListParams {
+    // Documented by `ListParams`' own derive: IntoParams cannot flatten.
     #[serde(flatten)]
+    #[param(ignore)]
     pub list: ListParams,
     /// 0 success, 1 pending, 2 fail, 3 sending.
+    #[param(schema_with = status_schema)]
     pub status: Option<String>,
     /// 0 (no response), 100, 200, 300, 400 or 500.
+    #[param(schema_with = status_code_class_schema)]
     pub status_code_class: Option<String>,
+}
+
+/// Integer query values that must be one of `values` (read as text, so a
+/// bad one is a 422 naming it).
+fn integer_enum(values: &[u16]) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::Integer)
+        .enum_values(Some(values.iter().copied()))
+        .build()
+}
+
+fn status_schema() -> utoipa::openapi::Object {
+    integer_enum(&[0, 1, 2, 3])
+}
+
+fn status_code_class_schema() -> utoipa::openapi::Object {
+    integer_enum(&[0, 100, 200, 300, 400, 500])
 }
 
 impl AttemptListParams {
@@ -138,6 +181,16 @@ impl AttemptListParams {
 }
 
 /// `GET /app/{app}/msg/{msg}/attempt/{attempt}`.
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}",
+    tag = "Attempt",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("attempt_id" = String, Path, description = "The attempt's id (atmpt_…)")),
+    responses(
+        (status = 200, description = "The attempt", body = AttemptOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn get_attempt(
     State(state): State<ApiState>,
     Path((app_id, msg_id, attempt_id)): Path<(String, String, String)>,
@@ -152,7 +205,7 @@ pub async fn get_attempt(
 
 /// Svix's `MessageEndpointOut`: an endpoint a message went to, with the
 /// delivery's state.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageEndpointOut {
     pub id: String,
@@ -177,6 +230,16 @@ fn next_attempt(d: &Delivery) -> Option<String> {
 /// `GET /app/{app}/msg/{msg}/endpoint`: every endpoint the message was
 /// routed to (a message has one delivery per endpoint, so one page holds
 /// them unless `limit` is smaller).
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/msg/{msg_id}/endpoint",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ListParams),
+    responses(
+        (status = 200, description = "The endpoints the message was routed to", body = ListResponse<MessageEndpointOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_attempted_destinations(
     State(state): State<ApiState>,
     Path((app_id, msg_id)): Path<(String, String)>,
@@ -238,12 +301,13 @@ pub async fn list_attempted_destinations(
 
 /// Svix's `EndpointMessageOut`: a message sent to an endpoint, with the
 /// delivery's state.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointMessageOut {
     pub id: String,
     pub event_type: String,
     pub event_id: Option<String>,
+    #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     pub channels: Option<Vec<String>>,
     pub timestamp: String,
@@ -271,6 +335,17 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
 }
 
 /// `GET /app/{app}/endpoint/{ep}/msg`: newest first.
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/msg",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid"), ListParams),
+    responses(
+        (status = 200, description = "A page of the messages sent to the endpoint, newest first",
+         body = ListResponse<EndpointMessageOut>),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+    )
+)]
 pub async fn list_attempted_messages(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -295,7 +370,7 @@ pub async fn list_attempted_messages(
 }
 
 /// Svix's `EndpointStats`: the endpoint's deliveries by status.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EndpointStatsOut {
     pub success: u64,
     pub pending: u64,
@@ -306,6 +381,16 @@ pub struct EndpointStatsOut {
 
 /// `GET /app/{app}/endpoint/{ep}/stats` (`since`/`until` are accepted and
 /// ignored: the counts cover the deliveries kept, see `HERALD_RETENTION`).
+#[utoipa::path(
+    get,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/stats",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    responses(
+        (status = 200, description = "The endpoint's deliveries by status", body = EndpointStatsOut),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
 pub async fn endpoint_stats(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -322,16 +407,45 @@ pub async fn endpoint_stats(
     }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct RecoverIn {
+    /// Messages created since this time (RFC 3339).
+    #[schema(format = DateTime)]
     pub since: String,
+    /// And before this one, when given.
     #[serde(default)]
+    #[schema(format = DateTime)]
     pub until: Option<String>,
+}
+
+/// Svix's `RecoverOut`: the task, already finished when answered.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverOut {
+    /// `qtask_…`
+    pub id: String,
+    /// Always `finished`.
+    pub status: &'static str,
+    /// Always `endpoint.recover`.
+    pub task: &'static str,
+    pub updated_at: String,
 }
 
 /// `POST /app/{app}/endpoint/{ep}/recover`: replays the endpoint's failed
 /// (dead) deliveries of messages created in `[since, until)`. Done before
 /// answering, in batches, so the task is reported finished.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/recover",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = RecoverIn,
+    responses(
+        (status = 202, description = "The dead deliveries of the period replayed", body = RecoverOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
 pub async fn recover(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
@@ -379,12 +493,15 @@ pub async fn recover(
     }
     Ok((
         StatusCode::ACCEPTED,
-        Json(serde_json::json!({
-            "id": format!("qtask_{}", ulid::Ulid::new().to_string().to_ascii_lowercase()),
-            "status": "finished",
-            "task": "endpoint.recover",
-            "updatedAt": rfc3339(now_millis()),
-        })),
+        Json(RecoverOut {
+            id: format!(
+                "qtask_{}",
+                ulid::Ulid::new().to_string().to_ascii_lowercase()
+            ),
+            status: "finished",
+            task: "endpoint.recover",
+            updated_at: rfc3339(now_millis()),
+        }),
     )
         .into_response())
 }

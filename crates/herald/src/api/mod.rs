@@ -22,8 +22,8 @@ use crate::net::NetworkPolicy;
 use crate::store::{Millis, PageReq, Store};
 
 pub mod apps;
-pub mod auth;
 pub mod attempts;
+pub mod auth;
 pub mod dead;
 pub mod endpoints;
 pub mod error;
@@ -110,7 +110,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/app", get(list_apps).post(create_app))
         .route(
             "/app/{app_id}",
-            get(get_app).put(put_app).patch(patch_app).delete(delete_app),
+            get(get_app)
+                .put(put_app)
+                .patch(patch_app)
+                .delete(delete_app),
         )
         .route(
             "/app/{app_id}/endpoint",
@@ -226,7 +229,10 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             idempotency::idempotency,
         ))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::require_token));
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         // Outside the token, so that tools can fetch the description before
@@ -330,7 +336,6 @@ pub async fn metrics(State(state): State<ApiState>) -> Response {
             .into_response(),
     }
 }
-
 
 /// A JSON body. Malformed JSON → 400; a missing or wrong-typed field → 422
 /// naming it; a body over the limit → 413. The content type is not

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::OpenApi;
 
-use super::{apps, attempts, dead, endpoints, event_types, messages};
+use super::{apps, attempts, auth, dead, endpoints, event_types, history, messages};
 
 /// The routes nested under `/api/v1`, all behind the bearer token.
 #[derive(OpenApi)]
@@ -28,19 +28,28 @@ use super::{apps, attempts, dead, endpoints, event_types, messages};
     endpoints::delete_endpoint,
     endpoints::get_endpoint_secret,
     endpoints::rotate_endpoint_secret,
+    endpoints::get_endpoint_headers,
+    endpoints::put_endpoint_headers,
+    endpoints::patch_endpoint_headers,
     endpoints::get_endpoint_health,
     endpoints::enable_endpoint_route,
     endpoints::disable_endpoint_route,
+    history::list_attempted_messages,
+    history::endpoint_stats,
+    history::recover,
     event_types::list_event_types,
     event_types::create_event_type,
     event_types::get_event_type,
     event_types::put_event_type,
     event_types::patch_event_type,
     event_types::delete_event_type,
+    history::list_messages,
     messages::create_message,
     messages::get_message,
     messages::list_message_deliveries,
+    history::list_attempted_destinations,
     messages::resend,
+    history::get_attempt,
     attempts::list_attempts_by_msg,
     attempts::list_attempts_by_endpoint,
     dead::list_dead,
@@ -48,6 +57,9 @@ use super::{apps, attempts, dead, endpoints, event_types, messages};
     dead::replay_endpoint_dead,
     dead::list_all_dead,
     dead::replay_all_dead,
+    auth::list_tokens,
+    auth::create_token,
+    auth::delete_token,
 ))]
 struct V1;
 
@@ -64,16 +76,22 @@ struct V1;
     ),
     paths(super::healthz, super::readyz, super::metrics, openapi_json),
     nest((path = "/api/v1", api = V1)),
-    // Those only named by error responses and parameter types, which the
-    // derive does not collect by itself.
+    // Those only named by error responses, parameter types and optional
+    // bodies, which the derive does not collect by itself. (An optional body
+    // is named by reference: given as its type, utoipa would mark it
+    // required, or as `Option<T>` allow `null`, while it may be absent,
+    // never null.)
     components(schemas(
         super::error::ErrorBody,
         super::error::ValidationErrorBody,
         super::error::FieldError,
         super::ListOrder,
+        super::endpoints::DisableIn,
+        super::endpoints::RotateIn,
+        super::auth::TokenIn,
     )),
     security(("bearer" = [])),
-    modifiers(&BearerScheme),
+    modifiers(&BearerScheme, &IdempotencyKey),
 )]
 pub struct HeraldApi;
 
@@ -88,6 +106,54 @@ impl utoipa::Modify for BearerScheme {
             "bearer",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
+    }
+}
+
+/// Every POST under `/api/v1` passes through `idempotency::idempotency`,
+/// so each gets its header, its 400 (a key over 256 characters) and its 409
+/// (the key reused), here rather than in each handler's annotation.
+struct IdempotencyKey;
+
+impl utoipa::Modify for IdempotencyKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::{ObjectBuilder, Required, Type};
+        let responses = {
+            use utoipa::IntoResponses;
+            let mut all = super::error::BadRequestResponse::responses();
+            all.extend(super::error::ConflictResponse::responses());
+            all
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let Some(post) = item.post.as_mut() else {
+                continue;
+            };
+            if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
+                continue;
+            }
+            post.parameters.get_or_insert_with(Vec::new).push(
+                ParameterBuilder::new()
+                    .name("idempotency-key")
+                    .parameter_in(ParameterIn::Header)
+                    .required(Required::False)
+                    .description(Some(
+                        "A repeat within 12 h gets the first answer again and changes \
+                         nothing; the same key with another request is a 409.",
+                    ))
+                    .schema(Some(
+                        ObjectBuilder::new()
+                            .schema_type(Type::String)
+                            .max_length(Some(256)),
+                    ))
+                    .build(),
+            );
+            for (status, response) in &responses {
+                post.responses
+                    .responses
+                    .entry(status.clone())
+                    .or_insert_with(|| response.clone());
+            }
+        }
     }
 }
 

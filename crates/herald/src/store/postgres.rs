@@ -1726,11 +1726,12 @@ impl Store for PostgresStore {
     }
 
     async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>> {
-        let row = sqlx::query("SELECT id, app_id, name, created_at FROM api_tokens WHERE sha256 = $1")
-            .bind(sha256_hex)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let row =
+            sqlx::query("SELECT id, app_id, name, created_at FROM api_tokens WHERE sha256 = $1")
+                .bind(sha256_hex)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
         row.as_ref().map(token_from_row).transpose()
     }
 

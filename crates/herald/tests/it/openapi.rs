@@ -326,3 +326,82 @@ async fn openapi_document_has_every_route_with_its_methods() {
     assert_eq!(status, StatusCode::OK);
     assert!(body.get("iterator").is_some(), "{body}");
 }
+
+/// What schemathesis found (`.ci/schemathesis`), kept fixed: a body that is
+/// JSON but not an object, and a boolean query parameter that is neither
+/// `true` nor `false`, are 422s naming the problem, not silently taken.
+#[tokio::test]
+async fn schemathesis_findings_stay_fixed() {
+    let app = spawn_stepped(&[]).await;
+    let (status, created) = app
+        .post(
+            "/api/v1/app",
+            serde_json::json!({"name": "Acme", "uid": "acme"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+
+    // serde's derived structs take an array as the fields in order: this
+    // PATCH used to clear the uid.
+    for body in [
+        serde_json::json!([null, null]),
+        serde_json::json!(null),
+        serde_json::json!("x"),
+    ] {
+        let (status, err) = app
+            .request(reqwest::Method::PATCH, "/api/v1/app/acme", Some(body))
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+        assert_eq!(err["detail"][0]["loc"], serde_json::json!(["body"]));
+    }
+    let (status, kept) = app.get("/api/v1/app/acme").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(kept["uid"], "acme");
+
+    // Malformed JSON is still a 400, whatever it starts with.
+    let resp = app
+        .client
+        .patch(app.url("/api/v1/app/acme"))
+        .bearer_auth(TOKEN)
+        .body("[1,")
+        .send()
+        .await
+        .expect("request reaches herald");
+    assert_eq!(resp.status().as_u16(), 400);
+
+    let (status, err) = app
+        .post(
+            "/api/v1/app?get_if_exists=yes",
+            serde_json::json!({"name": "Acme", "uid": "acme"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert_eq!(
+        err["detail"][0]["loc"],
+        serde_json::json!(["query", "get_if_exists"])
+    );
+    let (status, _) = app
+        .post(
+            "/api/v1/app?get_if_exists=true",
+            serde_json::json!({"name": "Acme", "uid": "acme"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    app.create_event_types(&["invoice.paid"]).await;
+    let (status, err) = app
+        .request(
+            reqwest::Method::DELETE,
+            "/api/v1/event-type/invoice.paid?expunge=AAA",
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert_eq!(
+        err["detail"][0]["loc"],
+        serde_json::json!(["query", "expunge"])
+    );
+    let (status, et) = app.get("/api/v1/event-type/invoice.paid").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(et["archived"], false, "nothing happened: {et}");
+}
