@@ -161,7 +161,8 @@ impl Dispatcher {
     async fn attempt(&self, d: ClaimedDelivery) -> Completion {
         let attempt_number = d.attempts.saturating_add(1);
         let started_at = now_millis();
-        let observed = self.sender.send(&d, attempt_number).await;
+        let trusted = self.operator.is_operator_app(&d.app_id);
+        let observed = self.sender.send(&d, attempt_number, trusted).await;
         let now = now_millis();
         let age = Duration::from_millis(u64::try_from(now - d.cycle_started_at).unwrap_or(0));
         let in_cycle = attempt_number.saturating_sub(d.cycle_base);

@@ -28,6 +28,8 @@ pub struct Observed {
 pub struct Sender {
     client: reqwest::Client,
     policy: NetworkPolicy,
+    /// For the operator's own webhook URL (see [`Sender::send`]).
+    trusted: reqwest::Client,
 }
 
 impl Sender {
@@ -35,6 +37,20 @@ impl Sender {
         let policy = NetworkPolicy {
             allow_private: config.allow_private_networks,
         };
+        let trusted = Self::client(
+            config,
+            NetworkPolicy {
+                allow_private: true,
+            },
+        )?;
+        Ok(Sender {
+            client: Self::client(config, policy)?,
+            policy,
+            trusted,
+        })
+    }
+
+    fn client(config: &Config, policy: NetworkPolicy) -> anyhow::Result<reqwest::Client> {
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
             // Redirects are never followed: a 3xx is the receiver's answer.
@@ -49,12 +65,15 @@ impl Sender {
             .pool_max_idle_per_host(config.endpoint_concurrency.max(1))
             .dns_resolver(std::sync::Arc::new(GuardedResolver { policy }))
             .build()?;
-        Ok(Sender { client, policy })
+        Ok(client)
     }
 
     /// Sends attempt number `attempt_number` of `d`. Never fails: every
     /// problem becomes an [`Outcome`] the policy can judge.
-    pub async fn send(&self, d: &ClaimedDelivery, attempt_number: u32) -> Observed {
+    /// `trusted`: the operator's own webhook, whose URL comes from the
+    /// configuration, not from a customer, and is often an internal
+    /// address: the SSRF guard does not apply to it.
+    pub async fn send(&self, d: &ClaimedDelivery, attempt_number: u32, trusted: bool) -> Observed {
         let started = Instant::now();
         let failed = |error: String| Observed {
             outcome: Outcome::NetworkError,
@@ -63,8 +82,18 @@ impl Sender {
             error: Some(error),
             duration: started.elapsed(),
         };
+        let (client, policy) = if trusted {
+            (
+                &self.trusted,
+                NetworkPolicy {
+                    allow_private: true,
+                },
+            )
+        } else {
+            (&self.client, self.policy)
+        };
         // IP-literal hosts skip DNS, so the resolver's guard never sees them.
-        let url = match WebhookUrl::parse(&d.url, self.policy) {
+        let url = match WebhookUrl::parse(&d.url, policy) {
             Ok(url) => url,
             Err(e) => return failed(format!("refused: {e}")),
         };
@@ -80,7 +109,7 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
-        let mut request = self.client.post(url.into_url());
+        let mut request = client.post(url.into_url());
         // The endpoint's own headers first: Herald's, set after, win (the
         // API refuses reserved names anyway).
         for (name, value) in &d.headers {

@@ -372,3 +372,62 @@ async fn operator_webhooks_need_a_valid_secret() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let app = spawn_stepped(&[
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "false"),
+        ("HERALD_DISABLE_AFTER", "1"),
+        ("HERALD_DISABLE_MIN_WINDOW", "0s"),
+        ("HERALD_OPERATOR_WEBHOOK_URL", &ops.url("/ops")),
+        ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+    ])
+    .await;
+    // A customer endpoint on loopback, slipped past the API's check
+    // (straight into the store): the sender still refuses it.
+    let customer = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let (status, refused) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint"),
+            json!({"url": customer.url("/")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    let app_key = herald::ids::AppId::parse(&app_id).expect("id");
+    let now = chrono::Utc::now().timestamp_millis();
+    app.running()
+        .store
+        .create_endpoint(&herald::store::Endpoint {
+            id: herald::ids::EndpointId::generate(),
+            app_id: app_key,
+            uid: None,
+            url: customer.url("/"),
+            description: String::new(),
+            filter_types: None,
+            disabled: false,
+            rate_limit: None,
+            metadata: Default::default(),
+            channels: None,
+            headers: Default::default(),
+            secret: secret.to_owned(),
+            created_at: now,
+            updated_at: now,
+        })
+        .await
+        .expect("endpoint");
+    send_n(&app, &app_id, 1).await;
+    app.step().await;
+    app.step().await;
+    // The operator's own URL, from the configuration, is trusted.
+    let got = ops.wait_for(1).await;
+    let event = verify_operator(secret, &got[0]);
+    assert_eq!(event["type"], "endpoint.disabled");
+    assert!(
+        customer.requests().is_empty(),
+        "the customer's loopback URL got nothing"
+    );
+    app.shutdown().await;
+}
