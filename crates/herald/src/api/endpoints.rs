@@ -727,12 +727,28 @@ pub async fn rotate_endpoint_secret(
     }
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    rotate_secret(&state, &ep, &secret, grace).await?;
+    // The official SDKs (2.x) read the new key from the answer; older
+    // ones ignore the body: 200 with `{"key"}` suits both.
+    Ok(Json(SecretOut {
+        key: secret.expose(),
+    }))
+}
+
+/// Makes `secret` the endpoint's; the current one keeps signing for
+/// `grace_seconds` (the API and the dashboard both rotate through here).
+pub async fn rotate_secret(
+    state: &ApiState,
+    ep: &Endpoint,
+    secret: &Secret,
+    grace_seconds: u64,
+) -> ApiResult<()> {
     let now = now_millis();
-    let grace_ms = i64::try_from(grace.saturating_mul(1000)).unwrap_or(i64::MAX);
-    if !state
+    let grace_ms = i64::try_from(grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
+    if state
         .store
         .rotate_secret(
-            &app.id,
+            &ep.app_id,
             &ep.id,
             &secret.expose(),
             now.saturating_add(grace_ms),
@@ -740,13 +756,10 @@ pub async fn rotate_endpoint_secret(
         )
         .await?
     {
-        return Err(ApiError::NotFound("endpoint"));
+        Ok(())
+    } else {
+        Err(ApiError::NotFound("endpoint"))
     }
-    // The official SDKs (2.x) read the new key from the answer; older
-    // ones ignore the body: 200 with `{"key"}` suits both.
-    Ok(Json(SecretOut {
-        key: secret.expose(),
-    }))
 }
 
 /// `GET …/headers`: the endpoint's extra headers. Herald does not mark any

@@ -311,17 +311,13 @@ pub async fn rotate(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let now = crate::store::now_millis();
-    let grace_ms =
-        i64::try_from(crate::api::endpoints::DEFAULT_GRACE_SECONDS * 1000).unwrap_or(i64::MAX);
-    let secret = herald_signing::Secret::generate().expose();
-    if !state
-        .store
-        .rotate_secret(&app.id, &ep.id, &secret, now.saturating_add(grace_ms), now)
-        .await?
-    {
-        return Err(DashError::NotFound("endpoint"));
-    }
+    crate::api::endpoints::rotate_secret(
+        &state,
+        &ep,
+        &herald_signing::Secret::generate(),
+        crate::api::endpoints::DEFAULT_GRACE_SECONDS,
+    )
+    .await?;
     posted
         .session
         .flash("Secret rotated: the previous one signs too for 24 hours.");

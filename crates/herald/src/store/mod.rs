@@ -567,6 +567,21 @@ pub struct DeliveryCounts {
     pub dead: u64,
 }
 
+impl DeliveryCounts {
+    /// Sets the count of one stored state (as `i64`, as both stores keep
+    /// it); an unknown state is ignored.
+    pub fn set(&mut self, state: i64, n: i64) {
+        let n = u64::try_from(n).unwrap_or(0);
+        match DeliveryState::from_i64(state) {
+            Some(DeliveryState::Pending) => self.pending = n,
+            Some(DeliveryState::Delivering) => self.delivering = n,
+            Some(DeliveryState::Delivered) => self.delivered = n,
+            Some(DeliveryState::Dead) => self.dead = n,
+            None => {}
+        }
+    }
+}
+
 /// Which dead deliveries a listing or a bulk replay covers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadFilter {

@@ -1559,14 +1559,7 @@ impl Store for PostgresStore {
         .map_err(map_err)?;
         let mut counts = DeliveryCounts::default();
         for r in &rows {
-            let n = u64::try_from(get::<i64>(r, "n")?).unwrap_or(0);
-            match DeliveryState::from_i64(i64::from(get::<i16>(r, "state")?)) {
-                Some(DeliveryState::Pending) => counts.pending = n,
-                Some(DeliveryState::Delivering) => counts.delivering = n,
-                Some(DeliveryState::Delivered) => counts.delivered = n,
-                Some(DeliveryState::Dead) => counts.dead = n,
-                None => {}
-            }
+            counts.set(i64::from(get::<i16>(r, "state")?), get::<i64>(r, "n")?);
         }
         Ok(counts)
     }

@@ -1697,14 +1697,7 @@ impl Store for SqliteStore {
             let mut counts = DeliveryCounts::default();
             let mut rs = stmt.query(params![ep]).map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
-                let n = u64::try_from(r.get::<_, i64>(1).map_err(map_err)?).unwrap_or(0);
-                match DeliveryState::from_i64(r.get(0).map_err(map_err)?) {
-                    Some(DeliveryState::Pending) => counts.pending = n,
-                    Some(DeliveryState::Delivering) => counts.delivering = n,
-                    Some(DeliveryState::Delivered) => counts.delivered = n,
-                    Some(DeliveryState::Dead) => counts.dead = n,
-                    None => {}
-                }
+                counts.set(r.get(0).map_err(map_err)?, r.get(1).map_err(map_err)?);
             }
             Ok(counts)
         })
