@@ -87,6 +87,7 @@ dl.facts dd { margin: 0; overflow-wrap: anywhere; }
 svg.chart { display: block; }
 svg .attempts { fill: #9fb3c8; }
 svg .failures { fill: var(--bad); }
+svg .latency { fill: none; stroke: #6b4fbb; stroke-width: 1.5; }
 svg .axis { stroke: #afb8c1; }
 svg .track { fill: var(--soft); }
 svg text { font-size: 10px; fill: var(--muted); }
@@ -322,8 +323,9 @@ pub fn truncate(text: &str, max: usize) -> String {
     }
 }
 
-/// The 24 hourly points as bars: attempts, with the failed part in red;
-/// each bar's figures on hover. `labels` adds the scale and hour marks.
+/// The 24 hourly points as bars: attempts, with the failed part in red,
+/// and the hour's mean latency as a line on its own scale; each bar's
+/// figures on hover. `labels` adds the scale and hour marks.
 pub fn hourly_chart(points: &[HourPoint], width: u32, height: u32, labels: bool) -> Markup {
     let (left, bottom) = if labels { (34.0, 16.0) } else { (0.0, 1.0) };
     let plot_w = f64::from(width) - left;
@@ -333,6 +335,25 @@ pub fn hourly_chart(points: &[HourPoint], width: u32, height: u32, labels: bool)
     let bar_w = (slot * 0.78).max(1.0);
     let top = f64::from(height) - bottom;
     let scale = |n: u64| (n as f64 / max as f64) * plot_h;
+    let max_latency = points
+        .iter()
+        .filter_map(|p| p.mean_latency_ms)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // Only hours with attempts have a latency: the line joins those.
+    let latency_line = points
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            p.mean_latency_ms.map(|ms| {
+                let x = left + i as f64 * slot + slot / 2.0;
+                let y = top - (ms as f64 / max_latency as f64) * plot_h;
+                format!("{},{}", fmt(x), fmt(y))
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     let summary = format!(
         "{} attempts, {} failed, in the last 24 hours",
         points.iter().map(|p| p.attempts).sum::<u64>(),
@@ -376,6 +397,11 @@ pub fn hourly_chart(points: &[HourPoint], width: u32, height: u32, labels: bool)
                 }
                 @if labels && i % 6 == 0 {
                     text x=(fmt(x)) y=(height - 3) { (hour) }
+                }
+            }
+            @if !latency_line.is_empty() {
+                polyline.latency points=(latency_line) {
+                    title { "mean latency per hour (its own scale, up to " (duration_text(max_latency)) ")" }
                 }
             }
             @if labels {

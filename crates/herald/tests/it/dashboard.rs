@@ -183,6 +183,10 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert!(overview.contains("failing ×1"), "{overview}");
     assert!(overview.contains("HTTP 400"), "its last error");
     assert!(
+        overview.contains("<polyline class=\"latency\""),
+        "its chart draws the hour's mean latency"
+    );
+    assert!(
         overview.contains("&lt;script&gt;alert('pwned')&lt;/script&gt; &amp; Co"),
         "the app's name is escaped"
     );
