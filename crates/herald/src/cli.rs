@@ -147,6 +147,33 @@ impl Client {
         Ok(body)
     }
 
+    /// The server's clock (ms), from the `Date` header of a cheap call;
+    /// rounded up to the next second, as the header has no finer unit.
+    async fn server_time(&self) -> anyhow::Result<i64> {
+        let resp = self
+            .http
+            .get(self.url("/dead-letter"))
+            .query(&[("limit", "1")])
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach Herald at {}", self.base))?;
+        if !resp.status().is_success() {
+            bail!("Herald answered {}", resp.status());
+        }
+        let date = resp
+            .headers()
+            .get(http::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+            .context("Herald's answer has no valid Date header")?;
+        let secs = date
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Ok(i64::try_from(secs.saturating_add(1)).unwrap_or(i64::MAX) * 1000)
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}/api/v1{path}", self.base)
     }
@@ -240,10 +267,13 @@ pub async fn dead(command: DeadCommand) -> anyhow::Result<()> {
             }
             // Only what was dead when the replay began: a delivery that
             // fails again while this runs is not replayed a second time.
+            // "Began" on the server's clock (its Date header), so a skewed
+            // clock here cannot keep the loop going.
             if !body.contains_key("until") {
+                let began = client.server_time().await?;
                 body.insert(
                     "until".to_owned(),
-                    Value::String(crate::api::rfc3339(crate::store::now_millis())),
+                    Value::String(crate::api::rfc3339(began)),
                 );
             }
             let mut total: u64 = 0;
