@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_policy::DeadReason;
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::{mpsc, oneshot};
 
@@ -448,7 +449,7 @@ fn page_of<T>(
     conn: &Connection,
     sql: &str,
     column: &str,
-    mut args: Vec<String>,
+    mut args: Vec<Value>,
     page: &PageReq,
     map: fn(&Row<'_>) -> StoreResult<T>,
 ) -> StoreResult<Page<T>> {
@@ -456,7 +457,7 @@ fn page_of<T>(
     let up = page.walks_ascending();
     if let Some(after) = &page.after {
         sql.push_str(&format!(" AND {column} {} ?", if up { ">" } else { "<" }));
-        args.push(after.clone());
+        args.push(after.clone().into());
     }
     sql.push_str(&format!(
         " ORDER BY {column} {} LIMIT {}",
@@ -464,7 +465,7 @@ fn page_of<T>(
         page.limit.saturating_add(1)
     ));
     let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
-    let mut items = rows(&mut stmt, rusqlite::params_from_iter(args.iter()), map)?;
+    let mut items = rows(&mut stmt, rusqlite::params_from_iter(args), map)?;
     let has_more = items.len() > page.limit;
     items.truncate(page.limit);
     if page.backwards {
@@ -907,7 +908,7 @@ fn record_endpoint_health(
         .map_err(map_err)?;
     for (ep, b) in fold_stats(batch) {
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let mut values: Vec<rusqlite::types::Value> = vec![
+        let mut values: Vec<Value> = vec![
             ep.as_str().to_owned().into(),
             b.bucket.into(),
             n(b.attempts).into(),
@@ -915,11 +916,7 @@ fn record_endpoint_health(
             n(b.failures).into(),
             n(b.latency_sum_ms).into(),
         ];
-        values.extend(
-            b.histogram
-                .iter()
-                .map(|h| rusqlite::types::Value::from(n(*h))),
-        );
+        values.extend(b.histogram.iter().map(|h| Value::from(n(*h))));
         add.execute(rusqlite::params_from_iter(values))
             .map_err(map_err)?;
     }
@@ -928,9 +925,9 @@ fn record_endpoint_health(
 
 /// The dead-letter filter as SQL over `deliveries d JOIN messages m`, with
 /// its arguments.
-fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<rusqlite::types::Value>) {
+fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<Value>) {
     let mut sql = String::from("d.state = 3");
-    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    let mut args: Vec<Value> = Vec::new();
     if let Some(app) = &filter.app {
         sql.push_str(" AND d.app_id = ?");
         args.push(app.as_str().to_owned().into());
@@ -1301,7 +1298,7 @@ impl Store for SqliteStore {
                 c,
                 "SELECT * FROM endpoints WHERE app_id = ?",
                 "id",
-                vec![app],
+                vec![app.into()],
                 &page,
                 endpoint_from_row,
             )
@@ -1457,36 +1454,13 @@ impl Store for SqliteStore {
     }
 
     async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
-        let (cond, mut args) = dead_filter_sql(filter);
-        let mut sql = format!(
+        let (cond, args) = dead_filter_sql(filter);
+        let sql = format!(
             "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
-        let up = page.walks_ascending();
-        if let Some(after) = &page.after {
-            sql.push_str(if up { " AND d.id > ?" } else { " AND d.id < ?" });
-            args.push(after.clone().into());
-        }
-        sql.push_str(&format!(
-            " ORDER BY d.id {} LIMIT {}",
-            if up { "ASC" } else { "DESC" },
-            page.limit.saturating_add(1)
-        ));
-        let (limit, backwards) = (page.limit, page.backwards);
-        self.read(move |c| {
-            let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
-            let mut items = rows(
-                &mut stmt,
-                rusqlite::params_from_iter(args),
-                delivery_from_row,
-            )?;
-            let has_more = items.len() > limit;
-            items.truncate(limit);
-            if backwards {
-                items.reverse();
-            }
-            Ok(Page { items, has_more })
-        })
-        .await
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
+            .await
     }
 
     async fn replay_dead_matching(
@@ -1497,7 +1471,7 @@ impl Store for SqliteStore {
         now: Millis,
     ) -> StoreResult<u64> {
         let (mut cond, filter_args) = dead_filter_sql(filter);
-        let mut args: Vec<rusqlite::types::Value> = vec![now.into()];
+        let mut args: Vec<Value> = vec![now.into()];
         args.extend(filter_args);
         if let Some(ids) = ids {
             let list: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
@@ -1584,14 +1558,14 @@ impl Store for SqliteStore {
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
         let mut sql = String::from("SELECT * FROM attempts WHERE app_id = ?");
-        let mut args = vec![app.as_str().to_owned()];
+        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
         if let Some(msg) = &filter.msg {
             sql.push_str(" AND msg_id = ?");
-            args.push(msg.as_str().to_owned());
+            args.push(msg.as_str().to_owned().into());
         }
         if let Some(ep) = &filter.endpoint {
             sql.push_str(" AND endpoint_id = ?");
-            args.push(ep.as_str().to_owned());
+            args.push(ep.as_str().to_owned().into());
         }
         if let Some(ok) = filter.success {
             sql.push_str(if ok {
@@ -1604,11 +1578,9 @@ impl Store for SqliteStore {
             None => {}
             Some(0) => sql.push_str(" AND status_code IS NULL"),
             Some(class) => {
-                sql.push_str(
-                    " AND status_code >= CAST(? AS INTEGER) AND status_code < CAST(? AS INTEGER)",
-                );
-                args.push(class.to_string());
-                args.push((class + 100).to_string());
+                sql.push_str(" AND status_code >= ? AND status_code < ?");
+                args.push(i64::from(class).into());
+                args.push((i64::from(class) + 100).into());
             }
         }
         let page = page.clone();
@@ -1634,22 +1606,22 @@ impl Store for SqliteStore {
         page: &PageReq,
     ) -> StoreResult<Page<Message>> {
         let mut sql = String::from("SELECT * FROM messages WHERE app_id = ?");
-        let mut args = vec![app.as_str().to_owned()];
+        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
         if let Some(types) = &filter.event_types {
             sql.push_str(" AND event_type IN (SELECT value FROM json_each(?))");
-            args.push(to_json(types)?);
+            args.push(to_json(types)?.into());
         }
         if let Some(channel) = &filter.channel {
             sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = ?)");
-            args.push(channel.clone());
+            args.push(channel.clone().into());
         }
         if let Some(before) = filter.before {
-            sql.push_str(" AND created_at < CAST(? AS INTEGER)");
-            args.push(before.to_string());
+            sql.push_str(" AND created_at < ?");
+            args.push(before.into());
         }
         if let Some(after) = filter.after {
-            sql.push_str(" AND created_at > CAST(? AS INTEGER)");
-            args.push(after.to_string());
+            sql.push_str(" AND created_at > ?");
+            args.push(after.into());
         }
         let page = page.clone();
         self.read(move |c| page_of(c, &sql, "id", args, &page, message_from_row))
@@ -1662,7 +1634,10 @@ impl Store for SqliteStore {
         ep: &EndpointId,
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
-        let args = vec![ep.as_str().to_owned(), app.as_str().to_owned()];
+        let args: Vec<Value> = vec![
+            ep.as_str().to_owned().into(),
+            app.as_str().to_owned().into(),
+        ];
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
              FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
