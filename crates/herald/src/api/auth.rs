@@ -207,13 +207,8 @@ impl From<ApiToken> for TokenOut {
 pub async fn create_token(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
-    body: axum::body::Bytes,
+    super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<TokenIn>,
 ) -> ApiResult<Response> {
-    let body: TokenIn = if body.iter().all(u8::is_ascii_whitespace) {
-        TokenIn::default()
-    } else {
-        super::parse_json(&body)?
-    };
     let name = body.name.unwrap_or_default();
     if name.len() > 256 {
         return Err(ApiError::field("name", "must be at most 256 bytes"));

@@ -611,13 +611,8 @@ pub struct DisableIn {
 pub async fn disable_endpoint_route(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
 ) -> ApiResult<Json<EndpointOut>> {
-    let body: DisableIn = if body.iter().all(u8::is_ascii_whitespace) {
-        DisableIn::default()
-    } else {
-        super::parse_json(&body)?
-    };
     let reason = body
         .reason
         .unwrap_or_else(|| "disabled by an operator".to_owned());
@@ -707,13 +702,8 @@ pub struct RotateIn {
 pub async fn rotate_endpoint_secret(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
 ) -> ApiResult<Json<SecretOut>> {
-    let body: RotateIn = if body.iter().all(u8::is_ascii_whitespace) {
-        RotateIn::default()
-    } else {
-        super::parse_json(&body)?
-    };
     let secret = match &body.key {
         Some(k) => Secret::parse(k).map_err(|e| ApiError::field("key", e.to_string()))?,
         None => Secret::generate(),

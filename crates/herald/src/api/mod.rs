@@ -346,15 +346,37 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(format!("request body exceeds {MAX_BODY_BYTES} bytes"))
-            } else {
-                ApiError::BadRequest(format!("cannot read request body: {rejection}"))
-            }
-        })?;
+        let bytes = body_bytes(req, state).await?;
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// Like [`ApiJson`] for calls whose body is optional (Svix's SDKs send
+/// none, or `{}`): an empty body is `T::default()`.
+pub struct ApiJsonOrEmpty<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ApiJsonOrEmpty<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = body_bytes(req, state).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(ApiJsonOrEmpty(T::default()));
+        }
+        parse_json(&bytes).map(ApiJsonOrEmpty)
+    }
+}
+
+/// The request body, with the API's JSON errors for one too large (413)
+/// or unreadable (400).
+async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> ApiResult<Bytes> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!("request body exceeds {MAX_BODY_BYTES} bytes"))
+        } else {
+            ApiError::BadRequest(format!("cannot read request body: {rejection}"))
+        }
+    })
 }
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
