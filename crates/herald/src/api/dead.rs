@@ -173,11 +173,9 @@ pub struct DeadFilterParams {
 fn parse_time(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
     match value.as_deref().filter(|v| !v.is_empty()) {
         None => Ok(None),
-        Some(v) => chrono::DateTime::parse_from_rfc3339(v)
-            .map(|t| Some(t.timestamp_millis()))
-            .map_err(|_| {
-                ApiError::field(field, "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z")
-            }),
+        Some(v) => super::millis_of_rfc3339(v).map(Some).ok_or_else(|| {
+            ApiError::field(field, "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z")
+        }),
     }
 }
 

@@ -39,14 +39,12 @@ pub fn svix_status(state: DeliveryState) -> (u8, &'static str) {
 fn time_param(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
     match value.as_deref().filter(|v| !v.is_empty()) {
         None => Ok(None),
-        Some(v) => chrono::DateTime::parse_from_rfc3339(v)
-            .map(|t| Some(t.timestamp_millis()))
-            .map_err(|_| {
-                ApiError::Validation(vec![FieldError::query(
-                    field,
-                    "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
-                )])
-            }),
+        Some(v) => super::millis_of_rfc3339(v).map(Some).ok_or_else(|| {
+            ApiError::Validation(vec![FieldError::query(
+                field,
+                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+            )])
+        }),
     }
 }
 
@@ -452,9 +450,8 @@ pub async fn recover(
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
     let parse = |field: &str, v: &str| {
-        chrono::DateTime::parse_from_rfc3339(v)
-            .map(|t| t.timestamp_millis())
-            .map_err(|_| ApiError::field(field, "must be an RFC 3339 time"))
+        super::millis_of_rfc3339(v)
+            .ok_or_else(|| ApiError::field(field, "must be an RFC 3339 time"))
     };
     let since = parse("since", &body.since)?;
     let until = body

@@ -553,6 +553,14 @@ impl<T: Serialize> ListResponse<T> {
     }
 }
 
+/// The Unix milliseconds of an RFC 3339 time, as every time parameter of
+/// the API is given; `None` if it is not one.
+pub fn millis_of_rfc3339(text: &str) -> Option<Millis> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
 pub fn rfc3339(ms: Millis) -> String {
     chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
         .unwrap_or_default()

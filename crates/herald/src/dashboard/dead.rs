@@ -125,8 +125,8 @@ fn parse_time(field: &str, text: &str) -> Result<Option<Millis>, String> {
     if text.is_empty() {
         return Ok(None);
     }
-    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
-        return Ok(Some(t.timestamp_millis()));
+    if let Some(ms) = crate::api::millis_of_rfc3339(text) {
+        return Ok(Some(ms));
     }
     for format in [
         "%Y-%m-%d %H:%M:%S",
