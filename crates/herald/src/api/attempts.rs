@@ -85,19 +85,7 @@ pub async fn list_attempts_by_msg(
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
     let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
-    let page_req = params.list.page(false)?;
-    let Some(mut filter) = params.filter()? else {
-        return Ok(respond(crate::store::Page {
-            items: Vec::new(),
-            has_more: false,
-        }));
-    };
-    filter.msg = Some(msg.id);
-    let page = state
-        .store
-        .list_attempts(&app.id, &filter, &page_req)
-        .await?;
-    Ok(respond(page))
+    list_filtered(&state, &app.id, &params, |f| f.msg = Some(msg.id)).await
 }
 
 #[utoipa::path(
@@ -117,6 +105,18 @@ pub async fn list_attempts_by_endpoint(
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    list_filtered(&state, &app.id, &params, |f| f.endpoint = Some(ep.id)).await
+}
+
+/// One page of the app's attempts under the query's filters, narrowed by
+/// `target` (a message or an endpoint); a filter that can match nothing
+/// (status pending or sending) answers an empty page without a read.
+async fn list_filtered(
+    state: &ApiState,
+    app: &crate::ids::AppId,
+    params: &super::history::AttemptListParams,
+    target: impl FnOnce(&mut crate::store::AttemptFilter),
+) -> ApiResult<Json<ListResponse<AttemptOut>>> {
     let page_req = params.list.page(false)?;
     let Some(mut filter) = params.filter()? else {
         return Ok(respond(crate::store::Page {
@@ -124,10 +124,7 @@ pub async fn list_attempts_by_endpoint(
             has_more: false,
         }));
     };
-    filter.endpoint = Some(ep.id);
-    let page = state
-        .store
-        .list_attempts(&app.id, &filter, &page_req)
-        .await?;
+    target(&mut filter);
+    let page = state.store.list_attempts(app, &filter, &page_req).await?;
     Ok(respond(page))
 }
