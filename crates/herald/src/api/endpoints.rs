@@ -588,6 +588,9 @@ pub async fn endpoint_health(
     Ok(crate::health::compute(&status, &buckets, now))
 }
 
+/// The longest disable reason kept (API and dashboard).
+pub const MAX_DISABLE_REASON_BYTES: usize = 1000;
+
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct DisableIn {
     #[serde(default)]
@@ -616,8 +619,11 @@ pub async fn disable_endpoint_route(
     let reason = body
         .reason
         .unwrap_or_else(|| "disabled by an operator".to_owned());
-    if reason.len() > 1000 {
-        return Err(ApiError::field("reason", "must be at most 1000 bytes"));
+    if reason.len() > MAX_DISABLE_REASON_BYTES {
+        return Err(ApiError::field(
+            "reason",
+            format!("must be at most {MAX_DISABLE_REASON_BYTES} bytes"),
+        ));
     }
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;

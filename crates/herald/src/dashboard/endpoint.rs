@@ -19,8 +19,7 @@ use crate::api::ApiState;
 use crate::health::WindowFigures;
 use crate::store::{now_millis, AttemptRecord, Endpoint};
 
-/// The longest disable reason kept (the API's rule).
-const MAX_REASON_BYTES: usize = 1000;
+use crate::api::endpoints::MAX_DISABLE_REASON_BYTES as MAX_REASON_BYTES;
 
 #[derive(Debug, Deserialize, Default)]
 pub struct EndpointQuery {
