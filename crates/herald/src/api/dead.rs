@@ -72,16 +72,7 @@ pub async fn list_dead(
         endpoint,
         ..DeadFilter::default()
     };
-    let page = state
-        .store
-        .list_dead(&filter, &params.list.page(false)?)
-        .await?;
-    let data = page.items.into_iter().map(DeliveryOut::from).collect();
-    Ok(Json(ListResponse::new(
-        data,
-        page.has_more,
-        |d: &DeliveryOut| d.id.clone(),
-    )))
+    dead_page(&state, &filter, &params.list).await
 }
 
 #[utoipa::path(
@@ -243,16 +234,7 @@ pub async fn list_all_dead(
     ApiQuery(params): ApiQuery<AllDeadParams>,
 ) -> ApiResult<Json<ListResponse<DeliveryOut>>> {
     let filter = params.filter.resolve(&state).await?;
-    let page = state
-        .store
-        .list_dead(&filter, &params.list.page(false)?)
-        .await?;
-    let data = page.items.into_iter().map(DeliveryOut::from).collect();
-    Ok(Json(ListResponse::new(
-        data,
-        page.has_more,
-        |d: &DeliveryOut| d.id.clone(),
-    )))
+    dead_page(&state, &filter, &params.list).await
 }
 
 /// The most one bulk replay call moves; callers repeat while it is full.
@@ -320,4 +302,19 @@ pub async fn replay_all_dead(
     }
     let done = usize::try_from(replayed).unwrap_or(usize::MAX) < limit;
     Ok((StatusCode::ACCEPTED, Json(BulkReplayOut { replayed, done })).into_response())
+}
+
+/// One page of the dead deliveries matching `filter`, newest first.
+async fn dead_page(
+    state: &ApiState,
+    filter: &DeadFilter,
+    list: &ListParams,
+) -> ApiResult<Json<ListResponse<DeliveryOut>>> {
+    let page = state.store.list_dead(filter, &list.page(false)?).await?;
+    let data = page.items.into_iter().map(DeliveryOut::from).collect();
+    Ok(Json(ListResponse::new(
+        data,
+        page.has_more,
+        |d: &DeliveryOut| d.id.clone(),
+    )))
 }
