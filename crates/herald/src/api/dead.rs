@@ -238,7 +238,7 @@ pub async fn list_all_dead(
 }
 
 /// The most one bulk replay call moves; callers repeat while it is full.
-pub const MAX_REPLAY_BATCH: usize = 1000;
+pub const MAX_REPLAY_BATCH: usize = crate::store::REPLAY_BATCH;
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

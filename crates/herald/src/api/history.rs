@@ -470,23 +470,10 @@ pub async fn recover(
         endpoint: Some(ep.id),
         created_since: Some(since),
         created_until: until,
-        // Only what was dead when this began: a delivery that fails again
-        // meanwhile is not replayed twice.
-        until: Some(now + 1),
         ..DeadFilter::default()
     };
-    let batch = super::dead::MAX_REPLAY_BATCH;
-    loop {
-        let n = state
-            .store
-            .replay_dead_matching(&filter, None, batch, now)
-            .await?;
-        if n > 0 {
-            state.wake.notify_one();
-        }
-        if usize::try_from(n).unwrap_or(usize::MAX) < batch {
-            break;
-        }
+    if state.store.replay_all_dead_matching(&filter, now).await? > 0 {
+        state.wake.notify_one();
     }
     Ok((
         StatusCode::ACCEPTED,

@@ -144,32 +144,6 @@ impl PostgresStore {
         &self.wake_channel
     }
 
-    /// Replays the app's dead deliveries whose `column` (a fixed column
-    /// name, never input) equals `key`, waking the workers; returns how many.
-    async fn replay_dead_where(
-        &self,
-        column: &'static str,
-        key: &str,
-        app: &AppId,
-        now: Millis,
-    ) -> StoreResult<u64> {
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
-            &format!(
-                "UPDATE deliveries SET {REPLAY_SET} WHERE {column} = $2 AND app_id = $3 AND state = 3 \
-                 RETURNING TRUE AS wakes"
-            ),
-            4,
-        )))
-        .bind(now)
-        .bind(key)
-        .bind(app.as_str())
-        .bind(&self.wake_channel)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
     /// Stops listening for work, then closes the pool: waits for
     /// checked-out connections to come back, then closes them all. Later
     /// calls fail with `Unavailable`.
@@ -1319,10 +1293,13 @@ impl Store for PostgresStore {
             cond.push_str(&format!(" AND d.id = ANY(${next}::text[])"));
             next += 1;
         }
+        // A sweep over a filter leaves rows another replay holds to it; named
+        // deliveries wait for that replay and are then seen no longer dead.
+        let skip = if ids.is_none() { "SKIP LOCKED" } else { "" };
         let sql = waking(
             &format!(
                 "UPDATE deliveries SET {REPLAY_SET} WHERE id IN (SELECT d.id FROM deliveries d \
-                 JOIN messages m ON m.id = d.msg_id WHERE {cond} LIMIT {limit} FOR UPDATE OF d SKIP LOCKED) \
+                 JOIN messages m ON m.id = d.msg_id WHERE {cond} LIMIT {limit} FOR UPDATE OF d {skip}) \
                  RETURNING TRUE AS wakes"
             ),
             next,
@@ -1344,20 +1321,6 @@ impl Store for PostgresStore {
             .await
             .map_err(map_err)?;
         Ok(u64::try_from(n).unwrap_or(0))
-    }
-
-    async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        Ok(self.replay_dead_where("id", id.as_str(), app, now).await? == 1)
-    }
-
-    async fn replay_dead_of_endpoint(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        now: Millis,
-    ) -> StoreResult<u64> {
-        self.replay_dead_where("endpoint_id", ep.as_str(), app, now)
-            .await
     }
 
     async fn resend(

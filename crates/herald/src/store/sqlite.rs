@@ -269,28 +269,6 @@ impl SqliteStore {
             .map_err(|_| StoreError::Unavailable("store transaction did not run".into()))?
     }
 
-    /// Replays the app's dead deliveries whose `column` (a fixed column
-    /// name, never input) equals `key`; returns how many.
-    async fn replay_dead_where(
-        &self,
-        column: &'static str,
-        key: &str,
-        app: &AppId,
-        now: Millis,
-    ) -> StoreResult<u64> {
-        let (app, key) = (app.as_str().to_owned(), key.to_owned());
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE {column} = ?2 AND app_id = ?3 AND state = 3"),
-                    params![now, key, app],
-                )
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
-        .await
-    }
-
     /// Runs `f` on a read-only connection, off the async threads.
     async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -1491,20 +1469,6 @@ impl Store for SqliteStore {
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
-    }
-
-    async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
-        Ok(self.replay_dead_where("id", id.as_str(), app, now).await? == 1)
-    }
-
-    async fn replay_dead_of_endpoint(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        now: Millis,
-    ) -> StoreResult<u64> {
-        self.replay_dead_where("endpoint_id", ep.as_str(), app, now)
-            .await
     }
 
     async fn resend(
