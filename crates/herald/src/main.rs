@@ -53,7 +53,18 @@ enum Command {
     Token(herald::cli::TokenCommand),
 }
 
+/// mimalloc's `mi_option_purge_delay` (its position in `mi_option_t`,
+/// the same in mimalloc 2 and 3; the Rust bindings do not name it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() -> std::process::ExitCode {
+    // By default mimalloc hands freed memory back to the OS after 10 ms;
+    // under steady load that memory is wanted again at once, and faulting
+    // fresh zeroed pages back in cost ≈ 5 % of the throughput. A second
+    // keeps an idle process lean all the same. `MIMALLOC_PURGE_DELAY`
+    // still overrides it.
+    // SAFETY: sets a plain integer option before any other thread exists.
+    unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, 1000) };
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -510,100 +510,6 @@ fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
     (sql, args)
 }
 
-/// Moves each endpoint's failing streak on and adds the batch to its stats
-/// buckets, in the completion's transaction. Endpoint rows are locked in
-/// id order so that concurrent completers cannot deadlock; NO KEY UPDATE
-/// does not block ingest's KEY SHARE.
-async fn record_endpoint_health(
-    tx: &mut sqlx::PgConnection,
-    batch: &[Completion],
-) -> StoreResult<Vec<StreakUpdate>> {
-    let eps = fold_endpoint_batches(batch);
-    let ids: Vec<&str> = eps.iter().map(|e| e.endpoint_id.as_str()).collect();
-    sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let rows = sqlx::query(
-        "UPDATE endpoints e SET \
-           fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
-           streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
-           last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
-           last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
-         FROM UNNEST($1::text[], $2::bool[], $3::int4[], $4::int8[], $5::int8[], $6::text[], $7::int8[]) \
-              AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
-         WHERE e.id = v.id \
-         RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures",
-    )
-    .bind(&ids)
-    .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
-    .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
-    .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
-    .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
-    .bind(
-        eps.iter()
-            .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        eps.iter()
-            .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
-            .collect::<Vec<_>>(),
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    let mut out = Vec::new();
-    for r in &rows {
-        if get::<i32>(r, "batch_failures")? > 0 {
-            out.push(StreakUpdate {
-                endpoint_id: EndpointId::from_trusted(get(r, "id")?),
-                app_id: AppId::from_trusted(get(r, "app_id")?),
-                fail_streak: u32_of(get(r, "fail_streak")?),
-                streak_started_at: get(r, "streak_started_at")?,
-                disabled: get(r, "disabled")?,
-            });
-        }
-    }
-    out.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
-
-    let stats = fold_stats(batch);
-    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    let column = |f: &dyn Fn(&StatsBucket) -> u64| -> Vec<i64> {
-        stats.iter().map(|(_, b)| n(f(b))).collect()
-    };
-    let mut query = sqlx::query(
-        "INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
-           h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
-         SELECT * FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
-           $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[], \
-           $14::int8[], $15::int8[], $16::int8[], $17::int8[], $18::int8[]) \
-         ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
-           attempts = endpoint_stats.attempts + excluded.attempts, \
-           successes = endpoint_stats.successes + excluded.successes, \
-           failures = endpoint_stats.failures + excluded.failures, \
-           latency_sum = endpoint_stats.latency_sum + excluded.latency_sum, \
-           h0 = endpoint_stats.h0 + excluded.h0, h1 = endpoint_stats.h1 + excluded.h1, \
-           h2 = endpoint_stats.h2 + excluded.h2, h3 = endpoint_stats.h3 + excluded.h3, \
-           h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
-           h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
-           h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
-           h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11",
-    )
-    .bind(stats.iter().map(|(ep, _)| ep.as_str().to_owned()).collect::<Vec<_>>())
-    .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
-    .bind(column(&|b| b.attempts))
-    .bind(column(&|b| b.successes))
-    .bind(column(&|b| b.failures))
-    .bind(column(&|b| b.latency_sum_ms));
-    for i in 0..crate::health::HISTOGRAM_LEN {
-        query = query.bind(column(&|b| b.histogram[i]));
-    }
-    query.execute(&mut *tx).await.map_err(map_err)?;
-    Ok(out)
-}
-
 impl PostgresStore {
     /// A keyset page over `column` (ids sort by creation time). `sql` ends
     /// in an open WHERE clause whose parameters are `$1..$n`, bound from
@@ -868,47 +774,102 @@ impl Store for PostgresStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-
-        // An app deleted after the API looked it up: refuse its messages
-        // alone rather than fail the batch on the foreign key. KEY SHARE
-        // keeps the others from being deleted until this commits.
-        let mut wanted: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
-        wanted.sort_unstable();
-        wanted.dedup();
-        let existing: HashSet<String> = sqlx::query_scalar(
-            "SELECT id FROM applications WHERE id = ANY($1) ORDER BY id FOR KEY SHARE",
+        // Two round trips, no explicit transaction: under load the API
+        // waits on this path, and each BEGIN/COMMIT or extra statement is
+        // another wait for a database server that shares the machine.
+        // First the subscribers of every app in the batch, read without
+        // locks; routing is decided on them here.
+        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
+        apps.sort_unstable();
+        apps.dedup();
+        let rows = sqlx::query(
+            "SELECT id, app_id, filter_types::text AS filter_types, channels FROM endpoints \
+             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
         )
-        .bind(&wanted)
-        .fetch_all(&mut *tx)
+        .bind(&apps)
+        .fetch_all(&self.pool)
         .await
-        .map_err(map_err)?
-        .into_iter()
-        .collect();
-        let all = batch;
-        let kept: Vec<NewMessage>;
-        let batch: &[NewMessage] = if existing.len() == wanted.len() {
-            all
-        } else {
-            kept = all
-                .iter()
-                .filter(|m| existing.contains(m.app_id.as_str()))
-                .cloned()
-                .collect();
-            &kept
-        };
+        .map_err(map_err)?;
+        type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
+        let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
+        for r in &rows {
+            let filter: Option<String> = get(r, "filter_types")?;
+            let channels: Option<String> = get(r, "channels")?;
+            endpoints_of.entry(get(r, "app_id")?).or_default().push((
+                get(r, "id")?,
+                filter.as_deref().map(from_json).transpose()?,
+                channels.as_deref().map(from_json).transpose()?,
+            ));
+        }
+        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // A message id repeated in the batch is stored once: so are its
+        // deliveries.
+        let mut routed: HashSet<&str> = HashSet::new();
+        for m in batch {
+            if !routed.insert(m.id.as_str()) {
+                continue;
+            }
+            for (ep_id, filter, channels) in endpoints_of
+                .get(m.app_id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                if routes_to(
+                    &m.event_type,
+                    m.channels.as_deref(),
+                    filter.as_deref(),
+                    channels.as_deref(),
+                ) {
+                    d_id.push(DeliveryId::generate().into_string());
+                    d_msg.push(m.id.as_str());
+                    d_ep.push(ep_id.as_str());
+                    d_app.push(m.app_id.as_str());
+                    d_at.push(m.created_at);
+                }
+            }
+        }
+        let mut subscribers: Vec<&str> = d_ep.clone();
+        subscribers.sort_unstable();
+        subscribers.dedup();
 
-        // All messages in one statement, inserted in batch order, so that
-        // of two with the same eventId the first is kept, as one at a time
-        // would. RETURNING names the ones stored.
-        let inserted: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
-             SELECT id, app_id, event_type, event_id, payload, created_at, channels \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
-                  WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
-             ORDER BY ord \
-             ON CONFLICT DO NOTHING \
-             RETURNING id",
+        // Then everything else in one statement (one implicit transaction).
+        // KEY SHARE on the apps and endpoints keeps them from being deleted
+        // under the new rows. An endpoint is locked only once its app is
+        // (`e` reads `a`), the order in which deleting an app takes them,
+        // so the two cannot deadlock. One deleted in between is simply not
+        // locked, so its messages are refused alone (NoSuchApp) or its
+        // deliveries left out, never failing the batch on a foreign key.
+        // Messages go in in batch order, so that of two with the same
+        // eventId the first is kept, as one at a time would. Workers are
+        // woken when deliveries were made.
+        let rows = sqlx::query(
+            "WITH a AS MATERIALIZED ( \
+                 SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
+             e AS MATERIALIZED ( \
+                 SELECT id FROM endpoints WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
+                 ORDER BY id FOR KEY SHARE), \
+             m AS ( \
+                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
+                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
+                 WHERE u.app_id IN (SELECT id FROM a) \
+                 ORDER BY ord \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING id), \
+             d AS ( \
+                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                         cycle_started_at, created_at, updated_at) \
+                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, 0, v.at, v.at, v.at, v.at \
+                 FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[]) \
+                      AS v(id, msg_id, endpoint_id, app_id, at) \
+                 WHERE v.msg_id IN (SELECT id FROM m) AND v.endpoint_id IN (SELECT id FROM e) \
+                 RETURNING msg_id) \
+             SELECT 'a' AS kind, id FROM a \
+             UNION ALL SELECT 'm', id FROM m \
+             UNION ALL SELECT 'd', msg_id FROM d \
+             UNION ALL SELECT 'n', NULL FROM (SELECT pg_notify($15, '') FROM (SELECT 1 FROM d LIMIT 1) one) woken",
         )
         .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
         .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
@@ -932,91 +893,48 @@ impl Store for PostgresStore {
                 .map(|m| m.channels.as_ref().map(to_json).transpose())
                 .collect::<StoreResult<Vec<_>>>()?,
         )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let mut stored: HashSet<String> = inserted.into_iter().collect();
-
-        // The subscribers of every app in the batch, in one read. KEY SHARE
-        // keeps them from being deleted under the deliveries made below.
-        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
-        apps.sort_unstable();
-        apps.dedup();
-        let rows = sqlx::query(
-            "SELECT id, app_id, filter_types::text AS filter_types, channels FROM endpoints \
-             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto') ORDER BY id FOR KEY SHARE",
-        )
         .bind(&apps)
-        .fetch_all(&mut *tx)
+        .bind(&subscribers)
+        .bind(&d_id)
+        .bind(&d_msg)
+        .bind(&d_ep)
+        .bind(&d_app)
+        .bind(&d_at)
+        .bind(&self.wake_channel)
+        .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
-        type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
-        let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
+        let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
+        let mut fanned: HashMap<String, usize> = HashMap::new();
         for r in &rows {
-            let filter: Option<String> = get(r, "filter_types")?;
-            let channels: Option<String> = get(r, "channels")?;
-            endpoints_of.entry(get(r, "app_id")?).or_default().push((
-                get(r, "id")?,
-                filter.as_deref().map(from_json).transpose()?,
-                channels.as_deref().map(from_json).transpose()?,
-            ));
-        }
-
-        let mut outcomes = Vec::with_capacity(all.len());
-        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for m in all {
-            if !existing.contains(m.app_id.as_str()) {
-                outcomes.push(InsertOutcome::NoSuchApp);
-                continue;
-            }
-            // `remove`: a repeated message id counts as stored once.
-            if !stored.remove(m.id.as_str()) {
-                outcomes.push(InsertOutcome::DuplicateEventId);
-                continue;
-            }
-            let mut fanned = 0;
-            for (ep_id, filter, channels) in endpoints_of
-                .get(m.app_id.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-            {
-                if routes_to(
-                    &m.event_type,
-                    m.channels.as_deref(),
-                    filter.as_deref(),
-                    channels.as_deref(),
-                ) {
-                    d_id.push(DeliveryId::generate().into_string());
-                    d_msg.push(m.id.as_str());
-                    d_ep.push(ep_id.as_str());
-                    d_app.push(m.app_id.as_str());
-                    d_at.push(m.created_at);
-                    fanned += 1;
+            let kind: String = get(r, "kind")?;
+            let id: Option<String> = get(r, "id")?;
+            match (kind.as_str(), id) {
+                ("a", Some(id)) => {
+                    existing.insert(id);
                 }
+                ("m", Some(id)) => {
+                    stored.insert(id);
+                }
+                ("d", Some(id)) => *fanned.entry(id).or_default() += 1,
+                _ => {}
             }
-            outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
         }
-        if !d_id.is_empty() {
-            sqlx::query(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                 cycle_started_at, created_at, updated_at) \
-                 SELECT id, msg_id, endpoint_id, app_id, 0, at, at, at, at \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[]) \
-                      AS u(id, msg_id, endpoint_id, app_id, at)",
-            )
-            .bind(&d_id)
-            .bind(&d_msg)
-            .bind(&d_ep)
-            .bind(&d_app)
-            .bind(&d_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            self.notify_in(&mut tx).await?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(outcomes)
+        Ok(batch
+            .iter()
+            .map(|m| {
+                if !existing.contains(m.app_id.as_str()) {
+                    InsertOutcome::NoSuchApp
+                } else if !stored.remove(m.id.as_str()) {
+                    // `remove`: a repeated message id counts as stored once.
+                    InsertOutcome::DuplicateEventId
+                } else {
+                    InsertOutcome::Inserted {
+                        deliveries: fanned.get(m.id.as_str()).copied().unwrap_or(0),
+                    }
+                }
+            })
+            .collect())
     }
 
     async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
@@ -1046,69 +964,61 @@ impl Store for PostgresStore {
         // of the queue does not leave the other slots empty.
         let window = req.limit.saturating_mul(4).max(64);
 
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // SKIP LOCKED: rows another claimer is taking right now are left to
-        // it; this claim takes the next ones instead of waiting.
+        // Room left on the endpoints with requests in flight; the others
+        // have the whole cap.
+        let (busy, room): (Vec<&str>, Vec<i64>) = req
+            .in_flight
+            .iter()
+            .filter(|(_, n)| **n < req.endpoint_cap)
+            .map(|(id, n)| (id.as_str(), i64_of(req.endpoint_cap - n)))
+            .unzip();
+        let token = ulid::Ulid::new().to_string();
+        // One statement, so one round trip and no explicit transaction: the
+        // row locks last only while it runs. SKIP LOCKED: rows another
+        // claimer is taking right now are left to it; this claim takes the
+        // next ones instead of waiting. Of the due rows, each endpoint gets
+        // no more than its room, earliest first, and `limit` in all.
         let rows = sqlx::query(
-            "SELECT d.id, d.endpoint_id FROM deliveries d \
-             WHERE d.state < 2 AND d.next_attempt_at <= $1 \
-               AND d.endpoint_id <> ALL($2::text[]) \
-               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
-             ORDER BY d.next_attempt_at LIMIT $3 \
-             FOR UPDATE OF d SKIP LOCKED",
+            "WITH due AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at FROM deliveries d \
+                 WHERE d.state < 2 AND d.next_attempt_at <= $1 \
+                   AND d.endpoint_id <> ALL($2::text[]) \
+                   AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
+                 ORDER BY d.next_attempt_at LIMIT $3 \
+                 FOR UPDATE OF d SKIP LOCKED), \
+             ranked AS ( \
+                 SELECT id, next_attempt_at, endpoint_id, \
+                        row_number() OVER (PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS nth \
+                 FROM due), \
+             picked AS ( \
+                 SELECT r.id, r.next_attempt_at FROM ranked r \
+                 LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, room) ON b.endpoint_id = r.endpoint_id \
+                 WHERE r.nth <= COALESCE(b.room, $6) \
+                 ORDER BY r.next_attempt_at, r.id LIMIT $7) \
+             UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1 \
+             FROM picked p, messages m, endpoints e \
+             WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
+             RETURNING p.next_attempt_at AS due_at, d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
+                       d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, e.url, \
+                       e.secret, e.old_secrets, e.headers",
         )
         .bind(req.now)
         .bind(&saturated)
         .bind(i64_of(window))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        let mut used: HashMap<String, usize> = HashMap::new();
-        let mut picked: Vec<String> = Vec::with_capacity(req.limit);
-        for r in &rows {
-            if picked.len() >= req.limit {
-                break;
-            }
-            let ep: String = get(r, "endpoint_id")?;
-            let n = used.entry(ep).or_insert_with_key(|ep| {
-                req.in_flight
-                    .get(&EndpointId::from_trusted(ep.clone()))
-                    .copied()
-                    .unwrap_or(0)
-            });
-            if *n < req.endpoint_cap {
-                *n += 1;
-                picked.push(get(r, "id")?);
-            }
-        }
-        if picked.is_empty() {
-            // Nothing taken: ending the transaction lets the row locks go.
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(Vec::new());
-        }
-
-        let token = ulid::Ulid::new().to_string();
-        let rows = sqlx::query(
-            "UPDATE deliveries d SET state = 1, next_attempt_at = $1, lease_token = $2, updated_at = $3 \
-             FROM messages m, endpoints e \
-             WHERE d.id = ANY($4) AND m.id = d.msg_id AND e.id = d.endpoint_id \
-             RETURNING d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, d.cycle_started_at, \
-                       d.cycle_base, d.manual, m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers",
-        )
+        .bind(&busy)
+        .bind(&room)
+        .bind(i64_of(req.endpoint_cap))
+        .bind(i64_of(req.limit))
         .bind(req.lease_until)
         .bind(&token)
-        .bind(req.now)
-        .bind(&picked)
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-
         let mut out = rows
             .iter()
             .map(|r| {
-                Ok(ClaimedDelivery {
+                let due_at: Millis = get(r, "due_at")?;
+                let d = ClaimedDelivery {
                     id: DeliveryId::from_trusted(get(r, "id")?),
                     lease_token: token.clone(),
                     msg_id: MsgId::from_trusted(get(r, "msg_id")?),
@@ -1124,17 +1034,13 @@ impl Store for PostgresStore {
                     cycle_started_at: get(r, "cycle_started_at")?,
                     cycle_base: u32_of(get(r, "cycle_base")?),
                     manual: get(r, "manual")?,
-                })
+                };
+                Ok((due_at, d))
             })
             .collect::<StoreResult<Vec<_>>>()?;
         // In the order picked (due time), as the SQLite store returns them.
-        let rank: HashMap<&str, usize> = picked
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (id.as_str(), i))
-            .collect();
-        out.sort_by_key(|d| rank.get(d.id.as_str()).copied().unwrap_or(usize::MAX));
-        Ok(out)
+        out.sort_by(|(a, x), (b, y)| (a, x.id.as_str()).cmp(&(b, y.id.as_str())));
+        Ok(out.into_iter().map(|(_, d)| d).collect())
     }
 
     async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
@@ -1149,13 +1055,82 @@ impl Store for PostgresStore {
             return Ok(Vec::new());
         }
         let attempts: Vec<&AttemptRecord> = batch.iter().map(|c| &c.attempt).collect();
+        // Applied one after another, a second completion holding the same
+        // lease would find the token already cleared by the first; one
+        // UPDATE ... FROM would pick either, so keep only the first.
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let moves: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| seen.insert((c.attempt.delivery_id.as_str(), c.lease_token.as_str())))
+            .collect();
+        let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
+        let eps = fold_endpoint_batches(batch);
+        let stats = fold_stats(batch);
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let column = |f: &dyn Fn(&StatsBucket) -> u64| -> Vec<i64> {
+            stats.iter().map(|(_, b)| n(f(b))).collect()
+        };
+        // Endpoint rows first, locked in id order, so that concurrent
+        // completers cannot deadlock on them or on their stats rows (which
+        // only holders of the endpoint's lock touch). NO KEY UPDATE does
+        // not block ingest's KEY SHARE. Within one statement the order in
+        // which PostgreSQL runs its parts is not ours to choose: hence a
+        // statement of its own.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        sqlx::query(
-            "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
-             started_at, duration_ms, status_code, response, error, success, manual) \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-                                  $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::text[], $12::text[], \
-                                  $13::bool[], $14::bool[])",
+        sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+            .bind(
+                eps.iter()
+                    .map(|e| e.endpoint_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Then the rest in one statement: the attempt log, the deliveries'
+        // next states, each endpoint's failing streak and its stats
+        // buckets. The lease token guard leaves a re-claimed delivery to its
+        // new holder.
+        let mut query = sqlx::query(
+            "WITH logged AS ( \
+                 INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
+                                       started_at, duration_ms, status_code, response, error, success, manual) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+                                      $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::text[], $12::text[], \
+                                      $13::bool[], $14::bool[])), \
+             moved AS ( \
+                 UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
+                        lease_token = NULL, manual = FALSE, dead_reason = v.reason, last_status = v.status, \
+                        last_error = v.error, updated_at = v.now \
+                 FROM (SELECT * FROM UNNEST($15::text[], $16::text[], $17::int2[], $18::int4[], $19::int8[], \
+                                            $20::text[], $21::int4[], $22::text[], $23::int8[]) \
+                       AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
+                 WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok), \
+             counted AS ( \
+                 INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
+                                             h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
+                 SELECT * FROM UNNEST($31::text[], $32::int8[], $33::int8[], $34::int8[], $35::int8[], $36::int8[], \
+                   $37::int8[], $38::int8[], $39::int8[], $40::int8[], $41::int8[], $42::int8[], $43::int8[], \
+                   $44::int8[], $45::int8[], $46::int8[], $47::int8[], $48::int8[]) \
+                 ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
+                   attempts = endpoint_stats.attempts + excluded.attempts, \
+                   successes = endpoint_stats.successes + excluded.successes, \
+                   failures = endpoint_stats.failures + excluded.failures, \
+                   latency_sum = endpoint_stats.latency_sum + excluded.latency_sum, \
+                   h0 = endpoint_stats.h0 + excluded.h0, h1 = endpoint_stats.h1 + excluded.h1, \
+                   h2 = endpoint_stats.h2 + excluded.h2, h3 = endpoint_stats.h3 + excluded.h3, \
+                   h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
+                   h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
+                   h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
+                   h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11) \
+             UPDATE endpoints e SET \
+               fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
+               streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
+               last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
+               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
+             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[]) \
+                  AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
+             WHERE e.id = v.id \
+             RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures",
         )
         .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
@@ -1176,30 +1151,6 @@ impl Store for PostgresStore {
         .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.success).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.manual).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-
-        // Applied one after another, a second completion holding the same
-        // lease would find the token already cleared by the first; one
-        // UPDATE ... FROM would pick either, so keep only the first.
-        let mut seen: HashSet<(&str, &str)> = HashSet::new();
-        let moves: Vec<&Completion> = batch
-            .iter()
-            .filter(|c| seen.insert((c.attempt.delivery_id.as_str(), c.lease_token.as_str())))
-            .collect();
-        let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
-        // The lease token guard leaves a re-claimed delivery to its new
-        // holder.
-        sqlx::query(
-            "UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
-             lease_token = NULL, manual = FALSE, dead_reason = v.reason, last_status = v.status, \
-             last_error = v.error, updated_at = v.now \
-             FROM (SELECT * FROM UNNEST($1::text[], $2::text[], $3::int2[], $4::int4[], $5::int8[], \
-                                        $6::text[], $7::int4[], $8::text[], $9::int8[]) \
-                   AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
-             WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok",
-        )
         .bind(moves.iter().map(|c| c.attempt.delivery_id.as_str()).collect::<Vec<_>>())
         .bind(moves.iter().map(|c| c.lease_token.as_str()).collect::<Vec<_>>())
         .bind(next.iter().map(|(s, _, _)| *s as i16).collect::<Vec<_>>())
@@ -1214,11 +1165,45 @@ impl Store for PostgresStore {
         )
         .bind(moves.iter().map(|c| c.attempt.error.as_deref()).collect::<Vec<_>>())
         .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let streaks = record_endpoint_health(&mut tx, batch).await?;
+        .bind(eps.iter().map(|e| e.endpoint_id.as_str()).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
+        .bind(
+            eps.iter()
+                .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            eps.iter()
+                .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
+                .collect::<Vec<_>>(),
+        )
+        .bind(stats.iter().map(|(ep, _)| ep.as_str()).collect::<Vec<_>>())
+        .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
+        .bind(column(&|b| b.attempts))
+        .bind(column(&|b| b.successes))
+        .bind(column(&|b| b.failures))
+        .bind(column(&|b| b.latency_sum_ms));
+        for i in 0..crate::health::HISTOGRAM_LEN {
+            query = query.bind(column(&|b| b.histogram[i]));
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
+        let mut streaks = Vec::new();
+        for r in &rows {
+            if get::<i32>(r, "batch_failures")? > 0 {
+                streaks.push(StreakUpdate {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    fail_streak: u32_of(get(r, "fail_streak")?),
+                    streak_started_at: get(r, "streak_started_at")?,
+                    disabled: get(r, "disabled")?,
+                });
+            }
+        }
+        streaks.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
         Ok(streaks)
     }
 
