@@ -643,7 +643,17 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
+        // The application first: its row lock makes a concurrent ingest
+        // (which takes KEY SHARE on it) wait and then find it gone, and
+        // lets one that committed before show its messages to the next
+        // statement. Endpoints, their deliveries and tokens cascade.
         let done = sqlx::query("DELETE FROM applications WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Messages carry no foreign key (migration 0008).
+        sqlx::query("DELETE FROM messages WHERE app_id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await
@@ -1591,7 +1601,7 @@ impl Store for PostgresStore {
 
         // Old messages whose deliveries are all delivered (or that have
         // none), oldest first, within what is left of the batch. Locked,
-        // then checked again as above; the deliveries go by cascade.
+        // then checked again as above; their deliveries go with them.
         let budget = batch.saturating_sub(messages.len());
         let mut taken = 0;
         if budget > 0 {
@@ -1616,6 +1626,13 @@ impl Store for PostgresStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map_err)?;
+                // No foreign key cascades them (migration 0008); a resend
+                // adding one waits on the message's lock, then finds it gone.
+                sqlx::query("DELETE FROM deliveries WHERE msg_id = ANY($1)")
+                    .bind(&gone)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
                 messages.extend(gone);
             }
         }

@@ -1036,6 +1036,31 @@ async fn prune_removes_old_finished_history_only(store: Arc<dyn Store>) {
         gone,
         "with the attempts of its deleted endpoint"
     );
+    // Counted per endpoint, without the message: a pruned message leaves
+    // no delivery behind.
+    assert_eq!(
+        store
+            .endpoint_delivery_counts(&e1.id)
+            .await
+            .expect("counts"),
+        DeliveryCounts {
+            pending: 1,
+            delivering: 0,
+            delivered: 3,
+            dead: 1
+        }
+    );
+    assert_eq!(
+        store
+            .endpoint_delivery_counts(&e2.id)
+            .await
+            .expect("counts"),
+        DeliveryCounts {
+            pending: 1,
+            delivering: 1,
+            ..DeliveryCounts::default()
+        }
+    );
     assert!(store
         .list_attempts_of_endpoint(&a.id, &e3.id, &page(10, None, true))
         .await
@@ -1948,6 +1973,11 @@ async fn apps_update_and_delete_with_everything_under_them(store: Arc<dyn Store>
     assert!(store.delete_app(&a.id).await.expect("delete"));
     assert!(!store.delete_app(&a.id).await.expect("delete"));
     assert_eq!(store.get_app(a.id.as_str()).await.expect("get"), None);
+    assert_eq!(
+        store.endpoint_delivery_counts(&e.id).await.expect("counts"),
+        DeliveryCounts::default(),
+        "the app's deliveries go with it"
+    );
     assert_eq!(
         store.get_endpoint(&a.id, e.id.as_str()).await.expect("get"),
         None
