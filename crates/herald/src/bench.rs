@@ -205,6 +205,35 @@ struct RunResult {
     deliveries_per_sec: f64,
     p50: Duration,
     p99: Duration,
+    /// CPU time per delivery, when everything ran in this process.
+    cpu_per_delivery: Option<Duration>,
+}
+
+/// CPU time (user + system) this process has used so far. On a shared VM
+/// it varies far less from run to run than throughput does, so it shows
+/// whether a change made the work cheaper when the figures above drift.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes into the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let of = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+/// `cpu` spread over `n` operations.
+fn per_op(cpu: Duration, n: usize) -> Duration {
+    cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
+/// A CPU figure for the table, blank when not measured.
+fn cpu_cell(cpu: Option<Duration>) -> String {
+    cpu.map(|d| format!("{:.1} µs", d.as_secs_f64() * 1e6))
+        .unwrap_or_default()
 }
 
 /// One run on a fresh Herald: `fast` healthy endpoints (each gets every
@@ -307,6 +336,7 @@ async fn herald_run_on(
         format!("{base}/app/{app_id}/msg"),
         auth.clone(),
     );
+    let cpu_before = cpu_time();
     let (starts, ingest_time) = drive(args.messages, args.concurrency, epoch, move |i| {
         let (c, b, a) = (c.clone(), b.clone(), a.clone());
         async move {
@@ -353,6 +383,9 @@ async fn herald_run_on(
             latencies.push(at.saturating_sub(starts[i]));
         }
     }
+    // With worker processes (PostgreSQL) much of the work is elsewhere.
+    let cpu_per_delivery = matches!(target, Target::Sqlite)
+        .then(|| per_op(cpu_time().saturating_sub(cpu_before), fast * args.messages));
     latencies.sort_unstable();
     let first_start = starts.iter().copied().min().unwrap_or(0);
     let span = Duration::from_nanos(last_arrival.saturating_sub(first_start)).as_secs_f64();
@@ -361,6 +394,7 @@ async fn herald_run_on(
         deliveries_per_sec: (fast * args.messages) as f64 / span,
         p50: percentile(&latencies, 50.0),
         p99: percentile(&latencies, 99.0),
+        cpu_per_delivery,
     };
     running.shutdown().await?;
     for mut w in workers {
@@ -377,7 +411,7 @@ async fn herald_run_on(
 }
 
 /// The same client and receiver, without Herald in between.
-async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<f64> {
+async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<(f64, Duration)> {
     let epoch = Instant::now();
     let rx = Receiver::new(1, args.messages, epoch, args.slow_delay);
     let addr = start_receiver(rx.clone()).await?;
@@ -386,6 +420,7 @@ async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<f64> {
         .build()?;
     let size = args.payload_bytes;
     let url = format!("http://{addr}/fast/0");
+    let cpu_before = cpu_time();
     let (_, elapsed) = drive(args.messages, args.concurrency, epoch, move |i| {
         let (c, u) = (client.clone(), url.clone());
         async move {
@@ -398,7 +433,8 @@ async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<f64> {
         }
     })
     .await?;
-    Ok(args.messages as f64 / elapsed.as_secs_f64())
+    let cpu = per_op(cpu_time().saturating_sub(cpu_before), args.messages);
+    Ok((args.messages as f64 / elapsed.as_secs_f64(), cpu))
 }
 
 fn machine() -> String {
@@ -424,18 +460,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.payload_bytes,
         machine()
     );
-    let ceiling = ceiling_run(&args).await?;
-    println!("| run | ingest msg/s | deliveries/s | p50 | p99 | % of ceiling |");
-    println!("|---|---|---|---|---|---|");
-    println!("| HTTP ceiling (client → receiver) | | {ceiling:.0} | | | 100 % |");
+    let (ceiling, ceiling_cpu) = ceiling_run(&args).await?;
+    println!("| run | ingest msg/s | deliveries/s | p50 | p99 | % of ceiling | CPU per delivery |");
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| HTTP ceiling (client → receiver) | | {ceiling:.0} | | | 100 % | {} |",
+        cpu_cell(Some(ceiling_cpu))
+    );
     let r = herald_run(&args, 1, false).await?;
     println!(
-        "| Herald, SQLite, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % |",
+        "| Herald, SQLite, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | {} |",
         r.ingest_per_sec,
         r.deliveries_per_sec,
         r.p50,
         r.p99,
-        100.0 * r.deliveries_per_sec / ceiling
+        100.0 * r.deliveries_per_sec / ceiling,
+        cpu_cell(r.cpu_per_delivery)
     );
     if let Some(url) = &args.postgres {
         for &workers in &args.worker_processes {
@@ -445,7 +485,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             };
             let r = herald_run_on(&args, 1, false, &target).await?;
             println!(
-                "| Herald, PostgreSQL, 1 API + {workers} worker process(es), 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % |",
+                "| Herald, PostgreSQL, 1 API + {workers} worker process(es), 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | |",
                 r.ingest_per_sec, r.deliveries_per_sec, r.p50, r.p99, 100.0 * r.deliveries_per_sec / ceiling
             );
         }
@@ -453,17 +493,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.fairness {
         let base = herald_run(&args, 3, false).await?;
         println!(
-            "| fairness: 3 healthy endpoints | {:.0} | {:.0} | {:.1?} | {:.1?} | |",
-            base.ingest_per_sec, base.deliveries_per_sec, base.p50, base.p99
+            "| fairness: 3 healthy endpoints | {:.0} | {:.0} | {:.1?} | {:.1?} | | {} |",
+            base.ingest_per_sec,
+            base.deliveries_per_sec,
+            base.p50,
+            base.p99,
+            cpu_cell(base.cpu_per_delivery)
         );
         let with_slow = herald_run(&args, 3, true).await?;
         println!(
-            "| fairness: 3 healthy + 1 answering after {:?} | {:.0} | {:.0} | {:.1?} | {:.1?} | |",
+            "| fairness: 3 healthy + 1 answering after {:?} | {:.0} | {:.0} | {:.1?} | {:.1?} | | {} |",
             args.slow_delay,
             with_slow.ingest_per_sec,
             with_slow.deliveries_per_sec,
             with_slow.p50,
-            with_slow.p99
+            with_slow.p99,
+            cpu_cell(with_slow.cpu_per_delivery)
         );
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
         println!("healthy endpoints' p99 with the slow one / without: {ratio:.2}×");
