@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, token_sha256, ApiState};
+use crate::api::{self, token_sha256, ApiShared, ApiState};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::ingest::Ingest;
@@ -175,7 +175,7 @@ pub async fn start(
         // The queue gauges are refreshed where /metrics is served.
         let metrics = Arc::new(crate::metrics::Exporter::new(store.clone()));
         background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
-        let state = ApiState {
+        let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone()),
             wake,
@@ -188,7 +188,7 @@ pub async fn start(
             operator,
             metrics,
             dashboard: Default::default(),
-        };
+        });
         // Trailing slashes are optional, as in Svix: normalise before routing.
         let app = tower::Layer::layer(
             &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),

@@ -40,8 +40,26 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// Request bodies may carry a little more than the payload (other fields).
 pub const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
 
+/// What every handler shares. Cloned for each request (and by each
+/// middleware layer), hence one `Arc` rather than a struct of them.
 #[derive(Clone)]
-pub struct ApiState {
+pub struct ApiState(Arc<ApiShared>);
+
+impl ApiState {
+    pub fn new(shared: ApiShared) -> Self {
+        ApiState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for ApiState {
+    type Target = ApiShared;
+
+    fn deref(&self) -> &ApiShared {
+        &self.0
+    }
+}
+
+pub struct ApiShared {
     pub store: Arc<dyn Store>,
     pub ingest: Ingest,
     /// Signalled when a replay or resend makes work due now.
