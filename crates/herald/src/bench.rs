@@ -209,9 +209,10 @@ struct RunResult {
     cpu_per_delivery: Option<Duration>,
 }
 
-/// CPU time (user + system) this process has used so far. On a shared VM
-/// it varies far less from run to run than throughput does, so it shows
-/// whether a change made the work cheaper when the figures above drift.
+/// CPU time (user + system) this process has used so far. Per delivery,
+/// set against the ceiling's per request, it says how much dearer a
+/// delivery is than a bare HTTP exchange, whether or not the cores were
+/// kept busy (throughput mixes the two).
 fn cpu_time() -> Duration {
     // SAFETY: getrusage only writes into the struct it is given.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
