@@ -519,19 +519,30 @@ pub fn headers_of(json: &str) -> StoreResult<Vec<(String, String)>> {
     Ok(map.into_iter().collect())
 }
 
-/// Whether a message goes to an endpoint: its event type passes the
-/// endpoint's filter and, when the endpoint has channels, the message
-/// shares one of them. Both stores route with this.
-pub fn routes_to(
-    event_type: &str,
-    msg_channels: Option<&[String]>,
-    filter: Option<&[String]>,
-    ep_channels: Option<&[String]>,
-) -> bool {
-    filter.is_none_or(|types| types.iter().any(|t| t == event_type))
-        && ep_channels.is_none_or(|wanted| {
-            msg_channels.is_some_and(|have| have.iter().any(|c| wanted.contains(c)))
-        })
+/// An endpoint that receives its app's new messages (enabled, or disabled
+/// by Herald and so holding them), as routing sees it. Both stores read
+/// these at ingest and route with [`Subscriber::wants`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    pub endpoint_id: String,
+    pub filter_types: Option<Vec<String>>,
+    pub channels: Option<Vec<String>>,
+}
+
+impl Subscriber {
+    /// Whether `m` goes to this endpoint: its event type passes the
+    /// endpoint's filter and, when the endpoint has channels, the message
+    /// shares one of them.
+    pub fn wants(&self, m: &NewMessage) -> bool {
+        self.filter_types
+            .as_ref()
+            .is_none_or(|types| types.contains(&m.event_type))
+            && self.channels.as_ref().is_none_or(|wanted| {
+                m.channels
+                    .as_ref()
+                    .is_some_and(|have| have.iter().any(|c| wanted.contains(c)))
+            })
+    }
 }
 
 /// Which messages of an app a listing shows.

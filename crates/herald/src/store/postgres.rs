@@ -800,16 +800,18 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
-        type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
         let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
         for r in &rows {
             let filter: Option<String> = get(r, "filter_types")?;
             let channels: Option<String> = get(r, "channels")?;
-            endpoints_of.entry(get(r, "app_id")?).or_default().push((
-                get(r, "id")?,
-                filter.as_deref().map(from_json).transpose()?,
-                channels.as_deref().map(from_json).transpose()?,
-            ));
+            endpoints_of
+                .entry(get(r, "app_id")?)
+                .or_default()
+                .push(Subscriber {
+                    endpoint_id: get(r, "id")?,
+                    filter_types: filter.as_deref().map(from_json).transpose()?,
+                    channels: channels.as_deref().map(from_json).transpose()?,
+                });
         }
         let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -820,23 +822,18 @@ impl Store for PostgresStore {
             if !routed.insert(m.id.as_str()) {
                 continue;
             }
-            for (ep_id, filter, channels) in endpoints_of
+            for ep in endpoints_of
                 .get(m.app_id.as_str())
                 .map(Vec::as_slice)
                 .unwrap_or_default()
+                .iter()
+                .filter(|ep| ep.wants(m))
             {
-                if routes_to(
-                    &m.event_type,
-                    m.channels.as_deref(),
-                    filter.as_deref(),
-                    channels.as_deref(),
-                ) {
-                    d_id.push(DeliveryId::generate().into_string());
-                    d_msg.push(m.id.as_str());
-                    d_ep.push(ep_id.as_str());
-                    d_app.push(m.app_id.as_str());
-                    d_at.push(m.created_at);
-                }
+                d_id.push(DeliveryId::generate().into_string());
+                d_msg.push(m.id.as_str());
+                d_ep.push(ep.endpoint_id.as_str());
+                d_app.push(m.app_id.as_str());
+                d_at.push(m.created_at);
             }
         }
         let mut subscribers: Vec<&str> = d_ep.clone();

@@ -463,9 +463,6 @@ fn page_of<T>(
     Ok(Page { items, has_more })
 }
 
-/// An enabled endpoint's id, its event-type filter and its channels.
-type Subscriber = (String, Option<Vec<String>>, Option<Vec<String>>);
-
 fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
     let mut insert_msg = conn
         .prepare_cached(
@@ -529,37 +526,32 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
-                eps.push((
-                    get(r, "id")?,
-                    json_opt(get(r, "filter_types")?)?,
-                    json_opt(get(r, "channels")?)?,
-                ));
+                eps.push(Subscriber {
+                    endpoint_id: get(r, "id")?,
+                    filter_types: json_opt(get(r, "filter_types")?)?,
+                    channels: json_opt(get(r, "channels")?)?,
+                });
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
         let mut fanned = 0;
-        for (ep_id, filter, channels) in endpoints_of
+        for ep in endpoints_of
             .get(m.app_id.as_str())
             .map(Vec::as_slice)
             .unwrap_or_default()
+            .iter()
+            .filter(|ep| ep.wants(m))
         {
-            if routes_to(
-                &m.event_type,
-                m.channels.as_deref(),
-                filter.as_deref(),
-                channels.as_deref(),
-            ) {
-                insert_delivery
-                    .execute(params![
-                        DeliveryId::generate().as_str(),
-                        m.id.as_str(),
-                        ep_id,
-                        m.app_id.as_str(),
-                        m.created_at
-                    ])
-                    .map_err(map_err)?;
-                fanned += 1;
-            }
+            insert_delivery
+                .execute(params![
+                    DeliveryId::generate().as_str(),
+                    m.id.as_str(),
+                    ep.endpoint_id,
+                    m.app_id.as_str(),
+                    m.created_at
+                ])
+                .map_err(map_err)?;
+            fanned += 1;
         }
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
     }
