@@ -154,6 +154,22 @@ pub struct ClaimRequest<'a> {
     pub endpoint_cap: usize,
 }
 
+/// How many due rows a claim for `limit` free slots looks at: a little
+/// more than `limit`, so that one busy endpoint at the head of the queue
+/// does not leave the other slots empty.
+pub fn claim_window(limit: usize) -> usize {
+    limit.saturating_mul(4).max(64)
+}
+
+/// The endpoints with no room left under `cap`: a claim passes them by.
+pub fn saturated(in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Vec<&str> {
+    in_flight
+        .iter()
+        .filter(|(_, n)| **n >= cap)
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
 /// Everything needed to send one attempt, read in the claim.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClaimedDelivery {

@@ -961,16 +961,8 @@ impl Store for PostgresStore {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let saturated: Vec<&str> = req
-            .in_flight
-            .iter()
-            .filter(|(_, n)| **n >= req.endpoint_cap)
-            .map(|(id, _)| id.as_str())
-            .collect();
-        // Look a little past `limit` so that one busy endpoint at the head
-        // of the queue does not leave the other slots empty.
-        let window = req.limit.saturating_mul(4).max(64);
-
+        let saturated = saturated(req.in_flight, req.endpoint_cap);
+        let window = claim_window(req.limit);
         // Room left on the endpoints with requests in flight; the others
         // have the whole cap.
         let (busy, room): (Vec<&str>, Vec<i64>) = req

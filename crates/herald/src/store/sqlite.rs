@@ -566,15 +566,9 @@ fn claim_tx(
     in_flight: &HashMap<EndpointId, usize>,
     endpoint_cap: usize,
 ) -> StoreResult<Vec<ClaimedDelivery>> {
-    let saturated: Vec<&str> = in_flight
-        .iter()
-        .filter(|(_, n)| **n >= endpoint_cap)
-        .map(|(id, _)| id.as_str())
-        .collect();
+    let saturated = saturated(in_flight, endpoint_cap);
     park_and_unpark(conn, now, in_flight, endpoint_cap, &saturated)?;
-    // Look a little past `limit` so that one busy endpoint at the head of
-    // the queue does not leave the other slots empty.
-    let window = limit.saturating_mul(4).max(64);
+    let window = claim_window(limit);
     let mut candidates = conn
         .prepare_cached(
             "SELECT id, endpoint_id FROM deliveries \
