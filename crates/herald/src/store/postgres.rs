@@ -1064,6 +1064,7 @@ impl Store for PostgresStore {
             .collect();
         let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
         let eps = fold_endpoint_batches(batch);
+        let ep_ids: Vec<&str> = eps.iter().map(|e| e.endpoint_id.as_str()).collect();
         let stats = fold_stats(batch);
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let column = |f: &dyn Fn(&StatsBucket) -> u64| -> Vec<i64> {
@@ -1077,11 +1078,7 @@ impl Store for PostgresStore {
         // statement of its own.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
         sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-            .bind(
-                eps.iter()
-                    .map(|e| e.endpoint_id.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .bind(&ep_ids)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
@@ -1164,7 +1161,7 @@ impl Store for PostgresStore {
         )
         .bind(moves.iter().map(|c| c.attempt.error.as_deref()).collect::<Vec<_>>())
         .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
-        .bind(eps.iter().map(|e| e.endpoint_id.as_str()).collect::<Vec<_>>())
+        .bind(&ep_ids)
         .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
         .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
         .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
