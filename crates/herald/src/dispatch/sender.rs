@@ -26,27 +26,43 @@ pub struct Observed {
 
 #[derive(Clone)]
 pub struct Sender {
+    customers: Lane,
+    /// For the operator's own webhook URL (see [`Sender::send`]).
+    trusted: Lane,
+}
+
+/// A client and the network policy it enforces, both at connect time (its
+/// resolver) and before (IP-literal hosts, which skip DNS).
+#[derive(Clone)]
+struct Lane {
     client: reqwest::Client,
     policy: NetworkPolicy,
-    /// For the operator's own webhook URL (see [`Sender::send`]).
-    trusted: reqwest::Client,
+}
+
+impl Lane {
+    fn new(config: &Config, policy: NetworkPolicy) -> anyhow::Result<Self> {
+        Ok(Lane {
+            client: Sender::client(config, policy)?,
+            policy,
+        })
+    }
 }
 
 impl Sender {
     pub fn new(config: &Config) -> anyhow::Result<Self> {
-        let policy = NetworkPolicy {
-            allow_private: config.allow_private_networks,
-        };
-        let trusted = Self::client(
-            config,
-            NetworkPolicy {
-                allow_private: true,
-            },
-        )?;
         Ok(Sender {
-            client: Self::client(config, policy)?,
-            policy,
-            trusted,
+            customers: Lane::new(
+                config,
+                NetworkPolicy {
+                    allow_private: config.allow_private_networks,
+                },
+            )?,
+            trusted: Lane::new(
+                config,
+                NetworkPolicy {
+                    allow_private: true,
+                },
+            )?,
         })
     }
 
@@ -82,18 +98,13 @@ impl Sender {
             error: Some(error),
             duration: started.elapsed(),
         };
-        let (client, policy) = if trusted {
-            (
-                &self.trusted,
-                NetworkPolicy {
-                    allow_private: true,
-                },
-            )
+        let lane = if trusted {
+            &self.trusted
         } else {
-            (&self.client, self.policy)
+            &self.customers
         };
         // IP-literal hosts skip DNS, so the resolver's guard never sees them.
-        let url = match WebhookUrl::parse(&d.url, policy) {
+        let url = match WebhookUrl::parse(&d.url, lane.policy) {
             Ok(url) => url,
             Err(e) => return failed(format!("refused: {e}")),
         };
@@ -109,7 +120,7 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
-        let mut request = client.post(url.into_url());
+        let mut request = lane.client.post(url.into_url());
         // The endpoint's own headers first: Herald's, set after, win (the
         // API refuses reserved names anyway).
         for (name, value) in &d.headers {
