@@ -1,16 +1,26 @@
 //! Group commit of new messages: concurrent create-message requests share
 //! one transaction (one fsync). Each request is answered only after the
 //! commit that holds its message, so a 202 always means "on disk".
+//!
+//! Handoff: when the dispatcher runs in this process and has free slots,
+//! the batch's transaction also claims its new deliveries (stored
+//! `delivering` under a lease, exactly as a claim leaves them) and they go
+//! straight to the dispatcher, without a claim transaction of their own.
+//! A crash after the commit leaves them to the lease, like any claim.
 
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::dispatch::Dispatcher;
 use crate::store::{InsertOutcome, NewMessage, Store, StoreError, StoreResult};
 
 /// Messages per batch at most; more wait for the next one.
 const MAX_BATCH: usize = 1000;
 const BATCHES_IN_FLIGHT: usize = 2;
+/// Slots a batch reserves for its handoff, per message: room for a small
+/// fan-out; deliveries beyond it are claimed by the dispatcher's loop.
+const HANDOFF_PER_MESSAGE: usize = 4;
 
 type Reply = oneshot::Sender<StoreResult<InsertOutcome>>;
 
@@ -20,11 +30,12 @@ pub struct Ingest {
 }
 
 impl Ingest {
-    /// Starts the batching task. `wake` is signalled after each commit so
-    /// the dispatcher picks new deliveries up at once.
-    pub fn start(store: Arc<dyn Store>, wake: Arc<Notify>) -> Self {
+    /// Starts the batching task. `wake` is signalled after each commit that
+    /// left deliveries for the dispatcher to claim, so it picks them up at
+    /// once; `dispatcher` takes handoffs while its loop runs.
+    pub fn start(store: Arc<dyn Store>, wake: Arc<Notify>, dispatcher: Arc<Dispatcher>) -> Self {
         let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
-        tokio::spawn(run(store, rx, wake));
+        tokio::spawn(run(store, rx, wake, dispatcher));
         Ingest { tx }
     }
 
@@ -45,6 +56,7 @@ async fn run(
     store: Arc<dyn Store>,
     mut rx: mpsc::Receiver<(NewMessage, Reply)>,
     wake: Arc<Notify>,
+    dispatcher: Arc<Dispatcher>,
 ) {
     // Two batches may be committing at once: the next one gathers and is
     // queued at the store while the previous one is being written, and the
@@ -67,14 +79,35 @@ async fn run(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let (store, wake) = (store.clone(), wake.clone());
+        let (store, wake, dispatcher) = (store.clone(), wake.clone(), dispatcher.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            match store.insert_messages(&messages).await {
-                Ok(outcomes) => {
-                    let any = outcomes.iter().any(
-                        |o| matches!(o, InsertOutcome::Inserted { deliveries } if *deliveries > 0),
-                    );
+            let ticket =
+                dispatcher.reserve_handoff(messages.len().saturating_mul(HANDOFF_PER_MESSAGE));
+            let stored = match &ticket {
+                Some(t) => {
+                    store
+                        .insert_messages_claiming(&messages, &t.request())
+                        .await
+                }
+                None => store
+                    .insert_messages(&messages)
+                    .await
+                    .map(|outcomes| (outcomes, Vec::new())),
+            };
+            match stored {
+                Ok((outcomes, claimed)) => {
+                    let fanned: usize = outcomes
+                        .iter()
+                        .map(|o| match o {
+                            InsertOutcome::Inserted { deliveries } => *deliveries,
+                            _ => 0,
+                        })
+                        .sum();
+                    let left_to_claim = fanned > claimed.len();
+                    if let Some(ticket) = ticket {
+                        dispatcher.accept_handoff(ticket, claimed);
+                    }
                     // Committed: each of these is answered 202. Duplicates
                     // (409) were not accepted, so they do not count.
                     let inserted = outcomes
@@ -86,11 +119,14 @@ async fn run(
                         // The requester may have gone away; the message is stored.
                         let _ = reply.send(Ok(outcome));
                     }
-                    if any {
+                    if left_to_claim {
                         wake.notify_one();
                     }
                 }
                 Err(e) => {
+                    if let Some(ticket) = ticket {
+                        dispatcher.cancel_handoff(ticket);
+                    }
                     tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
                     for reply in replies {
                         let _ = reply.send(Err(e.clone()));

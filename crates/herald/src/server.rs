@@ -177,7 +177,7 @@ pub async fn start(
         background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
         let state = ApiState::new(ApiShared {
             store: store.clone(),
-            ingest: Ingest::start(store.clone(), wake.clone()),
+            ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
             wake,
             net: NetworkPolicy {
                 allow_private: config.allow_private_networks,

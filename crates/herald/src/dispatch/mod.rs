@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use herald_policy::{decide, is_gone, should_disable, Decision, DisableRule, RetryPolicy};
@@ -58,22 +58,76 @@ pub struct BatchReport {
 /// each endpoint's gate that lets `endpoint_cap` of them send at once.
 struct Claimed {
     total: AtomicUsize,
-    per_endpoint: Mutex<HashMap<EndpointId, (usize, Arc<Semaphore>)>>,
-    /// Signalled whenever a claimed delivery is finished or released.
+    slots: Mutex<Slots>,
+    /// Signalled whenever a claimed delivery is finished or released, or
+    /// reserved slots are given back.
     freed: Notify,
 }
 
+#[derive(Default)]
+struct Slots {
+    per_endpoint: HashMap<EndpointId, (usize, Arc<Semaphore>)>,
+    /// Slots promised to a claim (of the loop, or of an ingest batch's
+    /// handoff) whose deliveries are not registered yet.
+    reserved: usize,
+    /// Shutting down: no more reservations.
+    closed: bool,
+}
+
 impl Claimed {
-    fn counts(&self) -> HashMap<EndpointId, usize> {
-        let map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
-        map.iter().map(|(k, (n, _))| (k.clone(), *n)).collect()
+    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserves up to `want` of the `max` slots that are neither claimed
+    /// nor reserved, and returns how many with each endpoint's count of
+    /// claimed deliveries. Reserving is what keeps the loop's claims and
+    /// ingest's handoffs from both filling the same free slots.
+    fn reserve(&self, max: usize, want: usize) -> (usize, HashMap<EndpointId, usize>) {
+        let mut slots = self.slots();
+        let taken = self.total.load(Ordering::SeqCst) + slots.reserved;
+        let n = if slots.closed {
+            0
+        } else {
+            max.saturating_sub(taken).min(want)
+        };
+        slots.reserved += n;
+        let counts = slots
+            .per_endpoint
+            .iter()
+            .map(|(k, (n, _))| (k.clone(), *n))
+            .collect();
+        (n, counts)
+    }
+
+    /// Gives back `n` reserved slots (those used were registered by `add`
+    /// meanwhile).
+    fn unreserve(&self, n: usize, wake_loop: bool) {
+        if n == 0 {
+            return;
+        }
+        self.slots().reserved -= n;
+        if wake_loop {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Claimed or reserved, in all.
+    fn busy(&self) -> usize {
+        let slots = self.slots();
+        self.total.load(Ordering::SeqCst) + slots.reserved
+    }
+
+    fn close(&self) {
+        self.slots().closed = true;
     }
 
     /// Registers a claimed delivery; returns its endpoint's gate.
     fn add(&self, ep: &EndpointId, cap: usize) -> Arc<Semaphore> {
         self.total.fetch_add(1, Ordering::SeqCst);
-        let mut map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = map
+        let mut slots = self.slots();
+        let entry = slots
+            .per_endpoint
             .entry(ep.clone())
             .or_insert_with(|| (0, Arc::new(Semaphore::new(cap))));
         entry.0 += 1;
@@ -82,11 +136,11 @@ impl Claimed {
 
     fn remove(&self, ep: &EndpointId) {
         {
-            let mut map = self.per_endpoint.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(entry) = map.get_mut(ep) {
+            let mut slots = self.slots();
+            if let Some(entry) = slots.per_endpoint.get_mut(ep) {
                 entry.0 -= 1;
                 if entry.0 == 0 {
-                    map.remove(ep);
+                    slots.per_endpoint.remove(ep);
                 }
             }
         }
@@ -110,6 +164,33 @@ pub struct Dispatcher {
     operator: Operator,
     /// Attempt counters and durations, labelled by endpoint (bounded).
     metrics: crate::metrics::AttemptMetrics,
+    /// Set while [`Dispatcher::run`] runs: where ingest's handoffs go.
+    running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
+}
+
+/// Sending slots reserved for one ingest batch's handoff (see
+/// [`Dispatcher::reserve_handoff`]): give it back with
+/// [`Dispatcher::accept_handoff`] or [`Dispatcher::cancel_handoff`].
+#[must_use]
+pub struct HandoffTicket {
+    reserved: usize,
+    in_flight: HashMap<EndpointId, usize>,
+    now: crate::store::Millis,
+    lease_until: crate::store::Millis,
+    endpoint_cap: usize,
+}
+
+impl HandoffTicket {
+    /// The claim the store makes of the batch's new deliveries.
+    pub fn request(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            now: self.now,
+            lease_until: self.lease_until,
+            limit: self.reserved,
+            in_flight: &self.in_flight,
+            endpoint_cap: self.endpoint_cap,
+        }
+    }
 }
 
 impl Dispatcher {
@@ -135,26 +216,78 @@ impl Dispatcher {
             endpoint_cap: config.endpoint_concurrency,
             claimed: Claimed {
                 total: AtomicUsize::new(0),
-                per_endpoint: Mutex::new(HashMap::new()),
+                slots: Mutex::new(Slots::default()),
                 freed: Notify::new(),
             },
             wake,
+            running: OnceLock::new(),
         })
     }
 
-    async fn claim(&self, limit: usize, per_endpoint: usize) -> StoreResult<Vec<ClaimedDelivery>> {
+    fn lease_from(&self, now: crate::store::Millis) -> crate::store::Millis {
+        now.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        per_endpoint: usize,
+        in_flight: &HashMap<EndpointId, usize>,
+    ) -> StoreResult<Vec<ClaimedDelivery>> {
         let now = now_millis();
-        let in_flight = self.claimed.counts();
-        let lease_ms = i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX);
         self.store
             .claim(&ClaimRequest {
                 now,
-                lease_until: now.saturating_add(lease_ms),
+                lease_until: self.lease_from(now),
                 limit,
-                in_flight: &in_flight,
+                in_flight,
                 endpoint_cap: per_endpoint,
             })
             .await
+    }
+
+    /// Reserves free sending slots (at most `want`) so that an ingest batch
+    /// can claim its new deliveries in the transaction that stores them and
+    /// hand them straight here, sparing a claim transaction and the wait
+    /// for it. `None` when the background loop is not running in this
+    /// process, is shutting down, or has no free slot.
+    pub fn reserve_handoff(&self, want: usize) -> Option<HandoffTicket> {
+        self.running.get()?;
+        let (reserved, in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        if reserved == 0 {
+            return None;
+        }
+        let now = now_millis();
+        Some(HandoffTicket {
+            reserved,
+            in_flight,
+            now,
+            lease_until: self.lease_from(now),
+            // As the loop's claims: the endpoint's cap in flight, as many
+            // more waiting at its gate.
+            endpoint_cap: self.endpoint_cap.saturating_mul(2),
+        })
+    }
+
+    /// Sends the deliveries the store claimed with `ticket`'s request, and
+    /// frees the slots they did not use.
+    pub fn accept_handoff(self: &Arc<Self>, ticket: HandoffTicket, claimed: Vec<ClaimedDelivery>) {
+        // Reserved slots hold `run` from finishing, so it is still there.
+        if let Some((done_tx, shutdown)) = self
+            .running
+            .get()
+            .and_then(|(tx, token)| Some((tx.upgrade()?, token)))
+        {
+            for d in claimed {
+                self.spawn_delivery(d, &done_tx, shutdown);
+            }
+        }
+        self.claimed.unreserve(ticket.reserved, true);
+    }
+
+    /// The batch was not stored: its reserved slots are free again.
+    pub fn cancel_handoff(&self, ticket: HandoffTicket) {
+        self.claimed.unreserve(ticket.reserved, true);
     }
 
     /// Sends one claimed delivery and decides its next state.
@@ -208,7 +341,10 @@ impl Dispatcher {
     /// background loop does the same work pipelined; tests call this to
     /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
-        let claimed = self.claim(self.max_in_flight, self.endpoint_cap).await?;
+        let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
+        self.claimed.unreserve(free, false);
+        let claimed = claimed?;
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
@@ -264,12 +400,18 @@ impl Dispatcher {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let (done_tx, done_rx) = mpsc::channel::<Completion>(self.max_in_flight.max(64) * 4);
         let completer = tokio::spawn(self.clone().run_completer(done_rx));
+        if self
+            .running
+            .set((done_tx.downgrade(), shutdown.clone()))
+            .is_err()
+        {
+            tracing::error!("the dispatcher loop is already running");
+            return;
+        }
         let mut backoff = Duration::from_millis(50);
         let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
-            let free = self
-                .max_in_flight
-                .saturating_sub(self.claimed.total.load(Ordering::SeqCst));
+            let (free, in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
             if free == 0 {
                 tokio::select! {
                     _ = self.claimed.freed.notified() => {}
@@ -277,13 +419,22 @@ impl Dispatcher {
                 }
                 continue;
             }
-            match self.claim(free, per_endpoint).await {
-                Ok(claimed) => {
-                    backoff = Duration::from_millis(50);
-                    let full = claimed.len() == free;
+            let claimed = self
+                .claim(free, per_endpoint, &in_flight)
+                .await
+                .map(|claimed| {
+                    let n = claimed.len();
                     for d in claimed {
                         self.spawn_delivery(d, &done_tx, &shutdown);
                     }
+                    n
+                });
+            // The claimed ones are registered now; the rest is free again.
+            self.claimed.unreserve(free, false);
+            match claimed {
+                Ok(n) => {
+                    backoff = Duration::from_millis(50);
+                    let full = n == free;
                     if full {
                         continue; // there may be more due right now
                     }
@@ -311,7 +462,8 @@ impl Dispatcher {
         // Stop claiming; let what is in flight finish (bounded by the
         // request timeout), release what had not started, then let the
         // completer write it all down.
-        while self.claimed.total.load(Ordering::SeqCst) > 0 {
+        self.claimed.close();
+        while self.claimed.busy() > 0 {
             self.claimed.freed.notified().await;
         }
         drop(done_tx);

@@ -561,6 +561,87 @@ impl Subscriber {
     }
 }
 
+/// An endpoint new messages may fan out to: its routing, and what sending
+/// needs, for the deliveries claimed at ingest.
+#[derive(Clone)]
+pub struct FanoutTarget {
+    pub sub: Subscriber,
+    /// Held ("auto"-disabled) endpoints collect deliveries but are never
+    /// claimed.
+    pub enabled: bool,
+    pub url: String,
+    pub secret: String,
+    pub old_secrets: Vec<String>,
+    pub headers: Vec<(String, String)>,
+}
+
+/// The claim an ingest batch makes of its own new deliveries
+/// ([`Store::insert_messages_claiming`]): the same limits as a
+/// [`ClaimRequest`], counted as the batch is routed.
+pub struct IngestClaim {
+    pub now: Millis,
+    pub lease_until: Millis,
+    pub token: String,
+    limit: usize,
+    endpoint_cap: usize,
+    /// Per endpoint: claimed before this batch, then by it.
+    used: HashMap<String, usize>,
+    taken: usize,
+}
+
+impl IngestClaim {
+    pub fn new(req: &ClaimRequest<'_>) -> Self {
+        IngestClaim {
+            now: req.now,
+            lease_until: req.lease_until,
+            token: ulid::Ulid::new().to_string(),
+            limit: req.limit,
+            endpoint_cap: req.endpoint_cap,
+            used: req
+                .in_flight
+                .iter()
+                .map(|(ep, n)| (ep.as_str().to_owned(), *n))
+                .collect(),
+            taken: 0,
+        }
+    }
+
+    /// Whether the next delivery to `ep` is claimed; counts it if so.
+    pub fn take(&mut self, ep: &FanoutTarget) -> bool {
+        if !ep.enabled || self.taken >= self.limit {
+            return false;
+        }
+        let n = self.used.entry(ep.sub.endpoint_id.clone()).or_default();
+        if *n >= self.endpoint_cap {
+            return false;
+        }
+        *n += 1;
+        self.taken += 1;
+        true
+    }
+
+    /// The claimed delivery `id` of `m` to `ep`, as a claim would return it.
+    pub fn delivery(&self, id: DeliveryId, m: &NewMessage, ep: &FanoutTarget) -> ClaimedDelivery {
+        ClaimedDelivery {
+            id,
+            lease_token: self.token.clone(),
+            msg_id: m.id.clone(),
+            app_id: m.app_id.clone(),
+            endpoint_id: EndpointId::from_trusted(ep.sub.endpoint_id.clone()),
+            url: ep.url.clone(),
+            secret: ep.secret.clone(),
+            old_secrets: ep.old_secrets.clone(),
+            headers: ep.headers.clone(),
+            event_type: m.event_type.clone(),
+            payload: m.payload.clone(),
+            attempts: 0,
+            cycle_started_at: m.created_at,
+            cycle_base: 0,
+            manual: false,
+        }
+    }
+}
+
 /// Which messages of an app a listing shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageFilter {
@@ -691,6 +772,21 @@ pub trait Store: Send + Sync + 'static {
     /// outcome per message, in order.
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>>;
     /// By id or by `eventId`.
+    /// Stores `batch` as [`Store::insert_messages`] does and, in the same
+    /// transaction, claims new deliveries for the caller as [`Store::claim`]
+    /// would with `req` (at most `req.limit` in all, an endpoint's up to
+    /// `req.endpoint_cap` counting its `in_flight`, none of a disabled
+    /// endpoint): they are stored `delivering` under the lease. The
+    /// in-process dispatcher sends these at once instead of claiming them
+    /// back from the store (the handoff). A store may claim none.
+    async fn insert_messages_claiming(
+        &self,
+        batch: &[NewMessage],
+        req: &ClaimRequest<'_>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        let _ = req;
+        Ok((self.insert_messages(batch).await?, Vec::new()))
+    }
     async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>>;
 
     /// Claims due deliveries: marks them delivering until `lease_until`.

@@ -511,6 +511,218 @@ fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
 }
 
 impl PostgresStore {
+    /// Stores `batch` with its deliveries; claims some of them when
+    /// `claim` is given (see [`Store::insert_messages_claiming`]).
+    async fn ingest(
+        &self,
+        batch: &[NewMessage],
+        mut claim: Option<IngestClaim>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        if batch.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // Two round trips, no explicit transaction: under load the API
+        // waits on this path, and each BEGIN/COMMIT or extra statement is
+        // another wait for a database server that shares the machine.
+        // First the subscribers of every app in the batch, read without
+        // locks; routing is decided on them here.
+        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
+        apps.sort_unstable();
+        apps.dedup();
+        let rows = sqlx::query(
+            "SELECT id, app_id, filter_types::text AS filter_types, channels, disabled, url, secret, \
+                    old_secrets, headers FROM endpoints \
+             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
+        )
+        .bind(&apps)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let now = claim.as_ref().map_or_else(now_millis, |c| c.now);
+        let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
+        for r in &rows {
+            let filter: Option<String> = get(r, "filter_types")?;
+            let channels: Option<String> = get(r, "channels")?;
+            endpoints_of
+                .entry(get(r, "app_id")?)
+                .or_default()
+                .push(FanoutTarget {
+                    sub: Subscriber {
+                        endpoint_id: get(r, "id")?,
+                        filter_types: filter.as_deref().map(from_json).transpose()?,
+                        channels: channels.as_deref().map(from_json).transpose()?,
+                    },
+                    enabled: !get::<bool>(r, "disabled")?,
+                    url: get(r, "url")?,
+                    secret: get(r, "secret")?,
+                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, now)?,
+                    headers: headers_of(&get::<String>(r, "headers")?)?,
+                });
+        }
+        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Claimed at ingest: born `delivering` under the lease; the store
+        // returns them only if their message and endpoint made it in.
+        let (mut d_state, mut d_due, mut d_token) = (Vec::new(), Vec::new(), Vec::new());
+        let mut claimed: HashMap<String, ClaimedDelivery> = HashMap::new();
+        let token = claim.as_ref().map(|c| c.token.clone());
+        // A message id repeated in the batch is stored once: so are its
+        // deliveries.
+        let mut routed: HashSet<&str> = HashSet::new();
+        for m in batch {
+            if !routed.insert(m.id.as_str()) {
+                continue;
+            }
+            for ep in endpoints_of
+                .get(m.app_id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter(|ep| ep.sub.wants(m))
+            {
+                let id = DeliveryId::generate();
+                match claim.as_mut().and_then(|c| c.take(ep).then_some(&*c)) {
+                    Some(c) => {
+                        d_state.push(1_i16);
+                        d_due.push(c.lease_until);
+                        d_token.push(token.as_deref());
+                        claimed.insert(id.as_str().to_owned(), c.delivery(id.clone(), m, ep));
+                    }
+                    None => {
+                        d_state.push(0);
+                        d_due.push(m.created_at);
+                        d_token.push(None);
+                    }
+                }
+                d_id.push(id.into_string());
+                d_msg.push(m.id.as_str());
+                d_ep.push(ep.sub.endpoint_id.as_str());
+                d_app.push(m.app_id.as_str());
+                d_at.push(m.created_at);
+            }
+        }
+        let mut subscribers: Vec<&str> = d_ep.clone();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+
+        // Then everything else in one statement (one implicit transaction).
+        // KEY SHARE on the apps and endpoints keeps them from being deleted
+        // under the new rows. An endpoint is locked only once its app is
+        // (`e` reads `a`), the order in which deleting an app takes them,
+        // so the two cannot deadlock. One deleted in between is simply not
+        // locked, so its messages are refused alone (NoSuchApp) or its
+        // deliveries left out, never failing the batch on a foreign key.
+        // Messages go in in batch order, so that of two with the same
+        // eventId the first is kept, as one at a time would. Workers are
+        // woken when deliveries were made.
+        let rows = sqlx::query(
+            "WITH a AS MATERIALIZED ( \
+                 SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
+             e AS MATERIALIZED ( \
+                 SELECT id FROM endpoints WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
+                 ORDER BY id FOR KEY SHARE), \
+             m AS ( \
+                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
+                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
+                 WHERE u.app_id IN (SELECT id FROM a) \
+                 ORDER BY ord \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING id), \
+             d AS ( \
+                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                         lease_token, cycle_started_at, created_at, updated_at) \
+                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, v.state, v.due, v.token, v.at, v.at, v.at \
+                 FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], \
+                             $16::int2[], $17::int8[], $18::text[]) \
+                      AS v(id, msg_id, endpoint_id, app_id, at, state, due, token) \
+                 WHERE v.msg_id IN (SELECT id FROM m) AND v.endpoint_id IN (SELECT id FROM e) \
+                 RETURNING id, msg_id, state) \
+             SELECT 'a' AS kind, id, NULL AS delivery FROM a \
+             UNION ALL SELECT 'm', id, NULL FROM m \
+             UNION ALL SELECT 'd', msg_id, CASE WHEN state = 1 THEN id END FROM d \
+             UNION ALL SELECT 'n', NULL, NULL FROM ( \
+                 SELECT pg_notify($15, '') FROM (SELECT 1 FROM d WHERE state = 0 LIMIT 1) one) woken",
+        )
+        .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.channels.as_ref().map(to_json).transpose())
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
+        .bind(&apps)
+        .bind(&subscribers)
+        .bind(&d_id)
+        .bind(&d_msg)
+        .bind(&d_ep)
+        .bind(&d_app)
+        .bind(&d_at)
+        .bind(&self.wake_channel)
+        .bind(&d_state)
+        .bind(&d_due)
+        .bind(&d_token)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
+        let mut taken = Vec::new();
+        let mut fanned: HashMap<String, usize> = HashMap::new();
+        for r in &rows {
+            let kind: String = get(r, "kind")?;
+            let id: Option<String> = get(r, "id")?;
+            match (kind.as_str(), id) {
+                ("a", Some(id)) => {
+                    existing.insert(id);
+                }
+                ("m", Some(id)) => {
+                    stored.insert(id);
+                }
+                ("d", Some(id)) => {
+                    *fanned.entry(id).or_default() += 1;
+                    if let Some(d) = get::<Option<String>>(r, "delivery")?
+                        .and_then(|delivery| claimed.remove(&delivery))
+                    {
+                        taken.push(d);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let outcomes = batch
+            .iter()
+            .map(|m| {
+                if !existing.contains(m.app_id.as_str()) {
+                    InsertOutcome::NoSuchApp
+                } else if !stored.remove(m.id.as_str()) {
+                    // `remove`: a repeated message id counts as stored once.
+                    InsertOutcome::DuplicateEventId
+                } else {
+                    InsertOutcome::Inserted {
+                        deliveries: fanned.get(m.id.as_str()).copied().unwrap_or(0),
+                    }
+                }
+            })
+            .collect();
+        Ok((outcomes, taken))
+    }
+
     /// A keyset page over `column` (ids sort by creation time). `sql` ends
     /// in an open WHERE clause whose parameters are `$1..$n`, bound from
     /// `args` in order.
@@ -781,167 +993,15 @@ impl Store for PostgresStore {
     }
 
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        // Two round trips, no explicit transaction: under load the API
-        // waits on this path, and each BEGIN/COMMIT or extra statement is
-        // another wait for a database server that shares the machine.
-        // First the subscribers of every app in the batch, read without
-        // locks; routing is decided on them here.
-        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
-        apps.sort_unstable();
-        apps.dedup();
-        let rows = sqlx::query(
-            "SELECT id, app_id, filter_types::text AS filter_types, channels FROM endpoints \
-             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
-        )
-        .bind(&apps)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
-        for r in &rows {
-            let filter: Option<String> = get(r, "filter_types")?;
-            let channels: Option<String> = get(r, "channels")?;
-            endpoints_of
-                .entry(get(r, "app_id")?)
-                .or_default()
-                .push(Subscriber {
-                    endpoint_id: get(r, "id")?,
-                    filter_types: filter.as_deref().map(from_json).transpose()?,
-                    channels: channels.as_deref().map(from_json).transpose()?,
-                });
-        }
-        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        // A message id repeated in the batch is stored once: so are its
-        // deliveries.
-        let mut routed: HashSet<&str> = HashSet::new();
-        for m in batch {
-            if !routed.insert(m.id.as_str()) {
-                continue;
-            }
-            for ep in endpoints_of
-                .get(m.app_id.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .filter(|ep| ep.wants(m))
-            {
-                d_id.push(DeliveryId::generate().into_string());
-                d_msg.push(m.id.as_str());
-                d_ep.push(ep.endpoint_id.as_str());
-                d_app.push(m.app_id.as_str());
-                d_at.push(m.created_at);
-            }
-        }
-        let mut subscribers: Vec<&str> = d_ep.clone();
-        subscribers.sort_unstable();
-        subscribers.dedup();
+        Ok(self.ingest(batch, None).await?.0)
+    }
 
-        // Then everything else in one statement (one implicit transaction).
-        // KEY SHARE on the apps and endpoints keeps them from being deleted
-        // under the new rows. An endpoint is locked only once its app is
-        // (`e` reads `a`), the order in which deleting an app takes them,
-        // so the two cannot deadlock. One deleted in between is simply not
-        // locked, so its messages are refused alone (NoSuchApp) or its
-        // deliveries left out, never failing the batch on a foreign key.
-        // Messages go in in batch order, so that of two with the same
-        // eventId the first is kept, as one at a time would. Workers are
-        // woken when deliveries were made.
-        let rows = sqlx::query(
-            "WITH a AS MATERIALIZED ( \
-                 SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
-             e AS MATERIALIZED ( \
-                 SELECT id FROM endpoints WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
-                 ORDER BY id FOR KEY SHARE), \
-             m AS ( \
-                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
-                 SELECT id, app_id, event_type, event_id, payload, created_at, channels \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
-                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
-                 WHERE u.app_id IN (SELECT id FROM a) \
-                 ORDER BY ord \
-                 ON CONFLICT DO NOTHING \
-                 RETURNING id), \
-             d AS ( \
-                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                                         cycle_started_at, created_at, updated_at) \
-                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, 0, v.at, v.at, v.at, v.at \
-                 FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[]) \
-                      AS v(id, msg_id, endpoint_id, app_id, at) \
-                 WHERE v.msg_id IN (SELECT id FROM m) AND v.endpoint_id IN (SELECT id FROM e) \
-                 RETURNING msg_id) \
-             SELECT 'a' AS kind, id FROM a \
-             UNION ALL SELECT 'm', id FROM m \
-             UNION ALL SELECT 'd', msg_id FROM d \
-             UNION ALL SELECT 'n', NULL FROM (SELECT pg_notify($15, '') FROM (SELECT 1 FROM d LIMIT 1) one) woken",
-        )
-        .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.event_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.event_id.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.channels.as_ref().map(to_json).transpose())
-                .collect::<StoreResult<Vec<_>>>()?,
-        )
-        .bind(&apps)
-        .bind(&subscribers)
-        .bind(&d_id)
-        .bind(&d_msg)
-        .bind(&d_ep)
-        .bind(&d_app)
-        .bind(&d_at)
-        .bind(&self.wake_channel)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
-        let mut fanned: HashMap<String, usize> = HashMap::new();
-        for r in &rows {
-            let kind: String = get(r, "kind")?;
-            let id: Option<String> = get(r, "id")?;
-            match (kind.as_str(), id) {
-                ("a", Some(id)) => {
-                    existing.insert(id);
-                }
-                ("m", Some(id)) => {
-                    stored.insert(id);
-                }
-                ("d", Some(id)) => *fanned.entry(id).or_default() += 1,
-                _ => {}
-            }
-        }
-        Ok(batch
-            .iter()
-            .map(|m| {
-                if !existing.contains(m.app_id.as_str()) {
-                    InsertOutcome::NoSuchApp
-                } else if !stored.remove(m.id.as_str()) {
-                    // `remove`: a repeated message id counts as stored once.
-                    InsertOutcome::DuplicateEventId
-                } else {
-                    InsertOutcome::Inserted {
-                        deliveries: fanned.get(m.id.as_str()).copied().unwrap_or(0),
-                    }
-                }
-            })
-            .collect())
+    async fn insert_messages_claiming(
+        &self,
+        batch: &[NewMessage],
+        req: &ClaimRequest<'_>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        self.ingest(batch, Some(IngestClaim::new(req))).await
     }
 
     async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {

@@ -463,7 +463,11 @@ fn page_of<T>(
     Ok(Page { items, has_more })
 }
 
-fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
+fn insert_messages_tx(
+    conn: &Connection,
+    batch: &[NewMessage],
+    mut claim: Option<IngestClaim>,
+) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
     let mut insert_msg = conn
         .prepare_cached(
             "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
@@ -472,21 +476,25 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
         .map_err(map_err)?;
     let mut endpoints_q = conn
         .prepare_cached(
-            "SELECT id, filter_types, channels FROM endpoints WHERE app_id = ?1 \
-             AND (disabled = 0 OR disabled_by = 'auto')",
+            "SELECT id, filter_types, channels, disabled, url, secret, old_secrets, headers \
+             FROM endpoints WHERE app_id = ?1 AND (disabled = 0 OR disabled_by = 'auto')",
         )
         .map_err(map_err)?;
+    // A delivery claimed at ingest is born `delivering` under a lease, just
+    // as `claim_tx` would leave it; the others are born pending.
     let mut insert_delivery = conn
         .prepare_cached(
-            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
-             created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?5, ?5)",
+            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, lease_token, \
+             cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?8)",
         )
         .map_err(map_err)?;
     let mut app_exists = conn
         .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
         .map_err(map_err)?;
+    let now = claim.as_ref().map_or_else(now_millis, |c| c.now);
+    let mut claimed = Vec::new();
     let mut apps_known: HashMap<&str, bool> = HashMap::new();
-    let mut endpoints_of: HashMap<String, Vec<Subscriber>> = HashMap::new();
+    let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batch.len());
     for m in batch {
         // An app deleted after the API looked it up: refuse that message
@@ -526,10 +534,17 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
-                eps.push(Subscriber {
-                    endpoint_id: get(r, "id")?,
-                    filter_types: json_opt(get(r, "filter_types")?)?,
-                    channels: json_opt(get(r, "channels")?)?,
+                eps.push(FanoutTarget {
+                    sub: Subscriber {
+                        endpoint_id: get(r, "id")?,
+                        filter_types: json_opt(get(r, "filter_types")?)?,
+                        channels: json_opt(get(r, "channels")?)?,
+                    },
+                    enabled: get::<i64>(r, "disabled")? == 0,
+                    url: get(r, "url")?,
+                    secret: get(r, "secret")?,
+                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, now)?,
+                    headers: headers_of(&get::<String>(r, "headers")?)?,
                 });
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
@@ -540,22 +555,34 @@ fn insert_messages_tx(conn: &Connection, batch: &[NewMessage]) -> StoreResult<Ve
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
-            .filter(|ep| ep.wants(m))
+            .filter(|ep| ep.sub.wants(m))
         {
+            let id = DeliveryId::generate();
+            let taken = claim.as_mut().and_then(|c| c.take(ep).then_some(&*c));
+            let (state, due, token) = match &taken {
+                Some(c) => (1, c.lease_until, Some(c.token.as_str())),
+                None => (0, m.created_at, None),
+            };
             insert_delivery
                 .execute(params![
-                    DeliveryId::generate().as_str(),
+                    id.as_str(),
                     m.id.as_str(),
-                    ep.endpoint_id,
+                    ep.sub.endpoint_id,
                     m.app_id.as_str(),
+                    state,
+                    due,
+                    token,
                     m.created_at
                 ])
                 .map_err(map_err)?;
+            if let Some(c) = taken {
+                claimed.push(c.delivery(id, m, ep));
+            }
             fanned += 1;
         }
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
     }
-    Ok(outcomes)
+    Ok((outcomes, claimed))
 }
 
 fn claim_tx(
@@ -1335,7 +1362,22 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let batch = batch.to_vec();
-        self.write(move |c| insert_messages_tx(c, &batch)).await
+        self.write(move |c| Ok(insert_messages_tx(c, &batch, None)?.0))
+            .await
+    }
+
+    async fn insert_messages_claiming(
+        &self,
+        batch: &[NewMessage],
+        req: &ClaimRequest<'_>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        if batch.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let batch = batch.to_vec();
+        let claim = IngestClaim::new(req);
+        self.write(move |c| insert_messages_tx(c, &batch, Some(claim)))
+            .await
     }
 
     async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {

@@ -162,6 +162,7 @@ backends!(
     claim_leases_and_expired_leases_come_back,
     claim_respects_the_limit_and_the_endpoint_cap,
     claim_skips_disabled_endpoints,
+    ingest_claims_new_deliveries_within_the_limits,
     completion_moves_deliveries_and_logs_attempts,
     a_stale_lease_token_cannot_move_a_reclaimed_delivery,
     dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle,
@@ -606,6 +607,117 @@ async fn claim_skips_disabled_endpoints(store: Arc<dyn Store>) {
         1,
         "resumes when enabled"
     );
+}
+
+/// The handoff: an ingest batch claims its own new deliveries, under the
+/// same limits and with the same lease as a claim.
+async fn ingest_claims_new_deliveries_within_the_limits(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let busy = endpoint(&store, &a.id, None, false).await;
+    let free = endpoint(&store, &a.id, None, false).await;
+    let held = endpoint(&store, &a.id, None, false).await;
+    assert!(store
+        .disable_endpoint(&held.id, "r", true, None, T0)
+        .await
+        .expect("disable"));
+    let b = app(&store, None).await;
+    let late = endpoint(&store, &b.id, None, false).await;
+    let first = message(&a.id, "x", Some("once"));
+    let mut batch = vec![
+        first.clone(),
+        message(&a.id, "x", None),
+        message(&a.id, "x", None),
+        message(&a.id, "x", Some("once")),
+    ];
+    batch.extend((0..2).map(|_| message(&b.id, "y", None)));
+    // `busy` has one in flight of its cap of two; four slots in all. In
+    // batch order: busy 1, free 2 (its cap), then late 1 (the limit).
+    let in_flight: HashMap<EndpointId, usize> = [(busy.id.clone(), 1)].into();
+    let lease_until = T0 + 30_000;
+    let (outcomes, handed) = store
+        .insert_messages_claiming(
+            &batch,
+            &ClaimRequest {
+                now: T0,
+                lease_until,
+                limit: 4,
+                in_flight: &in_flight,
+                endpoint_cap: 2,
+            },
+        )
+        .await
+        .expect("insert");
+    let three = InsertOutcome::Inserted { deliveries: 3 };
+    let one = InsertOutcome::Inserted { deliveries: 1 };
+    assert_eq!(
+        outcomes,
+        vec![
+            three.clone(),
+            three.clone(),
+            three,
+            InsertOutcome::DuplicateEventId,
+            one.clone(),
+            one
+        ]
+    );
+    let count = |ep: &Endpoint| handed.iter().filter(|d| d.endpoint_id == ep.id).count();
+    assert_eq!(
+        (count(&busy), count(&free), count(&held), count(&late)),
+        (1, 2, 0, 1),
+        "{handed:?}"
+    );
+    for d in &handed {
+        let m = batch
+            .iter()
+            .find(|m| m.id == d.msg_id)
+            .expect("a message of the batch");
+        let e = [&busy, &free, &late]
+            .into_iter()
+            .find(|e| e.id == d.endpoint_id)
+            .expect("a claimable endpoint");
+        assert_eq!(
+            (&d.app_id, &d.url, &d.secret, &d.event_type, &d.payload),
+            (&m.app_id, &e.url, &e.secret, &m.event_type, &m.payload)
+        );
+        assert_eq!(
+            (d.attempts, d.cycle_started_at, d.cycle_base, d.manual),
+            (0, T0, 0, false)
+        );
+        assert_eq!(d.lease_token, handed[0].lease_token, "one lease per batch");
+        let stored = store
+            .get_delivery(&d.app_id, &d.id)
+            .await
+            .expect("get")
+            .expect("stored");
+        assert_eq!(
+            (stored.state, stored.next_attempt_at),
+            (DeliveryState::Delivering, lease_until)
+        );
+    }
+
+    // A claim gets the rest (not the held endpoint's), never these.
+    let rest = claim(&store, T0, 100, &HashMap::new(), 100).await;
+    assert_eq!(rest.len(), 11 - 3 - 4, "{rest:?}");
+    assert!(rest.iter().all(|r| handed.iter().all(|h| h.id != r.id)));
+
+    // The lease is a claim's: its token records the outcome, and what was
+    // not recorded is due again when it runs out.
+    let done = store
+        .complete(&[completion(&handed[0], NextState::Delivered, T0 + 10)])
+        .await;
+    assert!(done.is_ok(), "{done:?}");
+    assert!(claim(&store, lease_until - 1, 100, &HashMap::new(), 100)
+        .await
+        .is_empty());
+    let mut back: Vec<_> = claim(&store, lease_until, 100, &HashMap::new(), 100)
+        .await
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    let mut expected: Vec<_> = handed[1..].iter().map(|d| d.id.clone()).collect();
+    back.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    expected.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    assert_eq!(back, expected);
 }
 
 async fn completion_moves_deliveries_and_logs_attempts(store: Arc<dyn Store>) {
