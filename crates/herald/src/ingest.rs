@@ -82,57 +82,70 @@ async fn run(
         let (store, wake, dispatcher) = (store.clone(), wake.clone(), dispatcher.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let ticket =
-                dispatcher.reserve_handoff(messages.len().saturating_mul(HANDOFF_PER_MESSAGE));
-            let stored = match &ticket {
-                Some(t) => {
-                    store
-                        .insert_messages_claiming(&messages, &t.request())
-                        .await
-                }
-                None => store
-                    .insert_messages(&messages)
-                    .await
-                    .map(|outcomes| (outcomes, Vec::new())),
-            };
-            match stored {
-                Ok((outcomes, claimed)) => {
-                    let fanned: usize = outcomes
-                        .iter()
-                        .map(|o| match o {
-                            InsertOutcome::Inserted { deliveries } => *deliveries,
-                            _ => 0,
-                        })
-                        .sum();
-                    let left_to_claim = fanned > claimed.len();
-                    if let Some(ticket) = ticket {
-                        dispatcher.accept_handoff(ticket, claimed);
-                    }
-                    // Committed: each of these is answered 202. Duplicates
-                    // (409) were not accepted, so they do not count.
-                    let inserted = outcomes
-                        .iter()
-                        .filter(|o| matches!(o, InsertOutcome::Inserted { .. }))
-                        .count();
-                    crate::metrics::messages_ingested(u64::try_from(inserted).unwrap_or(u64::MAX));
+            match store_batch(store.as_ref(), &wake, &dispatcher, &messages).await {
+                Ok(outcomes) => {
                     for (reply, outcome) in replies.into_iter().zip(outcomes) {
                         // The requester may have gone away; the message is stored.
                         let _ = reply.send(Ok(outcome));
                     }
-                    if left_to_claim {
-                        wake.notify_one();
-                    }
                 }
                 Err(e) => {
-                    if let Some(ticket) = ticket {
-                        dispatcher.cancel_handoff(ticket);
-                    }
-                    tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
                     for reply in replies {
                         let _ = reply.send(Err(e.clone()));
                     }
                 }
             }
         });
+    }
+}
+
+/// Stores `messages` in one transaction, handing what fits to the
+/// dispatcher, and wakes it for the rest.
+async fn store_batch(
+    store: &dyn Store,
+    wake: &Notify,
+    dispatcher: &Arc<Dispatcher>,
+    messages: &[NewMessage],
+) -> StoreResult<Vec<InsertOutcome>> {
+    let ticket = dispatcher.reserve_handoff(messages.len().saturating_mul(HANDOFF_PER_MESSAGE));
+    let stored = match &ticket {
+        Some(t) => store.insert_messages_claiming(messages, &t.request()).await,
+        None => store
+            .insert_messages(messages)
+            .await
+            .map(|outcomes| (outcomes, Vec::new())),
+    };
+    match stored {
+        Ok((outcomes, claimed)) => {
+            let fanned: usize = outcomes
+                .iter()
+                .map(|o| match o {
+                    InsertOutcome::Inserted { deliveries } => *deliveries,
+                    _ => 0,
+                })
+                .sum();
+            let left_to_claim = fanned > claimed.len();
+            if let Some(ticket) = ticket {
+                dispatcher.accept_handoff(ticket, claimed);
+            }
+            // Committed: each of these is answered 202. Duplicates (409)
+            // were not accepted, so they do not count.
+            let inserted = outcomes
+                .iter()
+                .filter(|o| matches!(o, InsertOutcome::Inserted { .. }))
+                .count();
+            crate::metrics::messages_ingested(u64::try_from(inserted).unwrap_or(u64::MAX));
+            if left_to_claim {
+                wake.notify_one();
+            }
+            Ok(outcomes)
+        }
+        Err(e) => {
+            if let Some(ticket) = ticket {
+                dispatcher.cancel_handoff(ticket);
+            }
+            tracing::warn!(error = %e, count = messages.len(), "ingest batch failed; nothing of it was stored");
+            Err(e)
+        }
     }
 }
