@@ -40,7 +40,8 @@ pub struct BenchArgs {
     pub timeout: Duration,
     /// Also run on this PostgreSQL (each run in a fresh schema, dropped
     /// after), with the API in this process and `--worker-processes`
-    /// separate `herald serve --role worker` processes.
+    /// separate `herald serve --role worker` processes (0: no worker
+    /// process, the dispatcher runs beside the API as with `--role all`).
     #[arg(long)]
     pub postgres: Option<String>,
     /// Worker-process counts to run on PostgreSQL, comma-separated.
@@ -264,14 +265,16 @@ async fn herald_run_on(
     };
     let mut role = Role::All;
     let mut schema = None;
-    if let Target::Postgres { url, .. } = target {
+    if let Target::Postgres { url, workers } = target {
         let name = format!(
             "herald_bench_{}",
             ulid::Ulid::new().to_string().to_ascii_lowercase()
         );
         config.database_url = url.clone();
         config.database_schema = name.clone();
-        role = Role::Api;
+        if *workers > 0 {
+            role = Role::Api;
+        }
         schema = Some(Schema {
             url: url.clone(),
             name,
@@ -485,8 +488,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 workers,
             };
             let r = herald_run_on(&args, 1, false, &target).await?;
+            let processes = if workers == 0 {
+                "1 process (API + dispatcher)".to_owned()
+            } else {
+                format!("1 API + {workers} worker process(es)")
+            };
             println!(
-                "| Herald, PostgreSQL, 1 API + {workers} worker process(es), 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | |",
+                "| Herald, PostgreSQL, {processes}, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | |",
                 r.ingest_per_sec, r.deliveries_per_sec, r.p50, r.p99, 100.0 * r.deliveries_per_sec / ceiling
             );
         }
