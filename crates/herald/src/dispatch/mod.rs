@@ -580,3 +580,43 @@ impl Dispatcher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claimed() -> Claimed {
+        Claimed {
+            total: AtomicUsize::new(0),
+            slots: Mutex::new(Slots::default()),
+            freed: Notify::new(),
+        }
+    }
+
+    #[test]
+    fn reservations_and_claims_share_the_free_slots() {
+        let c = claimed();
+        let ep = EndpointId::generate();
+        let _gate = c.add(&ep, 2);
+        // One of four slots is claimed; a batch asks for more than is left.
+        let (first, counts) = c.reserve(4, 10);
+        assert_eq!(first, 3);
+        assert_eq!(counts.get(&ep), Some(&1));
+        // Nothing is left for the loop or another batch until they settle.
+        assert_eq!(c.reserve(4, 10).0, 0);
+        assert_eq!(c.busy(), 4);
+        // The batch used one slot (registered) and gives its three back.
+        let _gate = c.add(&ep, 2);
+        c.unreserve(first, true);
+        assert_eq!(c.busy(), 2);
+        assert_eq!(c.reserve(4, 1).0, 1, "at most what is asked for");
+    }
+
+    #[test]
+    fn a_closed_dispatcher_reserves_nothing() {
+        let c = claimed();
+        c.close();
+        assert_eq!(c.reserve(4, 4).0, 0);
+        assert_eq!(c.busy(), 0);
+    }
+}
