@@ -575,6 +575,19 @@ pub struct FanoutTarget {
     pub headers: Vec<(String, String)>,
 }
 
+/// The endpoints, of those of `m`'s app in `endpoints_of`, that `m` goes to.
+pub fn routed<'a>(
+    endpoints_of: &'a HashMap<String, Vec<FanoutTarget>>,
+    m: &'a NewMessage,
+) -> impl Iterator<Item = &'a FanoutTarget> + 'a {
+    endpoints_of
+        .get(m.app_id.as_str())
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(move |ep| ep.sub.wants(m))
+}
+
 /// The claim an ingest batch makes of its own new deliveries
 /// ([`Store::insert_messages_claiming`]): the same limits as a
 /// [`ClaimRequest`], counted as the batch is routed.
@@ -606,8 +619,13 @@ impl IngestClaim {
         }
     }
 
+    /// `claim`, when there is one and it takes the next delivery to `ep`.
+    pub fn taking<'a>(claim: &'a mut Option<IngestClaim>, ep: &FanoutTarget) -> Option<&'a Self> {
+        claim.as_mut().and_then(|c| c.take(ep).then_some(&*c))
+    }
+
     /// Whether the next delivery to `ep` is claimed; counts it if so.
-    pub fn take(&mut self, ep: &FanoutTarget) -> bool {
+    fn take(&mut self, ep: &FanoutTarget) -> bool {
         if !ep.enabled || self.taken >= self.limit {
             return false;
         }

@@ -568,20 +568,14 @@ impl PostgresStore {
         let token = claim.as_ref().map(|c| c.token.clone());
         // A message id repeated in the batch is stored once: so are its
         // deliveries.
-        let mut routed: HashSet<&str> = HashSet::new();
+        let mut seen: HashSet<&str> = HashSet::new();
         for m in batch {
-            if !routed.insert(m.id.as_str()) {
+            if !seen.insert(m.id.as_str()) {
                 continue;
             }
-            for ep in endpoints_of
-                .get(m.app_id.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .filter(|ep| ep.sub.wants(m))
-            {
+            for ep in routed(&endpoints_of, m) {
                 let id = DeliveryId::generate();
-                match claim.as_mut().and_then(|c| c.take(ep).then_some(&*c)) {
+                match IngestClaim::taking(&mut claim, ep) {
                     Some(c) => {
                         d_state.push(1_i16);
                         d_due.push(c.lease_until);

@@ -550,15 +550,9 @@ fn insert_messages_tx(
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
         let mut fanned = 0;
-        for ep in endpoints_of
-            .get(m.app_id.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .filter(|ep| ep.sub.wants(m))
-        {
+        for ep in routed(&endpoints_of, m) {
             let id = DeliveryId::generate();
-            let taken = claim.as_mut().and_then(|c| c.take(ep).then_some(&*c));
+            let taken = IngestClaim::taking(&mut claim, ep);
             let (state, due, token) = match &taken {
                 Some(c) => (1, c.lease_until, Some(c.token.as_str())),
                 None => (0, m.created_at, None),
