@@ -101,13 +101,19 @@ impl Claimed {
     }
 
     /// Gives back `n` reserved slots (those used were registered by `add`
-    /// meanwhile).
-    fn unreserve(&self, n: usize, wake_loop: bool) {
+    /// meanwhile). `max`: wake the loop if it may be waiting for a slot,
+    /// that is if all `max` were taken before.
+    fn unreserve(&self, n: usize, max: Option<usize>) {
         if n == 0 {
             return;
         }
-        self.slots().reserved -= n;
-        if wake_loop {
+        let was_full = {
+            let mut slots = self.slots();
+            let taken = self.total.load(Ordering::SeqCst) + slots.reserved;
+            slots.reserved -= n;
+            max.is_some_and(|max| taken >= max)
+        };
+        if was_full {
             self.freed.notify_one();
         }
     }
@@ -282,12 +288,14 @@ impl Dispatcher {
                 self.spawn_delivery(d, &done_tx, shutdown);
             }
         }
-        self.claimed.unreserve(ticket.reserved, true);
+        self.claimed
+            .unreserve(ticket.reserved, Some(self.max_in_flight));
     }
 
     /// The batch was not stored: its reserved slots are free again.
     pub fn cancel_handoff(&self, ticket: HandoffTicket) {
-        self.claimed.unreserve(ticket.reserved, true);
+        self.claimed
+            .unreserve(ticket.reserved, Some(self.max_in_flight));
     }
 
     /// Sends one claimed delivery and decides its next state.
@@ -343,7 +351,7 @@ impl Dispatcher {
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
         let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
-        self.claimed.unreserve(free, false);
+        self.claimed.unreserve(free, None);
         let claimed = claimed?;
         let mut report = BatchReport {
             claimed: claimed.len(),
@@ -430,7 +438,7 @@ impl Dispatcher {
                     n
                 });
             // The claimed ones are registered now; the rest is free again.
-            self.claimed.unreserve(free, false);
+            self.claimed.unreserve(free, None);
             match claimed {
                 Ok(n) => {
                     backoff = Duration::from_millis(50);
@@ -607,9 +615,19 @@ mod tests {
         assert_eq!(c.busy(), 4);
         // The batch used one slot (registered) and gives its three back.
         let _gate = c.add(&ep, 2);
-        c.unreserve(first, true);
+        c.unreserve(first, Some(4));
         assert_eq!(c.busy(), 2);
+        use futures::FutureExt;
+        assert!(
+            c.freed.notified().now_or_never().is_some(),
+            "all slots were taken: the loop may be waiting and is woken"
+        );
         assert_eq!(c.reserve(4, 1).0, 1, "at most what is asked for");
+        c.unreserve(1, Some(4));
+        assert!(
+            c.freed.notified().now_or_never().is_none(),
+            "slots were free all along: the loop is not woken for nothing"
+        );
     }
 
     #[test]

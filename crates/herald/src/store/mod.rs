@@ -789,22 +789,19 @@ pub trait Store: Send + Sync + 'static {
     /// enabled endpoint, all in ONE transaction (group commit). Returns one
     /// outcome per message, in order.
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>>;
-    /// By id or by `eventId`.
     /// Stores `batch` as [`Store::insert_messages`] does and, in the same
     /// transaction, claims new deliveries for the caller as [`Store::claim`]
     /// would with `req` (at most `req.limit` in all, an endpoint's up to
     /// `req.endpoint_cap` counting its `in_flight`, none of a disabled
-    /// endpoint): they are stored `delivering` under the lease. The
-    /// in-process dispatcher sends these at once instead of claiming them
-    /// back from the store (the handoff). A store may claim none.
+    /// endpoint; see [`IngestClaim`]): they are stored `delivering` under
+    /// the lease. The in-process dispatcher sends these at once instead of
+    /// claiming them back from the store (the handoff).
     async fn insert_messages_claiming(
         &self,
         batch: &[NewMessage],
         req: &ClaimRequest<'_>,
-    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
-        let _ = req;
-        Ok((self.insert_messages(batch).await?, Vec::new()))
-    }
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)>;
+    /// By id or by `eventId`.
     async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>>;
 
     /// Claims due deliveries: marks them delivering until `lease_until`.
