@@ -170,6 +170,49 @@ pub fn saturated(in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Vec<&str
         .collect()
 }
 
+/// A claim's picks counted against its limits: `limit` in all, and per
+/// endpoint `cap` minus what it already has in flight.
+pub struct Room {
+    limit: usize,
+    cap: usize,
+    /// Per endpoint: in flight before this claim, then taken by it.
+    used: HashMap<String, usize>,
+    taken: usize,
+}
+
+impl Room {
+    pub fn new(limit: usize, in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Self {
+        Room {
+            limit,
+            cap,
+            used: in_flight
+                .iter()
+                .map(|(ep, n)| (ep.as_str().to_owned(), *n))
+                .collect(),
+            taken: 0,
+        }
+    }
+
+    /// `limit` is reached: nothing more can be taken.
+    pub fn is_full(&self) -> bool {
+        self.taken >= self.limit
+    }
+
+    /// Whether one more delivery to `endpoint_id` fits; counts it if so.
+    pub fn take(&mut self, endpoint_id: &str) -> bool {
+        if self.is_full() {
+            return false;
+        }
+        let n = self.used.entry(endpoint_id.to_owned()).or_default();
+        if *n >= self.cap {
+            return false;
+        }
+        *n += 1;
+        self.taken += 1;
+        true
+    }
+}
+
 /// Everything needed to send one attempt, read in the claim.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClaimedDelivery {
@@ -595,11 +638,7 @@ pub struct IngestClaim {
     pub now: Millis,
     pub lease_until: Millis,
     pub token: String,
-    limit: usize,
-    endpoint_cap: usize,
-    /// Per endpoint: claimed before this batch, then by it.
-    used: HashMap<String, usize>,
-    taken: usize,
+    room: Room,
 }
 
 impl IngestClaim {
@@ -608,14 +647,7 @@ impl IngestClaim {
             now: req.now,
             lease_until: req.lease_until,
             token: ulid::Ulid::new().to_string(),
-            limit: req.limit,
-            endpoint_cap: req.endpoint_cap,
-            used: req
-                .in_flight
-                .iter()
-                .map(|(ep, n)| (ep.as_str().to_owned(), *n))
-                .collect(),
-            taken: 0,
+            room: Room::new(req.limit, req.in_flight, req.endpoint_cap),
         }
     }
 
@@ -626,16 +658,7 @@ impl IngestClaim {
 
     /// Whether the next delivery to `ep` is claimed; counts it if so.
     fn take(&mut self, ep: &FanoutTarget) -> bool {
-        if !ep.enabled || self.taken >= self.limit {
-            return false;
-        }
-        let n = self.used.entry(ep.sub.endpoint_id.clone()).or_default();
-        if *n >= self.endpoint_cap {
-            return false;
-        }
-        *n += 1;
-        self.taken += 1;
-        true
+        ep.enabled && self.room.take(&ep.sub.endpoint_id)
     }
 
     /// The claimed delivery `id` of `m` to `ep`, as a claim would return it.

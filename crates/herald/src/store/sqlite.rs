@@ -599,7 +599,7 @@ fn claim_tx(
              ORDER BY next_attempt_at LIMIT ?3",
         )
         .map_err(map_err)?;
-    let mut used: HashMap<String, usize> = HashMap::new();
+    let mut room = Room::new(limit, in_flight, endpoint_cap);
     let mut picked: Vec<String> = Vec::with_capacity(limit);
     let mut rs = candidates
         .query(params![
@@ -609,18 +609,10 @@ fn claim_tx(
         ])
         .map_err(map_err)?;
     while let Some(r) = rs.next().map_err(map_err)? {
-        if picked.len() >= limit {
+        if room.is_full() {
             break;
         }
-        let ep: String = get(r, "endpoint_id")?;
-        let n = used.entry(ep).or_insert_with_key(|ep| {
-            in_flight
-                .get(&EndpointId::from_trusted(ep.clone()))
-                .copied()
-                .unwrap_or(0)
-        });
-        if *n < endpoint_cap {
-            *n += 1;
+        if room.take(&get::<String>(r, "endpoint_id")?) {
             picked.push(get(r, "id")?);
         }
     }
