@@ -605,17 +605,42 @@ impl Subscriber {
 }
 
 /// An endpoint new messages may fan out to: its routing, and what sending
-/// needs, for the deliveries claimed at ingest.
+/// needs when the batch may claim its deliveries.
 #[derive(Clone)]
 pub struct FanoutTarget {
     pub sub: Subscriber,
-    /// Held ("auto"-disabled) endpoints collect deliveries but are never
-    /// claimed.
-    pub enabled: bool,
+    /// Only when the batch claims (see [`IngestClaim`]) and the endpoint
+    /// is enabled: held ("auto"-disabled) endpoints collect deliveries but
+    /// are never claimed, and a batch that claims nothing reads no secrets.
+    pub send: Option<SendTo>,
+}
+
+/// What sending to an endpoint needs, as a claim reads it.
+#[derive(Clone)]
+pub struct SendTo {
     pub url: String,
     pub secret: String,
     pub old_secrets: Vec<String>,
     pub headers: Vec<(String, String)>,
+}
+
+impl SendTo {
+    /// From the stored columns (`old_secrets` and `headers` are JSON);
+    /// rotated secrets whose grace has ended by `now` are left out.
+    pub fn from_columns(
+        url: String,
+        secret: String,
+        old_secrets: &str,
+        headers: &str,
+        now: Millis,
+    ) -> StoreResult<Self> {
+        Ok(SendTo {
+            url,
+            secret,
+            old_secrets: valid_old_secrets(old_secrets, now)?,
+            headers: headers_of(headers)?,
+        })
+    }
 }
 
 /// The endpoints, of those of `m`'s app in `endpoints_of`, that `m` goes to.
@@ -651,28 +676,36 @@ impl IngestClaim {
         }
     }
 
-    /// `claim`, when there is one and it takes the next delivery to `ep`.
-    pub fn taking<'a>(claim: &'a mut Option<IngestClaim>, ep: &FanoutTarget) -> Option<&'a Self> {
-        claim.as_mut().and_then(|c| c.take(ep).then_some(&*c))
+    /// `claim` and what sending to `ep` needs, when there is a claim and it
+    /// takes the next delivery to `ep` (counting it).
+    pub fn taking<'a>(
+        claim: &'a mut Option<IngestClaim>,
+        ep: &'a FanoutTarget,
+    ) -> Option<(&'a Self, &'a SendTo)> {
+        let to = ep.send.as_ref()?;
+        let c = claim.as_mut()?;
+        c.room.take(&ep.sub.endpoint_id).then_some((&*c, to))
     }
 
-    /// Whether the next delivery to `ep` is claimed; counts it if so.
-    fn take(&mut self, ep: &FanoutTarget) -> bool {
-        ep.enabled && self.room.take(&ep.sub.endpoint_id)
-    }
-
-    /// The claimed delivery `id` of `m` to `ep`, as a claim would return it.
-    pub fn delivery(&self, id: DeliveryId, m: &NewMessage, ep: &FanoutTarget) -> ClaimedDelivery {
+    /// The claimed delivery `id` of `m` to `endpoint_id` (sent as `to`
+    /// says), as a claim would return it.
+    pub fn delivery(
+        &self,
+        id: DeliveryId,
+        m: &NewMessage,
+        endpoint_id: &str,
+        to: &SendTo,
+    ) -> ClaimedDelivery {
         ClaimedDelivery {
             id,
             lease_token: self.token.clone(),
             msg_id: m.id.clone(),
             app_id: m.app_id.clone(),
-            endpoint_id: EndpointId::from_trusted(ep.sub.endpoint_id.clone()),
-            url: ep.url.clone(),
-            secret: ep.secret.clone(),
-            old_secrets: ep.old_secrets.clone(),
-            headers: ep.headers.clone(),
+            endpoint_id: EndpointId::from_trusted(endpoint_id.to_owned()),
+            url: to.url.clone(),
+            secret: to.secret.clone(),
+            old_secrets: to.old_secrets.clone(),
+            headers: to.headers.clone(),
             event_type: m.event_type.clone(),
             payload: m.payload.clone(),
             attempts: 0,

@@ -538,11 +538,20 @@ impl PostgresStore {
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
-        let now = claim.as_ref().map_or_else(now_millis, |c| c.now);
         let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
         for r in &rows {
             let filter: Option<String> = get(r, "filter_types")?;
             let channels: Option<String> = get(r, "channels")?;
+            let send = match &claim {
+                Some(c) if !get::<bool>(r, "disabled")? => Some(SendTo::from_columns(
+                    get(r, "url")?,
+                    get(r, "secret")?,
+                    &get::<String>(r, "old_secrets")?,
+                    &get::<String>(r, "headers")?,
+                    c.now,
+                )?),
+                _ => None,
+            };
             endpoints_of
                 .entry(get(r, "app_id")?)
                 .or_default()
@@ -552,11 +561,7 @@ impl PostgresStore {
                         filter_types: filter.as_deref().map(from_json).transpose()?,
                         channels: channels.as_deref().map(from_json).transpose()?,
                     },
-                    enabled: !get::<bool>(r, "disabled")?,
-                    url: get(r, "url")?,
-                    secret: get(r, "secret")?,
-                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, now)?,
-                    headers: headers_of(&get::<String>(r, "headers")?)?,
+                    send,
                 });
         }
         let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
@@ -576,11 +581,14 @@ impl PostgresStore {
             for ep in routed(&endpoints_of, m) {
                 let id = DeliveryId::generate();
                 match IngestClaim::taking(&mut claim, ep) {
-                    Some(c) => {
+                    Some((c, to)) => {
                         d_state.push(1_i16);
                         d_due.push(c.lease_until);
                         d_token.push(token.as_deref());
-                        claimed.insert(id.as_str().to_owned(), c.delivery(id.clone(), m, ep));
+                        claimed.insert(
+                            id.as_str().to_owned(),
+                            c.delivery(id.clone(), m, &ep.sub.endpoint_id, to),
+                        );
                     }
                     None => {
                         d_state.push(0);

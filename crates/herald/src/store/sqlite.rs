@@ -491,7 +491,6 @@ fn insert_messages_tx(
     let mut app_exists = conn
         .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
         .map_err(map_err)?;
-    let now = claim.as_ref().map_or_else(now_millis, |c| c.now);
     let mut claimed = Vec::new();
     let mut apps_known: HashMap<&str, bool> = HashMap::new();
     let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
@@ -534,17 +533,23 @@ fn insert_messages_tx(
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
+                let send = match &claim {
+                    Some(c) if get::<i64>(r, "disabled")? == 0 => Some(SendTo::from_columns(
+                        get(r, "url")?,
+                        get(r, "secret")?,
+                        &get::<String>(r, "old_secrets")?,
+                        &get::<String>(r, "headers")?,
+                        c.now,
+                    )?),
+                    _ => None,
+                };
                 eps.push(FanoutTarget {
                     sub: Subscriber {
                         endpoint_id: get(r, "id")?,
                         filter_types: json_opt(get(r, "filter_types")?)?,
                         channels: json_opt(get(r, "channels")?)?,
                     },
-                    enabled: get::<i64>(r, "disabled")? == 0,
-                    url: get(r, "url")?,
-                    secret: get(r, "secret")?,
-                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, now)?,
-                    headers: headers_of(&get::<String>(r, "headers")?)?,
+                    send,
                 });
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
@@ -554,7 +559,7 @@ fn insert_messages_tx(
             let id = DeliveryId::generate();
             let taken = IngestClaim::taking(&mut claim, ep);
             let (state, due, token) = match &taken {
-                Some(c) => (1, c.lease_until, Some(c.token.as_str())),
+                Some((c, _)) => (1, c.lease_until, Some(c.token.as_str())),
                 None => (0, m.created_at, None),
             };
             insert_delivery
@@ -569,8 +574,8 @@ fn insert_messages_tx(
                     m.created_at
                 ])
                 .map_err(map_err)?;
-            if let Some(c) = taken {
-                claimed.push(c.delivery(id, m, ep));
+            if let Some((c, to)) = taken {
+                claimed.push(c.delivery(id, m, &ep.sub.endpoint_id, to));
             }
             fanned += 1;
         }
