@@ -232,6 +232,21 @@ fn per_op(cpu: Duration, n: usize) -> Duration {
     cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
 }
 
+/// One run's line of the table; the share of `ceiling` when given.
+fn row(label: &str, r: &RunResult, ceiling: Option<f64>) -> String {
+    let share = ceiling
+        .map(|c| format!("{:.1} %", 100.0 * r.deliveries_per_sec / c))
+        .unwrap_or_default();
+    format!(
+        "| {label} | {:.0} | {:.0} | {:.1?} | {:.1?} | {share} | {} |",
+        r.ingest_per_sec,
+        r.deliveries_per_sec,
+        r.p50,
+        r.p99,
+        cpu_cell(r.cpu_per_delivery)
+    )
+}
+
 /// A CPU figure for the table, blank when not measured.
 fn cpu_cell(cpu: Option<Duration>) -> String {
     cpu.map(|d| format!("{:.1} µs", d.as_secs_f64() * 1e6))
@@ -472,15 +487,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         cpu_cell(Some(ceiling_cpu))
     );
     let r = herald_run(&args, 1, false).await?;
-    println!(
-        "| Herald, SQLite, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | {} |",
-        r.ingest_per_sec,
-        r.deliveries_per_sec,
-        r.p50,
-        r.p99,
-        100.0 * r.deliveries_per_sec / ceiling,
-        cpu_cell(r.cpu_per_delivery)
-    );
+    println!("{}", row("Herald, SQLite, 1 endpoint", &r, Some(ceiling)));
     if let Some(url) = &args.postgres {
         for &workers in &args.worker_processes {
             let target = Target::Postgres {
@@ -493,32 +500,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             } else {
                 format!("1 API + {workers} worker process(es)")
             };
-            println!(
-                "| Herald, PostgreSQL, {processes}, 1 endpoint | {:.0} | {:.0} | {:.1?} | {:.1?} | {:.1} % | |",
-                r.ingest_per_sec, r.deliveries_per_sec, r.p50, r.p99, 100.0 * r.deliveries_per_sec / ceiling
-            );
+            let label = format!("Herald, PostgreSQL, {processes}, 1 endpoint");
+            println!("{}", row(&label, &r, Some(ceiling)));
         }
     }
     if args.fairness {
         let base = herald_run(&args, 3, false).await?;
-        println!(
-            "| fairness: 3 healthy endpoints | {:.0} | {:.0} | {:.1?} | {:.1?} | | {} |",
-            base.ingest_per_sec,
-            base.deliveries_per_sec,
-            base.p50,
-            base.p99,
-            cpu_cell(base.cpu_per_delivery)
-        );
+        println!("{}", row("fairness: 3 healthy endpoints", &base, None));
         let with_slow = herald_run(&args, 3, true).await?;
-        println!(
-            "| fairness: 3 healthy + 1 answering after {:?} | {:.0} | {:.0} | {:.1?} | {:.1?} | | {} |",
-            args.slow_delay,
-            with_slow.ingest_per_sec,
-            with_slow.deliveries_per_sec,
-            with_slow.p50,
-            with_slow.p99,
-            cpu_cell(with_slow.cpu_per_delivery)
+        let label = format!(
+            "fairness: 3 healthy + 1 answering after {:?}",
+            args.slow_delay
         );
+        println!("{}", row(&label, &with_slow, None));
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
         println!("healthy endpoints' p99 with the slow one / without: {ratio:.2}×");
     }
