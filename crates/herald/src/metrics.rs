@@ -7,6 +7,7 @@
 //! | `herald_attempts_total` | counter | `endpoint`, `outcome` | finished attempts; `outcome` is `success`, `retry` or `dead` (the state the policy chose) |
 //! | `herald_attempt_duration_seconds` | histogram | `endpoint` | time of one attempt: connect, send, response headers, excerpt |
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
+//! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
@@ -49,6 +50,7 @@ use crate::store::{now_millis, Millis, NextState, QueueStats, Store, StoreResult
 pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
+pub const CLAIMS: &str = "herald_dispatch_claims_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
@@ -119,6 +121,11 @@ fn describe() {
         Unit::Count,
         "Messages accepted by the API (committed before the 202)."
     );
+    describe_counter!(
+        CLAIMS,
+        Unit::Count,
+        "Claims of due deliveries by the dispatcher loop, by whether they found any (work, none)."
+    );
     describe_gauge!(
         DELIVERIES,
         Unit::Count,
@@ -148,6 +155,12 @@ pub fn messages_ingested(count: u64) {
         ::metrics::counter!(MESSAGES_INGESTED).increment(count);
         note_change();
     }
+}
+
+/// Counts one claim of the dispatcher loop and whether it found work.
+pub fn claimed(found: usize) {
+    let found = if found > 0 { "work" } else { "none" };
+    ::metrics::counter!(CLAIMS, "found" => found).increment(1);
 }
 
 /// Records finished attempts under bounded endpoint labels. One per

@@ -241,7 +241,8 @@ impl Dispatcher {
         in_flight: &HashMap<EndpointId, usize>,
     ) -> StoreResult<Vec<ClaimedDelivery>> {
         let now = now_millis();
-        self.store
+        let claimed = self
+            .store
             .claim(&ClaimRequest {
                 now,
                 lease_until: self.lease_from(now),
@@ -249,7 +250,11 @@ impl Dispatcher {
                 in_flight,
                 endpoint_cap: per_endpoint,
             })
-            .await
+            .await;
+        if let Ok(found) = &claimed {
+            crate::metrics::claimed(found.len());
+        }
+        claimed
     }
 
     /// Reserves free sending slots (at most `want`) so that an ingest batch
@@ -518,27 +523,40 @@ impl Dispatcher {
         });
     }
 
-    /// Nothing claimable now: sleep until new work, a freed slot (a busy
-    /// endpoint may have room again), the next known due time, or the poll.
+    /// Nothing claimable now: sleep until new work, the next known due
+    /// time, the poll, or, when due work is held back by busy endpoints, a
+    /// freed slot (such an endpoint may have room again).
     async fn idle_wait(&self, shutdown: &CancellationToken) -> Woke {
         let mut wait = self.poll_interval;
+        // With nothing due yet, a finished request frees a slot that no due
+        // delivery waits for: claiming then would find nothing. (New work
+        // wakes the loop itself: ingest, replays, and recorded retries.)
+        let mut held_back = true;
         match self.store.next_due_at().await {
             Ok(Some(at)) => {
                 let until = at - now_millis();
                 if until > 0 {
                     wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
+                    held_back = false;
                 } else if self.claimed.total.load(Ordering::SeqCst) == 0 {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.
                     return Woke::Other;
                 }
             }
-            Ok(None) => {}
+            Ok(None) => held_back = false,
             Err(e) => tracing::warn!(error = %e, "cannot read next due time"),
         }
+        let freed = async {
+            if held_back {
+                self.claimed.freed.notified().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             _ = self.wake.notified() => Woke::Other,
-            _ = self.claimed.freed.notified() => Woke::SlotFreed,
+            _ = freed => Woke::SlotFreed,
             _ = tokio::time::sleep(wait) => Woke::Other,
             _ = shutdown.cancelled() => Woke::Other,
         }

@@ -304,6 +304,9 @@ async fn the_binary_counts_accepted_messages_exactly() {
         )
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
+        // No safety-net poll during the test: every claim below is one
+        // the dispatcher chose to make.
+        .env("HERALD_POLL_INTERVAL", "1h")
         .env("HERALD_LOG", "warn")
         .stdout(Stdio::null())
         .kill_on_drop(true)
@@ -355,4 +358,30 @@ async fn the_binary_counts_accepted_messages_exactly() {
         .await
         .expect("readyz");
     assert_eq!(ready.status(), 200);
+
+    // Each new message is handed to the dispatcher by its ingest batch;
+    // when its request finishes, nothing else is due. The idle loop must
+    // not claim after every finished request (a store transaction that
+    // finds nothing), only when new work or a due time calls for it.
+    let wasted = |text: &str| value(text, "herald_dispatch_claims_total", &[("found", "none")]);
+    let before = wasted(&scrape(&base).await).unwrap_or(0.0);
+    for i in 0..20 {
+        let resp = remote
+            .client
+            .post(format!("{}/app/{app_id}/msg", remote.base))
+            .bearer_auth(TOKEN)
+            .json(&json!({"eventType": "t", "payload": {"i": i}}))
+            .send()
+            .await
+            .expect("herald answers");
+        assert_eq!(resp.status(), 202);
+        rx.wait_for(4 + i).await;
+    }
+    let text = scrape(&base).await;
+    let after = wasted(&text).unwrap_or(0.0);
+    assert!(
+        after - before <= 2.0,
+        "{} empty claims for 20 handed-off messages:\n{text}",
+        after - before
+    );
 }
