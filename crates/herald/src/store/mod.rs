@@ -862,7 +862,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Claims due deliveries: marks them delivering until `lease_until`.
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>>;
-    /// The earliest `next_attempt_at` of any live delivery, if any.
+    /// The earliest `next_attempt_at` of any live delivery a claim could
+    /// take (not those held for a disabled endpoint), if any.
     async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
     /// Records attempts and moves deliveries on, all in one transaction;
     /// also keeps each endpoint's failing streak and stats buckets. Returns

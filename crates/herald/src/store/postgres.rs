@@ -1105,7 +1105,11 @@ impl Store for PostgresStore {
     }
 
     async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
-        sqlx::query_scalar("SELECT MIN(next_attempt_at) FROM deliveries WHERE state < 2")
+        // A disabled endpoint's held deliveries are no claim's work.
+        sqlx::query_scalar(
+            "SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.state < 2 \
+               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled)",
+        )
             .fetch_one(&self.pool)
             .await
             .map_err(map_err)

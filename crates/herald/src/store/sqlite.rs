@@ -1399,15 +1399,19 @@ impl Store for SqliteStore {
         self.read(|c| {
             // Both halves are index seeks: `state < 2` alone matches no
             // partial index and would scan the whole history on every
-            // idle moment of the dispatcher.
+            // idle moment of the dispatcher. A disabled endpoint's held
+            // deliveries are no claim's work (its older ones are parked,
+            // so the first half skips at most a moment's worth of them).
             c.prepare_cached(
                 "SELECT MIN(due) FROM ( \
                    SELECT MIN(next_attempt_at) AS due FROM deliveries INDEXED BY deliveries_due \
                     WHERE state < 2 AND parked = 0 \
+                      AND endpoint_id NOT IN (SELECT id FROM endpoints WHERE disabled = 1) \
                    UNION ALL \
                    SELECT (SELECT MIN(d.next_attempt_at) FROM deliveries d INDEXED BY deliveries_parked \
                             WHERE d.parked = 1 AND d.endpoint_id = p.endpoint_id) \
-                     FROM parked_endpoints p)",
+                     FROM parked_endpoints p \
+                    WHERE p.endpoint_id NOT IN (SELECT id FROM endpoints WHERE disabled = 1))",
             )
             .map_err(map_err)?
             .query_row([], |r| r.get(0))

@@ -161,7 +161,7 @@ backends!(
     duplicate_event_ids_are_refused_within_and_across_batches,
     claim_leases_and_expired_leases_come_back,
     claim_respects_the_limit_and_the_endpoint_cap,
-    claim_skips_disabled_endpoints,
+    claim_and_next_due_at_skip_disabled_endpoints,
     ingest_claims_new_deliveries_within_the_limits,
     completion_moves_deliveries_and_logs_attempts,
     a_stale_lease_token_cannot_move_a_reclaimed_delivery,
@@ -587,7 +587,7 @@ async fn claim_respects_the_limit_and_the_endpoint_cap(store: Arc<dyn Store>) {
     assert_eq!(limited.len(), 1);
 }
 
-async fn claim_skips_disabled_endpoints(store: Arc<dyn Store>) {
+async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let mut e = endpoint(&store, &a.id, None, false).await;
     store
@@ -600,10 +600,21 @@ async fn claim_skips_disabled_endpoints(store: Arc<dyn Store>) {
         claim(&store, T0, 10, &HashMap::new(), 10).await.is_empty(),
         "held while disabled"
     );
+    // A held delivery is not due work: an idle dispatcher that took it
+    // for some would claim again at once, forever.
+    assert_eq!(store.next_due_at().await.expect("next"), None, "just due");
+    // Long overdue (SQLite parks it out of the claim index by now).
+    assert!(claim(&store, T0 + 60_000, 10, &HashMap::new(), 10)
+        .await
+        .is_empty());
+    assert_eq!(store.next_due_at().await.expect("next"), None, "overdue");
     e.disabled = false;
     store.update_endpoint(&e).await.expect("enable");
+    assert!(store.next_due_at().await.expect("next").is_some());
     assert_eq!(
-        claim(&store, T0, 10, &HashMap::new(), 10).await.len(),
+        claim(&store, T0 + 60_000, 10, &HashMap::new(), 10)
+            .await
+            .len(),
         1,
         "resumes when enabled"
     );
