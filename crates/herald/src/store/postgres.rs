@@ -1105,14 +1105,18 @@ impl Store for PostgresStore {
     }
 
     async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
-        // A disabled endpoint's held deliveries are no claim's work.
+        // A disabled endpoint's held deliveries are no claim's work. ORDER
+        // BY … LIMIT 1 (not MIN) walks `deliveries_due` from its start and
+        // stops at the first row that counts; MIN over the anti-join
+        // aggregates every live row first.
         sqlx::query_scalar(
-            "SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE d.state < 2 \
-               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled)",
+            "SELECT d.next_attempt_at FROM deliveries d WHERE d.state < 2 \
+               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
+             ORDER BY d.next_attempt_at LIMIT 1",
         )
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)
     }
 
     async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {

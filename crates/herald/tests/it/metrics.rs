@@ -366,15 +366,7 @@ async fn the_binary_counts_accepted_messages_exactly() {
     let wasted = |text: &str| value(text, "herald_dispatch_claims_total", &[("found", "none")]);
     let before = wasted(&scrape(&base).await).unwrap_or(0.0);
     for i in 0..20 {
-        let resp = remote
-            .client
-            .post(format!("{}/app/{app_id}/msg", remote.base))
-            .bearer_auth(TOKEN)
-            .json(&json!({"eventType": "t", "payload": {"i": i}}))
-            .send()
-            .await
-            .expect("herald answers");
-        assert_eq!(resp.status(), 202);
+        remote.send_all(&app_id, "t", 1, 1).await;
         rx.wait_for(4 + i).await;
     }
     let text = scrape(&base).await;
