@@ -284,7 +284,8 @@ async fn endpoints_past_the_label_bound_are_counted_as_other() {
 }
 
 /// The real binary: a process of its own, so even the unlabelled ingest
-/// counter is exact, and a refused duplicate is not counted.
+/// counter is exact, and a refused duplicate is not counted; and so are
+/// the dispatcher's claims, which must not follow every finished request.
 #[tokio::test]
 async fn the_binary_counts_accepted_messages_exactly() {
     let dir = tempfile::tempdir().expect("tempdir");
