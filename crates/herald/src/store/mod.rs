@@ -615,6 +615,38 @@ pub struct FanoutTarget {
     pub send: Option<SendTo>,
 }
 
+impl FanoutTarget {
+    /// From an endpoint's row: `filter_types` and `channels` as stored
+    /// (JSON). `send_to` reads the sending columns; it runs only when the
+    /// batch claims and the endpoint is enabled.
+    pub fn from_row(
+        endpoint_id: String,
+        filter_types: Option<&str>,
+        channels: Option<&str>,
+        enabled: bool,
+        claim: Option<&IngestClaim>,
+        send_to: impl FnOnce(Millis) -> StoreResult<SendTo>,
+    ) -> StoreResult<Self> {
+        let send = match claim {
+            Some(c) if enabled => Some(send_to(c.now)?),
+            _ => None,
+        };
+        Ok(FanoutTarget {
+            sub: Subscriber {
+                endpoint_id,
+                filter_types: filter_types.map(from_json).transpose()?,
+                channels: channels.map(from_json).transpose()?,
+            },
+            send,
+        })
+    }
+}
+
+/// A value the store keeps as JSON text.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
+    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad JSON in store: {e}")))
+}
+
 /// What sending to an endpoint needs, as a claim reads it.
 #[derive(Clone)]
 pub struct SendTo {

@@ -244,10 +244,6 @@ fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
-    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad JSON in store: {e}")))
-}
-
 fn u16_opt(v: Option<i32>) -> Option<u16> {
     v.and_then(|n| u16::try_from(n).ok())
 }
@@ -540,29 +536,26 @@ impl PostgresStore {
         .map_err(map_err)?;
         let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
         for r in &rows {
-            let filter: Option<String> = get(r, "filter_types")?;
-            let channels: Option<String> = get(r, "channels")?;
-            let send = match &claim {
-                Some(c) if !get::<bool>(r, "disabled")? => Some(SendTo::from_columns(
-                    get(r, "url")?,
-                    get(r, "secret")?,
-                    &get::<String>(r, "old_secrets")?,
-                    &get::<String>(r, "headers")?,
-                    c.now,
-                )?),
-                _ => None,
-            };
+            let target = FanoutTarget::from_row(
+                get(r, "id")?,
+                get::<Option<String>>(r, "filter_types")?.as_deref(),
+                get::<Option<String>>(r, "channels")?.as_deref(),
+                !get::<bool>(r, "disabled")?,
+                claim.as_ref(),
+                |now| {
+                    SendTo::from_columns(
+                        get(r, "url")?,
+                        get(r, "secret")?,
+                        &get::<String>(r, "old_secrets")?,
+                        &get::<String>(r, "headers")?,
+                        now,
+                    )
+                },
+            )?;
             endpoints_of
                 .entry(get(r, "app_id")?)
                 .or_default()
-                .push(FanoutTarget {
-                    sub: Subscriber {
-                        endpoint_id: get(r, "id")?,
-                        filter_types: filter.as_deref().map(from_json).transpose()?,
-                        channels: channels.as_deref().map(from_json).transpose()?,
-                    },
-                    send,
-                });
+                .push(target);
         }
         let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());

@@ -310,10 +310,6 @@ fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResult<T> {
-    serde_json::from_str(text).map_err(|e| StoreError::Internal(format!("bad JSON in store: {e}")))
-}
-
 fn u16_opt(v: Option<i64>) -> Option<u16> {
     v.and_then(|n| u16::try_from(n).ok())
 }
@@ -533,24 +529,22 @@ fn insert_messages_tx(
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
-                let send = match &claim {
-                    Some(c) if get::<i64>(r, "disabled")? == 0 => Some(SendTo::from_columns(
-                        get(r, "url")?,
-                        get(r, "secret")?,
-                        &get::<String>(r, "old_secrets")?,
-                        &get::<String>(r, "headers")?,
-                        c.now,
-                    )?),
-                    _ => None,
-                };
-                eps.push(FanoutTarget {
-                    sub: Subscriber {
-                        endpoint_id: get(r, "id")?,
-                        filter_types: json_opt(get(r, "filter_types")?)?,
-                        channels: json_opt(get(r, "channels")?)?,
+                eps.push(FanoutTarget::from_row(
+                    get(r, "id")?,
+                    get::<Option<String>>(r, "filter_types")?.as_deref(),
+                    get::<Option<String>>(r, "channels")?.as_deref(),
+                    get::<i64>(r, "disabled")? == 0,
+                    claim.as_ref(),
+                    |now| {
+                        SendTo::from_columns(
+                            get(r, "url")?,
+                            get(r, "secret")?,
+                            &get::<String>(r, "old_secrets")?,
+                            &get::<String>(r, "headers")?,
+                            now,
+                        )
                     },
-                    send,
-                });
+                )?);
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
