@@ -675,17 +675,57 @@ impl SendTo {
     }
 }
 
-/// The endpoints, of those of `m`'s app in `endpoints_of`, that `m` goes to.
-pub fn routed<'a>(
+/// One delivery an ingest batch makes: born pending and due at once, or,
+/// when the batch's claim takes it, `delivering` under the claim's lease,
+/// and then `claimed` is what the dispatcher sends.
+pub struct NewDelivery<'a> {
+    pub id: DeliveryId,
+    pub endpoint_id: &'a str,
+    pub state: DeliveryState,
+    pub due: Millis,
+    pub claimed: Option<ClaimedDelivery>,
+}
+
+impl NewDelivery<'_> {
+    pub fn lease_token(&self) -> Option<&str> {
+        self.claimed.as_ref().map(|d| d.lease_token.as_str())
+    }
+}
+
+/// The deliveries of `m`: one to each endpoint of its app (in
+/// `endpoints_of`) that wants it; those `claim` takes are claimed.
+pub fn fan_out<'a>(
     endpoints_of: &'a HashMap<String, Vec<FanoutTarget>>,
-    m: &'a NewMessage,
-) -> impl Iterator<Item = &'a FanoutTarget> + 'a {
+    m: &NewMessage,
+    claim: &mut Option<IngestClaim>,
+) -> Vec<NewDelivery<'a>> {
     endpoints_of
         .get(m.app_id.as_str())
         .map(Vec::as_slice)
         .unwrap_or_default()
         .iter()
-        .filter(move |ep| ep.sub.wants(m))
+        .filter(|ep| ep.sub.wants(m))
+        .map(|ep| {
+            let id = DeliveryId::generate();
+            let endpoint_id = ep.sub.endpoint_id.as_str();
+            match IngestClaim::taking(claim, ep) {
+                Some((c, to)) => NewDelivery {
+                    state: DeliveryState::Delivering,
+                    due: c.lease_until,
+                    claimed: Some(c.delivery(id.clone(), m, endpoint_id, to)),
+                    id,
+                    endpoint_id,
+                },
+                None => NewDelivery {
+                    id,
+                    endpoint_id,
+                    state: DeliveryState::Pending,
+                    due: m.created_at,
+                    claimed: None,
+                },
+            }
+        })
+        .collect()
 }
 
 /// The claim an ingest batch makes of its own new deliveries
@@ -710,7 +750,7 @@ impl IngestClaim {
 
     /// `claim` and what sending to `ep` needs, when there is a claim and it
     /// takes the next delivery to `ep` (counting it).
-    pub fn taking<'a>(
+    fn taking<'a>(
         claim: &'a mut Option<IngestClaim>,
         ep: &'a FanoutTarget,
     ) -> Option<(&'a Self, &'a SendTo)> {
@@ -721,7 +761,7 @@ impl IngestClaim {
 
     /// The claimed delivery `id` of `m` to `endpoint_id` (sent as `to`
     /// says), as a claim would return it.
-    pub fn delivery(
+    fn delivery(
         &self,
         id: DeliveryId,
         m: &NewMessage,

@@ -563,7 +563,6 @@ impl PostgresStore {
         // returns them only if their message and endpoint made it in.
         let (mut d_state, mut d_due, mut d_token) = (Vec::new(), Vec::new(), Vec::new());
         let mut claimed: HashMap<String, ClaimedDelivery> = HashMap::new();
-        let token = claim.as_ref().map(|c| c.token.clone());
         // A message id repeated in the batch is stored once: so are its
         // deliveries.
         let mut seen: HashSet<&str> = HashSet::new();
@@ -571,29 +570,18 @@ impl PostgresStore {
             if !seen.insert(m.id.as_str()) {
                 continue;
             }
-            for ep in routed(&endpoints_of, m) {
-                let id = DeliveryId::generate();
-                match IngestClaim::taking(&mut claim, ep) {
-                    Some((c, to)) => {
-                        d_state.push(1_i16);
-                        d_due.push(c.lease_until);
-                        d_token.push(token.as_deref());
-                        claimed.insert(
-                            id.as_str().to_owned(),
-                            c.delivery(id.clone(), m, &ep.sub.endpoint_id, to),
-                        );
-                    }
-                    None => {
-                        d_state.push(0);
-                        d_due.push(m.created_at);
-                        d_token.push(None);
-                    }
-                }
-                d_id.push(id.into_string());
+            for d in fan_out(&endpoints_of, m, &mut claim) {
+                d_state.push(d.state as i16);
+                d_due.push(d.due);
+                d_token.push(d.lease_token().map(str::to_owned));
+                d_ep.push(d.endpoint_id);
                 d_msg.push(m.id.as_str());
-                d_ep.push(ep.sub.endpoint_id.as_str());
                 d_app.push(m.app_id.as_str());
                 d_at.push(m.created_at);
+                if let Some(c) = d.claimed {
+                    claimed.insert(d.id.as_str().to_owned(), c);
+                }
+                d_id.push(d.id.into_string());
             }
         }
         let mut subscribers: Vec<&str> = d_ep.clone();

@@ -548,30 +548,22 @@ fn insert_messages_tx(
             }
             endpoints_of.insert(m.app_id.as_str().to_owned(), eps);
         }
-        let mut fanned = 0;
-        for ep in routed(&endpoints_of, m) {
-            let id = DeliveryId::generate();
-            let taken = IngestClaim::taking(&mut claim, ep);
-            let (state, due, token) = match &taken {
-                Some((c, _)) => (1, c.lease_until, Some(c.token.as_str())),
-                None => (0, m.created_at, None),
-            };
+        let deliveries = fan_out(&endpoints_of, m, &mut claim);
+        let fanned = deliveries.len();
+        for d in deliveries {
             insert_delivery
                 .execute(params![
-                    id.as_str(),
+                    d.id.as_str(),
                     m.id.as_str(),
-                    ep.sub.endpoint_id,
+                    d.endpoint_id,
                     m.app_id.as_str(),
-                    state,
-                    due,
-                    token,
+                    d.state as i64,
+                    d.due,
+                    d.lease_token(),
                     m.created_at
                 ])
                 .map_err(map_err)?;
-            if let Some((c, to)) = taken {
-                claimed.push(c.delivery(id, m, &ep.sub.endpoint_id, to));
-            }
-            fanned += 1;
+            claimed.extend(d.claimed);
         }
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
     }
