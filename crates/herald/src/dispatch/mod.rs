@@ -15,7 +15,6 @@
 //! go to endpoints that can use them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -57,7 +56,6 @@ pub struct BatchReport {
 /// Claimed deliveries not yet finished, in total and per endpoint, and
 /// each endpoint's gate that lets `endpoint_cap` of them send at once.
 struct Claimed {
-    total: AtomicUsize,
     slots: Mutex<Slots>,
     /// Signalled whenever a claimed delivery is finished or released, or
     /// reserved slots are given back.
@@ -67,6 +65,8 @@ struct Claimed {
 #[derive(Default)]
 struct Slots {
     per_endpoint: HashMap<EndpointId, (usize, Arc<Semaphore>)>,
+    /// Registered deliveries, over all endpoints.
+    claimed: usize,
     /// Slots promised to a claim (of the loop, or of an ingest batch's
     /// handoff) whose deliveries are not registered yet.
     reserved: usize,
@@ -85,7 +85,7 @@ impl Claimed {
     /// ingest's handoffs from both filling the same free slots.
     fn reserve(&self, max: usize, want: usize) -> (usize, HashMap<EndpointId, usize>) {
         let mut slots = self.slots();
-        let taken = self.total.load(Ordering::SeqCst) + slots.reserved;
+        let taken = slots.claimed + slots.reserved;
         let n = if slots.closed {
             0
         } else {
@@ -109,7 +109,7 @@ impl Claimed {
         }
         let was_full = {
             let mut slots = self.slots();
-            let taken = self.total.load(Ordering::SeqCst) + slots.reserved;
+            let taken = slots.claimed + slots.reserved;
             slots.reserved -= n;
             max.is_some_and(|max| taken >= max)
         };
@@ -121,7 +121,7 @@ impl Claimed {
     /// Claimed or reserved, in all.
     fn busy(&self) -> usize {
         let slots = self.slots();
-        self.total.load(Ordering::SeqCst) + slots.reserved
+        slots.claimed + slots.reserved
     }
 
     fn close(&self) {
@@ -130,8 +130,8 @@ impl Claimed {
 
     /// Registers a claimed delivery; returns its endpoint's gate.
     fn add(&self, ep: &EndpointId, cap: usize) -> Arc<Semaphore> {
-        self.total.fetch_add(1, Ordering::SeqCst);
         let mut slots = self.slots();
+        slots.claimed += 1;
         let entry = slots
             .per_endpoint
             .entry(ep.clone())
@@ -143,6 +143,7 @@ impl Claimed {
     fn remove(&self, ep: &EndpointId) {
         {
             let mut slots = self.slots();
+            slots.claimed -= 1;
             if let Some(entry) = slots.per_endpoint.get_mut(ep) {
                 entry.0 -= 1;
                 if entry.0 == 0 {
@@ -150,7 +151,6 @@ impl Claimed {
                 }
             }
         }
-        self.total.fetch_sub(1, Ordering::SeqCst);
         self.freed.notify_one();
     }
 }
@@ -221,7 +221,6 @@ impl Dispatcher {
             max_in_flight: config.max_in_flight,
             endpoint_cap: config.endpoint_concurrency,
             claimed: Claimed {
-                total: AtomicUsize::new(0),
                 slots: Mutex::new(Slots::default()),
                 freed: Notify::new(),
             },
@@ -538,7 +537,7 @@ impl Dispatcher {
                 if until > 0 {
                     wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
                     held_back = false;
-                } else if self.claimed.total.load(Ordering::SeqCst) == 0 {
+                } else if self.claimed.slots().claimed == 0 {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.
                     return Woke::Other;
@@ -613,7 +612,6 @@ mod tests {
 
     fn claimed() -> Claimed {
         Claimed {
-            total: AtomicUsize::new(0),
             slots: Mutex::new(Slots::default()),
             freed: Notify::new(),
         }
