@@ -158,7 +158,7 @@ impl DeadReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     Delivered,
-    /// Try again after `delay` (already jittered, or the Retry-After hint).
+    /// Try again after `delay` (the jittered step, or a longer Retry-After hint).
     Retry {
         delay: Duration,
     },
@@ -206,10 +206,11 @@ pub fn decide(
     if remaining.is_zero() {
         return Decision::Dead(DeadReason::TooOld);
     }
-    let delay = match retry_after {
-        Some(hint) => hint,
-        None => policy.jitter.apply(*scheduled, jitter_unit),
-    };
+    // A hint may lengthen the wait, never shorten it: `Retry-After: 0` (or a
+    // date in the past) from a struggling receiver would otherwise spend
+    // the whole schedule in seconds.
+    let stepped = policy.jitter.apply(*scheduled, jitter_unit);
+    let delay = retry_after.map_or(stepped, |hint| hint.max(stepped));
     // Nothing is scheduled past the age cap: the last try happens at the cap.
     Decision::Retry {
         delay: delay.min(remaining),

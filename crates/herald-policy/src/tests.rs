@@ -215,6 +215,52 @@ fn retry_after_replaces_the_schedule_on_429_and_503_only() {
 }
 
 #[test]
+fn retry_after_never_shortens_the_scheduled_step() {
+    let p = policy(Jitter::None);
+    // `Retry-After: 0` (or an HTTP date in the past, parsed as zero) waits the
+    // step, at every attempt of the schedule: the schedule is not spent at once.
+    for (attempt, step) in (1u32..).zip(p.schedule.clone()) {
+        assert_eq!(
+            decide(&p, &status_hint(429, 0), attempt, Duration::ZERO, 0.0),
+            Decision::Retry { delay: step },
+            "attempt {attempt}"
+        );
+    }
+    // A hint shorter than the step waits the step; a longer one is obeyed.
+    assert_eq!(
+        decide(&p, &status_hint(503, 30), 2, Duration::ZERO, 0.0),
+        Decision::Retry { delay: 5 * MIN }
+    );
+    assert_eq!(
+        decide(&p, &status_hint(503, 600), 2, Duration::ZERO, 0.0),
+        Decision::Retry { delay: 10 * MIN }
+    );
+    // With full jitter the floor is the jittered step.
+    let full = policy(Jitter::Full);
+    assert_eq!(
+        decide(&full, &status_hint(429, 0), 2, Duration::ZERO, 0.5),
+        Decision::Retry {
+            delay: Duration::from_secs(150)
+        }
+    );
+    let past = parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", SystemTime::now());
+    assert_eq!(past, Some(Duration::ZERO));
+    assert_eq!(
+        decide(
+            &p,
+            &Outcome::Response {
+                status: 429,
+                retry_after: past
+            },
+            3,
+            Duration::ZERO,
+            0.0
+        ),
+        Decision::Retry { delay: 30 * MIN }
+    );
+}
+
+#[test]
 fn retry_after_is_capped_by_the_age_limit() {
     let p = policy(Jitter::None);
     let age = p.max_age - 10 * MIN;
