@@ -597,12 +597,16 @@ impl PostgresStore {
         // deliveries left out, never failing the batch on a foreign key.
         // Messages go in in batch order, so that of two with the same
         // eventId the first is kept, as one at a time would. Workers are
-        // woken when deliveries were made.
+        // woken when deliveries were made. Routing read the endpoints
+        // without locks: one disabled since is judged again here, on the
+        // row as locked, by the rule routing applies (disabled by a person:
+        // no delivery; by Herald: held, so never born delivering).
         let rows = sqlx::query(
             "WITH a AS MATERIALIZED ( \
                  SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
              e AS MATERIALIZED ( \
-                 SELECT id FROM endpoints WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
+                 SELECT id, disabled, disabled_by FROM endpoints \
+                 WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
                  ORDER BY id FOR KEY SHARE), \
              m AS ( \
                  INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
@@ -616,11 +620,16 @@ impl PostgresStore {
              d AS ( \
                  INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                                          lease_token, cycle_started_at, created_at, updated_at) \
-                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, v.state, v.due, v.token, v.at, v.at, v.at \
+                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
+                        CASE WHEN e.disabled THEN 0 ELSE v.state END, \
+                        CASE WHEN e.disabled THEN v.at ELSE v.due END, \
+                        CASE WHEN e.disabled THEN NULL ELSE v.token END, v.at, v.at, v.at \
                  FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], \
                              $16::int2[], $17::int8[], $18::text[]) \
                       AS v(id, msg_id, endpoint_id, app_id, at, state, due, token) \
-                 WHERE v.msg_id IN (SELECT id FROM m) AND v.endpoint_id IN (SELECT id FROM e) \
+                      JOIN e ON e.id = v.endpoint_id \
+                 WHERE v.msg_id IN (SELECT id FROM m) \
+                   AND (NOT e.disabled OR e.disabled_by = 'auto') \
                  RETURNING id, msg_id, state) \
              SELECT 'a' AS kind, id, NULL AS delivery FROM a \
              UNION ALL SELECT 'm', id, NULL FROM m \
