@@ -8,6 +8,7 @@
 //! | `herald_attempt_duration_seconds` | histogram | `endpoint` | time of one attempt: connect, send, response headers, excerpt |
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
 //! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
+//! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
@@ -51,6 +52,7 @@ pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
 pub const CLAIMS: &str = "herald_dispatch_claims_total";
+pub const RELEASED: &str = "herald_dispatch_released_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
@@ -126,6 +128,11 @@ fn describe() {
         Unit::Count,
         "Claims of due deliveries by the dispatcher loop, by whether they found any (work, none)."
     );
+    describe_counter!(
+        RELEASED,
+        Unit::Count,
+        "Claimed deliveries given back unsent, by reason (lease, disabled, shutdown)."
+    );
     describe_gauge!(
         DELIVERIES,
         Unit::Count,
@@ -161,6 +168,11 @@ pub fn messages_ingested(count: u64) {
 pub fn claimed(found: usize) {
     let found = if found > 0 { "work" } else { "none" };
     ::metrics::counter!(CLAIMS, "found" => found).increment(1);
+}
+
+/// Counts one claimed delivery given back unsent, and why.
+pub fn released(reason: &'static str) {
+    ::metrics::counter!(RELEASED, "reason" => reason).increment(1);
 }
 
 /// Records finished attempts under bounded endpoint labels. One per

@@ -12,7 +12,7 @@
 //! with one endpoint, so they are stored, retried and survive restarts like
 //! any other message.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,7 +38,14 @@ pub struct Operator {
     max_age: Duration,
     /// The operator application, when operator webhooks are configured.
     events_app: Option<AppId>,
+    /// Told of every endpoint this process disables (the dispatcher, so
+    /// that deliveries it already holds for it are not sent). A hook rather
+    /// than a call: the dispatcher sits above this module.
+    on_disabled: Arc<OnceLock<DisabledHook>>,
 }
+
+/// See [`Operator::on_disabled`].
+pub type DisabledHook = Box<dyn Fn(&EndpointId) + Send + Sync>;
 
 impl Operator {
     /// Without operator webhooks.
@@ -48,6 +55,15 @@ impl Operator {
             wake,
             max_age: config.retry.max_age,
             events_app: None,
+            on_disabled: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Sets what is told of each endpoint disabled through this operator
+    /// (or a clone of it) from now on; the first caller wins.
+    pub fn on_disabled(&self, hook: DisabledHook) {
+        if self.on_disabled.set(hook).is_err() {
+            tracing::error!("an endpoint-disabled hook is already set");
         }
     }
 
@@ -183,6 +199,9 @@ impl Operator {
             .disable_endpoint(ep, reason, auto, streak_started_at, now_millis())
             .await?;
         if changed {
+            if let Some(hook) = self.on_disabled.get() {
+                hook(ep);
+            }
             tracing::warn!(app = %app, endpoint = %ep, reason, auto, "endpoint disabled");
             if !self.is_operator_app(app) {
                 self.emit(

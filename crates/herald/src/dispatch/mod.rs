@@ -8,11 +8,23 @@
 //! `delivering` with a lease that expires, after which it is claimed again.
 //!
 //! Per endpoint, at most `endpoint_concurrency` requests are in flight, and
-//! at most as many more claimed deliveries wait for one of them to finish
+//! about as many more claimed deliveries wait for one of them to finish
 //! (a prefetch, so that a finished request is followed at once by the next
 //! rather than by a database round trip). A stuck endpoint therefore holds
-//! at most twice its cap of the process's `max_in_flight` claims; the rest
+//! about twice its cap of the process's `max_in_flight` claims; the rest
 //! go to endpoints that can use them.
+//!
+//! Invariant: a lease outlives the request it covers. Concurrent claims
+//! (the loop's and up to two ingest handoffs) each give an endpoint the
+//! room they saw, so more may wait at its gate than one request's worth,
+//! and any wait (a slow receiver, a busy runtime) eats into the lease. So
+//! the check is made where it matters, when the gate lets a delivery
+//! through: it is sent only if its lease still covers a whole request
+//! ([`LEASE_MARGIN`] beyond the request timeout); otherwise it is released
+//! (pending, due now, no attempt spent) and claimed again with a new lease.
+//! A lease that ended before the send is thus never sent under, whatever
+//! the mix of handoffs and claims, so no other process can be sending the
+//! same delivery.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -37,6 +49,13 @@ pub use sender::Sender;
 /// After a finished request wakes the idle loop, how long to let others
 /// finish before claiming, so claims come in batches.
 const CLAIM_GATHER: Duration = Duration::from_millis(1);
+
+/// How much of a lease must be left beyond the request timeout for a
+/// delivery to be sent: time to hand its outcome to the completer and
+/// write it before another process may claim it. The configuration keeps
+/// a lease longer than two request timeouts and this margin, so a delivery
+/// that waited at its gate no longer than one request is always sent.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Woke {
@@ -64,7 +83,7 @@ struct Claimed {
 
 #[derive(Default)]
 struct Slots {
-    per_endpoint: HashMap<EndpointId, (usize, Arc<Semaphore>)>,
+    per_endpoint: HashMap<EndpointId, EndpointSlots>,
     /// Registered deliveries, over all endpoints.
     claimed: usize,
     /// Slots promised to a claim (of the loop, or of an ingest batch's
@@ -72,6 +91,23 @@ struct Slots {
     reserved: usize,
     /// Shutting down: no more reservations.
     closed: bool,
+}
+
+/// One endpoint's registered deliveries, while it has any.
+struct EndpointSlots {
+    registered: usize,
+    gate: Arc<Semaphore>,
+    /// When the endpoint was last disabled (or answered 410) as far as this
+    /// process knows: deliveries claimed before then are not sent.
+    stopped_at: Option<crate::store::Millis>,
+}
+
+/// What a claim promised one delivery: when it was claimed and until when
+/// its lease lasts.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    claimed_at: crate::store::Millis,
+    until: crate::store::Millis,
 }
 
 impl Claimed {
@@ -95,7 +131,7 @@ impl Claimed {
         let counts = slots
             .per_endpoint
             .iter()
-            .map(|(k, (n, _))| (k.clone(), *n))
+            .map(|(k, e)| (k.clone(), e.registered))
             .collect();
         (n, counts)
     }
@@ -135,9 +171,13 @@ impl Claimed {
         let entry = slots
             .per_endpoint
             .entry(ep.clone())
-            .or_insert_with(|| (0, Arc::new(Semaphore::new(cap))));
-        entry.0 += 1;
-        entry.1.clone()
+            .or_insert_with(|| EndpointSlots {
+                registered: 0,
+                gate: Arc::new(Semaphore::new(cap)),
+                stopped_at: None,
+            });
+        entry.registered += 1;
+        entry.gate.clone()
     }
 
     fn remove(&self, ep: &EndpointId) {
@@ -145,13 +185,32 @@ impl Claimed {
             let mut slots = self.slots();
             slots.claimed -= 1;
             if let Some(entry) = slots.per_endpoint.get_mut(ep) {
-                entry.0 -= 1;
-                if entry.0 == 0 {
+                entry.registered -= 1;
+                if entry.registered == 0 {
+                    // Its stop mark concerned only the deliveries it held.
                     slots.per_endpoint.remove(ep);
                 }
             }
         }
         self.freed.notify_one();
+    }
+
+    /// The endpoint was disabled (or answered 410) at `at`: the deliveries
+    /// registered for it, claimed before then, are released rather than
+    /// sent when its gate lets them through. Those claimed later saw the
+    /// store's word on the endpoint and are sent.
+    fn stop(&self, ep: &EndpointId, at: crate::store::Millis) {
+        if let Some(entry) = self.slots().per_endpoint.get_mut(ep) {
+            entry.stopped_at = Some(entry.stopped_at.map_or(at, |s| s.max(at)));
+        }
+    }
+
+    fn is_stopped(&self, ep: &EndpointId, claimed_at: crate::store::Millis) -> bool {
+        self.slots()
+            .per_endpoint
+            .get(ep)
+            .and_then(|e| e.stopped_at)
+            .is_some_and(|at| claimed_at <= at)
     }
 }
 
@@ -163,7 +222,9 @@ pub struct Dispatcher {
     poll_interval: Duration,
     max_in_flight: usize,
     endpoint_cap: usize,
-    claimed: Claimed,
+    /// A request takes at most this (connect, send, the excerpt's read).
+    request_timeout: Duration,
+    claimed: Arc<Claimed>,
     /// Signalled when new work may be due: a commit, a replay, a retry.
     wake: Arc<Notify>,
     disable_rule: DisableRule,
@@ -206,6 +267,14 @@ impl Dispatcher {
         wake: Arc<Notify>,
         operator: Operator,
     ) -> anyhow::Result<Self> {
+        let claimed = Arc::new(Claimed {
+            slots: Mutex::new(Slots::default()),
+            freed: Notify::new(),
+        });
+        // An endpoint disabled here (API, dashboard, auto-disable) stops the
+        // deliveries already waiting at its gate.
+        let stopping = claimed.clone();
+        operator.on_disabled(Box::new(move |ep| stopping.stop(ep, now_millis())));
         Ok(Dispatcher {
             disable_rule: DisableRule {
                 after: config.disable_after,
@@ -220,10 +289,8 @@ impl Dispatcher {
             poll_interval: config.poll_interval,
             max_in_flight: config.max_in_flight,
             endpoint_cap: config.endpoint_concurrency,
-            claimed: Claimed {
-                slots: Mutex::new(Slots::default()),
-                freed: Notify::new(),
-            },
+            request_timeout: config.request_timeout,
+            claimed,
             wake,
             running: OnceLock::new(),
         })
@@ -238,22 +305,24 @@ impl Dispatcher {
         limit: usize,
         per_endpoint: usize,
         in_flight: &HashMap<EndpointId, usize>,
-    ) -> StoreResult<Vec<ClaimedDelivery>> {
+    ) -> StoreResult<(Vec<ClaimedDelivery>, Lease)> {
         let now = now_millis();
+        let lease = Lease {
+            claimed_at: now,
+            until: self.lease_from(now),
+        };
         let claimed = self
             .store
             .claim(&ClaimRequest {
                 now,
-                lease_until: self.lease_from(now),
+                lease_until: lease.until,
                 limit,
                 in_flight,
                 endpoint_cap: per_endpoint,
             })
-            .await;
-        if let Ok(found) = &claimed {
-            crate::metrics::claimed(found.len());
-        }
-        claimed
+            .await?;
+        crate::metrics::claimed(claimed.len());
+        Ok((claimed, lease))
     }
 
     /// Reserves free sending slots (at most `want`) so that an ingest batch
@@ -288,8 +357,12 @@ impl Dispatcher {
             .get()
             .and_then(|(tx, token)| Some((tx.upgrade()?, token)))
         {
+            let lease = Lease {
+                claimed_at: ticket.now,
+                until: ticket.lease_until,
+            };
             for d in claimed {
-                self.spawn_delivery(d, &done_tx, shutdown);
+                self.spawn_delivery(d, lease, &done_tx, shutdown);
             }
         }
         self.claimed
@@ -356,7 +429,7 @@ impl Dispatcher {
         let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
         self.claimed.unreserve(free, None);
-        let claimed = claimed?;
+        let (claimed, _lease) = claimed?;
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
@@ -379,6 +452,11 @@ impl Dispatcher {
     /// must be (a failing streak, or 410 Gone), and reports what went dead.
     async fn after_recorded(&self, batch: &[Completion], streaks: &[StreakUpdate]) {
         let now = now_millis();
+        // Disabled elsewhere (another process, or meanwhile): what waits at
+        // its gate here is not sent.
+        for s in streaks.iter().filter(|s| s.disabled) {
+            self.claimed.stop(&s.endpoint_id, now);
+        }
         for s in streaks.iter().filter(|s| !s.disabled) {
             let gone = batch
                 .iter()
@@ -431,16 +509,16 @@ impl Dispatcher {
                 }
                 continue;
             }
-            let claimed = self
-                .claim(free, per_endpoint, &in_flight)
-                .await
-                .map(|claimed| {
-                    let n = claimed.len();
-                    for d in claimed {
-                        self.spawn_delivery(d, &done_tx, &shutdown);
-                    }
-                    n
-                });
+            let claimed =
+                self.claim(free, per_endpoint, &in_flight)
+                    .await
+                    .map(|(claimed, lease)| {
+                        let n = claimed.len();
+                        for d in claimed {
+                            self.spawn_delivery(d, lease, &done_tx, &shutdown);
+                        }
+                        n
+                    });
             // The claimed ones are registered now; the rest is free again.
             self.claimed.unreserve(free, None);
             match claimed {
@@ -484,11 +562,13 @@ impl Dispatcher {
         }
     }
 
-    /// Sends `d` once its endpoint's gate lets it; at shutdown, a delivery
-    /// still waiting at the gate is released instead of sent.
+    /// Sends `d` once its endpoint's gate lets it, if it may still be sent
+    /// then (see the module's lease invariant); otherwise, or at shutdown,
+    /// releases it unsent.
     fn spawn_delivery(
         self: &Arc<Self>,
         d: ClaimedDelivery,
+        lease: Lease,
         done_tx: &mpsc::Sender<Completion>,
         shutdown: &CancellationToken,
     ) {
@@ -501,25 +581,56 @@ impl Dispatcher {
                 p = gate.acquire_owned() => p.ok(),
                 _ = shutdown.cancelled() => None,
             };
-            match permit {
-                Some(_permit) => {
+            match permit.map(|p| (p, this.may_send(&d, lease))) {
+                Some((_permit, Ok(()))) => {
                     let completion = this.attempt(d).await;
+                    if is_gone(completion.attempt.status_code) {
+                        // Disabled at once once recorded: the deliveries
+                        // waiting behind this one must not be sent meanwhile.
+                        this.claimed.stop(&endpoint, completion.now);
+                    }
                     // Fails only when the completer is gone; the lease
                     // then brings the delivery back.
                     let _ = done_tx.send(completion).await;
                 }
-                None => {
-                    if let Err(e) = this
-                        .store
-                        .release(&d.id, &d.lease_token, now_millis())
-                        .await
-                    {
-                        tracing::warn!(error = %e, delivery = %d.id, "release failed; the lease will expire");
-                    }
-                }
+                Some((_permit, Err(reason))) => this.release(&d, reason).await,
+                None => this.release(&d, "shutdown").await,
             }
             this.claimed.remove(&endpoint);
         });
+    }
+
+    /// Whether `d`, through its gate now, may be sent: its endpoint was not
+    /// stopped since it was claimed, and its lease covers a whole request.
+    fn may_send(&self, d: &ClaimedDelivery, lease: Lease) -> Result<(), &'static str> {
+        if self.claimed.is_stopped(&d.endpoint_id, lease.claimed_at) {
+            return Err("disabled");
+        }
+        let needed = self.request_timeout.saturating_add(LEASE_MARGIN);
+        let needed = i64::try_from(needed.as_millis()).unwrap_or(i64::MAX);
+        if now_millis().saturating_add(needed) > lease.until {
+            return Err("lease");
+        }
+        Ok(())
+    }
+
+    /// Gives `d` back unsent: pending and due now (held if its endpoint is
+    /// disabled), its attempt count unchanged.
+    async fn release(&self, d: &ClaimedDelivery, reason: &'static str) {
+        crate::metrics::released(reason);
+        tracing::debug!(delivery = %d.id, endpoint = %d.endpoint_id, reason, "released unsent");
+        match self
+            .store
+            .release(&d.id, &d.lease_token, now_millis())
+            .await
+        {
+            // Due now: the loop may be idle.
+            Ok(()) if reason != "shutdown" => self.wake.notify_one(),
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, delivery = %d.id, "release failed; the lease will expire")
+            }
+        }
     }
 
     /// Nothing claimable now: sleep until new work, the next known due
