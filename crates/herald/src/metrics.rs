@@ -8,6 +8,7 @@
 //! | `herald_attempt_duration_seconds` | histogram | `endpoint` | time of one attempt: connect, send, response headers, excerpt |
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
 //! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
+//! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
@@ -51,6 +52,7 @@ pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
 pub const CLAIMS: &str = "herald_dispatch_claims_total";
+pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
@@ -126,6 +128,11 @@ fn describe() {
         Unit::Count,
         "Claims of due deliveries by the dispatcher loop, by whether they found any (work, none)."
     );
+    describe_counter!(
+        COMPLETIONS_UNRECORDED,
+        Unit::Count,
+        "Finished attempts whose outcome could not be written; their deliveries are left to their leases."
+    );
     describe_gauge!(
         DELIVERIES,
         Unit::Count,
@@ -161,6 +168,14 @@ pub fn messages_ingested(count: u64) {
 pub fn claimed(found: usize) {
     let found = if found > 0 { "work" } else { "none" };
     ::metrics::counter!(CLAIMS, "found" => found).increment(1);
+}
+
+/// Counts outcomes the completer gave up writing (each is also logged).
+pub fn completions_unrecorded(count: usize) {
+    if count > 0 {
+        ::metrics::counter!(COMPLETIONS_UNRECORDED)
+            .increment(u64::try_from(count).unwrap_or(u64::MAX));
+    }
 }
 
 /// Records finished attempts under bounded endpoint labels. One per
