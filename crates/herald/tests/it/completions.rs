@@ -338,7 +338,7 @@ async fn a_stale_dead_outcome_sends_no_exhausted_event(db: Arc<Db>) {
 
     // The resend is sent (200), and any operator event queued meanwhile
     // would be sent in the same step.
-    assert_eq!(app.step().await.delivered, 1);
+    app.step().await;
     app.wait_for_state(&app_id, &msg, "delivered").await;
     let events: Vec<Value> = ops
         .requests()
