@@ -9,6 +9,7 @@
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
 //! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
 //! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
+//! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
@@ -53,6 +54,7 @@ pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
 pub const CLAIMS: &str = "herald_dispatch_claims_total";
 pub const RELEASED: &str = "herald_dispatch_released_total";
+pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
@@ -133,6 +135,11 @@ fn describe() {
         Unit::Count,
         "Claimed deliveries given back unsent, by reason (lease, disabled, shutdown)."
     );
+    describe_counter!(
+        COMPLETIONS_UNRECORDED,
+        Unit::Count,
+        "Finished attempts whose outcome could not be written; their deliveries are left to their leases."
+    );
     describe_gauge!(
         DELIVERIES,
         Unit::Count,
@@ -173,6 +180,14 @@ pub fn claimed(found: usize) {
 /// Counts one claimed delivery given back unsent, and why.
 pub fn released(reason: &'static str) {
     ::metrics::counter!(RELEASED, "reason" => reason).increment(1);
+}
+
+/// Counts outcomes the completer gave up writing (each is also logged).
+pub fn completions_unrecorded(count: usize) {
+    if count > 0 {
+        ::metrics::counter!(COMPLETIONS_UNRECORDED)
+            .increment(u64::try_from(count).unwrap_or(u64::MAX));
+    }
 }
 
 /// Records finished attempts under bounded endpoint labels. One per

@@ -248,14 +248,17 @@ impl Operator {
         Ok(report)
     }
 
-    /// Reports the deliveries of a recorded batch that went dead.
-    pub async fn report_dead(&self, batch: &[Completion]) {
+    /// Reports the deliveries that went dead among `moved`: completions
+    /// recorded as having moved their delivery on ([`crate::store::Completed`]).
+    /// A stale one, whose delivery was resent or re-claimed meanwhile, did
+    /// not make it dead and must not be passed here.
+    pub async fn report_dead(&self, moved: &[&Completion]) {
         if self.events_app.is_none() {
             return;
         }
-        let events = batch
+        let events = moved
             .iter()
-            .filter_map(|c| match c.next {
+            .filter_map(|&c| match c.next {
                 NextState::Dead(reason) if !self.is_operator_app(&c.attempt.app_id) => {
                     Some((c, reason))
                 }

@@ -39,8 +39,8 @@ use crate::config::Config;
 use crate::ids::{AttemptId, EndpointId};
 use crate::operator::Operator;
 use crate::store::{
-    now_millis, AttemptRecord, ClaimRequest, ClaimedDelivery, Completion, NextState, Store,
-    StoreResult, StreakUpdate,
+    now_millis, AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion, NextState,
+    Store, StoreError, StoreResult,
 };
 
 pub mod sender;
@@ -63,6 +63,15 @@ enum Woke {
     Other,
 }
 
+/// After shutdown begins, in-flight requests take at most the request
+/// timeout; the completer may then go on trying a store that does not take
+/// outcomes for this much longer before it gives up on them.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The error note of an attempt recorded without the receiver's text.
+pub const UNSTORABLE_NOTE: &str =
+    "the store refused this attempt's response excerpt or error text: recorded without them";
+
 /// Counts of what one [`Dispatcher::process_batch`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BatchReport {
@@ -70,6 +79,31 @@ pub struct BatchReport {
     pub delivered: usize,
     pub retried: usize,
     pub dead: usize,
+    /// Outcomes that could not be written (see [`RecordReport`]).
+    pub unrecorded: usize,
+}
+
+/// What became of a batch of outcomes given to [`Dispatcher::record`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecordReport {
+    /// Written as they were.
+    pub recorded: usize,
+    /// Refused by the store as they were, written without their response
+    /// excerpt and error text ([`UNSTORABLE_NOTE`] instead).
+    pub degraded: usize,
+    /// Not written, each logged at error level and counted in
+    /// `herald_completions_unrecorded_total`: their deliveries stay as they
+    /// were until their leases end.
+    pub unrecorded: usize,
+}
+
+/// Why a part of a batch was not written.
+enum Unwritten {
+    /// The store refused these rows (an error about what they hold): a
+    /// smaller part, or the row in a plainer form, may still be taken.
+    Refused(StoreError),
+    /// The store could not be reached in time, or shutdown's bound passed.
+    Unreachable(StoreError),
 }
 
 /// Claimed deliveries not yet finished, in total and per endpoint, and
@@ -443,21 +477,124 @@ impl Dispatcher {
                 NextState::Dead(_) => report.dead += 1,
             }
         }
-        let streaks = self.store.complete(&completions).await?;
-        self.after_recorded(&completions, &streaks).await;
+        report.unrecorded = self.record(&completions).await.unrecorded;
         Ok(report)
+    }
+
+    /// Writes a batch of outcomes as the completer does, then acts on what
+    /// was written (see [`Dispatcher::after_recorded`]).
+    pub async fn record(&self, batch: &[Completion]) -> RecordReport {
+        self.record_until(batch, &CancellationToken::new()).await
+    }
+
+    /// Writes `batch` so that no row holds back the others: a batch the
+    /// store refuses is split in halves until the row it refuses is alone
+    /// (one such row costs O(log n) transactions), and that row is written
+    /// without the receiver's text if the store takes it so. A store that
+    /// cannot be reached is retried with backoff for at most one lease (by
+    /// then the deliveries are claimable again anyway), and not after
+    /// `give_up`. Whatever is not written is logged and counted, never
+    /// dropped in silence.
+    async fn record_until(
+        &self,
+        batch: &[Completion],
+        give_up: &CancellationToken,
+    ) -> RecordReport {
+        let mut report = RecordReport::default();
+        let until = tokio::time::Instant::now() + self.lease;
+        // Parts still to write, the next on top.
+        let mut parts: Vec<&[Completion]> = vec![batch];
+        while let Some(part) = parts.pop() {
+            let error = match self.write(part, until, give_up).await {
+                Ok(done) => {
+                    self.after_recorded(part, &done).await;
+                    report.recorded += part.len();
+                    continue;
+                }
+                Err(Unwritten::Refused(e)) if part.len() > 1 => {
+                    tracing::warn!(error = %e, count = part.len(), "the store refused a batch of outcomes; writing it in halves");
+                    let (first, second) = part.split_at(part.len() / 2);
+                    parts.push(second);
+                    parts.push(first);
+                    continue;
+                }
+                Err(Unwritten::Refused(e)) => {
+                    let plain = [without_receiver_text(&part[0])];
+                    match self.write(&plain, until, give_up).await {
+                        Ok(done) => {
+                            tracing::warn!(
+                                error = %e, delivery = %plain[0].attempt.delivery_id,
+                                attempt = %plain[0].attempt.id,
+                                "the store refused an outcome; recorded it without the response excerpt and error text"
+                            );
+                            self.after_recorded(&plain, &done).await;
+                            report.degraded += 1;
+                            continue;
+                        }
+                        Err(Unwritten::Refused(e) | Unwritten::Unreachable(e)) => e,
+                    }
+                }
+                Err(Unwritten::Unreachable(e)) => e,
+            };
+            unrecorded(part, &error);
+            report.unrecorded += part.len();
+        }
+        report
+    }
+
+    /// One try at writing `part`, and more while the store is unreachable,
+    /// with backoff, until `until` or `give_up`.
+    async fn write(
+        &self,
+        part: &[Completion],
+        until: tokio::time::Instant,
+        give_up: &CancellationToken,
+    ) -> Result<Completed, Unwritten> {
+        let mut delay = Duration::from_millis(20);
+        loop {
+            let written = tokio::select! {
+                biased;
+                _ = give_up.cancelled() => Err(StoreError::Unavailable("shutting down: no more time to write outcomes".into())),
+                _ = tokio::time::sleep_until(until) => Err(StoreError::Unavailable("the store did not take the outcomes within a lease".into())),
+                written = self.store.complete(part) => written,
+            };
+            match written {
+                Ok(done) => return Ok(done),
+                Err(e @ StoreError::Unavailable(_)) => {
+                    if give_up.is_cancelled() || tokio::time::Instant::now() + delay >= until {
+                        return Err(Unwritten::Unreachable(e));
+                    }
+                    tracing::warn!(error = %e, retry_in = ?delay, count = part.len(), "recording outcomes failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = give_up.cancelled() => {}
+                    }
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(Unwritten::Refused(e)),
+            }
+        }
     }
 
     /// After outcomes are on disk: disables the endpoints the policy says
     /// must be (a failing streak, or 410 Gone), and reports what went dead.
-    async fn after_recorded(&self, batch: &[Completion], streaks: &[StreakUpdate]) {
+    ///
+    /// Only completions that moved their delivery report it dead: a stale
+    /// one (the delivery was resent or re-claimed meanwhile) changed
+    /// nothing. The streaks, though, count every attempt written, stale or
+    /// not: they are the endpoint's answers in a row, not its deliveries'
+    /// states, and a stale attempt was as real a request, answered (or not)
+    /// by the endpoint, as logged in its attempts and stats buckets. A
+    /// success since the streak began still wins: the disable is guarded by
+    /// the streak's start.
+    async fn after_recorded(&self, batch: &[Completion], done: &Completed) {
         let now = now_millis();
         // Disabled elsewhere (another process, or meanwhile): what waits at
         // its gate here is not sent.
-        for s in streaks.iter().filter(|s| s.disabled) {
+        for s in done.streaks.iter().filter(|s| s.disabled) {
             self.claimed.stop(&s.endpoint_id, now);
         }
-        for s in streaks.iter().filter(|s| !s.disabled) {
+        for s in done.streaks.iter().filter(|s| !s.disabled) {
             let gone = batch
                 .iter()
                 .any(|c| c.attempt.endpoint_id == s.endpoint_id && is_gone(c.attempt.status_code));
@@ -481,7 +618,12 @@ impl Dispatcher {
                 tracing::warn!(error = %e, endpoint = %s.endpoint_id, "could not disable endpoint");
             }
         }
-        self.operator.report_dead(batch).await;
+        let changed: Vec<&Completion> = batch
+            .iter()
+            .zip(&done.moved)
+            .filter_map(|(c, moved)| moved.then_some(c))
+            .collect();
+        self.operator.report_dead(&changed).await;
     }
 
     /// The background loop. Returns after `shutdown` once every request in
@@ -489,7 +631,10 @@ impl Dispatcher {
     /// claimed delivery that had not started has been released.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let (done_tx, done_rx) = mpsc::channel::<Completion>(self.max_in_flight.max(64) * 4);
-        let completer = tokio::spawn(self.clone().run_completer(done_rx));
+        // Cancelled once shutdown's bound has passed: then nothing waits
+        // any longer for a store that does not answer.
+        let give_up = CancellationToken::new();
+        let completer = tokio::spawn(self.clone().run_completer(done_rx, give_up.clone()));
         if self
             .running
             .set((done_tx.downgrade(), shutdown.clone()))
@@ -551,15 +696,34 @@ impl Dispatcher {
         }
         // Stop claiming; let what is in flight finish (bounded by the
         // request timeout), release what had not started, then let the
-        // completer write it all down.
+        // completer write it all down: all within the request timeout and
+        // STOP_GRACE, however the store fares.
         self.claimed.close();
+        let stop_by = tokio::time::Instant::now() + self.request_timeout + STOP_GRACE;
+        let deadline = {
+            let give_up = give_up.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(stop_by).await;
+                give_up.cancel();
+            })
+        };
         while self.claimed.busy() > 0 {
-            self.claimed.freed.notified().await;
+            tokio::select! {
+                _ = self.claimed.freed.notified() => {}
+                _ = give_up.cancelled() => {
+                    tracing::error!(
+                        count = self.claimed.busy(),
+                        "stopping with claimed deliveries unfinished (the store does not answer); their leases will bring them back"
+                    );
+                    break;
+                }
+            }
         }
         drop(done_tx);
         if let Err(e) = completer.await {
             tracing::error!(error = %e, "completer task failed");
         }
+        deadline.abort();
     }
 
     /// Sends `d` once its endpoint's gate lets it, if it may still be sent
@@ -589,9 +753,17 @@ impl Dispatcher {
                         // waiting behind this one must not be sent meanwhile.
                         this.claimed.stop(&endpoint, completion.now);
                     }
-                    // Fails only when the completer is gone; the lease
-                    // then brings the delivery back.
-                    let _ = done_tx.send(completion).await;
+                    // Fails only when the completer is gone (it stopped
+                    // waiting at shutdown); the lease then brings the
+                    // delivery back.
+                    if let Err(unsent) = done_tx.send(completion).await {
+                        unrecorded(
+                            std::slice::from_ref(&unsent.0),
+                            &StoreError::Unavailable(
+                                "shutting down: the completer has stopped".into(),
+                            ),
+                        );
+                    }
                 }
                 Some((_permit, Err(reason))) => this.release(&d, reason).await,
                 None => this.release(&d, "shutdown").await,
@@ -675,11 +847,24 @@ impl Dispatcher {
 
 impl Dispatcher {
     /// Writes outcomes in batches: whatever queued up while the previous
-    /// batch was being written goes into the next transaction.
-    async fn run_completer(self: Arc<Self>, mut rx: mpsc::Receiver<Completion>) {
+    /// batch was being written goes into the next transaction (see
+    /// [`Dispatcher::record_until`]). After `give_up`, what is still queued
+    /// is logged as not written, and the completer stops.
+    async fn run_completer(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Completion>,
+        give_up: CancellationToken,
+    ) {
         const MAX_BATCH: usize = 2000;
         let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = rx.recv().await {
+        loop {
+            let first = tokio::select! {
+                biased;
+                first = rx.recv() => first,
+                // Some sender is stuck (its store call does not return).
+                _ = give_up.cancelled() => None,
+            };
+            let Some(first) = first else { break };
             batch.push(first);
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
@@ -687,24 +872,7 @@ impl Dispatcher {
                     Err(_) => break,
                 }
             }
-            let mut delay = Duration::from_millis(20);
-            for attempt in 1..=30 {
-                match self.store.complete(&batch).await {
-                    Ok(streaks) => {
-                        self.after_recorded(&batch, &streaks).await;
-                        break;
-                    }
-                    Err(e) if attempt == 30 => {
-                        // Leases bring these deliveries back: at least once holds.
-                        tracing::error!(error = %e, count = batch.len(), "giving up recording outcomes; leases will expire");
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?delay, "recording outcomes failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
+            self.record_until(&batch, &give_up).await;
             // A retry may now be the earliest due work: let the loop re-plan.
             if batch
                 .iter()
@@ -714,7 +882,40 @@ impl Dispatcher {
             }
             batch.clear();
         }
+        rx.close();
+        while let Ok(c) = rx.try_recv() {
+            batch.push(c);
+        }
+        if !batch.is_empty() {
+            unrecorded(
+                &batch,
+                &StoreError::Unavailable("shutting down: no more time to write outcomes".into()),
+            );
+        }
     }
+}
+
+/// `c` as the store may take it when it refused `c` itself: without what
+/// the receiver had a say in (the response excerpt, the error text), and
+/// saying so. Its status, timing and next state are kept.
+fn without_receiver_text(c: &Completion) -> Completion {
+    let mut plain = c.clone();
+    plain.attempt.response = String::new();
+    plain.attempt.error = Some(UNSTORABLE_NOTE.to_owned());
+    plain
+}
+
+/// Outcomes given up on: each is logged with its ids (the attempt is not in
+/// the log, the delivery stays as it was until its lease ends) and counted.
+fn unrecorded(part: &[Completion], error: &StoreError) {
+    for c in part {
+        tracing::error!(
+            delivery = %c.attempt.delivery_id, attempt = %c.attempt.id,
+            endpoint = %c.attempt.endpoint_id, error = %error,
+            "could not record an outcome; the delivery is left to its lease"
+        );
+    }
+    crate::metrics::completions_unrecorded(part.len());
 }
 
 #[cfg(test)]

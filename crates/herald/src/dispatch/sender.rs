@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::net::{GuardedResolver, NetworkPolicy, WebhookUrl};
 use crate::store::ClaimedDelivery;
 
-/// The part of a response body kept in the attempt log.
+/// The part of a response body kept in the attempt log, in bytes of text.
 pub const EXCERPT_BYTES: usize = 4096;
 
 pub const USER_AGENT: &str = concat!("Herald/", env!("CARGO_PKG_VERSION"));
@@ -95,7 +95,7 @@ impl Sender {
             outcome: Outcome::NetworkError,
             status: None,
             excerpt: String::new(),
-            error: Some(error),
+            error: Some(storable_error(error)),
             duration: started.elapsed(),
         };
         let lane = if trusted {
@@ -143,15 +143,22 @@ impl Sender {
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| parse_retry_after(v, SystemTime::now()));
-            let mut excerpt = Vec::new();
-            while excerpt.len() < EXCERPT_BYTES {
+            let mut body = Vec::new();
+            let mut whole = false;
+            while body.len() < EXCERPT_BYTES {
                 match response.chunk().await? {
-                    Some(chunk) => excerpt.extend_from_slice(&chunk),
-                    None => break,
+                    Some(chunk) => body.extend_from_slice(&chunk),
+                    None => {
+                        whole = true;
+                        break;
+                    }
                 }
             }
-            excerpt.truncate(EXCERPT_BYTES);
-            Ok::<_, reqwest::Error>((status, retry_after, excerpt))
+            if body.len() > EXCERPT_BYTES {
+                body.truncate(EXCERPT_BYTES);
+                whole = false;
+            }
+            Ok::<_, reqwest::Error>((status, retry_after, excerpt_of(&body, whole)))
         }
         .await;
         match result {
@@ -161,7 +168,7 @@ impl Sender {
                     retry_after,
                 },
                 status: Some(status),
-                excerpt: String::from_utf8_lossy(&excerpt).into_owned(),
+                excerpt,
                 error: None,
                 duration: started.elapsed(),
             },
@@ -169,11 +176,49 @@ impl Sender {
                 outcome: Outcome::Timeout,
                 status: None,
                 excerpt: String::new(),
-                error: Some(format!("timed out: {}", error_chain(&e))),
+                error: Some(storable_error(format!("timed out: {}", error_chain(&e)))),
                 duration: started.elapsed(),
             },
             Err(e) => failed(error_chain(&e)),
         }
+    }
+}
+
+/// The attempt log's excerpt of a response body that starts with `body`
+/// (`whole`: and ends there). Made storable here, where it comes in, so
+/// that no store ever sees a receiver's bytes as they are: invalid UTF-8
+/// and NUL become U+FFFD ([`crate::store::storable`]), a character the read
+/// cut off at the end is left out rather than mangled, and the text is cut
+/// to [`EXCERPT_BYTES`] between characters.
+pub fn excerpt_of(body: &[u8], whole: bool) -> String {
+    let body = if whole { body } else { without_cut_char(body) };
+    let text = String::from_utf8_lossy(body);
+    let text = crate::store::storable(&text);
+    let mut end = text.len().min(EXCERPT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// `bytes` without the start of a character whose rest was not read.
+fn without_cut_char(bytes: &[u8]) -> &[u8] {
+    // A UTF-8 character is at most 4 bytes: its start is among the last 3.
+    for start in (bytes.len().saturating_sub(3)..bytes.len()).rev() {
+        if let Err(e) = std::str::from_utf8(&bytes[start..]) {
+            if e.valid_up_to() == 0 && e.error_len().is_none() {
+                return &bytes[..start];
+            }
+        }
+    }
+    bytes
+}
+
+/// Error text as it is stored: it may quote what a receiver sent.
+fn storable_error(text: String) -> String {
+    match crate::store::storable(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(clean) => clean,
     }
 }
 
@@ -191,4 +236,40 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_are_valid_utf8_without_nul() {
+        assert_eq!(excerpt_of(b"ok\0done", true), "ok\u{FFFD}done");
+        assert_eq!(excerpt_of(b"\xff\xfe", true), "\u{FFFD}\u{FFFD}");
+        assert_eq!(
+            excerpt_of("caf\u{e9} \u{2713}".as_bytes(), true),
+            "caf\u{e9} \u{2713}"
+        );
+        assert_eq!(storable_error("a\0b".to_owned()), "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn excerpts_are_cut_between_characters() {
+        // The read stopped inside "€" (3 bytes): it is left out, not mangled.
+        let mut body = vec![b'a'; EXCERPT_BYTES - 2];
+        body.extend_from_slice(&"\u{20ac}".as_bytes()[..2]);
+        let excerpt = excerpt_of(&body, false);
+        assert_eq!(excerpt, "a".repeat(EXCERPT_BYTES - 2));
+        // A body that really ends that way was sent broken: U+FFFD says so.
+        assert!(excerpt_of(&body[EXCERPT_BYTES - 4..], true).ends_with('\u{FFFD}'));
+        // Text longer than the limit once decoded (every NUL grows to three
+        // bytes) is cut at a character boundary within it.
+        let excerpt = excerpt_of(&[0u8; EXCERPT_BYTES], false);
+        assert_eq!(excerpt.len(), EXCERPT_BYTES / 3 * 3);
+        assert!(excerpt.chars().all(|c| c == '\u{FFFD}'));
+        // A character that fits whole is kept.
+        let mut body = vec![b'a'; EXCERPT_BYTES - 3];
+        body.extend_from_slice("\u{20ac}".as_bytes());
+        assert!(excerpt_of(&body, false).ends_with('\u{20ac}'));
+    }
 }

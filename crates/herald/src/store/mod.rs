@@ -369,6 +369,56 @@ pub struct StatsBucket {
     pub histogram: [u64; crate::health::HISTOGRAM_LEN],
 }
 
+/// What [`Store::complete`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Completed {
+    /// One per completion of the batch, in order: whether it moved its
+    /// delivery on (its lease token was still the delivery's). A stale one
+    /// (the delivery was re-claimed, resent or released meanwhile) only
+    /// logged its attempt, and nothing may be reported of it as a change.
+    pub moved: Vec<bool>,
+    /// The streak of every endpoint with a failure in the batch.
+    pub streaks: Vec<StreakUpdate>,
+}
+
+/// `text` as both stores keep it: NUL (which PostgreSQL refuses in `text`)
+/// becomes U+FFFD, as invalid UTF-8 does when a body is decoded.
+pub fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// The batch with every text that came from outside (a response excerpt,
+/// an error, the URL) made [`storable`]; borrowed, as it nearly always is,
+/// when nothing needed it. The sender already sends storable text: this is
+/// what keeps any other caller's from failing a batch on either store.
+pub fn storable_batch(batch: &[Completion]) -> std::borrow::Cow<'_, [Completion]> {
+    let unstorable = |a: &AttemptRecord| {
+        a.response.contains('\0')
+            || a.url.contains('\0')
+            || a.error.as_deref().is_some_and(|e| e.contains('\0'))
+    };
+    if !batch.iter().any(|c| unstorable(&c.attempt)) {
+        return std::borrow::Cow::Borrowed(batch);
+    }
+    std::borrow::Cow::Owned(
+        batch
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let a = &mut c.attempt;
+                a.response = storable(&a.response).into_owned();
+                a.url = storable(&a.url).into_owned();
+                a.error = a.error.as_deref().map(|e| storable(e).into_owned());
+                c
+            })
+            .collect(),
+    )
+}
+
 /// An endpoint's failing streak after a batch of outcomes was recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreakUpdate {
@@ -939,8 +989,11 @@ pub trait Store: Send + Sync + 'static {
     async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
     /// Records attempts and moves deliveries on, all in one transaction;
     /// also keeps each endpoint's failing streak and stats buckets. Returns
-    /// the streak of every endpoint with a failure in the batch.
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>>;
+    /// which completions moved their delivery (the others' lease token no
+    /// longer matched) and the streak of every endpoint with a failure in
+    /// the batch. Text is stored as [`storable_batch`] makes it, so nothing
+    /// a receiver can send fails the batch.
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed>;
 
     /// Gives back a claimed delivery that was not sent (shutdown): due
     /// again now, as if never claimed. Only the current holder may.

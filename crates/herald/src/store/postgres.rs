@@ -1109,10 +1109,14 @@ impl Store for PostgresStore {
         .map_err(map_err)
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Completed::default());
         }
+        // PostgreSQL refuses NUL in text: one such excerpt would fail the
+        // whole batch.
+        let batch = storable_batch(batch);
+        let batch = &batch[..];
         let attempts: Vec<&AttemptRecord> = batch.iter().map(|c| &c.attempt).collect();
         // Applied one after another, a second completion holding the same
         // lease would find the token already cleared by the first; one
@@ -1160,7 +1164,8 @@ impl Store for PostgresStore {
                  FROM (SELECT * FROM UNNEST($15::text[], $16::text[], $17::int2[], $18::int4[], $19::int8[], \
                                             $20::text[], $21::int4[], $22::text[], $23::int8[]) \
                        AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
-                 WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok), \
+                 WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok \
+                 RETURNING deliveries.id, v.tok), \
              counted AS ( \
                  INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
                                              h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
@@ -1177,7 +1182,8 @@ impl Store for PostgresStore {
                    h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
                    h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
                    h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
-                   h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11) \
+                   h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11), \
+             streaked AS ( \
              UPDATE endpoints e SET \
                fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
                streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
@@ -1186,7 +1192,11 @@ impl Store for PostgresStore {
              FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[]) \
                   AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
              WHERE e.id = v.id \
-             RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures",
+             RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures) \
+             SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok \
+               FROM streaked \
+             UNION ALL \
+             SELECT id, NULL, NULL, NULL, NULL, NULL, tok FROM moved",
         )
         .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
         .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
@@ -1247,9 +1257,14 @@ impl Store for PostgresStore {
         }
         let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
+        // The moved deliveries' rows carry the token that moved them; the
+        // rest are endpoints.
+        let mut moved_by: HashSet<(String, String)> = HashSet::new();
         let mut streaks = Vec::new();
         for r in &rows {
-            if get::<i32>(r, "batch_failures")? > 0 {
+            if let Some(tok) = get::<Option<String>>(r, "moved_tok")? {
+                moved_by.insert((get(r, "id")?, tok));
+            } else if get::<i32>(r, "batch_failures")? > 0 {
                 streaks.push(StreakUpdate {
                     endpoint_id: EndpointId::from_trusted(get(r, "id")?),
                     app_id: AppId::from_trusted(get(r, "app_id")?),
@@ -1260,7 +1275,18 @@ impl Store for PostgresStore {
             }
         }
         streaks.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
-        Ok(streaks)
+        // As in `moves`, the first completion holding a lease is the one
+        // that moved it.
+        let moved = batch
+            .iter()
+            .map(|c| {
+                moved_by.remove(&(
+                    c.attempt.delivery_id.as_str().to_owned(),
+                    c.lease_token.clone(),
+                ))
+            })
+            .collect();
+        Ok(Completed { moved, streaks })
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {

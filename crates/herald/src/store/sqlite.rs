@@ -757,7 +757,7 @@ fn park_and_unpark(
     Ok(())
 }
 
-fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
+fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Completed> {
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
@@ -773,6 +773,7 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Vec<Strea
              WHERE id = ?8 AND lease_token = ?9",
         )
         .map_err(map_err)?;
+    let mut moved = Vec::with_capacity(batch.len());
     for c in batch {
         let a = &c.attempt;
         insert
@@ -798,7 +799,7 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Vec<Strea
             NextState::Retry { at } => (DeliveryState::Pending, at, None),
             NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
         };
-        update
+        let changed = update
             .execute(params![
                 state as i64,
                 i64::from(a.attempt_number),
@@ -811,9 +812,10 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Vec<Strea
                 c.lease_token,
             ])
             .map_err(map_err)?;
+        moved.push(changed == 1);
     }
     let streaks = record_endpoint_health(conn, batch)?;
-    Ok(streaks)
+    Ok(Completed { moved, streaks })
 }
 
 /// Moves each endpoint's failing streak on and adds the batch to its stats
@@ -1406,11 +1408,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Vec<StreakUpdate>> {
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Completed::default());
         }
-        let batch = batch.to_vec();
+        // SQLite would keep a NUL, and PostgreSQL refuses it: both store it
+        // alike.
+        let batch = storable_batch(batch).into_owned();
         self.write(move |c| complete_tx(c, &batch)).await
     }
 

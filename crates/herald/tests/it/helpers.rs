@@ -219,7 +219,9 @@ pub struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub delay: Duration,
-    pub body: String,
+    pub body: Vec<u8>,
+    /// Answered only once the test adds a permit (see [`Reply::held`]).
+    pub gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Reply {
@@ -228,8 +230,20 @@ impl Reply {
             status,
             headers: vec![],
             delay: Duration::ZERO,
-            body: String::new(),
+            body: Vec::new(),
+            gate: None,
         }
+    }
+    /// A body of any bytes, text or not.
+    pub fn bytes(mut self, b: &[u8]) -> Self {
+        self.body = b.to_vec();
+        self
+    }
+    /// Holds the answer (the request has arrived and is recorded) until
+    /// `gate` gets a permit: `gate.add_permits(1)`.
+    pub fn held(mut self, gate: &Arc<tokio::sync::Semaphore>) -> Self {
+        self.gate = Some(gate.clone());
+        self
     }
     pub fn header(mut self, k: &str, v: &str) -> Self {
         self.headers.push((k.to_owned(), v.to_owned()));
@@ -240,7 +254,7 @@ impl Reply {
         self
     }
     pub fn body(mut self, b: &str) -> Self {
-        self.body = b.to_owned();
+        self.body = b.as_bytes().to_vec();
         self
     }
 }
@@ -290,6 +304,9 @@ async fn answer(
         body,
     });
     state.arrived.notify_waiters();
+    if let Some(gate) = &reply.gate {
+        let _ = gate.acquire().await.map(|p| p.forget());
+    }
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }

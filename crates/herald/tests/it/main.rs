@@ -4,6 +4,7 @@
 
 mod api;
 mod binary;
+mod completions;
 mod dashboard;
 mod delivery;
 mod endpoint_health;

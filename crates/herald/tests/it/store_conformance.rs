@@ -165,6 +165,8 @@ backends!(
     ingest_claims_new_deliveries_within_the_limits,
     completion_moves_deliveries_and_logs_attempts,
     a_stale_lease_token_cannot_move_a_reclaimed_delivery,
+    completion_stores_any_text_a_receiver_can_send,
+    completion_tells_which_completions_moved_their_delivery,
     dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle,
     resend_reuses_the_delivery_or_creates_one,
     deleting_an_endpoint_removes_its_deliveries,
@@ -839,6 +841,112 @@ async fn a_stale_lease_token_cannot_move_a_reclaimed_delivery(store: Arc<dyn Sto
     assert_eq!(log.items.len(), 2, "both attempts happened and are logged");
 }
 
+async fn completion_stores_any_text_a_receiver_can_send(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let ms: Vec<_> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    // A NUL (which PostgreSQL refuses in text) in an excerpt, and in an
+    // error text, beside an ordinary outcome in the same batch.
+    let mut odd = outcome(&got[0], false, 500, T0, 5);
+    odd.attempt.response = "ok\0done".into();
+    odd.attempt.error = Some("reset\0by peer".into());
+    let plain = outcome(&got[1], true, 200, T0, 5);
+    let done = store
+        .complete(&[odd.clone(), plain.clone()])
+        .await
+        .expect("complete");
+    assert_eq!(done.moved, vec![true, true]);
+    let logged = store
+        .get_attempt(&a.id, &odd.attempt.id)
+        .await
+        .expect("get")
+        .expect("logged");
+    assert_eq!(logged.response, "ok\u{FFFD}done");
+    assert_eq!(logged.error.as_deref(), Some("reset\u{FFFD}by peer"));
+    let d = store
+        .get_delivery(&a.id, &odd.attempt.delivery_id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        (d.state, d.last_error.as_deref()),
+        (DeliveryState::Pending, Some("reset\u{FFFD}by peer"))
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(status.last_error.as_deref(), Some("reset\u{FFFD}by peer"));
+    let other = store
+        .get_attempt(&a.id, &plain.attempt.id)
+        .await
+        .expect("get")
+        .expect("logged");
+    assert_eq!(other, plain.attempt, "the rest of the batch as it was");
+}
+
+async fn completion_tells_which_completions_moved_their_delivery(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let ms: Vec<_> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let (resent, kept) = (&got[0], &got[1]);
+    // A resend while the first is in flight clears its lease: its outcome
+    // is stale. The second is completed twice under the same lease: only
+    // the first of those moves it.
+    assert_eq!(
+        store
+            .resend(&a.id, &resent.msg_id, &e.id, T0 + 1)
+            .await
+            .expect("resend"),
+        ResendOutcome::Queued
+    );
+    let batch = [
+        completion(kept, NextState::Delivered, T0 + 2),
+        completion(kept, NextState::Dead(DeadReason::Exhausted), T0 + 3),
+        completion(resent, NextState::Dead(DeadReason::Exhausted), T0 + 4),
+    ];
+    let done = store.complete(&batch).await.expect("complete");
+    assert_eq!(done.moved, vec![true, false, false]);
+    let state = |d: &ClaimedDelivery| {
+        let (store, app, id) = (store.clone(), a.id.clone(), d.id.clone());
+        async move {
+            store
+                .get_delivery(&app, &id)
+                .await
+                .expect("get")
+                .expect("exists")
+                .state
+        }
+    };
+    assert_eq!(
+        state(resent).await,
+        DeliveryState::Pending,
+        "left to the resend"
+    );
+    assert_eq!(state(kept).await, DeliveryState::Delivered);
+    // Every attempt is logged all the same, and the failed ones count in
+    // the endpoint's streak: they were its answers.
+    for c in &batch {
+        assert!(store
+            .get_attempt(&a.id, &c.attempt.id)
+            .await
+            .expect("get")
+            .is_some());
+    }
+    assert_eq!(
+        done.streaks
+            .iter()
+            .map(|s| (&s.endpoint_id, s.fail_streak))
+            .collect::<Vec<_>>(),
+        vec![(&e.id, 2)]
+    );
+}
+
 async fn dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
@@ -1450,7 +1558,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
             outcome(&got[1], false, 503, T0 + 10, 5),
         ])
         .await
-        .expect("complete");
+        .expect("complete")
+        .streaks;
     assert_eq!(
         streaks,
         vec![StreakUpdate {
@@ -1474,7 +1583,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
     let streaks = store
         .complete(&[outcome(&got[0], false, 500, T0 + 100, 5)])
         .await
-        .expect("complete");
+        .expect("complete")
+        .streaks;
     assert_eq!(
         (streaks[0].fail_streak, streaks[0].streak_started_at),
         (3, Some(T0))
@@ -1489,7 +1599,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
             outcome(&got[2], false, 500, T0 + 220, 5),
         ])
         .await
-        .expect("complete");
+        .expect("complete")
+        .streaks;
     assert_eq!(
         (streaks[0].fail_streak, streaks[0].streak_started_at),
         (1, Some(T0 + 220))
@@ -1506,7 +1617,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
     let streaks = store
         .complete(&[outcome(&got[0], true, 204, T0 + 300, 5)])
         .await
-        .expect("complete");
+        .expect("complete")
+        .streaks;
     assert!(streaks.is_empty());
     let status = store
         .endpoint_status(&e.id)

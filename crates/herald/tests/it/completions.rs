@@ -1,0 +1,370 @@
+//! Outcomes on their way to the store, end to end: bodies a store could
+//! refuse, a row the store does refuse, and late outcomes that changed
+//! nothing. Each test runs on SQLite and on PostgreSQL (the server named
+//! by `HERALD_TEST_POSTGRES_URL`, in a throw-away schema; SKIPPED without
+//! it).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use herald::dispatch::RecordReport;
+use herald::ids::AttemptId;
+use herald::store::{ClaimRequest, Completion, NextState};
+
+use crate::helpers::*;
+
+/// Where a test's Herald keeps its data.
+pub enum Db {
+    /// A fresh SQLite file (the helpers' default).
+    Sqlite,
+    /// A fresh schema, dropped when the test ends.
+    Postgres { url: String, schema: String },
+}
+
+impl Db {
+    pub fn postgres(test: &str) -> Option<Db> {
+        let url = crate::scale_out::postgres_url(test)?;
+        let schema = format!("herald_cmpl_{:016x}", rand::random::<u64>());
+        Some(Db::Postgres { url, schema })
+    }
+
+    /// Starts Herald on this store, with `overrides` (`spawn_app` when
+    /// `background`, else `spawn_stepped`).
+    pub async fn start(&self, background: bool, overrides: &[(&str, &str)]) -> TestApp {
+        let mut all: Vec<(&str, &str)> = overrides.to_vec();
+        if let Db::Postgres { url, schema } = self {
+            all.push(("HERALD_DATABASE_URL", url));
+            all.push(("HERALD_DATABASE_SCHEMA", schema));
+        }
+        if background {
+            spawn_app(&all).await
+        } else {
+            spawn_stepped(&all).await
+        }
+    }
+
+    /// Runs `test`, then drops the PostgreSQL schema, passed or not.
+    pub async fn run<F, Fut>(self, test: F)
+    where
+        F: FnOnce(Arc<Db>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        use futures::FutureExt;
+        let db = Arc::new(self);
+        let outcome = std::panic::AssertUnwindSafe(test(db.clone()))
+            .catch_unwind()
+            .await;
+        if let Db::Postgres { url, schema } = &*db {
+            if let Ok(pool) = sqlx::PgPool::connect(url).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .execute(&pool)
+                .await;
+                pool.close().await;
+            }
+        }
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+macro_rules! on_both_stores {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite_store {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::Db::Sqlite.run(super::$test).await;
+                }
+            )*
+        }
+
+        mod postgres_store {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let name = concat!("completions::postgres_store::", stringify!($test));
+                    let Some(db) = super::Db::postgres(name) else {
+                        return;
+                    };
+                    db.run(super::$test).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps,
+    a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch,
+    a_stale_dead_outcome_sends_no_exhausted_event,
+);
+
+async fn app_with_endpoints(app: &TestApp, receivers: &[&Receiver]) -> (String, Vec<String>) {
+    let app_id = app.create_app().await;
+    let mut eps = Vec::new();
+    for rx in receivers {
+        let ep = app
+            .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
+            .await;
+        eps.push(ep["id"].as_str().expect("endpoint id").to_owned());
+    }
+    (app_id, eps)
+}
+
+async fn send_n(app: &TestApp, app_id: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        ids.push(
+            app.send_message(app_id, "order.created", json!({ "n": i }))
+                .await,
+        );
+    }
+    ids
+}
+
+/// An endpoint answering `ok\0done`, one answering bytes that are not
+/// UTF-8, and another application's healthy endpoint, all through the
+/// background dispatcher: each message arrives once per endpoint, is logged
+/// once, with the receiver's words made storable, and ends delivered. (On
+/// PostgreSQL the NUL failed every completion batch it was in: the other
+/// app's deliveries were sent again each lease and stayed `delivering`.)
+async fn bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps(db: Arc<Db>) {
+    let app = db.start(true, &[]).await;
+    let (nul, broken, healthy) = (
+        Receiver::start().await,
+        Receiver::start().await,
+        Receiver::start().await,
+    );
+    nul.always(Reply::status(200).bytes(b"ok\0done"));
+    broken.always(Reply::status(200).bytes(b"\xff\xfe"));
+    healthy.always(Reply::status(200).body("fine"));
+    let (odd_app, odd_eps) = app_with_endpoints(&app, &[&nul, &broken]).await;
+    let (other_app, _) = app_with_endpoints(&app, &[&healthy]).await;
+    const N: usize = 5;
+    let odd_msgs = send_n(&app, &odd_app, N).await;
+    let other_msgs = send_n(&app, &other_app, N).await;
+    for m in &odd_msgs {
+        app.wait_for_state(&odd_app, m, "delivered").await;
+    }
+    for m in &other_msgs {
+        app.wait_for_state(&other_app, m, "delivered").await;
+    }
+    for (rx, name) in [(&nul, "nul"), (&broken, "broken"), (&healthy, "healthy")] {
+        assert_eq!(rx.requests().len(), N, "requests at the {name} receiver");
+    }
+    let excerpt_of = |ep: &str| {
+        if ep == odd_eps[0] {
+            "ok\u{FFFD}done"
+        } else {
+            "\u{FFFD}\u{FFFD}"
+        }
+    };
+    for m in &odd_msgs {
+        let attempts = app.attempts_of_msg(&odd_app, m).await;
+        assert_eq!(attempts.len(), 2, "one attempt per endpoint: {attempts:?}");
+        for a in &attempts {
+            assert_eq!(a["status"], 0, "{a}");
+            let ep = a["endpointId"].as_str().expect("endpoint id");
+            assert_eq!(a["response"], excerpt_of(ep), "{a}");
+        }
+    }
+    for m in &other_msgs {
+        let attempts = app.attempts_of_msg(&other_app, m).await;
+        assert_eq!(attempts.len(), 1, "{attempts:?}");
+        assert_eq!(attempts[0]["response"], "fine");
+    }
+    app.shutdown().await;
+}
+
+/// The claim of the dispatcher, by hand: what `process_batch` would send.
+async fn claim_all(app: &TestApp) -> Vec<herald::store::ClaimedDelivery> {
+    let now = chrono::Utc::now().timestamp_millis();
+    app.running()
+        .store
+        .claim(&ClaimRequest {
+            now,
+            lease_until: now + 60_000,
+            limit: 100,
+            in_flight: &HashMap::new(),
+            endpoint_cap: 100,
+        })
+        .await
+        .expect("claim")
+}
+
+fn delivered(d: &herald::store::ClaimedDelivery) -> Completion {
+    let now = chrono::Utc::now().timestamp_millis();
+    Completion {
+        attempt: herald::store::AttemptRecord {
+            id: AttemptId::generate(),
+            delivery_id: d.id.clone(),
+            msg_id: d.msg_id.clone(),
+            endpoint_id: d.endpoint_id.clone(),
+            app_id: d.app_id.clone(),
+            url: d.url.clone(),
+            attempt_number: d.attempts + 1,
+            started_at: now,
+            duration_ms: 2,
+            status_code: Some(200),
+            response: "ok".into(),
+            error: None,
+            success: true,
+            manual: false,
+        },
+        lease_token: d.lease_token.clone(),
+        next: NextState::Delivered,
+        now,
+    }
+}
+
+/// A batch of outcomes in which one row truly cannot be written: its
+/// attempt id is already taken (both stores refuse the row, and with it the
+/// whole transaction). The completer's write path records the others, each
+/// once; the refused one is counted, and its delivery is left to its lease.
+async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: Arc<Db>) {
+    let app = db.start(false, &[]).await;
+    let rx = Receiver::start().await;
+    let (app_id, _) = app_with_endpoints(&app, &[&rx]).await;
+    let first = send_n(&app, &app_id, 1).await.remove(0);
+    assert_eq!(app.step().await.delivered, 1);
+    let taken = app.attempts_of_msg(&app_id, &first).await[0]["id"]
+        .as_str()
+        .expect("attempt id")
+        .to_owned();
+
+    let msgs = send_n(&app, &app_id, 5).await;
+    let claimed = claim_all(&app).await;
+    assert_eq!(claimed.len(), 5);
+    let mut batch: Vec<Completion> = claimed.iter().map(delivered).collect();
+    batch[3].attempt.id = AttemptId::parse(&taken).expect("attempt id");
+    let refused = batch[3].attempt.msg_id.to_string();
+
+    let report = app.running().dispatcher.record(&batch).await;
+    assert_eq!(
+        report,
+        RecordReport {
+            recorded: 4,
+            degraded: 0,
+            unrecorded: 1,
+        }
+    );
+    for m in &msgs {
+        let ds = app.deliveries(&app_id, m).await;
+        let attempts = app.attempts_of_msg(&app_id, m).await;
+        if *m == refused {
+            assert_eq!(ds[0]["state"], "delivering", "left to its lease: {ds:?}");
+            assert!(attempts.is_empty(), "{attempts:?}");
+        } else {
+            assert_eq!(ds[0]["state"], "delivered", "{ds:?}");
+            assert_eq!(attempts.len(), 1, "written once: {attempts:?}");
+        }
+    }
+    assert_eq!(
+        app.attempts_of_msg(&app_id, &first).await.len(),
+        1,
+        "the attempt that held the id is untouched"
+    );
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let unrecorded = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_completions_unrecorded_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        unrecorded.is_some_and(|n| n >= 1.0),
+        "counted (the counter is the process's): {unrecorded:?}"
+    );
+    app.shutdown().await;
+}
+
+/// An attempt decided dead whose delivery was resent while it was in
+/// flight: the outcome is logged but changes nothing, so no
+/// `message.attempt.exhausted` is sent. A dead outcome that does move its
+/// delivery is still reported. The stale failure counts in the endpoint's
+/// failing streak: it was the endpoint's answer.
+async fn a_stale_dead_outcome_sends_no_exhausted_event(db: Arc<Db>) {
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let ops_url = ops.url("/ops");
+    let app = db
+        .start(
+            false,
+            &[
+                ("HERALD_OPERATOR_WEBHOOK_URL", &ops_url),
+                ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+            ],
+        )
+        .await;
+    let rx = Receiver::start().await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    rx.script([Reply::status(400).held(&gate)]);
+    let (app_id, eps) = app_with_endpoints(&app, &[&rx]).await;
+    let msg = send_n(&app, &app_id, 1).await.remove(0);
+
+    let stepping = {
+        let dispatcher = app.running().dispatcher.clone();
+        tokio::spawn(async move { dispatcher.process_batch().await })
+    };
+    rx.wait_for(1).await;
+    let (status, body) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{}/resend", eps[0]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    gate.add_permits(1);
+    let report = stepping.await.expect("step task").expect("batch processed");
+    assert_eq!((report.dead, report.unrecorded), (1, 0));
+    let ds = app.deliveries(&app_id, &msg).await;
+    assert_eq!(ds[0]["state"], "pending", "the resend's, untouched: {ds:?}");
+    let (_, h) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{}/health", eps[0]))
+        .await;
+    assert_eq!(h["failureStreak"], 1, "{h}");
+
+    // The resend is sent (200), and any operator event queued meanwhile
+    // would be sent in the same step.
+    app.step().await;
+    app.wait_for_state(&app_id, &msg, "delivered").await;
+    let events: Vec<Value> = ops
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).expect("JSON event"))
+        .collect();
+    assert!(
+        events.is_empty(),
+        "no event for a stale outcome: {events:?}"
+    );
+
+    // A dead outcome that moves its delivery is reported.
+    rx.always(Reply::status(400));
+    let (status, body) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{}/resend", eps[0]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(app.step().await.dead, 1);
+    app.step().await;
+    let got = ops.wait_for(1).await;
+    let event: Value = serde_json::from_slice(&got[0].body).expect("JSON event");
+    assert_eq!(event["type"], "message.attempt.exhausted", "{event}");
+    assert_eq!(event["data"]["msgId"], msg.as_str());
+    assert_eq!(ops.requests().len(), 1);
+    app.shutdown().await;
+}
