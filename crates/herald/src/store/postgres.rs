@@ -1726,6 +1726,41 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        // Per disabled endpoint, a seek into its held deliveries by cycle
+        // start (LATERAL: a plain join may be planned as a scan of every
+        // delivery). SKIP LOCKED: one being enabled (or resent) right now
+        // is left to that; a later pass sees what it became.
+        let n = sqlx::query(
+            "WITH old AS MATERIALIZED ( \
+                 SELECT h.id FROM endpoints e \
+                 CROSS JOIN LATERAL ( \
+                     SELECT d.id FROM deliveries d \
+                     WHERE d.held AND d.endpoint_id = e.id AND d.cycle_started_at < $1 \
+                     LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
+                 WHERE e.disabled LIMIT $2) \
+             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, \
+                    next_attempt_at = $3, updated_at = $3 \
+             FROM old WHERE d.id = old.id",
+        )
+        .bind(too_old_before)
+        .bind(i64_of(batch))
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(n)
+    }
+
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
         let listener = start_listener(&self.pool, &self.wake_channel)
             .await

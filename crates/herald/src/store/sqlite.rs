@@ -1752,6 +1752,36 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            // Per disabled endpoint, one seek into its held deliveries by
+            // cycle start, whatever else is held.
+            let n = c
+                .prepare_cached(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
+                                  JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
+                                  WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
+                                  LIMIT ?3)",
+                )
+                .map_err(map_err)?
+                .execute(params![now, too_old_before, limit])
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
         let (t, sha) = (token.clone(), sha256_hex.to_owned());
         self.write(move |c| {
