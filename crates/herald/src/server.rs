@@ -245,6 +245,35 @@ async fn run_retention(store: Arc<dyn Store>, config: Config, shutdown: Cancella
         {
             tracing::warn!(error = %e, "pruning idempotency keys failed");
         }
+        // The age cap, for deliveries held by an endpoint nobody enables:
+        // dead ("too old") as enabling it would make them, so that they do
+        // not pile up, and then pruned like any dead delivery.
+        let too_old_before = now.saturating_sub(ms(config.retry.max_age));
+        loop {
+            match store
+                .expire_held(too_old_before, now, RETENTION_BATCH)
+                .await
+            {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(
+                            deliveries = n,
+                            "held deliveries past the age cap are now dead (too_old)"
+                        );
+                    }
+                    if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
+                        || shutdown.is_cancelled()
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "expiring held deliveries failed; will try again later");
+                    break;
+                }
+            }
+        }
         loop {
             let result = store
                 .prune(

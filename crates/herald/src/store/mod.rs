@@ -1135,6 +1135,17 @@ pub trait Store: Send + Sync + 'static {
         dead_before: Millis,
         batch: usize,
     ) -> StoreResult<PruneReport>;
+    /// Retention's age cap on held deliveries (pending, of a disabled
+    /// endpoint): those whose cycle started before `too_old_before` become
+    /// dead ("too old"), replayable like any other, as enabling the
+    /// endpoint would have made them. At most `batch` per call; returns
+    /// how many, and the caller repeats while a batch was full.
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64>;
 
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()>;
     async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>>;

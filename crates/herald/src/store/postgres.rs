@@ -506,6 +506,17 @@ fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
     (sql, args)
 }
 
+/// Lets an enabled endpoint's held deliveries back into the claim index,
+/// in `tx`, after the endpoint's row was locked or updated there.
+async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> StoreResult<()> {
+    sqlx::query("UPDATE deliveries SET held = FALSE WHERE endpoint_id = $1 AND held")
+        .bind(ep.as_str())
+        .execute(tx)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
 impl PostgresStore {
     /// Stores `batch` with its deliveries; claims some of them when
     /// `claim` is given (see [`Store::insert_messages_claiming`]).
@@ -944,6 +955,7 @@ impl Store for PostgresStore {
     async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
         // An enabled endpoint may have deliveries the claim held back while
         // it was disabled: wake the dispatchers.
         let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
@@ -967,9 +979,16 @@ impl Store for PostgresStore {
         .bind(&self.wake_channel)
         .bind(ep.channels.as_ref().map(to_json).transpose()?)
         .bind(to_json(&ep.headers)?)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await
         .map_err(map_err)?;
+        // Enabled (it may have been disabled): what was held resumes. A
+        // statement of its own, begun after the endpoint's row lock was
+        // taken, so it sees whatever a claim held meanwhile.
+        if n == 1 && !ep.disabled {
+            unhold(&mut tx, &ep.id).await?;
+        }
+        tx.commit().await.map_err(map_err)?;
         Ok(n == 1)
     }
 
@@ -1029,18 +1048,33 @@ impl Store for PostgresStore {
         // claimer is taking right now are left to it; this claim takes the
         // next ones instead of waiting. Of the due rows, each endpoint gets
         // no more than its room, earliest first, and `limit` in all.
+        // Held deliveries are not in `deliveries_due`; the pending ones of
+        // a disabled endpoint the window still meets (made pending after
+        // it was disabled) are held here, so no claim meets them again.
+        // Holding takes a share lock on their endpoint, as enabling it
+        // takes a stronger one: the two never cross, so a delivery held
+        // here is always one enabling will see; an endpoint locked by
+        // someone else is left for a later claim (SKIP LOCKED).
         let rows = sqlx::query(
             "WITH due AS MATERIALIZED ( \
-                 SELECT d.id, d.endpoint_id, d.next_attempt_at FROM deliveries d \
-                 WHERE d.state < 2 AND d.next_attempt_at <= $1 \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state FROM deliveries d \
+                 WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
                    AND d.endpoint_id <> ALL($2::text[]) \
-                   AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
                  ORDER BY d.next_attempt_at LIMIT $3 \
                  FOR UPDATE OF d SKIP LOCKED), \
+             off AS MATERIALIZED ( \
+                 SELECT e.id FROM endpoints e \
+                 WHERE e.id IN (SELECT endpoint_id FROM due) AND e.disabled), \
+             held AS ( \
+                 UPDATE deliveries d SET held = TRUE FROM due \
+                 WHERE d.id = due.id AND due.state = 0 \
+                   AND due.endpoint_id IN ( \
+                       SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
+                       FOR SHARE SKIP LOCKED)), \
              ranked AS ( \
                  SELECT id, next_attempt_at, endpoint_id, \
                         row_number() OVER (PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS nth \
-                 FROM due), \
+                 FROM due WHERE endpoint_id NOT IN (SELECT id FROM off)), \
              picked AS ( \
                  SELECT r.id, r.next_attempt_at FROM ranked r \
                  LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, room) ON b.endpoint_id = r.endpoint_id \
@@ -1095,12 +1129,13 @@ impl Store for PostgresStore {
     }
 
     async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
-        // A disabled endpoint's held deliveries are no claim's work. ORDER
-        // BY … LIMIT 1 (not MIN) walks `deliveries_due` from its start and
-        // stops at the first row that counts; MIN over the anti-join
-        // aggregates every live row first.
+        // A disabled endpoint's held deliveries are no claim's work: held
+        // ones are out of `deliveries_due`, and the few not held yet (see
+        // `claim`) are skipped. ORDER BY … LIMIT 1 (not MIN) walks
+        // `deliveries_due` from its start and stops at the first row that
+        // counts; MIN over the anti-join aggregates every live row first.
         sqlx::query_scalar(
-            "SELECT d.next_attempt_at FROM deliveries d WHERE d.state < 2 \
+            "SELECT d.next_attempt_at FROM deliveries d WHERE d.state < 2 AND NOT d.held \
                AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
              ORDER BY d.next_attempt_at LIMIT 1",
         )
@@ -1726,6 +1761,41 @@ impl Store for PostgresStore {
         })
     }
 
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        // Per disabled endpoint, a seek into its held deliveries by cycle
+        // start (LATERAL: a plain join may be planned as a scan of every
+        // delivery). SKIP LOCKED: one being enabled (or resent) right now
+        // is left to that; a later pass sees what it became.
+        let n = sqlx::query(
+            "WITH old AS MATERIALIZED ( \
+                 SELECT h.id FROM endpoints e \
+                 CROSS JOIN LATERAL ( \
+                     SELECT d.id FROM deliveries d \
+                     WHERE d.held AND d.endpoint_id = e.id AND d.cycle_started_at < $1 \
+                     LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
+                 WHERE e.disabled LIMIT $2) \
+             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, \
+                    next_attempt_at = $3, updated_at = $3 \
+             FROM old WHERE d.id = old.id",
+        )
+        .bind(too_old_before)
+        .bind(i64_of(batch))
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        Ok(n)
+    }
+
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
         let listener = start_listener(&self.pool, &self.wake_channel)
             .await
@@ -2089,20 +2159,30 @@ impl Store for PostgresStore {
         streak_started_at: Option<Millis>,
         now: Millis,
     ) -> StoreResult<bool> {
-        let done = sqlx::query(
-            "UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
-             disabled_at = $3, updated_at = $3 \
-             WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5)",
+        // Its pending deliveries are held from the same statement on: out
+        // of the claim index, and found by retention's age cap. (Claims
+        // hold those made pending later; one a claim is taking right now
+        // is waited for, then seen delivering and left alone.)
+        let n: i64 = sqlx::query_scalar(
+            "WITH off AS ( \
+                 UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
+                 disabled_at = $3, updated_at = $3 \
+                 WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5) \
+                 RETURNING id), \
+             held AS ( \
+                 UPDATE deliveries SET held = TRUE \
+                 WHERE endpoint_id IN (SELECT id FROM off) AND state = 0 AND NOT held) \
+             SELECT count(*) FROM off",
         )
         .bind(reason)
         .bind(if auto { "auto" } else { "operator" })
         .bind(now)
         .bind(ep.as_str())
         .bind(streak_started_at)
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(n == 1)
     }
 
     async fn enable_endpoint(
@@ -2133,7 +2213,8 @@ impl Store for PostgresStore {
         .map_err(map_err)?;
         // Held past the age cap: dead now, and replayable like any other.
         let expired = sqlx::query(
-            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', next_attempt_at = $1, updated_at = $1 \
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, \
+             next_attempt_at = $1, updated_at = $1 \
              WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
         )
         .bind(now)
@@ -2143,7 +2224,10 @@ impl Store for PostgresStore {
         .await
         .map_err(map_err)?
         .rows_affected();
-        // Its held deliveries are claimable again.
+        // Its held deliveries are claimable again. (The row lock above
+        // waited for any claim holding more of them: these statements
+        // see what it held.)
+        unhold(&mut tx, ep).await?;
         self.notify_in(&mut tx).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(Some(EnableReport {
@@ -2154,13 +2238,20 @@ impl Store for PostgresStore {
 
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
         // Each count walks a partial index, never the history.
+        // (Held deliveries are pending, and due once their time has come.)
         let row = sqlx::query(
             "SELECT \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 0) AS pending, \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 1) AS delivering, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
+                 + (SELECT count(*) FROM deliveries WHERE held) AS pending, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
                (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND state = 0 AND next_attempt_at <= $1) AS due, \
-               (SELECT min(next_attempt_at) FROM deliveries WHERE state < 2 AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+               (SELECT count(*) FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
+                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
+               LEAST((SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
+                     (SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
                (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
         )
         .bind(now)

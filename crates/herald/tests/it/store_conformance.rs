@@ -174,6 +174,7 @@ backends!(
     streaks_count_failures_in_a_row_and_reset_on_success,
     stats_buckets_add_up_per_endpoint_and_prune_by_age,
     disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_deliveries,
+    retention_expires_held_deliveries_past_the_age_cap,
     only_auto_disabled_endpoints_collect_new_messages,
     dead_letters_filter_across_apps_and_replay_in_bulk,
     queue_stats_count_live_dead_due_and_disabled,
@@ -1807,6 +1808,134 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
         None,
         "another app's endpoint is not found"
     );
+}
+
+/// Issue 16, defect 6: an endpoint nobody enables kept its held deliveries
+/// for ever. Retention now gives them the age cap, as enabling it would:
+/// those whose cycle began before it are dead ("too old"), in batches, and
+/// replay like any dead letter; younger ones, and every live delivery of
+/// an enabled endpoint, are left alone.
+async fn retention_expires_held_deliveries_past_the_age_cap(store: Arc<dyn Store>) {
+    const TOO_OLD_BEFORE: Millis = T0 + 10_000;
+    let a = app(&store, None).await;
+    let stuck = endpoint(&store, &a.id, None, false).await;
+    let b = app(&store, None).await;
+    let healthy = endpoint(&store, &b.id, None, false).await;
+    let at = |app: &AppId, created_at: Millis| NewMessage {
+        created_at,
+        ..message(app, "x", None)
+    };
+    // Pending when the endpoint is disabled, and new ones after (held
+    // too: an auto-disabled endpoint collects new messages).
+    let before = at(&a.id, T0);
+    store
+        .insert_messages(std::slice::from_ref(&before))
+        .await
+        .expect("insert");
+    assert!(store
+        .disable_endpoint(&stuck.id, "failing", true, None, T0 + 1)
+        .await
+        .expect("disable"));
+    let after = at(&a.id, T0 + 1_000);
+    let young = at(&a.id, T0 + 50_000);
+    store
+        .insert_messages(&[after.clone(), young.clone()])
+        .await
+        .expect("insert");
+    assert!(
+        claim(&store, T0 + 100_000, 10, &HashMap::new(), 10)
+            .await
+            .is_empty(),
+        "held"
+    );
+    // As old as the first, but its endpoint is enabled.
+    let live = at(&b.id, T0);
+    store
+        .insert_messages(std::slice::from_ref(&live))
+        .await
+        .expect("insert");
+
+    let now = T0 + 100_000;
+    let mut passes = Vec::new();
+    loop {
+        let n = store
+            .expire_held(TOO_OLD_BEFORE, now, 1)
+            .await
+            .expect("expire");
+        passes.push(n);
+        if n < 1 {
+            break;
+        }
+    }
+    assert_eq!(passes, vec![1, 1, 0], "two, one per batch of 1");
+    let state_of = |app: AppId, m: MsgId| {
+        let store = store.clone();
+        async move {
+            let ds = store
+                .list_deliveries_of_message(&app, &m)
+                .await
+                .expect("list");
+            assert_eq!(ds.len(), 1);
+            (ds[0].state, ds[0].dead_reason)
+        }
+    };
+    let too_old = (DeliveryState::Dead, Some(DeadReason::TooOld));
+    let pending = (DeliveryState::Pending, None);
+    assert_eq!(state_of(a.id.clone(), before.id.clone()).await, too_old);
+    assert_eq!(state_of(a.id.clone(), after.id.clone()).await, too_old);
+    assert_eq!(state_of(a.id.clone(), young.id.clone()).await, pending);
+    assert_eq!(state_of(b.id.clone(), live.id.clone()).await, pending);
+    let dead = store
+        .list_dead(&dead_of(&a.id, Some(&stuck.id)), &page(10, None, true))
+        .await
+        .expect("dead");
+    assert_eq!(dead.items.len(), 2);
+    assert!(dead.items.iter().all(|d| d.updated_at == now));
+    assert_eq!(
+        store.expire_held(now, now, 10).await.expect("expire"),
+        1,
+        "the young one too, once past the cap"
+    );
+
+    // Replayed, they are pending in a new cycle: held while the endpoint
+    // is disabled, sent once it is enabled.
+    assert_eq!(
+        store
+            .replay_dead_of_endpoint(&a.id, &stuck.id, T0 + 200_000)
+            .await
+            .expect("replay"),
+        3
+    );
+    let got = claim(&store, T0 + 200_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(
+        got.iter().map(|d| d.msg_id.clone()).collect::<Vec<_>>(),
+        vec![live.id.clone()],
+        "only the enabled endpoint's"
+    );
+    assert_eq!(got[0].endpoint_id, healthy.id);
+    store
+        .complete(&[completion(&got[0], NextState::Delivered, T0 + 200_001)])
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .expire_held(T0 + 200_000, T0 + 200_000, 10)
+            .await
+            .expect("expire"),
+        0,
+        "a replay starts the age cap over"
+    );
+    let report = store
+        .enable_endpoint(&a.id, &stuck.id, T0 + 300_000, T0 + 150_000)
+        .await
+        .expect("enable")
+        .expect("exists");
+    assert_eq!(report.expired, 0);
+    let resumed = claim(&store, T0 + 300_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(resumed.len(), 3, "resumed when enabled");
+    assert!(resumed
+        .iter()
+        .all(|d| d.manual && d.endpoint_id == stuck.id));
 }
 
 async fn only_auto_disabled_endpoints_collect_new_messages(store: Arc<dyn Store>) {
