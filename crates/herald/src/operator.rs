@@ -2,9 +2,11 @@
 //!
 //! Enabling and disabling an endpoint go through here, whoever asks (the
 //! API, the dashboard, the CLI through the API, the dispatcher's
-//! auto-disable), so the rules hold the same everywhere: enabling resets the
-//! failing streak and lets held deliveries resume, except those past the
-//! age cap, which become dead as "too old".
+//! auto-disable), so the rules hold the same everywhere: enabling a
+//! disabled endpoint resets the failing streak and lets held deliveries
+//! resume, except those past the age cap, which become dead as "too old";
+//! enabling one that is enabled, or disabling one that is disabled, changes
+//! nothing.
 //!
 //! When `HERALD_OPERATOR_WEBHOOK_URL` is set, the changes (and deliveries
 //! going dead) are also sent there as signed webhooks. They travel the
@@ -210,8 +212,9 @@ impl Operator {
             .enable_endpoint(app, ep, now, now.saturating_sub(max_age))
             .await?;
         if let Some(r) = report {
-            self.wake.notify_one();
             if r.was_disabled {
+                // Its held deliveries are claimable again.
+                self.wake.notify_one();
                 tracing::info!(app = %app, endpoint = %ep, expired = r.expired, "endpoint enabled");
                 if !self.is_operator_app(app) {
                     self.emit(

@@ -1177,9 +1177,12 @@ pub trait Store: Send + Sync + 'static {
         streak_started_at: Option<Millis>,
         now: Millis,
     ) -> StoreResult<bool>;
-    /// Enables an endpoint and resets its streak; its held deliveries
-    /// resume, except those whose cycle started before `too_old_before`,
-    /// which become dead ("too old"). None if it does not exist.
+    /// Enables a disabled endpoint and resets its streak; its held
+    /// deliveries resume, except those whose cycle started before
+    /// `too_old_before`, which become dead ("too old"). An endpoint that is
+    /// already enabled is left exactly as it is (its pending deliveries are
+    /// not held, so no age rule applies to them here). None if it does not
+    /// exist.
     async fn enable_endpoint(
         &self,
         app: &AppId,

@@ -2087,6 +2087,12 @@ impl Store for PostgresStore {
         .await
         .map_err(map_err)?;
         let Some(was) = was else { return Ok(None) };
+        if !was {
+            // Nothing is held for an enabled endpoint: the age cap at
+            // enable is for deliveries that waited while it was off.
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Some(EnableReport::default()));
+        }
         sqlx::query(
             "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
              disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
@@ -2112,7 +2118,7 @@ impl Store for PostgresStore {
         self.notify_in(&mut tx).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(Some(EnableReport {
-            was_disabled: was,
+            was_disabled: true,
             expired,
         }))
     }

@@ -2072,6 +2072,11 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(map_err)?;
             let Some(was) = was else { return Ok(None) };
+            if was == 0 {
+                // Nothing is held for an enabled endpoint: the age cap at
+                // enable is for deliveries that waited while it was off.
+                return Ok(Some(EnableReport::default()));
+            }
             c.execute(
                 "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
                  disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
@@ -2095,7 +2100,7 @@ impl Store for SqliteStore {
             c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
                 .map_err(map_err)?;
             Ok(Some(EnableReport {
-                was_disabled: was != 0,
+                was_disabled: true,
                 expired: u64::try_from(expired).unwrap_or(0),
             }))
         })

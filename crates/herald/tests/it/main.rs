@@ -7,6 +7,7 @@ mod binary;
 mod dashboard;
 mod delivery;
 mod endpoint_health;
+mod endpoint_writes;
 mod helpers;
 mod metrics;
 mod openapi;
