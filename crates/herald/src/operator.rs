@@ -24,8 +24,8 @@ use tokio::sync::Notify;
 use crate::config::Config;
 use crate::ids::{AppId, EndpointId, MsgId};
 use crate::store::{
-    now_millis, App, Completion, EnableReport, Endpoint, Millis, NewMessage, NextState, Store,
-    StoreError, StoreResult,
+    now_millis, App, Completion, EnableReport, Endpoint, EndpointChanges, Millis, NewMessage,
+    NextState, Store, StoreError, StoreResult,
 };
 
 /// The `uid` of the application that carries operator events.
@@ -90,12 +90,22 @@ impl Operator {
             }
         };
         match store.get_endpoint(&app.id, OPERATOR_ENDPOINT_UID).await? {
-            Some(mut ep) => {
-                if ep.url != *url || ep.secret != *secret {
-                    ep.url = url.clone();
-                    ep.secret = secret.clone();
-                    ep.updated_at = now;
-                    store.update_endpoint(&ep).await?;
+            Some(ep) => {
+                if ep.url != *url {
+                    let changes = EndpointChanges {
+                        url: Some(url.clone()),
+                        ..EndpointChanges::default()
+                    };
+                    store
+                        .update_endpoint(&app.id, &ep.id, &changes, now)
+                        .await?;
+                }
+                if ep.secret != *secret {
+                    // The configured secret is the one its receiver checks:
+                    // the old one keeps no grace period.
+                    store
+                        .rotate_secret(&app.id, &ep.id, secret, now, now)
+                        .await?;
                 }
             }
             None => {

@@ -932,36 +932,74 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
-        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
-        let metadata = to_json(&ep.metadata)?;
-        // An enabled endpoint may have deliveries the claim held back while
-        // it was disabled: wake the dispatchers.
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
-            "UPDATE endpoints SET uid = $1, url = $2, description = $3, filter_types = $4::jsonb, disabled = $5, \
-             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9, channels = $13, headers = $14 \
-             WHERE id = $10 AND app_id = $11 \
-             RETURNING NOT disabled AS wakes",
-            12,
-        )))
-        .bind(ep.uid.as_deref())
-        .bind(&ep.url)
-        .bind(&ep.description)
-        .bind(filter)
-        .bind(ep.disabled)
-        .bind(ep.rate_limit.map(i32::from))
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let filter = changes
+            .filter_types
+            .as_ref()
+            .map(|f| f.as_ref().map(to_json).transpose())
+            .transpose()?;
+        let metadata = changes.metadata.as_ref().map(to_json).transpose()?;
+        let channels = changes
+            .channels
+            .as_ref()
+            .map(|c| c.as_ref().map(to_json).transpose())
+            .transpose()?;
+        // Only the columns the caller set: a column it did not name may
+        // have been changed since it read the endpoint. Nothing here makes
+        // held work claimable (the flag is not among them): no wake-up.
+        let done = sqlx::query(
+            "UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
+             url = COALESCE($3, url), description = COALESCE($4, description), \
+             filter_types = CASE WHEN $5 THEN $6::jsonb ELSE filter_types END, \
+             rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
+             metadata = COALESCE($9::jsonb, metadata), \
+             channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12 \
+             WHERE id = $13 AND app_id = $14",
+        )
+        .bind(changes.uid.is_some())
+        .bind(changes.uid.as_ref().and_then(|u| u.as_deref()))
+        .bind(changes.url.as_deref())
+        .bind(changes.description.as_deref())
+        .bind(filter.is_some())
+        .bind(filter.flatten())
+        .bind(changes.rate_limit.is_some())
+        .bind(changes.rate_limit.flatten().map(i32::from))
         .bind(metadata)
-        .bind(&ep.secret)
-        .bind(ep.updated_at)
-        .bind(ep.id.as_str())
-        .bind(ep.app_id.as_str())
-        .bind(&self.wake_channel)
-        .bind(ep.channels.as_ref().map(to_json).transpose()?)
-        .bind(to_json(&ep.headers)?)
-        .fetch_one(&self.pool)
+        .bind(channels.is_some())
+        .bind(channels.flatten())
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(n == 1)
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET headers = $1, updated_at = $2 WHERE id = $3 AND app_id = $4",
+        )
+        .bind(to_json(headers)?)
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {

@@ -1,18 +1,122 @@
-//! Endpoint writes through the real API, on both stores: enabling an
-//! endpoint that is enabled kills none of its deliveries.
+//! Endpoint writes racing each other through the real API, on both stores:
+//! a save never writes back a disabled flag or a secret it merely read,
+//! and enabling an endpoint that is enabled kills none of its deliveries.
 
 use axum::http::StatusCode;
+use reqwest::Method;
 use serde_json::json;
 
 use crate::helpers::*;
 
-crate::on_both_stores!(enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries,);
+/// Races per test: one lost race in five was common before saves wrote
+/// only what they change.
+const ROUNDS: usize = 100;
+
+crate::on_both_stores!(
+    a_save_racing_a_disable_never_undoes_it,
+    a_save_racing_a_rotation_keeps_the_rotated_secret,
+    enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries,
+);
 
 /// An app with one endpoint pointed at `url`; returns (app id, endpoint id).
 async fn app_and_endpoint(app: &TestApp, url: &str) -> (String, String) {
     let app_id = app.create_app().await;
     let ep = app.create_endpoint(&app_id, url, json!({})).await;
     (app_id, ep["id"].as_str().expect("id").to_owned())
+}
+
+/// A PATCH of the description and a PUT of the headers, each racing
+/// `POST …/disable`: the endpoint always ends disabled, by the operator
+/// (the reason given, and nothing new routed to it), with the PATCH's
+/// description and the PUT's headers.
+async fn a_save_racing_a_disable_never_undoes_it(backend: &Backend) {
+    let app = backend.spawn_app(&[]).await;
+    let (app_id, ep_id) = app_and_endpoint(&app, "http://127.0.0.1:9/hook").await;
+    let ep_path = format!("/api/v1/app/{app_id}/endpoint/{ep_id}");
+    for round in 0..ROUNDS {
+        let reason = format!("round {round}");
+        let description = format!("described in round {round}");
+        let (headers_path, disable_path) =
+            (format!("{ep_path}/headers"), format!("{ep_path}/disable"));
+        let (patched, headers, disabled) = tokio::join!(
+            app.request(
+                Method::PATCH,
+                &ep_path,
+                Some(json!({ "description": description })),
+            ),
+            app.request(
+                Method::PUT,
+                &headers_path,
+                Some(json!({"headers": {"X-Round": round.to_string()}})),
+            ),
+            app.post(&disable_path, json!({ "reason": reason })),
+        );
+        assert_eq!(patched.0, StatusCode::OK, "{}", patched.1);
+        assert_eq!(headers.0, StatusCode::NO_CONTENT, "{}", headers.1);
+        assert_eq!(disabled.0, StatusCode::OK, "{}", disabled.1);
+
+        let (status, ep) = app.get(&ep_path).await;
+        assert_eq!(status, StatusCode::OK, "{ep}");
+        assert_eq!(
+            (ep["disabled"].clone(), ep["description"].clone()),
+            (json!(true), json!(description)),
+            "round {round}: the disable and the PATCH both hold"
+        );
+        let (_, health) = app.get(&format!("{ep_path}/health")).await;
+        assert_eq!(
+            (health["disabled"].clone(), health["disabledReason"].clone()),
+            (json!(true), json!(reason)),
+            "round {round}: {health}"
+        );
+        let (_, h) = app.get(&format!("{ep_path}/headers")).await;
+        assert_eq!(h["headers"], json!({"X-Round": round.to_string()}));
+
+        let (status, out) = app.post(&format!("{ep_path}/enable"), json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        assert_eq!(out["endpoint"]["disabled"], false);
+    }
+
+    // Disabled by an operator (not by Herald): new messages pass it by.
+    let (status, _) = app.post(&format!("{ep_path}/disable"), json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    let msg = app.send_message(&app_id, "x", json!({})).await;
+    assert!(app.deliveries(&app_id, &msg).await.is_empty());
+    app.shutdown().await;
+}
+
+/// A PATCH of the description and a PUT of the headers, each racing a
+/// secret rotation: the rotated secret is always the one kept.
+async fn a_save_racing_a_rotation_keeps_the_rotated_secret(backend: &Backend) {
+    let app = backend.spawn_app(&[]).await;
+    let (app_id, ep_id) = app_and_endpoint(&app, "http://127.0.0.1:9/hook").await;
+    let ep_path = format!("/api/v1/app/{app_id}/endpoint/{ep_id}");
+    for round in 0..ROUNDS {
+        let key = herald_signing::Secret::generate().expose();
+        let (headers_path, rotate_path) = (
+            format!("{ep_path}/headers"),
+            format!("{ep_path}/secret/rotate"),
+        );
+        let (patched, headers, rotated) = tokio::join!(
+            app.request(
+                Method::PATCH,
+                &ep_path,
+                Some(json!({ "description": format!("round {round}") })),
+            ),
+            app.request(
+                Method::PUT,
+                &headers_path,
+                Some(json!({"headers": {"X-Round": round.to_string()}})),
+            ),
+            app.post(&rotate_path, json!({ "key": key, "gracePeriodSeconds": 0 })),
+        );
+        assert_eq!(patched.0, StatusCode::OK, "{}", patched.1);
+        assert_eq!(headers.0, StatusCode::NO_CONTENT, "{}", headers.1);
+        assert_eq!(rotated.0, StatusCode::OK, "{}", rotated.1);
+        let (status, secret) = app.get(&format!("{ep_path}/secret")).await;
+        assert_eq!(status, StatusCode::OK, "{secret}");
+        assert_eq!(secret["key"], key, "round {round}: the rotation holds");
+    }
+    app.shutdown().await;
 }
 
 /// `POST …/enable` on an endpoint that is enabled: its pending delivery,

@@ -537,6 +537,11 @@ impl Backend {
         all
     }
 
+    /// `spawn_app` on this backend.
+    pub async fn spawn_app(&self, overrides: &[(&str, &str)]) -> TestApp {
+        spawn_with_role(&self.with_database(overrides), Role::All).await
+    }
+
     /// `spawn_stepped` on this backend.
     pub async fn spawn_stepped(&self, overrides: &[(&str, &str)]) -> TestApp {
         spawn_with_role(&self.with_database(overrides), Role::Api).await

@@ -156,6 +156,7 @@ macro_rules! backends {
 backends!(
     settings_are_initialised_once,
     apps_and_endpoints_round_trip_and_resolve_uids,
+    endpoint_updates_write_only_what_they_change,
     lists_page_in_stable_order_both_ways,
     insert_fans_out_to_subscribed_enabled_endpoints,
     duplicate_event_ids_are_refused_within_and_across_batches,
@@ -366,10 +367,18 @@ async fn apps_and_endpoints_round_trip_and_resolve_uids(store: Arc<dyn Store>) {
         store.get_endpoint(&a.id, e.id.as_str()).await.expect("get"),
         Some(e.clone())
     );
+    let changes = EndpointChanges {
+        uid: Some(Some("main".into())),
+        filter_types: Some(None),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(&a.id, &e.id, &changes, T0 + 1)
+        .await
+        .expect("update"));
     e.uid = Some("main".into());
-    e.disabled = true;
     e.filter_types = None;
-    assert!(store.update_endpoint(&e).await.expect("update"));
+    e.updated_at = T0 + 1;
     assert_eq!(
         store.get_endpoint(&a.id, "main").await.expect("get"),
         Some(e.clone())
@@ -383,6 +392,110 @@ async fn apps_and_endpoints_round_trip_and_resolve_uids(store: Arc<dyn Store>) {
         None,
         "scoped to its app"
     );
+    assert!(!store
+        .update_endpoint(&other.id, &e.id, &changes, T0 + 2)
+        .await
+        .expect("update"));
+}
+
+/// An update writes the fields it is given and nothing else: not the
+/// disabled flag and its cause, nor the secrets, nor the headers, nor the
+/// fields it leaves out, whatever they became since the caller read them.
+async fn endpoint_updates_write_only_what_they_change(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let headers: std::collections::BTreeMap<String, String> =
+        [("X-Team".to_owned(), "blue".to_owned())].into();
+    assert!(store
+        .set_endpoint_headers(&a.id, &e.id, &headers, T0 + 1)
+        .await
+        .expect("headers"));
+    assert!(store
+        .disable_endpoint(&e.id, "by hand", false, None, T0 + 2)
+        .await
+        .expect("disable"));
+    let rotated = herald_signing::Secret::generate().expose();
+    assert!(store
+        .rotate_secret(&a.id, &e.id, &rotated, T0 + 100_000, T0 + 3)
+        .await
+        .expect("rotate"));
+
+    let changes = EndpointChanges {
+        description: Some("renamed".into()),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(&a.id, &e.id, &changes, T0 + 4)
+        .await
+        .expect("update"));
+    let saved = store
+        .get_endpoint(&a.id, e.id.as_str())
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        saved,
+        Endpoint {
+            description: "renamed".into(),
+            disabled: true,
+            headers: headers.clone(),
+            secret: rotated.clone(),
+            updated_at: T0 + 4,
+            ..e.clone()
+        }
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        (
+            status.disabled,
+            status.auto_disabled,
+            status.disabled_reason.as_deref()
+        ),
+        (true, false, Some("by hand"))
+    );
+
+    // Headers alone: the description just written stays.
+    assert!(store
+        .set_endpoint_headers(&a.id, &e.id, &Default::default(), T0 + 5)
+        .await
+        .expect("headers"));
+    let saved = store
+        .get_endpoint(&a.id, e.id.as_str())
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        (
+            saved.description.as_str(),
+            saved.headers.len(),
+            saved.disabled
+        ),
+        ("renamed", 0, true)
+    );
+    assert!(store
+        .enable_endpoint(&a.id, &e.id, T0 + 6, T0)
+        .await
+        .expect("enable")
+        .is_some());
+    // The old secret still signs: the update did not write the rotation back.
+    store
+        .insert_messages(&[message(&a.id, "x", None)])
+        .await
+        .expect("insert");
+    let got = claim(&store, T0 + 10, 10, &HashMap::new(), 10).await;
+    assert_eq!(
+        (got[0].secret.clone(), got[0].old_secrets.clone()),
+        (rotated, vec![e.secret.clone()])
+    );
+    let stranger = app(&store, None).await;
+    assert!(!store
+        .set_endpoint_headers(&stranger.id, &e.id, &headers, T0 + 7)
+        .await
+        .expect("headers"));
 }
 
 async fn lists_page_in_stable_order_both_ways(store: Arc<dyn Store>) {
@@ -590,13 +703,15 @@ async fn claim_respects_the_limit_and_the_endpoint_cap(store: Arc<dyn Store>) {
 
 async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
-    let mut e = endpoint(&store, &a.id, None, false).await;
+    let e = endpoint(&store, &a.id, None, false).await;
     store
         .insert_messages(&[message(&a.id, "x", None)])
         .await
         .expect("insert");
-    e.disabled = true;
-    store.update_endpoint(&e).await.expect("disable");
+    assert!(store
+        .disable_endpoint(&e.id, "r", false, None, T0)
+        .await
+        .expect("disable"));
     assert!(
         claim(&store, T0, 10, &HashMap::new(), 10).await.is_empty(),
         "held while disabled"
@@ -609,8 +724,10 @@ async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
         .await
         .is_empty());
     assert_eq!(store.next_due_at().await.expect("next"), None, "overdue");
-    e.disabled = false;
-    store.update_endpoint(&e).await.expect("enable");
+    store
+        .enable_endpoint(&a.id, &e.id, T0 + 60_000, T0)
+        .await
+        .expect("enable");
     assert!(store.next_due_at().await.expect("next").is_some());
     assert_eq!(
         claim(&store, T0 + 60_000, 10, &HashMap::new(), 10)
