@@ -821,9 +821,50 @@ impl Store for PostgresStore {
     }
 
     async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
+        // Locks in the order every other transaction takes them (see
+        // ARCHITECTURE.md, "Lock order"): the application, its endpoints
+        // in id order, its messages, then (by cascade) the deliveries, and
+        // last the attempts and stats buckets. Deleting the stats before the
+        // endpoints, as this once did, closed a cycle with a completer that
+        // held an endpoint and was adding to its bucket.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // Attempts are history without a foreign key: they go first,
-        // found through the messages (indexed); the rest cascades.
+        // The application's row lock makes a concurrent ingest (which takes
+        // KEY SHARE on it) wait and then find it gone, and lets one that
+        // committed before show its messages to the statements below.
+        let found = sqlx::query("SELECT 1 FROM applications WHERE id = $1 FOR UPDATE")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if found.is_none() {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        // Waits for the completers holding them: their stats and attempts
+        // are then written, and no new one can start on these endpoints.
+        let endpoints: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM endpoints WHERE app_id = $1 ORDER BY id FOR UPDATE")
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        // Before the deliveries go: retention locks a message, then its
+        // deliveries.
+        sqlx::query(
+            "SELECT count(*) FROM (SELECT 1 FROM messages WHERE app_id = $1 FOR UPDATE) AS locked",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Endpoints, their deliveries and tokens cascade.
+        sqlx::query("DELETE FROM applications WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Attempts are history without a foreign key, found through the
+        // messages (indexed), which carry none either (migration 0008).
         sqlx::query(
             "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = $1)",
         )
@@ -831,30 +872,18 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-        sqlx::query(
-            "DELETE FROM endpoint_stats WHERE endpoint_id IN (SELECT id FROM endpoints WHERE app_id = $1)",
-        )
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        // The application first: its row lock makes a concurrent ingest
-        // (which takes KEY SHARE on it) wait and then find it gone, and
-        // lets one that committed before show its messages to the next
-        // statement. Endpoints, their deliveries and tokens cascade.
-        let done = sqlx::query("DELETE FROM applications WHERE id = $1")
-            .bind(id.as_str())
+        sqlx::query("DELETE FROM endpoint_stats WHERE endpoint_id = ANY($1)")
+            .bind(&endpoints)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        // Messages carry no foreign key (migration 0008).
         sqlx::query("DELETE FROM messages WHERE app_id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(true)
     }
 
     async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
@@ -1401,21 +1430,10 @@ impl Store for PostgresStore {
         now: Millis,
     ) -> StoreResult<ResendOutcome> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // KEY SHARE on the endpoint keeps it from being deleted meanwhile;
         // NO KEY UPDATE on the message serialises resends of it, so two at
-        // once cannot both find no delivery and both create one; KEY SHARE
-        // on the endpoint keeps it from being deleted meanwhile.
-        let has_msg =
-            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
-                .bind(msg.as_str())
-                .bind(app.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?
-                .is_some();
-        if !has_msg {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(ResendOutcome::NoSuchMessage);
-        }
+        // once cannot both find no delivery and both create one. Endpoint
+        // first: the lock order deleting an application takes them in.
         let has_ep =
             sqlx::query("SELECT 1 FROM endpoints WHERE id = $1 AND app_id = $2 FOR KEY SHARE")
                 .bind(ep.as_str())
@@ -1424,9 +1442,21 @@ impl Store for PostgresStore {
                 .await
                 .map_err(map_err)?
                 .is_some();
-        if !has_ep {
+        let has_msg =
+            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
+                .bind(msg.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if !has_msg || !has_ep {
             tx.rollback().await.map_err(map_err)?;
-            return Ok(ResendOutcome::NoSuchEndpoint);
+            return Ok(if has_msg {
+                ResendOutcome::NoSuchEndpoint
+            } else {
+                ResendOutcome::NoSuchMessage
+            });
         }
         // Reuse the delivery so the Idempotency-Key stays the same;
         // clearing the lease token makes an in-flight outcome leave the
@@ -1893,11 +1923,18 @@ impl Store for PostgresStore {
     }
 
     async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
-        let done = sqlx::query("DELETE FROM endpoint_stats WHERE bucket < $1")
-            .bind(before)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+        // SKIP LOCKED: a bucket some transaction holds (an application's
+        // deletion, which takes them in its own order) is left to it or to
+        // the next round, never waited for.
+        let done = sqlx::query(
+            "DELETE FROM endpoint_stats s USING (SELECT endpoint_id, bucket FROM endpoint_stats \
+             WHERE bucket < $1 FOR UPDATE SKIP LOCKED) AS old \
+             WHERE s.endpoint_id = old.endpoint_id AND s.bucket = old.bucket",
+        )
+        .bind(before)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
         Ok(done.rows_affected())
     }
 

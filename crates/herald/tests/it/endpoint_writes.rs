@@ -1,6 +1,8 @@
 //! Endpoint writes racing each other through the real API, on both stores:
 //! a save never writes back a disabled flag or a secret it merely read,
 //! and enabling an endpoint that is enabled kills none of its deliveries.
+//! And, on PostgreSQL, deleting an application while its deliveries
+//! complete.
 
 use axum::http::StatusCode;
 use reqwest::Method;
@@ -153,4 +155,72 @@ async fn enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries(backend: 
     app.wait_for_state(&app_id, &msg, "delivered").await;
     assert_eq!(rx.requests().len(), 2);
     app.shutdown().await;
+}
+
+/// Applications deleted while deliveries to their endpoints are being
+/// recorded (PostgreSQL: completers and the deletion lock endpoints and
+/// their stats buckets): every deletion answers 204, never a 500 for a
+/// deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_deleting_apps_while_their_deliveries_complete() {
+    use futures::FutureExt;
+    const APPS: usize = 40;
+    let Some(pg) =
+        PgSchema::new("endpoint_writes::postgres_deleting_apps_while_their_deliveries_complete")
+    else {
+        return;
+    };
+    let backend = Backend::Postgres(pg);
+    let outcome = std::panic::AssertUnwindSafe(async {
+        let app = backend.spawn_app(&[]).await;
+        let rx = Receiver::start().await;
+        for round in 0..APPS {
+            let app_id = app.create_app().await;
+            for n in 0..3 {
+                app.create_endpoint(&app_id, &rx.url(&format!("/{round}/{n}")), json!({}))
+                    .await;
+            }
+            let before = rx.requests().len();
+            // Messages keep coming until the app is gone (then 404).
+            let sending = {
+                let (client, url) = (
+                    app.client.clone(),
+                    app.url(&format!("/api/v1/app/{app_id}/msg")),
+                );
+                tokio::spawn(async move {
+                    loop {
+                        let sent = client
+                            .post(&url)
+                            .bearer_auth(TOKEN)
+                            .json(&json!({"eventType": "x", "payload": {}}))
+                            .send()
+                            .await
+                            .expect("herald answers");
+                        if sent.status() == reqwest::StatusCode::NOT_FOUND {
+                            return;
+                        }
+                        assert_eq!(sent.status(), reqwest::StatusCode::ACCEPTED);
+                    }
+                })
+            };
+            // Outcomes are being recorded for its endpoints: delete it now.
+            rx.wait_for(before + 6).await;
+            let (status, out) = app
+                .request(Method::DELETE, &format!("/api/v1/app/{app_id}"), None)
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT, "round {round}: {out}");
+            sending.await.expect("sender");
+            let (status, _) = app.get(&format!("/api/v1/app/{app_id}")).await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+        }
+        app.shutdown().await;
+    })
+    .catch_unwind()
+    .await;
+    if let Backend::Postgres(pg) = &backend {
+        pg.drop_schema().await;
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
