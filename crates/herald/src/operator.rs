@@ -2,9 +2,11 @@
 //!
 //! Enabling and disabling an endpoint go through here, whoever asks (the
 //! API, the dashboard, the CLI through the API, the dispatcher's
-//! auto-disable), so the rules hold the same everywhere: enabling resets the
-//! failing streak and lets held deliveries resume, except those past the
-//! age cap, which become dead as "too old".
+//! auto-disable), so the rules hold the same everywhere: enabling a
+//! disabled endpoint resets the failing streak and lets held deliveries
+//! resume, except those past the age cap, which become dead as "too old";
+//! enabling one that is enabled, or disabling one that is disabled, changes
+//! nothing.
 //!
 //! When `HERALD_OPERATOR_WEBHOOK_URL` is set, the changes (and deliveries
 //! going dead) are also sent there as signed webhooks. They travel the
@@ -22,8 +24,8 @@ use tokio::sync::Notify;
 use crate::config::Config;
 use crate::ids::{AppId, EndpointId, MsgId};
 use crate::store::{
-    now_millis, App, Completion, EnableReport, Endpoint, Millis, NewMessage, NextState, Store,
-    StoreError, StoreResult,
+    now_millis, App, Completion, EnableReport, Endpoint, EndpointChanges, Millis, NewMessage,
+    NextState, Store, StoreError, StoreResult,
 };
 
 /// The `uid` of the application that carries operator events.
@@ -104,12 +106,22 @@ impl Operator {
             }
         };
         match store.get_endpoint(&app.id, OPERATOR_ENDPOINT_UID).await? {
-            Some(mut ep) => {
-                if ep.url != *url || ep.secret != *secret {
-                    ep.url = url.clone();
-                    ep.secret = secret.clone();
-                    ep.updated_at = now;
-                    store.update_endpoint(&ep).await?;
+            Some(ep) => {
+                if ep.url != *url {
+                    let changes = EndpointChanges {
+                        url: Some(url.clone()),
+                        ..EndpointChanges::default()
+                    };
+                    store
+                        .update_endpoint(&app.id, &ep.id, &changes, now)
+                        .await?;
+                }
+                if ep.secret != *secret {
+                    // The configured secret is the one its receiver checks:
+                    // the old one keeps no grace period.
+                    store
+                        .rotate_secret(&app.id, &ep.id, secret, now, now)
+                        .await?;
                 }
             }
             None => {
@@ -229,8 +241,9 @@ impl Operator {
             .enable_endpoint(app, ep, now, now.saturating_sub(max_age))
             .await?;
         if let Some(r) = report {
-            self.wake.notify_one();
             if r.was_disabled {
+                // Its held deliveries are claimable again.
+                self.wake.notify_one();
                 tracing::info!(app = %app, endpoint = %ep, expired = r.expired, "endpoint enabled");
                 if !self.is_operator_app(app) {
                     self.emit(

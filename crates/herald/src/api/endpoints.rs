@@ -20,7 +20,7 @@ use super::{
 };
 use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
-use crate::store::{now_millis, Endpoint};
+use crate::store::{now_millis, Endpoint, EndpointChanges};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -36,6 +36,9 @@ pub struct EndpointIn {
     pub uid: Option<String>,
     #[serde(default)]
     pub version: Option<i64>,
+    /// On an update (PUT), absent leaves the endpoint as it is; `false`
+    /// enables it (held deliveries resume, those past the age cap die),
+    /// `true` disables it (nothing new is routed to it).
     #[serde(default)]
     pub disabled: Option<bool>,
     /// Svix's older name; SDK 2.x sends `eventTypes`. Both are accepted.
@@ -74,6 +77,7 @@ pub struct EndpointPatch {
     #[serde(default, deserialize_with = "double_option")]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<Option<String>>,
+    /// As `POST …/enable` or `…/disable`; absent leaves it as it is.
     #[serde(default)]
     pub disabled: Option<bool>,
     #[serde(default, alias = "eventTypes", deserialize_with = "double_option")]
@@ -373,14 +377,17 @@ pub async fn list_endpoints(
     )))
 }
 
+/// Writes `changes` (only those: see [`EndpointChanges`]) and, when the
+/// caller asked for it, the disabled flag through the operator's rules
+/// (held deliveries, the age cap, events), never as a column write.
 async fn save(
     state: &ApiState,
-    mut ep: Endpoint,
-    uid_changed: bool,
-    was_disabled: bool,
+    ep: &Endpoint,
+    changes: EndpointChanges,
+    disabled: Option<bool>,
 ) -> ApiResult<Json<EndpointOut>> {
-    if uid_changed {
-        if let Some(uid) = &ep.uid {
+    if let Some(Some(uid)) = &changes.uid {
+        if ep.uid.as_ref() != Some(uid) {
             if let Some(other) = state.store.get_endpoint(&ep.app_id, uid).await? {
                 if other.id != ep.id {
                     return Err(ApiError::Conflict(format!(
@@ -390,27 +397,34 @@ async fn save(
             }
         }
     }
-    // Enabling and disabling go through the operator's rules (held
-    // deliveries, the age cap, events), not a plain column write.
-    let want_disabled = ep.disabled;
-    ep.disabled = was_disabled;
-    ep.updated_at = now_millis();
-    if !state.store.update_endpoint(&ep).await? {
+    if !state
+        .store
+        .update_endpoint(&ep.app_id, &ep.id, &changes, now_millis())
+        .await?
+    {
         return Err(ApiError::NotFound("endpoint"));
     }
-    if want_disabled && !was_disabled {
-        state
-            .operator
-            .disable(&ep.app_id, &ep.id, "disabled through the API", false, None)
-            .await?;
-    } else if !want_disabled && was_disabled {
-        state.operator.enable(&ep.app_id, &ep.id).await?;
+    // Asked for, not compared with what was read at the start: the flag
+    // may have changed since (a disable, an auto-disable), and the
+    // operator leaves an endpoint already in the asked state as it is.
+    match disabled {
+        Some(true) => {
+            state
+                .operator
+                .disable(&ep.app_id, &ep.id, "disabled through the API", false, None)
+                .await?;
+        }
+        Some(false) => {
+            state.operator.enable(&ep.app_id, &ep.id).await?;
+        }
+        None => {}
     }
     let saved = find_endpoint(state, &ep.app_id, ep.id.as_str()).await?;
     Ok(Json(saved.into()))
 }
 
-/// PUT: replaces every field (absent optional fields take their defaults).
+/// PUT: replaces every field (absent optional fields take their
+/// defaults), except `disabled`, which changes only when given.
 #[utoipa::path(
     put,
     path = "/app/{app_id}/endpoint/{endpoint_id}",
@@ -430,7 +444,7 @@ pub async fn update_endpoint(
     ApiJson(mut body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
     let app = find_app(&state, &app_id).await?;
-    let Some(mut ep) = state.store.get_endpoint(&app.id, &endpoint_id).await? else {
+    let Some(ep) = state.store.get_endpoint(&app.id, &endpoint_id).await? else {
         // Svix's upsert: a missing endpoint named by a uid is created
         // under it (an endpoint id cannot be chosen by the caller).
         if EndpointId::parse(&endpoint_id).is_some() {
@@ -440,20 +454,20 @@ pub async fn update_endpoint(
         body.uid = body.uid.or(Some(endpoint_id));
         return insert_endpoint(&state, app.id, body).await;
     };
-    let was_disabled = ep.disabled;
-    ep.url = check_url(&state, &body.url).await?;
+    let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
-    ep.filter_types = check_filter(&state, &body.filter_types).await?;
-    let uid_changed = ep.uid != body.uid;
-    ep.uid = body.uid;
-    ep.description = body.description.unwrap_or_default();
-    ep.disabled = body.disabled.unwrap_or(false);
-    ep.rate_limit = body.rate_limit;
-    ep.metadata = body.metadata.unwrap_or_default();
-    ep.channels = check_channels("channels", &body.channels)?;
-    save(&state, ep, uid_changed, was_disabled)
+    let changes = EndpointChanges {
+        uid: Some(body.uid),
+        url: Some(url),
+        description: Some(body.description.unwrap_or_default()),
+        filter_types: Some(check_filter(&state, &body.filter_types).await?),
+        rate_limit: Some(body.rate_limit),
+        metadata: Some(body.metadata.unwrap_or_default()),
+        channels: Some(check_channels("channels", &body.channels)?),
+    };
+    save(&state, &ep, changes, body.disabled)
         .await
         .map(IntoResponse::into_response)
 }
@@ -476,38 +490,33 @@ pub async fn patch_endpoint(
     ApiJson(body): ApiJson<EndpointPatch>,
 ) -> ApiResult<Json<EndpointOut>> {
     let app = find_app(&state, &app_id).await?;
-    let mut ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let was_disabled = ep.disabled;
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let mut changes = EndpointChanges::default();
     if let Some(url) = &body.url {
-        ep.url = check_url(&state, url).await?;
+        changes.url = Some(check_url(&state, url).await?);
     }
     if let Some(d) = body.description {
         check_description(&Some(d.clone()))?;
-        ep.description = d;
+        changes.description = Some(d);
     }
-    let mut uid_changed = false;
     if let Some(uid) = body.uid {
         check_uid("uid", &uid)?;
-        uid_changed = ep.uid != uid;
-        ep.uid = uid;
-    }
-    if let Some(disabled) = body.disabled {
-        ep.disabled = disabled;
+        changes.uid = Some(uid);
     }
     if let Some(types) = body.filter_types {
-        ep.filter_types = check_filter(&state, &types).await?;
+        changes.filter_types = Some(check_filter(&state, &types).await?);
     }
     if let Some(rate) = body.rate_limit {
-        ep.rate_limit = rate;
+        changes.rate_limit = Some(rate);
     }
     if let Some(m) = body.metadata {
         check_metadata(&Some(m.clone()))?;
-        ep.metadata = m;
+        changes.metadata = Some(m);
     }
     if let Some(channels) = body.channels {
-        ep.channels = check_channels("channels", &channels)?;
+        changes.channels = Some(check_channels("channels", &channels)?);
     }
-    save(&state, ep, uid_changed, was_disabled).await
+    save(&state, &ep, changes, body.disabled).await
 }
 
 #[utoipa::path(
@@ -804,15 +813,18 @@ pub async fn get_endpoint_headers(
     }))
 }
 
+/// Writes the headers and nothing else of the endpoint.
 async fn save_headers(
     state: &ApiState,
-    mut ep: Endpoint,
+    ep: &Endpoint,
     headers: BTreeMap<String, String>,
 ) -> ApiResult<StatusCode> {
     check_headers(&headers)?;
-    ep.headers = headers;
-    ep.updated_at = now_millis();
-    if !state.store.update_endpoint(&ep).await? {
+    if !state
+        .store
+        .set_endpoint_headers(&ep.app_id, &ep.id, &headers, now_millis())
+        .await?
+    {
         return Err(ApiError::NotFound("endpoint"));
     }
     Ok(StatusCode::NO_CONTENT)
@@ -838,7 +850,7 @@ pub async fn put_endpoint_headers(
 ) -> ApiResult<StatusCode> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    save_headers(&state, ep, body.headers).await
+    save_headers(&state, &ep, body.headers).await
 }
 
 /// `PATCH …/headers`: sets the named ones, removes those given as null.
@@ -871,5 +883,5 @@ pub async fn patch_endpoint_headers(
     for name in body.delete_headers.unwrap_or_default() {
         headers.remove(&name);
     }
-    save_headers(&state, ep, headers).await
+    save_headers(&state, &ep, headers).await
 }

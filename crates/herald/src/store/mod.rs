@@ -83,6 +83,25 @@ impl std::fmt::Debug for Endpoint {
             .finish_non_exhaustive()
     }
 }
+/// What [`Store::update_endpoint`] writes: the fields the API's PUT and
+/// PATCH change, each only when `Some` (`None` leaves the stored value).
+/// Nothing else is here on purpose: the disabled flag (with its reason,
+/// cause and the failing streak) is written only by
+/// [`Store::disable_endpoint`] and [`Store::enable_endpoint`], the secrets
+/// only by [`Store::rotate_secret`], the headers only by
+/// [`Store::set_endpoint_headers`]. A save that wrote back what it had read
+/// would undo whatever those did in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointChanges {
+    pub uid: Option<Option<String>>,
+    pub url: Option<String>,
+    pub description: Option<String>,
+    pub filter_types: Option<Option<Vec<String>>>,
+    pub rate_limit: Option<Option<u16>>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub channels: Option<Option<Vec<String>>>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
     pub id: MsgId,
@@ -958,8 +977,24 @@ pub trait Store: Send + Sync + 'static {
     /// By id or by `uid`, within the app.
     async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>>;
     async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>>;
-    /// Replaces the mutable fields; false if it does not exist.
-    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool>;
+    /// Writes the fields set in `changes` and `updated_at = now`, nothing
+    /// else (see [`EndpointChanges`]); false if it does not exist.
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// Replaces the endpoint's extra headers and sets `updated_at = now`,
+    /// nothing else; false if it does not exist.
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool>;
     /// Deletes the endpoint and its deliveries (attempt history stays).
     async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool>;
 
@@ -1241,9 +1276,12 @@ pub trait Store: Send + Sync + 'static {
         streak_started_at: Option<Millis>,
         now: Millis,
     ) -> StoreResult<bool>;
-    /// Enables an endpoint and resets its streak; its held deliveries
-    /// resume, except those whose cycle started before `too_old_before`,
-    /// which become dead ("too old"). None if it does not exist.
+    /// Enables a disabled endpoint and resets its streak; its held
+    /// deliveries resume, except those whose cycle started before
+    /// `too_old_before`, which become dead ("too old"). An endpoint that is
+    /// already enabled is left exactly as it is (its pending deliveries are
+    /// not held, so no age rule applies to them here). None if it does not
+    /// exist.
     async fn enable_endpoint(
         &self,
         app: &AppId,

@@ -841,9 +841,50 @@ impl Store for PostgresStore {
     }
 
     async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
+        // Locks in the order every other transaction takes them (see
+        // ARCHITECTURE.md, "Lock order"): the application, its endpoints
+        // in id order, its messages, then (by cascade) the deliveries, and
+        // last the attempts and stats buckets. Deleting the stats before the
+        // endpoints, as this once did, closed a cycle with a completer that
+        // held an endpoint and was adding to its bucket.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // Attempts are history without a foreign key: they go first,
-        // found through the messages (indexed); the rest cascades.
+        // The application's row lock makes a concurrent ingest (which takes
+        // KEY SHARE on it) wait and then find it gone, and lets one that
+        // committed before show its messages to the statements below.
+        let found = sqlx::query("SELECT 1 FROM applications WHERE id = $1 FOR UPDATE")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if found.is_none() {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        // Waits for the completers holding them: their stats and attempts
+        // are then written, and no new one can start on these endpoints.
+        let endpoints: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM endpoints WHERE app_id = $1 ORDER BY id FOR UPDATE")
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        // Before the deliveries go: retention locks a message, then its
+        // deliveries.
+        sqlx::query(
+            "SELECT count(*) FROM (SELECT 1 FROM messages WHERE app_id = $1 FOR UPDATE) AS locked",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Endpoints, their deliveries and tokens cascade.
+        sqlx::query("DELETE FROM applications WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Attempts are history without a foreign key, found through the
+        // messages (indexed), which carry none either (migration 0008).
         sqlx::query(
             "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = $1)",
         )
@@ -851,30 +892,18 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
-        sqlx::query(
-            "DELETE FROM endpoint_stats WHERE endpoint_id IN (SELECT id FROM endpoints WHERE app_id = $1)",
-        )
-        .bind(id.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        // The application first: its row lock makes a concurrent ingest
-        // (which takes KEY SHARE on it) wait and then find it gone, and
-        // lets one that committed before show its messages to the next
-        // statement. Endpoints, their deliveries and tokens cascade.
-        let done = sqlx::query("DELETE FROM applications WHERE id = $1")
-            .bind(id.as_str())
+        sqlx::query("DELETE FROM endpoint_stats WHERE endpoint_id = ANY($1)")
+            .bind(&endpoints)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        // Messages carry no foreign key (migration 0008).
         sqlx::query("DELETE FROM messages WHERE app_id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(true)
     }
 
     async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
@@ -952,44 +981,74 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
-        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
-        let metadata = to_json(&ep.metadata)?;
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // An enabled endpoint may have deliveries the claim held back while
-        // it was disabled: wake the dispatchers.
-        let n: i64 = sqlx::query_scalar(AssertSqlSafe(waking(
-            "UPDATE endpoints SET uid = $1, url = $2, description = $3, filter_types = $4::jsonb, disabled = $5, \
-             rate_limit = $6, metadata = $7::jsonb, secret = $8, updated_at = $9, channels = $13, headers = $14 \
-             WHERE id = $10 AND app_id = $11 \
-             RETURNING NOT disabled AS wakes",
-            12,
-        )))
-        .bind(ep.uid.as_deref())
-        .bind(&ep.url)
-        .bind(&ep.description)
-        .bind(filter)
-        .bind(ep.disabled)
-        .bind(ep.rate_limit.map(i32::from))
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let filter = changes
+            .filter_types
+            .as_ref()
+            .map(|f| f.as_ref().map(to_json).transpose())
+            .transpose()?;
+        let metadata = changes.metadata.as_ref().map(to_json).transpose()?;
+        let channels = changes
+            .channels
+            .as_ref()
+            .map(|c| c.as_ref().map(to_json).transpose())
+            .transpose()?;
+        // Only the columns the caller set: a column it did not name may
+        // have been changed since it read the endpoint. Nothing here makes
+        // held work claimable (the flag is not among them): no wake-up.
+        let done = sqlx::query(
+            "UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
+             url = COALESCE($3, url), description = COALESCE($4, description), \
+             filter_types = CASE WHEN $5 THEN $6::jsonb ELSE filter_types END, \
+             rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
+             metadata = COALESCE($9::jsonb, metadata), \
+             channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12 \
+             WHERE id = $13 AND app_id = $14",
+        )
+        .bind(changes.uid.is_some())
+        .bind(changes.uid.as_ref().and_then(|u| u.as_deref()))
+        .bind(changes.url.as_deref())
+        .bind(changes.description.as_deref())
+        .bind(filter.is_some())
+        .bind(filter.flatten())
+        .bind(changes.rate_limit.is_some())
+        .bind(changes.rate_limit.flatten().map(i32::from))
         .bind(metadata)
-        .bind(&ep.secret)
-        .bind(ep.updated_at)
-        .bind(ep.id.as_str())
-        .bind(ep.app_id.as_str())
-        .bind(&self.wake_channel)
-        .bind(ep.channels.as_ref().map(to_json).transpose()?)
-        .bind(to_json(&ep.headers)?)
-        .fetch_one(&mut *tx)
+        .bind(channels.is_some())
+        .bind(channels.flatten())
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
         .await
         .map_err(map_err)?;
-        // Enabled (it may have been disabled): what was held resumes. A
-        // statement of its own, begun after the endpoint's row lock was
-        // taken, so it sees whatever a claim held meanwhile.
-        if n == 1 && !ep.disabled {
-            unhold(&mut tx, &ep.id).await?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(n == 1)
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET headers = $1, updated_at = $2 WHERE id = $3 AND app_id = $4",
+        )
+        .bind(to_json(headers)?)
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
@@ -1433,21 +1492,10 @@ impl Store for PostgresStore {
         now: Millis,
     ) -> StoreResult<ResendOutcome> {
         let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // KEY SHARE on the endpoint keeps it from being deleted meanwhile;
         // NO KEY UPDATE on the message serialises resends of it, so two at
-        // once cannot both find no delivery and both create one; KEY SHARE
-        // on the endpoint keeps it from being deleted meanwhile.
-        let has_msg =
-            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
-                .bind(msg.as_str())
-                .bind(app.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?
-                .is_some();
-        if !has_msg {
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(ResendOutcome::NoSuchMessage);
-        }
+        // once cannot both find no delivery and both create one. Endpoint
+        // first: the lock order deleting an application takes them in.
         let has_ep =
             sqlx::query("SELECT 1 FROM endpoints WHERE id = $1 AND app_id = $2 FOR KEY SHARE")
                 .bind(ep.as_str())
@@ -1456,9 +1504,21 @@ impl Store for PostgresStore {
                 .await
                 .map_err(map_err)?
                 .is_some();
-        if !has_ep {
+        let has_msg =
+            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
+                .bind(msg.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if !has_msg || !has_ep {
             tx.rollback().await.map_err(map_err)?;
-            return Ok(ResendOutcome::NoSuchEndpoint);
+            return Ok(if has_msg {
+                ResendOutcome::NoSuchEndpoint
+            } else {
+                ResendOutcome::NoSuchMessage
+            });
         }
         // Reuse the delivery so the Idempotency-Key stays the same;
         // clearing the lease token makes an in-flight outcome leave the
@@ -1960,11 +2020,18 @@ impl Store for PostgresStore {
     }
 
     async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
-        let done = sqlx::query("DELETE FROM endpoint_stats WHERE bucket < $1")
-            .bind(before)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+        // SKIP LOCKED: a bucket some transaction holds (an application's
+        // deletion, which takes them in its own order) is left to it or to
+        // the next round, never waited for.
+        let done = sqlx::query(
+            "DELETE FROM endpoint_stats s USING (SELECT endpoint_id, bucket FROM endpoint_stats \
+             WHERE bucket < $1 FOR UPDATE SKIP LOCKED) AS old \
+             WHERE s.endpoint_id = old.endpoint_id AND s.bucket = old.bucket",
+        )
+        .bind(before)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
         Ok(done.rows_affected())
     }
 
@@ -2202,6 +2269,12 @@ impl Store for PostgresStore {
         .await
         .map_err(map_err)?;
         let Some(was) = was else { return Ok(None) };
+        if !was {
+            // Nothing is held for an enabled endpoint: the age cap at
+            // enable is for deliveries that waited while it was off.
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Some(EnableReport::default()));
+        }
         sqlx::query(
             "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
              disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
@@ -2231,7 +2304,7 @@ impl Store for PostgresStore {
         self.notify_in(&mut tx).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(Some(EnableReport {
-            was_disabled: was,
+            was_disabled: true,
             expired,
         }))
     }

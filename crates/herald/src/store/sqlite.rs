@@ -1350,39 +1350,78 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn update_endpoint(&self, ep: &Endpoint) -> StoreResult<bool> {
-        let ep = ep.clone();
-        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
-        let metadata = to_json(&ep.metadata)?;
-        let channels = ep.channels.as_ref().map(to_json).transpose()?;
-        let headers = to_json(&ep.headers)?;
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        let ch = changes.clone();
+        let filter = ch
+            .filter_types
+            .as_ref()
+            .map(|f| f.as_ref().map(to_json).transpose())
+            .transpose()?;
+        let metadata = ch.metadata.as_ref().map(to_json).transpose()?;
+        let channels = ch
+            .channels
+            .as_ref()
+            .map(|c| c.as_ref().map(to_json).transpose())
+            .transpose()?;
+        self.write(move |c| {
+            // Only the columns the caller set: a column it did not name may
+            // have been changed since it read the endpoint.
+            let n = c
+                .prepare_cached(
+                    "UPDATE endpoints SET uid = CASE WHEN ?1 THEN ?2 ELSE uid END, \
+                     url = COALESCE(?3, url), description = COALESCE(?4, description), \
+                     filter_types = CASE WHEN ?5 THEN ?6 ELSE filter_types END, \
+                     rate_limit = CASE WHEN ?7 THEN ?8 ELSE rate_limit END, \
+                     metadata = COALESCE(?9, metadata), \
+                     channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12 \
+                     WHERE id = ?13 AND app_id = ?14",
+                )
+                .map_err(map_err)?
+                .execute(params![
+                    ch.uid.is_some(),
+                    ch.uid.flatten(),
+                    ch.url,
+                    ch.description,
+                    filter.is_some(),
+                    filter.flatten(),
+                    ch.rate_limit.is_some(),
+                    ch.rate_limit.flatten(),
+                    metadata,
+                    channels.is_some(),
+                    channels.flatten(),
+                    now,
+                    ep,
+                    app
+                ])
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        let headers = to_json(headers)?;
         self.write(move |c| {
             let n = c
                 .execute(
-                    "UPDATE endpoints SET uid = ?1, url = ?2, description = ?3, filter_types = ?4, disabled = ?5, \
-                     rate_limit = ?6, metadata = ?7, secret = ?8, updated_at = ?9, channels = ?12, headers = ?13 \
-                     WHERE id = ?10 AND app_id = ?11",
-                    params![
-                        ep.uid,
-                        ep.url,
-                        ep.description,
-                        filter,
-                        i64::from(ep.disabled),
-                        ep.rate_limit,
-                        metadata,
-                        ep.secret,
-                        ep.updated_at,
-                        ep.id.as_str(),
-                        ep.app_id.as_str(),
-                        channels,
-                        headers
-                    ],
+                    "UPDATE endpoints SET headers = ?1, updated_at = ?2 WHERE id = ?3 AND app_id = ?4",
+                    params![headers, now, ep, app],
                 )
                 .map_err(map_err)?;
-            // Enabled (it may have been disabled): what was held resumes.
-            if n == 1 && !ep.disabled {
-                unhold(c, ep.id.as_str())?;
-            }
             Ok(n == 1)
         })
         .await
@@ -2188,6 +2227,11 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(map_err)?;
             let Some(was) = was else { return Ok(None) };
+            if was == 0 {
+                // Nothing is held for an enabled endpoint: the age cap at
+                // enable is for deliveries that waited while it was off.
+                return Ok(Some(EnableReport::default()));
+            }
             c.execute(
                 "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
                  disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
@@ -2212,7 +2256,7 @@ impl Store for SqliteStore {
             c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
                 .map_err(map_err)?;
             Ok(Some(EnableReport {
-                was_disabled: was != 0,
+                was_disabled: true,
                 expired: u64::try_from(expired).unwrap_or(0),
             }))
         })

@@ -126,8 +126,17 @@ async fn applications_and_endpoints_have_svix_shapes() {
     assert_eq!(s, StatusCode::OK, "{put}");
     assert_eq!(put["url"], "https://93.184.215.14/v2");
     assert_eq!(put["description"], "", "PUT replaces the whole endpoint");
-    assert_eq!(put["disabled"], false);
+    assert_eq!(put["disabled"], true, "but the flag only when it is given");
     assert!(put["filterTypes"].is_null());
+    let (s, put) = app
+        .request(
+            reqwest::Method::PUT,
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            Some(json!({"url": "https://93.184.215.14/v2", "disabled": false})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{put}");
+    assert_eq!(put["disabled"], false);
 
     let (s, _) = app
         .request(

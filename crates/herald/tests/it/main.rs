@@ -8,6 +8,7 @@ mod completions;
 mod dashboard;
 mod delivery;
 mod endpoint_health;
+mod endpoint_writes;
 mod gates;
 mod helpers;
 mod metrics;

@@ -156,6 +156,7 @@ macro_rules! backends {
 backends!(
     settings_are_initialised_once,
     apps_and_endpoints_round_trip_and_resolve_uids,
+    endpoint_updates_write_only_what_they_change,
     lists_page_in_stable_order_both_ways,
     insert_fans_out_to_subscribed_enabled_endpoints,
     duplicate_event_ids_are_refused_within_and_across_batches,
@@ -175,6 +176,7 @@ backends!(
     stats_buckets_add_up_per_endpoint_and_prune_by_age,
     disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_deliveries,
     retention_expires_held_deliveries_past_the_age_cap,
+    enabling_an_enabled_endpoint_changes_nothing,
     only_auto_disabled_endpoints_collect_new_messages,
     dead_letters_filter_across_apps_and_replay_in_bulk,
     queue_stats_count_live_dead_due_and_disabled,
@@ -368,10 +370,18 @@ async fn apps_and_endpoints_round_trip_and_resolve_uids(store: Arc<dyn Store>) {
         store.get_endpoint(&a.id, e.id.as_str()).await.expect("get"),
         Some(e.clone())
     );
+    let changes = EndpointChanges {
+        uid: Some(Some("main".into())),
+        filter_types: Some(None),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(&a.id, &e.id, &changes, T0 + 1)
+        .await
+        .expect("update"));
     e.uid = Some("main".into());
-    e.disabled = true;
     e.filter_types = None;
-    assert!(store.update_endpoint(&e).await.expect("update"));
+    e.updated_at = T0 + 1;
     assert_eq!(
         store.get_endpoint(&a.id, "main").await.expect("get"),
         Some(e.clone())
@@ -385,6 +395,110 @@ async fn apps_and_endpoints_round_trip_and_resolve_uids(store: Arc<dyn Store>) {
         None,
         "scoped to its app"
     );
+    assert!(!store
+        .update_endpoint(&other.id, &e.id, &changes, T0 + 2)
+        .await
+        .expect("update"));
+}
+
+/// An update writes the fields it is given and nothing else: not the
+/// disabled flag and its cause, nor the secrets, nor the headers, nor the
+/// fields it leaves out, whatever they became since the caller read them.
+async fn endpoint_updates_write_only_what_they_change(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let headers: std::collections::BTreeMap<String, String> =
+        [("X-Team".to_owned(), "blue".to_owned())].into();
+    assert!(store
+        .set_endpoint_headers(&a.id, &e.id, &headers, T0 + 1)
+        .await
+        .expect("headers"));
+    assert!(store
+        .disable_endpoint(&e.id, "by hand", false, None, T0 + 2)
+        .await
+        .expect("disable"));
+    let rotated = herald_signing::Secret::generate().expose();
+    assert!(store
+        .rotate_secret(&a.id, &e.id, &rotated, T0 + 100_000, T0 + 3)
+        .await
+        .expect("rotate"));
+
+    let changes = EndpointChanges {
+        description: Some("renamed".into()),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(&a.id, &e.id, &changes, T0 + 4)
+        .await
+        .expect("update"));
+    let saved = store
+        .get_endpoint(&a.id, e.id.as_str())
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        saved,
+        Endpoint {
+            description: "renamed".into(),
+            disabled: true,
+            headers: headers.clone(),
+            secret: rotated.clone(),
+            updated_at: T0 + 4,
+            ..e.clone()
+        }
+    );
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        (
+            status.disabled,
+            status.auto_disabled,
+            status.disabled_reason.as_deref()
+        ),
+        (true, false, Some("by hand"))
+    );
+
+    // Headers alone: the description just written stays.
+    assert!(store
+        .set_endpoint_headers(&a.id, &e.id, &Default::default(), T0 + 5)
+        .await
+        .expect("headers"));
+    let saved = store
+        .get_endpoint(&a.id, e.id.as_str())
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(
+        (
+            saved.description.as_str(),
+            saved.headers.len(),
+            saved.disabled
+        ),
+        ("renamed", 0, true)
+    );
+    assert!(store
+        .enable_endpoint(&a.id, &e.id, T0 + 6, T0)
+        .await
+        .expect("enable")
+        .is_some());
+    // The old secret still signs: the update did not write the rotation back.
+    store
+        .insert_messages(&[message(&a.id, "x", None)])
+        .await
+        .expect("insert");
+    let got = claim(&store, T0 + 10, 10, &HashMap::new(), 10).await;
+    assert_eq!(
+        (got[0].secret.clone(), got[0].old_secrets.clone()),
+        (rotated, vec![e.secret.clone()])
+    );
+    let stranger = app(&store, None).await;
+    assert!(!store
+        .set_endpoint_headers(&stranger.id, &e.id, &headers, T0 + 7)
+        .await
+        .expect("headers"));
 }
 
 async fn lists_page_in_stable_order_both_ways(store: Arc<dyn Store>) {
@@ -592,13 +706,15 @@ async fn claim_respects_the_limit_and_the_endpoint_cap(store: Arc<dyn Store>) {
 
 async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
-    let mut e = endpoint(&store, &a.id, None, false).await;
+    let e = endpoint(&store, &a.id, None, false).await;
     store
         .insert_messages(&[message(&a.id, "x", None)])
         .await
         .expect("insert");
-    e.disabled = true;
-    store.update_endpoint(&e).await.expect("disable");
+    assert!(store
+        .disable_endpoint(&e.id, "r", false, None, T0)
+        .await
+        .expect("disable"));
     assert!(
         claim(&store, T0, 10, &HashMap::new(), 10).await.is_empty(),
         "held while disabled"
@@ -611,8 +727,10 @@ async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
         .await
         .is_empty());
     assert_eq!(store.next_due_at().await.expect("next"), None, "overdue");
-    e.disabled = false;
-    store.update_endpoint(&e).await.expect("enable");
+    store
+        .enable_endpoint(&a.id, &e.id, T0 + 60_000, T0)
+        .await
+        .expect("enable");
     assert!(store.next_due_at().await.expect("next").is_some());
     assert_eq!(
         claim(&store, T0 + 60_000, 10, &HashMap::new(), 10)
@@ -1798,7 +1916,7 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
         .await
         .expect("enable")
         .expect("exists");
-    assert!(!again.was_disabled);
+    assert_eq!(again, EnableReport::default());
     let stranger = app(&store, None).await;
     assert_eq!(
         store
@@ -1936,6 +2054,48 @@ async fn retention_expires_held_deliveries_past_the_age_cap(store: Arc<dyn Store
     assert!(resumed
         .iter()
         .all(|d| d.manual && d.endpoint_id == stuck.id));
+}
+
+/// The age cap at enable is for deliveries held while the endpoint was
+/// off: enabling one that is enabled kills nothing and resets nothing.
+async fn enabling_an_enabled_endpoint_changes_nothing(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let got = claim_n(&store, &a.id, 1, T0).await;
+    store
+        .complete(&[outcome(&got[0], false, 500, T0, 5)])
+        .await
+        .expect("complete");
+    // Its cycle began at T0, long before the cap; the retry is due.
+    let report = store
+        .enable_endpoint(&a.id, &e.id, T0 + 100_000, T0 + 50_000)
+        .await
+        .expect("enable")
+        .expect("exists");
+    assert_eq!(report, EnableReport::default());
+    let status = store
+        .endpoint_status(&e.id)
+        .await
+        .expect("status")
+        .expect("exists");
+    assert_eq!(
+        (
+            status.disabled,
+            status.fail_streak,
+            status.streak_started_at
+        ),
+        (false, 1, Some(T0)),
+        "the streak goes on"
+    );
+    assert!(store
+        .list_dead(&dead_of(&a.id, None), &page(10, None, true))
+        .await
+        .expect("dead")
+        .items
+        .is_empty());
+    let again = claim(&store, T0 + 100_000, 10, &HashMap::new(), 10).await;
+    assert_eq!(again.len(), 1, "still pending, and due");
+    assert_eq!(again[0].id, got[0].id);
 }
 
 async fn only_auto_disabled_endpoints_collect_new_messages(store: Arc<dyn Store>) {
@@ -2448,4 +2608,214 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     assert_eq!(begin("j", "h", T0 + 1).await, IdemBegin::Fresh);
     assert!(store.prune_idempotency(T0 + 10_000).await.expect("prune") >= 2);
     assert_eq!(begin("k", "zz", T0 + 10_001).await, IdemBegin::Fresh);
+}
+
+/// PostgreSQL lock order: a connection of the test's own on `schema`,
+/// and its backend's pid.
+async fn pg_connection(url: &str, schema: &str) -> (sqlx::PgConnection, i32) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET search_path TO \"{schema}\""
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("search_path");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .expect("pid");
+    (conn, pid)
+}
+
+/// The backends waiting for a lock that `pid` holds.
+async fn blocked_by(monitor: &mut sqlx::PgConnection, pid: i32) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))")
+        .bind(pid)
+        .fetch_all(monitor)
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// Interleaves two store calls at their locks, deterministically: the
+/// test's own transaction takes `hold` (a row lock, bound to `arg`); then
+/// `first` runs until it waits for that lock, and `second` until it waits
+/// for `first` (or ends); then the test lets go. Two calls that take their
+/// locks in one order both get through; in opposite orders they close a
+/// cycle, and PostgreSQL aborts one of them ("deadlock detected").
+async fn interleaved<A, B>(
+    url: &str,
+    schema: &str,
+    hold: &str,
+    arg: &str,
+    first: impl std::future::Future<Output = A> + Send + 'static,
+    second: impl std::future::Future<Output = B> + Send + 'static,
+) -> (A, B)
+where
+    A: Send + 'static,
+    B: Send + 'static,
+{
+    use sqlx::Connection;
+    let (mut monitor, _) = pg_connection(url, schema).await;
+    let (mut blocker, blocker_pid) = pg_connection(url, schema).await;
+    let mut held = blocker.begin().await.expect("begin");
+    sqlx::query(sqlx::AssertSqlSafe(hold.to_owned()))
+        .bind(arg)
+        .fetch_one(&mut *held)
+        .await
+        .expect("the held row exists");
+    let deadline = tokio::time::Instant::now() + crate::helpers::PATIENCE;
+    let first = tokio::spawn(first);
+    let first_pid = loop {
+        if let Some(pid) = blocked_by(&mut monitor, blocker_pid).await.first() {
+            break *pid;
+        }
+        assert!(
+            !first.is_finished(),
+            "the first call never waited for the held lock"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "nothing waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let second = tokio::spawn(second);
+    while !second.is_finished() && blocked_by(&mut monitor, first_pid).await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second call hung"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.rollback().await.expect("let go");
+    let (a, b) = (first.await.expect("first"), second.await.expect("second"));
+    (a, b)
+}
+
+/// Deleting an application while a completer records outcomes for its
+/// endpoint: the completer holds the endpoint and adds to its stats
+/// bucket; the deletion must not hold that bucket while it waits for the
+/// endpoint. Held here: the application (so the deletion waits early).
+#[tokio::test]
+async fn postgres_deleting_an_app_and_completing_lock_in_one_order() {
+    let Some(f) =
+        postgres("store_conformance::postgres_deleting_an_app_and_completing_lock_in_one_order")
+            .await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run_postgres(|pg| async move {
+        let store: Arc<dyn Store> = pg;
+        let a = app(&store, None).await;
+        endpoint(&store, &a.id, None, false).await;
+        let got = claim_n(&store, &a.id, 2, T0).await;
+        // A first outcome makes the stats bucket the second one adds to.
+        store
+            .complete(&[outcome(&got[0], true, 200, T0, 5)])
+            .await
+            .expect("complete");
+        let late = outcome(&got[1], true, 200, T0, 5);
+        let (deleting, completing) = (store.clone(), store.clone());
+        let app_id = a.id.clone();
+        let (deleted, completed) = interleaved(
+            &url,
+            &schema,
+            "SELECT 1 FROM applications WHERE id = $1 FOR KEY SHARE",
+            a.id.as_str(),
+            async move { deleting.delete_app(&app_id).await },
+            async move { completing.complete(&[late]).await },
+        )
+        .await;
+        assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+        assert!(completed.is_ok(), "{completed:?}");
+        assert_eq!(store.get_app(a.id.as_str()).await.expect("get"), None);
+    })
+    .await;
+}
+
+/// Deleting an application while a message of it is resent: the resend
+/// must take the endpoint before the message, as the deletion does. Held
+/// here: the message (so the deletion waits there, holding the endpoint).
+#[tokio::test]
+async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
+    let Some(f) =
+        postgres("store_conformance::postgres_deleting_an_app_and_resending_lock_in_one_order")
+            .await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run_postgres(|pg| async move {
+        let store: Arc<dyn Store> = pg;
+        let a = app(&store, None).await;
+        let e = endpoint(&store, &a.id, None, false).await;
+        let m = message(&a.id, "x", None);
+        store
+            .insert_messages(std::slice::from_ref(&m))
+            .await
+            .expect("insert");
+        let (deleting, resending) = (store.clone(), store.clone());
+        let (app_id, resend_app, msg_id) = (a.id.clone(), a.id.clone(), m.id.clone());
+        let (deleted, resent) = interleaved(
+            &url,
+            &schema,
+            "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
+            m.id.as_str(),
+            async move { deleting.delete_app(&app_id).await },
+            async move { resending.resend(&resend_app, &msg_id, &e.id, T0).await },
+        )
+        .await;
+        assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+        assert!(resent.is_ok(), "{resent:?}");
+    })
+    .await;
+}
+
+/// Deleting an application while retention prunes an old message of it:
+/// retention locks the message, then its deliveries; the deletion must
+/// take the messages before the deliveries too. Held here: an older
+/// message of the app (so the deletion waits at the messages, before it
+/// reaches the one pruned).
+#[tokio::test]
+async fn postgres_deleting_an_app_and_pruning_lock_in_one_order() {
+    let Some(f) =
+        postgres("store_conformance::postgres_deleting_an_app_and_pruning_lock_in_one_order").await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run_postgres(|pg| async move {
+        let store: Arc<dyn Store> = pg;
+        let a = app(&store, None).await;
+        endpoint(&store, &a.id, None, false).await;
+        // The held one first by id and on disk: the deletion meets it first.
+        let mut two = [message(&a.id, "x", None), message(&a.id, "x", None)];
+        two.sort_by(|x, y| x.id.as_str().cmp(y.id.as_str()));
+        for m in &two {
+            store
+                .insert_messages(std::slice::from_ref(m))
+                .await
+                .expect("insert");
+        }
+        let held = &two[0];
+        let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+        let done: Vec<Completion> = got
+            .iter()
+            .map(|d| completion(d, NextState::Delivered, T0 + 1))
+            .collect();
+        store.complete(&done).await.expect("complete");
+        let (deleting, pruning) = (store.clone(), store.clone());
+        let app_id = a.id.clone();
+        let (deleted, report) = interleaved(
+            &url,
+            &schema,
+            "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
+            held.id.as_str(),
+            async move { deleting.delete_app(&app_id).await },
+            async move { pruning.prune(T0 + 10, T0 + 10, 100).await },
+        )
+        .await;
+        assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+        assert!(report.is_ok(), "{report:?}");
+    })
+    .await;
 }
