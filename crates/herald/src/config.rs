@@ -34,6 +34,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
+    ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
+    ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
     ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
 ];
 
@@ -66,6 +68,9 @@ pub struct Config {
     pub poll_interval: Duration,
     pub retention: Duration,
     pub dead_retention: Duration,
+    pub max_headers_per_endpoint: usize,
+    /// Failed API authentications one address may make in a burst.
+    pub auth_failure_limit: u32,
     pub log: String,
 }
 
@@ -95,6 +100,8 @@ impl std::fmt::Debug for Config {
             .field("poll_interval", &self.poll_interval)
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
+            .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
+            .field("auth_failure_limit", &self.auth_failure_limit)
             .finish()
     }
 }
@@ -263,6 +270,12 @@ impl Config {
             number("HERALD_METRICS_MAX_ENDPOINTS")?,
         )?;
         let disable_min_window = duration("HERALD_DISABLE_MIN_WINDOW")?;
+        let max_headers_per_endpoint = usize_of(
+            "HERALD_MAX_HEADERS_PER_ENDPOINT",
+            number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
+        )?;
+        let auth_failure_limit = u32::try_from(positive("HERALD_AUTH_FAILURE_LIMIT")?)
+            .map_err(|_| invalid("HERALD_AUTH_FAILURE_LIMIT", "too large".into()))?;
         let operator_url = get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
         let operator_secret = get("HERALD_OPERATOR_WEBHOOK_SECRET").trim().to_owned();
         let operator_webhook = if operator_url.is_empty() {
@@ -311,6 +324,8 @@ impl Config {
             poll_interval,
             retention,
             dead_retention,
+            max_headers_per_endpoint,
+            auth_failure_limit,
             log: get("HERALD_LOG"),
         })
     }
@@ -381,6 +396,8 @@ mod tests {
         assert_eq!(c.disable_min_window, Duration::from_secs(3600));
         assert!(c.operator_webhook.is_none());
         assert_eq!(c.metrics_max_endpoints, 500);
+        assert_eq!(c.max_headers_per_endpoint, 20);
+        assert_eq!(c.auth_failure_limit, 10);
         assert!(c.admin_token.is_none());
     }
 
@@ -421,6 +438,8 @@ mod tests {
             ("HERALD_ENDPOINT_CONCURRENCY", "0"),
             ("HERALD_LEASE", "10s"),
             ("HERALD_ADMIN_TOKEN", "short"),
+            ("HERALD_MAX_HEADERS_PER_ENDPOINT", "many"),
+            ("HERALD_AUTH_FAILURE_LIMIT", "0"),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");

@@ -15,6 +15,8 @@ pub fn is_global(ip: IpAddr) -> bool {
     }
 }
 
+/// The IANA IPv4 Special-Purpose Address Registry's ranges that are not
+/// globally reachable (192.0.0.0/24 whole, its two anycast exceptions too).
 fn is_global_v4(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();
     !(a == 0                                   // "this network", 0.0.0.0
@@ -26,57 +28,50 @@ fn is_global_v4(ip: Ipv4Addr) -> bool {
         || (a == 192 && b == 168)              // RFC 1918
         || (a == 192 && b == 0 && c == 0)      // IETF protocol assignments
         || (a == 192 && b == 0 && c == 2)      // TEST-NET-1
+        || (a == 192 && b == 88 && c == 99)    // 6to4 relay anycast (deprecated)
         || (a == 198 && (18..20).contains(&b)) // benchmarking
         || (a == 198 && b == 51 && c == 100)   // TEST-NET-2
         || (a == 203 && b == 0 && c == 113)    // TEST-NET-3
         || a >= 224) // multicast, reserved, broadcast
 }
 
+/// Global unicast is `2000::/3` and nothing else: everything outside it is
+/// loopback, unspecified, IPv4-compatible or -translated, NAT64 local-use
+/// (`64:ff9b:1::/48`), discard-only, dummy, segment-routing, unique-local,
+/// link-local, site-local, multicast or unassigned. Three forms that carry
+/// an IPv4 address the packet really goes to are judged by it: IPv4-mapped
+/// (`::ffff:0:0/96`), NAT64 (`64:ff9b::/96`) and 6to4 (`2002::/16`). Inside
+/// `2000::/3` the IANA IPv6 Special-Purpose Address Registry's non-global
+/// ranges are refused: `2001::/23` whole (Teredo `2001::/32`, benchmarking,
+/// ORCHID; its anycast and identifier exceptions are no web servers
+/// either) and the documentation prefixes `2001:db8::/32` and `3fff::/20`.
 fn is_global_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = embedded_v4(ip) {
-        return is_global_v4(v4);
-    }
     let seg = ip.segments();
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || (seg[0] & 0xfe00) == 0xfc00   // unique local fc00::/7
-        || (seg[0] & 0xffc0) == 0xfe80   // link-local fe80::/10
-        || (seg[0] & 0xffc0) == 0xfec0   // deprecated site-local
-        || (seg[0] & 0xff00) == 0xff00   // multicast
-        || (seg[0] == 0x2001 && seg[1] == 0x0db8) // documentation
-        || (seg[0] == 0x0100 && seg[1..4] == [0, 0, 0])) // discard-only
-}
-
-/// IPv4 addresses hidden inside IPv6 forms: mapped (::ffff:a.b.c.d),
-/// compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4 (2002::/16).
-fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
-    let seg = ip.segments();
-    let tail = || {
-        Ipv4Addr::new(
-            (seg[6] >> 8) as u8,
-            seg[6] as u8,
-            (seg[7] >> 8) as u8,
-            seg[7] as u8,
-        )
+    let v4 = |hi: u16, lo: u16| {
+        let [a, b] = hi.to_be_bytes();
+        let [c, d] = lo.to_be_bytes();
+        Ipv4Addr::new(a, b, c, d)
     };
-    if let Some(v4) = ip.to_ipv4_mapped() {
-        return Some(v4);
+    if let Some(mapped) = ip.to_ipv4_mapped() {
+        return is_global_v4(mapped);
     }
-    if seg[..6] == [0, 0, 0, 0, 0, 0] && !ip.is_loopback() && !ip.is_unspecified() {
-        return Some(tail());
-    }
-    if seg[0] == 0x0064 && seg[1] == 0xff9b && seg[2..6] == [0, 0, 0, 0] {
-        return Some(tail());
+    if seg[..6] == [0x0064, 0xff9b, 0, 0, 0, 0] {
+        return is_global_v4(v4(seg[6], seg[7]));
     }
     if seg[0] == 0x2002 {
-        return Some(Ipv4Addr::new(
-            (seg[1] >> 8) as u8,
-            seg[1] as u8,
-            (seg[2] >> 8) as u8,
-            seg[2] as u8,
-        ));
+        return is_global_v4(v4(seg[1], seg[2]));
     }
-    None
+    if seg[0] & 0xe000 != 0x2000 {
+        return false;
+    }
+    match seg[0] {
+        // IETF protocol assignments 2001::/23 (Teredo among them), and
+        // documentation 2001:db8::/32.
+        0x2001 => !(seg[1] < 0x0200 || seg[1] == 0x0db8),
+        // Documentation 3fff::/20 (RFC 9637).
+        0x3fff => seg[1] >= 0x1000,
+        _ => true,
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -240,6 +235,44 @@ mod tests {
             "64:ff9b::a9fe:a9fe",
             "2002:c0a8:0101::1",
             "100::1",
+            // IPv4-translated (::ffff:0:0:0/96), whatever it embeds.
+            "::ffff:0:7f00:1",
+            "::ffff:0:808:808",
+            // IPv4-compatible (deprecated), whatever it embeds.
+            "::8.8.8.8",
+            // NAT64: local-use, and the well-known prefix to a private IPv4.
+            "64:ff9b:1::1",
+            "64:ff9b:1:ffff::808:808",
+            "64:ff9b::7f00:1",
+            "64:ff9b::a00:1",
+            // 6to4 of loopback and of link-local.
+            "2002:7f00:1::1",
+            "2002:a9fe:a9fe::1",
+            // Teredo, benchmarking, ORCHIDv2, and the rest of 2001::/23.
+            "2001::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:2::1",
+            "2001:20::1",
+            "2001:1ff:ffff::1",
+            // Documentation, both prefixes.
+            "2001:db8:85a3::8a2e:370:7334",
+            "3fff::1",
+            "3fff:fff:ffff::1",
+            // Discard-only and dummy (100::/64, 100:0:0:1::/64).
+            "100::ffff:1",
+            "100:0:0:1::1",
+            // Segment routing SIDs, unassigned space.
+            "5f00::1",
+            "4000::1",
+            "1::1",
+            // Site-local, link-local, unique-local, multicast.
+            "fec0::1",
+            "fe80::1:2:3:4",
+            "fd00::1",
+            "ff05::2",
+            // 6to4 relay anycast.
+            "192.88.99.1",
+            "::ffff:192.88.99.1",
         ] {
             let ip: IpAddr = ip.parse().expect("test address parses");
             assert!(!is_global(ip), "{ip} must not be global");
@@ -260,6 +293,12 @@ mod tests {
             "2606:4700:4700::1111",
             "::ffff:8.8.8.8",
             "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2001:200::1",
+            "2001:4860:4860::8888",
+            "2620:fe::fe",
+            "3fff:1000::1",
+            "2a00:1450:4001:81c::200e",
         ] {
             let ip: IpAddr = ip.parse().expect("test address parses");
             assert!(is_global(ip), "{ip} must be global");
@@ -290,6 +329,20 @@ mod tests {
             WebhookUrl::parse("http://[::ffff:7f00:1]/", DENY),
             Err(UrlError::Forbidden { .. })
         ));
+        for literal in [
+            "[::ffff:0:7f00:1]",
+            "[64:ff9b:1::a9fe:a9fe]",
+            "[2001::1]",
+            "[3fff::1]",
+        ] {
+            assert!(
+                matches!(
+                    WebhookUrl::parse(&format!("http://{literal}/hook"), DENY),
+                    Err(UrlError::Forbidden { .. })
+                ),
+                "{literal} is refused at parse"
+            );
+        }
         // Decimal and hex IPv4 forms are normalised by the URL parser.
         assert!(matches!(
             WebhookUrl::parse("http://2130706433/", DENY),

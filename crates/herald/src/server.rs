@@ -188,6 +188,12 @@ pub async fn start(
             operator,
             metrics,
             dashboard: Default::default(),
+            auth_failures: crate::limits::LoginLimiter::new(
+                config.auth_failure_limit,
+                Duration::from_secs(1),
+            ),
+            known_tokens: Default::default(),
+            max_headers_per_endpoint: config.max_headers_per_endpoint,
         });
         // Trailing slashes are optional, as in Svix: normalise before routing.
         let app = tower::Layer::layer(
@@ -200,7 +206,10 @@ pub async fn start(
         server = Some(tokio::spawn(async move {
             axum::serve(
                 listener,
-                axum::ServiceExt::<axum::extract::Request>::into_make_service(app),
+                // The client's address: failed authentications are limited per address.
+                axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
+                    SocketAddr,
+                >(app),
             )
             .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
             .await

@@ -8,13 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::auth::{MaybeResolvedApp, ResolvedApp};
 use super::error::{
     BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
     PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
 };
 use super::{
-    check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
-    ListParams, ListResponse,
+    check_line, check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult,
+    ApiState, ListParams, ListResponse, MAX_NAME_CHARS,
 };
 use crate::ids::AppId;
 use crate::store::{now_millis, App};
@@ -22,8 +23,8 @@ use crate::store::{now_millis, App};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationIn {
-    /// Not blank.
-    #[schema(pattern = "\\S")]
+    /// Not blank; no control characters.
+    #[schema(pattern = "\\S", max_length = 256)]
     pub name: String,
     #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
@@ -92,11 +93,7 @@ pub async fn create_app(
     ApiJson(body): ApiJson<ApplicationIn>,
 ) -> ApiResult<Response> {
     let get_if_exists = super::query_bool("get_if_exists", &params.get_if_exists)?;
-    if body.name.trim().is_empty() {
-        return Err(ApiError::field("name", "must not be empty"));
-    }
-    check_uid("uid", &body.uid)?;
-    check_metadata(&body.metadata)?;
+    check_app_fields(&body.name, &body.uid, &body.metadata)?;
     if let Some(uid) = &body.uid {
         if let Some(existing) = state.store.get_app(uid).await? {
             if get_if_exists {
@@ -133,9 +130,9 @@ pub async fn create_app(
 )]
 pub async fn get_app(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    ResolvedApp { id: app_id }: ResolvedApp,
 ) -> ApiResult<Json<ApplicationOut>> {
-    Ok(Json(find_app(&state, &app_id).await?.into()))
+    Ok(Json(app_by_id(&state, &app_id).await?.into()))
 }
 
 #[utoipa::path(
@@ -161,14 +158,13 @@ pub async fn list_apps(
     )))
 }
 
-/// The id of the application named by `id_or_uid` (cached); 404 if none.
-pub async fn find_app_id(state: &ApiState, id_or_uid: &str) -> ApiResult<AppId> {
-    if let Some(id) = state.app_ids.get(id_or_uid) {
-        return Ok(id);
+/// The application with this id (never a uid: a uid may read like
+/// another application's id); 404 when it is gone.
+pub async fn app_by_id(state: &ApiState, id: &AppId) -> ApiResult<App> {
+    match state.store.get_app(id.as_str()).await? {
+        Some(app) if app.id == *id => Ok(app),
+        _ => Err(ApiError::NotFound("application")),
     }
-    let app = find_app(state, id_or_uid).await?;
-    state.app_ids.put(id_or_uid, app.id.clone());
-    Ok(app.id)
 }
 
 /// Looks an application up by id or uid; 404 when there is none.
@@ -188,6 +184,7 @@ fn check_app_fields(
     if name.trim().is_empty() {
         return Err(ApiError::field("name", "must not be empty"));
     }
+    check_line(&["body", "name"], name, MAX_NAME_CHARS)?;
     check_uid("uid", uid)?;
     check_metadata(metadata)
 }
@@ -224,12 +221,14 @@ async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> 
 pub async fn put_app(
     State(state): State<ApiState>,
     Path(app_id): Path<String>,
+    MaybeResolvedApp(resolved): MaybeResolvedApp,
     ApiJson(body): ApiJson<ApplicationIn>,
 ) -> ApiResult<Response> {
     check_app_fields(&body.name, &body.uid, &body.metadata)?;
     let now = now_millis();
-    match state.store.get_app(&app_id).await? {
-        Some(mut app) => {
+    match resolved {
+        Some(id) => {
+            let mut app = app_by_id(&state, &id).await?;
             check_uid_free(&state, &body.uid, &app.id).await?;
             app.uid = body.uid;
             app.name = body.name;
@@ -272,7 +271,7 @@ pub async fn put_app(
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationPatch {
     #[serde(default)]
-    #[schema(pattern = "\\S")]
+    #[schema(pattern = "\\S", max_length = 256)]
     pub name: Option<String>,
     #[serde(default, deserialize_with = "super::double_option")]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
@@ -302,10 +301,10 @@ pub struct ApplicationPatch {
 )]
 pub async fn patch_app(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    ResolvedApp { id: app_id }: ResolvedApp,
     ApiJson(body): ApiJson<ApplicationPatch>,
 ) -> ApiResult<Json<ApplicationOut>> {
-    let mut app = find_app(&state, &app_id).await?;
+    let mut app = app_by_id(&state, &app_id).await?;
     if let Some(name) = body.name {
         app.name = name;
     }
@@ -341,14 +340,13 @@ pub async fn patch_app(
 )]
 pub async fn delete_app(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    ResolvedApp { id: app_id }: ResolvedApp,
 ) -> ApiResult<StatusCode> {
-    let app = find_app(&state, &app_id).await?;
-    state.app_ids.forget(&app.id);
-    if !state.store.delete_app(&app.id).await? {
+    state.app_ids.forget(&app_id);
+    if !state.store.delete_app(&app_id).await? {
         return Err(ApiError::NotFound("application"));
     }
-    state.app_ids.forget(&app.id);
+    state.app_ids.forget(&app_id);
     // Its tokens went with it.
     state.tokens.clear();
     Ok(StatusCode::NO_CONTENT)

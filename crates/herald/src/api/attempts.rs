@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
 
-use super::apps::find_app;
+use super::auth::ResolvedApp;
 use super::endpoints::find_endpoint;
 use super::error::{
     BadRequestResponse, NotFoundResponse, UnauthorizedResponse, ValidationResponse,
@@ -81,10 +81,11 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
 )]
 pub async fn list_attempts_by_msg(
     State(state): State<ApiState>,
-    Path((app_id, msg_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let msg = find_message(&state, &app.id, &msg_id).await?;
     list_filtered(&state, &app.id, &params, |f| f.msg = Some(msg.id)).await
 }
 
@@ -100,10 +101,10 @@ pub async fn list_attempts_by_msg(
 )]
 pub async fn list_attempts_by_endpoint(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     list_filtered(&state, &app.id, &params, |f| f.endpoint = Some(ep.id)).await
 }

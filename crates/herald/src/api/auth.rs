@@ -4,10 +4,14 @@
 //! kept as SHA-256 digests only.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{
+    ConnectInfo, FromRequestParts, MatchedPath, Path, RawPathParams, Request, State,
+};
+use axum::http::request::Parts;
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +19,6 @@ use axum::Json;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use super::apps::find_app;
 use super::error::{
     BadRequestResponse, ForbiddenResponse, NotFoundResponse, PayloadTooLargeResponse,
     UnauthorizedResponse, ValidationResponse,
@@ -74,6 +77,93 @@ impl TokenCache {
     }
 }
 
+/// Tokens that have authenticated from an address, by digest, a few per
+/// address. While an address is throttled for its failures, a request that
+/// presents one of them is still checked (and served): someone failing
+/// from the same address (a shared NAT, a proxy) does not lock out a client
+/// that already proved its token there, and no guess is ever checked early,
+/// since only a digest that authenticated from that very address before
+/// passes. Any other token waits like a guess.
+#[derive(Default)]
+pub struct KnownTokens(RwLock<HashMap<IpAddr, Vec<[u8; 32]>>>);
+
+impl KnownTokens {
+    const PER_ADDRESS: usize = 8;
+    const MAX_ADDRESSES: usize = 10_000;
+
+    fn contains(&self, ip: IpAddr, digest: &[u8; 32]) -> bool {
+        let map = self.0.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&ip).is_some_and(|known| known.contains(digest))
+    }
+
+    fn remember(&self, ip: IpAddr, digest: [u8; 32]) {
+        // Every authenticated request comes here: a read lock unless the
+        // token is new from this address.
+        if self.contains(ip, &digest) {
+            return;
+        }
+        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= Self::MAX_ADDRESSES && !map.contains_key(&ip) {
+            map.clear();
+        }
+        let known = map.entry(ip).or_default();
+        if !known.contains(&digest) {
+            if known.len() >= Self::PER_ADDRESS {
+                known.remove(0);
+            }
+            known.push(digest);
+        }
+    }
+}
+
+/// The application a `/app/{app_id}/…` path names, resolved once by
+/// [`require_token`] when the request's headers arrived, for admin and
+/// application tokens alike. Handlers act on this id and never look the
+/// path's id or uid up again: a request whose body is held while the uid
+/// moves to another application still acts on the one it was allowed for
+/// (or fails, if that one is gone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedApp {
+    pub id: AppId,
+}
+
+/// The `PUT /app/{app_id}` variant of [`ResolvedApp`]: `None` when the path
+/// named no application (the upsert then creates one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaybeResolvedApp(pub Option<AppId>);
+
+/// What the middleware found for the path's `{app_id}` (a request
+/// extension; `None`: no such application).
+#[derive(Debug, Clone)]
+struct AppLookup(Option<AppId>);
+
+fn app_lookup(parts: &Parts) -> ApiResult<&AppLookup> {
+    parts.extensions.get::<AppLookup>().ok_or_else(|| {
+        // A route with `{app_id}` always passes through `require_token`.
+        tracing::error!(path = %parts.uri.path(), "no resolved application for this route");
+        ApiError::Internal
+    })
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ResolvedApp {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        match app_lookup(parts)? {
+            AppLookup(Some(id)) => Ok(ResolvedApp { id: id.clone() }),
+            AppLookup(None) => Err(ApiError::NotFound("application")),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for MaybeResolvedApp {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(MaybeResolvedApp(app_lookup(parts)?.0.clone()))
+    }
+}
+
 fn presented(request: &Request) -> Option<&str> {
     request
         .headers()
@@ -84,13 +174,24 @@ fn presented(request: &Request) -> Option<&str> {
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim)
+        .filter(|t| !t.is_empty())
 }
 
-/// The `/api/v1` middleware: 401 without a known token; for application
-/// tokens, the route rules below.
+/// The address the request came from (the proxy's, behind one); all
+/// requests without one (a router served without connect info) share one.
+fn client_ip(request: &Request) -> IpAddr {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip())
+}
+
+/// The `/api/v1` middleware: 401 without a known token (429 after too many
+/// failures from the caller's address); resolves the path's `{app_id}`
+/// ([`ResolvedApp`]); for application tokens, the route rules below.
 pub async fn require_token(
     State(state): State<ApiState>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let Some(token) = presented(&request) else {
@@ -99,39 +200,98 @@ pub async fn require_token(
     // Comparing digests: equal-length, and a timing difference reveals
     // nothing about the token itself.
     let digest = token_sha256(token);
-    let principal = if digest == state.admin_token_sha256 {
-        Principal::Admin
-    } else {
-        let found = match state.tokens.get(&digest) {
-            Some(found) => found,
-            None => match state.store.find_token(&hex::encode(digest)).await {
-                Ok(found) => {
-                    state.tokens.put(digest, found.clone());
-                    found
-                }
-                Err(e) => return ApiError::from(e).into_response(),
-            },
-        };
-        match found {
-            Some(t) => Principal::App {
-                app_id: t.app_id,
-                token_id: t.id,
-            },
-            None => return ApiError::Unauthorized.into_response(),
+    let client = client_ip(&request);
+    if let Err(wait) = state.auth_failures.check(client) {
+        if !state.known_tokens.contains(client, &digest) {
+            tracing::debug!(client = %client, "API authentication refused: too many failures");
+            let retry_after_secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            return ApiError::TooManyRequests {
+                retry_after_secs: retry_after_secs.max(1),
+            }
+            .into_response();
         }
+    }
+    let principal = match authenticate(&state, &digest).await {
+        Ok(Some(principal)) => principal,
+        Ok(None) => {
+            state.auth_failures.failed(client);
+            tracing::info!(client = %client, "API authentication failed: unknown bearer token");
+            return ApiError::Unauthorized.into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
+    state.known_tokens.remember(client, digest);
+
+    let (mut parts, body) = request.into_parts();
+    let lookup = match resolve_path_app(&state, &mut parts).await {
+        Ok(lookup) => lookup,
+        Err(e) => return e.into_response(),
     };
     if let Principal::App { app_id, .. } = &principal {
-        if let Err(e) = allowed(&state, app_id, request.method(), request.uri().path()).await {
+        if let Err(e) = allowed(app_id, &parts.method, parts.uri.path(), lookup.as_ref()) {
             return e.into_response();
         }
     }
-    request.extensions_mut().insert(principal);
-    next.run(request).await
+    if let Some(lookup) = lookup {
+        parts.extensions.insert(lookup);
+    }
+    parts.extensions.insert(principal);
+    next.run(Request::from_parts(parts, body)).await
 }
 
-/// What an application token may reach (paths as seen inside `/api/v1`).
-async fn allowed(state: &ApiState, own: &AppId, method: &Method, path: &str) -> ApiResult<()> {
-    let mut parts = path.trim_start_matches('/').split('/');
+/// The principal a token digest names, if any.
+async fn authenticate(state: &ApiState, digest: &[u8; 32]) -> ApiResult<Option<Principal>> {
+    if *digest == state.admin_token_sha256 {
+        return Ok(Some(Principal::Admin));
+    }
+    let found = match state.tokens.get(digest) {
+        Some(found) => found,
+        None => {
+            let found = state.store.find_token(&hex::encode(digest)).await?;
+            state.tokens.put(*digest, found.clone());
+            found
+        }
+    };
+    Ok(found.map(|t| Principal::App {
+        app_id: t.app_id,
+        token_id: t.id,
+    }))
+}
+
+/// The application named by the route's `{app_id}` (`None` when the route
+/// has none). Creating a message, the hot path, reads the id-or-uid cache
+/// (no database read); every other route reads the store.
+async fn resolve_path_app(state: &ApiState, parts: &mut Parts) -> ApiResult<Option<AppLookup>> {
+    // Checked by `super::path_params_are_text` before: readable text.
+    let Ok(params) = RawPathParams::from_request_parts(parts, state).await else {
+        return Ok(None);
+    };
+    let Some((_, key)) = params.iter().find(|(name, _)| *name == "app_id") else {
+        return Ok(None);
+    };
+    let creates_message = parts.method == Method::POST
+        && parts
+            .extensions
+            .get::<MatchedPath>()
+            .is_some_and(|m| m.as_str().ends_with("/app/{app_id}/msg"));
+    if creates_message {
+        if let Some(id) = state.app_ids.get(key) {
+            return Ok(Some(AppLookup(Some(id))));
+        }
+    }
+    let found = state.store.get_app(key).await?.map(|a| a.id);
+    if creates_message {
+        if let Some(id) = &found {
+            state.app_ids.put(key, id.clone());
+        }
+    }
+    Ok(Some(AppLookup(found)))
+}
+
+/// What an application token may reach (paths as seen inside `/api/v1`);
+/// `named` is what the route's `{app_id}` resolved to, if it has one.
+fn allowed(own: &AppId, method: &Method, path: &str, named: Option<&AppLookup>) -> ApiResult<()> {
+    let mut parts = path.strip_prefix('/').unwrap_or(path).split('/');
     match (parts.next(), parts.next(), parts.next()) {
         (Some("app"), Some(app), rest) if !app.is_empty() => {
             if rest == Some("token") {
@@ -139,15 +299,11 @@ async fn allowed(state: &ApiState, own: &AppId, method: &Method, path: &str) -> 
                     "application tokens cannot manage tokens".into(),
                 ));
             }
-            // Another application's resources do not exist for this token.
-            let named = match state.app_ids.get(app) {
-                Some(id) => Some(id),
-                None => state.store.get_app(app).await?.map(|a| a.id),
-            };
-            if named.as_ref() == Some(own) {
-                Ok(())
-            } else {
-                Err(ApiError::NotFound("application"))
+            // Another application's resources do not exist for this token
+            // (nor does a path under /app/… that no route serves).
+            match named {
+                Some(AppLookup(Some(id))) if id == own => Ok(()),
+                _ => Err(ApiError::NotFound("application")),
             }
         }
         (Some("app"), _, _) => Err(ApiError::Forbidden(
@@ -162,6 +318,7 @@ async fn allowed(state: &ApiState, own: &AppId, method: &Method, path: &str) -> 
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct TokenIn {
+    /// No control characters.
     #[serde(default)]
     #[schema(max_length = 256)]
     pub name: Option<String>,
@@ -206,14 +363,11 @@ impl From<ApiToken> for TokenOut {
 )]
 pub async fn create_token(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<TokenIn>,
 ) -> ApiResult<Response> {
     let name = body.name.unwrap_or_default();
-    if name.len() > 256 {
-        return Err(ApiError::field("name", "must be at most 256 bytes"));
-    }
-    let app = find_app(&state, &app_id).await?;
+    super::check_line(&["body", "name"], &name, super::MAX_NAME_CHARS)?;
     let mut raw = [0u8; 24];
     rand::thread_rng().fill_bytes(&mut raw);
     let secret = format!("hrld_app_{}", hex::encode(raw));
@@ -245,9 +399,8 @@ pub async fn create_token(
 )]
 pub async fn list_tokens(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
 ) -> ApiResult<Json<super::ListResponse<TokenOut>>> {
-    let app = find_app(&state, &app_id).await?;
     // An application has a handful of tokens: one page holds them all.
     let tokens = state.store.list_tokens(&app.id).await?;
     let data = tokens.into_iter().map(TokenOut::from).collect();
@@ -272,9 +425,9 @@ pub async fn list_tokens(
 )]
 pub async fn delete_token(
     State(state): State<ApiState>,
-    Path((app_id, token_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, token_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let app = find_app(&state, &app_id).await?;
     if !state.store.delete_token(&app.id, &token_id).await? {
         return Err(ApiError::NotFound("token"));
     }

@@ -10,6 +10,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::apps::find_app;
+use super::auth::ResolvedApp;
 use super::endpoints::find_endpoint;
 use super::error::{
     BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
@@ -59,10 +60,9 @@ pub struct BulkReplayOut {
 )]
 pub async fn list_dead(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     ApiQuery(params): ApiQuery<DeadParams>,
 ) -> ApiResult<Json<ListResponse<DeliveryOut>>> {
-    let app = find_app(&state, &app_id).await?;
     let endpoint = match &params.endpoint_id {
         Some(id) => Some(find_endpoint(&state, &app.id, id).await?.id),
         None => None,
@@ -87,9 +87,9 @@ pub async fn list_dead(
 )]
 pub async fn replay_dead(
     State(state): State<ApiState>,
-    Path((app_id, delivery_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, delivery_id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let app = find_app(&state, &app_id).await?;
     let id = DeliveryId::parse(&delivery_id).ok_or(ApiError::NotFound("delivery"))?;
     if state.store.replay_dead(&app.id, &id, now_millis()).await? {
         state.wake.notify_one();
@@ -116,9 +116,9 @@ pub async fn replay_dead(
 )]
 pub async fn replay_endpoint_dead(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let replayed = state
         .store
@@ -173,6 +173,18 @@ fn parse_time(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
 impl DeadFilterParams {
     /// Resolves names to ids; an unknown app or endpoint is a 404.
     pub async fn resolve(&self, state: &ApiState) -> ApiResult<DeadFilter> {
+        // Names only looked up, never stored, but a NUL would reach
+        // PostgreSQL as an error. (In a query string, `ApiQuery` refused
+        // control characters already: these are the body's.)
+        for (field, value) in [
+            ("app_id", &self.app_id),
+            ("endpoint_id", &self.endpoint_id),
+            ("event_type", &self.event_type),
+        ] {
+            if let Some(v) = value {
+                super::check_line(&["body", field], v, usize::MAX)?;
+            }
+        }
         let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
         let app = match nonempty(&self.app_id) {
             Some(id) => Some(find_app(state, &id).await?.id),

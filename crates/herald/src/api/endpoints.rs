@@ -9,14 +9,14 @@ use axum::Json;
 use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
 
-use super::apps::find_app;
+use super::auth::ResolvedApp;
 use super::error::{
     BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
     UnauthorizedResponse, ValidationResponse,
 };
 use super::{
-    check_metadata, check_uid, double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery,
-    ApiResult, ApiState, ListParams, ListResponse,
+    check_line, check_metadata, check_text, check_uid, double_option, rfc3339, valid_uid, ApiError,
+    ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
 use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
@@ -26,7 +26,11 @@ use crate::store::{now_millis, Endpoint, EndpointChanges};
 #[serde(rename_all = "camelCase")]
 pub struct EndpointIn {
     /// http or https; a public address unless private networks are allowed.
-    #[schema(format = "uri", pattern = "^[Hh][Tt][Tt][Pp][Ss]?://")]
+    #[schema(
+        format = "uri",
+        pattern = "^[Hh][Tt][Tt][Pp][Ss]?://",
+        max_length = 65536
+    )]
     pub url: String,
     #[serde(default)]
     #[schema(max_length = 4096)]
@@ -59,7 +63,11 @@ pub struct EndpointIn {
     #[serde(default)]
     #[schema(max_items = 10)]
     pub channels: Option<Vec<String>>,
-    /// Extra request headers (Herald accepts them at creation too), at most 20.
+    /// Extra request headers (Herald accepts them at creation too): at most
+    /// `HERALD_MAX_HEADERS_PER_ENDPOINT` (20), names of at most 256 and
+    /// values of at most 4096 characters; hop-by-hop and framing headers
+    /// (`Connection`, `TE`, `Transfer-Encoding`, `Host`, …) and Herald's own
+    /// are refused.
     #[serde(default)]
     pub headers: Option<BTreeMap<String, String>>,
 }
@@ -69,7 +77,11 @@ pub struct EndpointIn {
 #[serde(rename_all = "camelCase")]
 pub struct EndpointPatch {
     #[serde(default)]
-    #[schema(format = "uri", pattern = "^[Hh][Tt][Tt][Pp][Ss]?://")]
+    #[schema(
+        format = "uri",
+        pattern = "^[Hh][Tt][Tt][Pp][Ss]?://",
+        max_length = 65536
+    )]
     pub url: Option<String>,
     #[serde(default)]
     #[schema(max_length = 4096)]
@@ -140,7 +152,11 @@ pub struct SecretOut {
     pub key: String,
 }
 
+/// The longest endpoint URL (Svix's bound).
+pub const MAX_URL_CHARS: usize = 65536;
+
 async fn check_url(state: &ApiState, url: &str) -> ApiResult<String> {
+    check_line(&["body", "url"], url, MAX_URL_CHARS)?;
     let parsed =
         WebhookUrl::parse(url, state.net).map_err(|e| ApiError::field("url", e.to_string()))?;
     state
@@ -205,43 +221,86 @@ pub fn check_channels(
     Ok(Some(list))
 }
 
-/// Headers Herald sets itself (or that HTTP reserves) cannot be overridden.
-const RESERVED_HEADERS: &[&str] = &[
+/// Headers no endpoint may set. Herald's own (the signature and what it
+/// signs) cannot be overridden; and the hop-by-hop and framing ones steer
+/// the connection or how the body is read rather than reach the receiver
+/// (a `Transfer-Encoding`, `TE` or `Upgrade` of the customer's choosing
+/// could desynchronise a proxy on the way, `Expect` stall the request,
+/// `Host` or `Forwarded` mislead whatever routes on them). Credentials
+/// (`Authorization`, API keys, cookies) stay allowed: receivers rely on them.
+const FORBIDDEN_HEADERS: &[&str] = &[
+    // Herald's own.
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
     "idempotency-key",
     "x-attempt",
     "x-event-type",
+    "user-agent",
+    // The body's framing and form.
     "content-type",
     "content-length",
-    "host",
-    "user-agent",
-    "connection",
+    "content-encoding",
     "transfer-encoding",
+    "trailer",
+    "te",
+    "expect",
+    // The connection and the hop.
+    "host",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
 ];
 
-/// Valid header names and values, at most 20, none reserved.
-pub fn check_headers(headers: &BTreeMap<String, String>) -> ApiResult<()> {
-    if headers.len() > 20 {
-        return Err(ApiError::field("headers", "at most 20 headers"));
+/// The longest custom header name and value.
+pub const MAX_HEADER_NAME_CHARS: usize = 256;
+pub const MAX_HEADER_VALUE_CHARS: usize = 4096;
+
+/// Valid header names and values, at most `max`, none forbidden; a 422
+/// names the header (`loc` `["body", "headers", name]`).
+pub fn check_headers(headers: &BTreeMap<String, String>, max: usize) -> ApiResult<()> {
+    if headers.len() > max {
+        return Err(ApiError::field(
+            "headers",
+            format!("at most {max} headers (HERALD_MAX_HEADERS_PER_ENDPOINT)"),
+        ));
     }
     for (name, value) in headers {
+        // A name too long to be one is not echoed whole.
+        let shown: String = name.chars().take(64).collect();
+        let refuse = |msg: String| {
+            Err(ApiError::Validation(vec![FieldError::at(
+                &["body", "headers", &shown],
+                msg,
+            )]))
+        };
+        if name.len() > MAX_HEADER_NAME_CHARS {
+            return refuse(format!(
+                "`{shown}…`: header names must be at most {MAX_HEADER_NAME_CHARS} characters"
+            ));
+        }
+        if value.len() > MAX_HEADER_VALUE_CHARS {
+            return refuse(format!(
+                "`{name}`: header values must be at most {MAX_HEADER_VALUE_CHARS} characters"
+            ));
+        }
         let lower = name.to_ascii_lowercase();
-        if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("svix-") {
-            return Err(ApiError::field(
-                "headers",
-                format!("`{name}` is set by Herald and cannot be overridden"),
+        if lower.starts_with("svix-") || FORBIDDEN_HEADERS.contains(&lower.as_str()) {
+            return refuse(format!(
+                "`{name}` is set by Herald or by HTTP itself and cannot be given"
             ));
         }
         if http::HeaderName::from_bytes(name.as_bytes()).is_err()
             || http::HeaderValue::from_str(value).is_err()
-            || value.len() > 4096
         {
-            return Err(ApiError::field(
-                "headers",
-                format!("`{name}` is not a valid header name and value"),
-            ));
+            return refuse(format!("`{name}` is not a valid header name and value"));
         }
     }
     Ok(())
@@ -249,10 +308,8 @@ pub fn check_headers(headers: &BTreeMap<String, String>) -> ApiResult<()> {
 
 fn check_description(d: &Option<String>) -> ApiResult<()> {
     match d {
-        Some(d) if d.len() > 4096 => {
-            Err(ApiError::field("description", "must be at most 4096 bytes"))
-        }
-        _ => Ok(()),
+        Some(d) => check_text(&["body", "description"], d, 4096),
+        None => Ok(()),
     }
 }
 
@@ -270,10 +327,9 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
 )]
 pub async fn create_endpoint(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     ApiJson(body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
-    let app = find_app(&state, &app_id).await?;
     insert_endpoint(&state, app.id, body).await
 }
 
@@ -287,7 +343,7 @@ async fn insert_endpoint(state: &ApiState, app_id: AppId, body: EndpointIn) -> A
     let filter_types = check_filter(&state, &body.filter_types).await?;
     let channels = check_channels("channels", &body.channels)?;
     let headers = body.headers.clone().unwrap_or_default();
-    check_headers(&headers)?;
+    check_headers(&headers, state.max_headers_per_endpoint)?;
     let secret = match &body.secret {
         Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
         None => Secret::generate(),
@@ -341,9 +397,9 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
 )]
 pub async fn get_endpoint(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EndpointOut>> {
-    let app = find_app(&state, &app_id).await?;
     Ok(Json(
         find_endpoint(&state, &app.id, &endpoint_id).await?.into(),
     ))
@@ -361,10 +417,9 @@ pub async fn get_endpoint(
 )]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointOut>>> {
-    let app = find_app(&state, &app_id).await?;
     let page = state
         .store
         .list_endpoints(&app.id, &params.page(true)?)
@@ -440,10 +495,10 @@ async fn save(
 )]
 pub async fn update_endpoint(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(mut body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
-    let app = find_app(&state, &app_id).await?;
     let Some(ep) = state.store.get_endpoint(&app.id, &endpoint_id).await? else {
         // Svix's upsert: a missing endpoint named by a uid is created
         // under it (an endpoint id cannot be chosen by the caller).
@@ -486,10 +541,10 @@ pub async fn update_endpoint(
 )]
 pub async fn patch_endpoint(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<EndpointPatch>,
 ) -> ApiResult<Json<EndpointOut>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let mut changes = EndpointChanges::default();
     if let Some(url) = &body.url {
@@ -531,9 +586,9 @@ pub async fn patch_endpoint(
 )]
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     if !state.store.delete_endpoint(&app.id, &ep.id).await? {
         return Err(ApiError::NotFound("endpoint"));
@@ -553,9 +608,9 @@ pub async fn delete_endpoint(
 )]
 pub async fn get_endpoint_secret(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<SecretOut>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(SecretOut { key: ep.secret }))
 }
@@ -574,9 +629,9 @@ pub async fn get_endpoint_secret(
 )]
 pub async fn get_endpoint_health(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<crate::health::EndpointHealth>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(endpoint_health(&state.store, &ep.id).await?))
 }
@@ -622,7 +677,8 @@ pub struct DisableIn {
 )]
 pub async fn disable_endpoint_route(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
 ) -> ApiResult<Json<EndpointOut>> {
     let reason = body
@@ -634,7 +690,7 @@ pub async fn disable_endpoint_route(
             format!("must be at most {MAX_DISABLE_REASON_BYTES} bytes"),
         ));
     }
-    let app = find_app(&state, &app_id).await?;
+    check_text(&["body", "reason"], &reason, MAX_DISABLE_REASON_BYTES)?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     state
         .operator
@@ -666,9 +722,9 @@ pub struct EnableOut {
 )]
 pub async fn enable_endpoint_route(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EnableOut>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let report = state
         .operator
@@ -716,7 +772,8 @@ pub struct RotateIn {
 )]
 pub async fn rotate_endpoint_secret(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
 ) -> ApiResult<Json<SecretOut>> {
     let secret = match &body.key {
@@ -730,7 +787,6 @@ pub async fn rotate_endpoint_secret(
             "must be at most 2592000 (30 days)",
         ));
     }
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     rotate_secret(&state, &ep, &secret, grace).await?;
     // The official SDKs (2.x) read the new key from the answer; older
@@ -775,6 +831,7 @@ pub struct HeadersOut {
     pub sensitive: Vec<String>,
 }
 
+/// The rules of `EndpointIn.headers` apply.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct HeadersIn {
     pub headers: BTreeMap<String, String>,
@@ -803,9 +860,9 @@ pub struct HeadersPatch {
 )]
 pub async fn get_endpoint_headers(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<HeadersOut>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(HeadersOut {
         headers: ep.headers,
@@ -819,7 +876,7 @@ async fn save_headers(
     ep: &Endpoint,
     headers: BTreeMap<String, String>,
 ) -> ApiResult<StatusCode> {
-    check_headers(&headers)?;
+    check_headers(&headers, state.max_headers_per_endpoint)?;
     if !state
         .store
         .set_endpoint_headers(&ep.app_id, &ep.id, &headers, now_millis())
@@ -845,10 +902,10 @@ async fn save_headers(
 )]
 pub async fn put_endpoint_headers(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<HeadersIn>,
 ) -> ApiResult<StatusCode> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     save_headers(&state, &ep, body.headers).await
 }
@@ -868,10 +925,10 @@ pub async fn put_endpoint_headers(
 )]
 pub async fn patch_endpoint_headers(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<HeadersPatch>,
 ) -> ApiResult<StatusCode> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let mut headers = ep.headers.clone();
     for (name, value) in body.headers {

@@ -42,6 +42,16 @@ impl FieldError {
             kind: "value_error".into(),
         }
     }
+
+    /// `loc` given segment by segment, for names that may hold a '.'
+    /// (header names, metadata keys).
+    pub fn at(loc: &[&str], msg: impl Into<String>) -> Self {
+        FieldError {
+            loc: loc.iter().map(|s| (*s).to_owned()).collect(),
+            msg: msg.into(),
+            kind: "value_error".into(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +70,9 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("validation failed")]
     Validation(Vec<FieldError>),
+    /// Too many failed authentications from the caller's address.
+    #[error("too many failed authentications from this address; retry after {retry_after_secs} s")]
+    TooManyRequests { retry_after_secs: u64 },
     #[error("service unavailable")]
     Unavailable,
     #[error("internal error")]
@@ -78,6 +91,9 @@ impl From<StoreError> for ApiError {
             StoreError::Conflict(_) => {
                 ApiError::Conflict("a resource with this uid already exists".into())
             }
+            // The row's application (or endpoint) was deleted while the
+            // request was being handled.
+            StoreError::ParentGone(_) => ApiError::NotFound("application or endpoint"),
             StoreError::Unavailable(detail) => {
                 tracing::warn!(error = %detail, "store unavailable");
                 ApiError::Unavailable
@@ -143,6 +159,12 @@ pub struct PayloadTooLargeResponse(pub ErrorBody);
 #[response(status = 422)]
 pub struct ValidationResponse(pub ValidationErrorBody);
 
+/// Too many failed authentications from this address: wait `Retry-After`
+/// seconds.
+#[derive(utoipa::IntoResponses)]
+#[response(status = 429, headers(("Retry-After" = u64, description = "Seconds to wait")))]
+pub struct TooManyRequestsResponse(pub ErrorBody);
+
 /// The store cannot be reached.
 #[derive(utoipa::IntoResponses)]
 #[response(status = 503)]
@@ -158,8 +180,15 @@ impl IntoResponse for ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation"),
+            ApiError::TooManyRequests { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
+            }
             ApiError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ApiError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let retry_after = match &self {
+            ApiError::TooManyRequests { retry_after_secs } => Some(*retry_after_secs),
+            _ => None,
         };
         let mut response = match self {
             ApiError::Validation(fields) => (
@@ -184,6 +213,11 @@ impl IntoResponse for ApiError {
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),
             );
+        }
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
     }

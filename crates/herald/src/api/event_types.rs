@@ -161,8 +161,8 @@ fn check_fields(
     feature_flags: &Option<String>,
     group_name: &Option<String>,
 ) -> ApiResult<()> {
-    if description.as_ref().is_some_and(|d| d.len() > 8192) {
-        return Err(ApiError::field("description", "must be at most 8192 bytes"));
+    if let Some(d) = description {
+        super::check_text(&["body", "description"], d, 8192)?;
     }
     if let Some(s) = schemas {
         if !s.is_object() {

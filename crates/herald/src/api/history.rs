@@ -9,8 +9,8 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::apps::find_app;
 use super::attempts::AttemptOut;
+use super::auth::ResolvedApp;
 use super::endpoints::find_endpoint;
 use super::error::{
     BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
@@ -79,10 +79,9 @@ pub struct MessageListParams {
 )]
 pub async fn list_messages(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     ApiQuery(params): ApiQuery<MessageListParams>,
 ) -> ApiResult<Json<ListResponse<MessageOut>>> {
-    let app = find_app(&state, &app_id).await?;
     let event_types = params.event_types.as_deref().map(|s| {
         s.split(',')
             .map(str::trim)
@@ -191,9 +190,10 @@ impl AttemptListParams {
 )]
 pub async fn get_attempt(
     State(state): State<ApiState>,
-    Path((app_id, msg_id, attempt_id)): Path<(String, String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id, attempt_id)): Path<(String, String, String)>,
 ) -> ApiResult<Json<AttemptOut>> {
-    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let msg = find_message(&state, &app.id, &msg_id).await?;
     let id = AttemptId::parse(&attempt_id).ok_or(ApiError::NotFound("attempt"))?;
     match state.store.get_attempt(&app.id, &id).await? {
         Some(a) if a.msg_id == msg.id => Ok(Json(a.into())),
@@ -240,10 +240,11 @@ fn next_attempt(d: &Delivery) -> Option<String> {
 )]
 pub async fn list_attempted_destinations(
     State(state): State<ApiState>,
-    Path((app_id, msg_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<MessageEndpointOut>>> {
-    let (app, msg) = find_message(&state, &app_id, &msg_id).await?;
+    let msg = find_message(&state, &app.id, &msg_id).await?;
     let page = params.page(true)?;
     let mut deliveries = state
         .store
@@ -346,10 +347,10 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
 )]
 pub async fn list_attempted_messages(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointMessageOut>>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let page = state
         .store
@@ -391,9 +392,9 @@ pub struct EndpointStatsOut {
 )]
 pub async fn endpoint_stats(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EndpointStatsOut>> {
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let c = state.store.endpoint_delivery_counts(&ep.id).await?;
     Ok(Json(EndpointStatsOut {
@@ -446,7 +447,8 @@ pub struct RecoverOut {
 )]
 pub async fn recover(
     State(state): State<ApiState>,
-    Path((app_id, endpoint_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
     let parse = |field: &str, v: &str| {
@@ -462,7 +464,6 @@ pub async fn recover(
     if until.is_some_and(|u| u <= since) {
         return Err(ApiError::field("until", "must be after since"));
     }
-    let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let now = now_millis();
     let filter = DeadFilter {

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::apps::{find_app, find_app_id};
+use super::auth::ResolvedApp;
 use super::endpoints::find_endpoint;
 use super::error::{
     BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
@@ -29,6 +29,7 @@ pub struct MessageIn {
     #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     /// Unique per application: a repeat is a 409.
+    /// No control characters.
     #[serde(default)]
     #[schema(min_length = 1, max_length = 256)]
     pub event_id: Option<String>,
@@ -82,10 +83,10 @@ impl TryFrom<Message> for MessageOut {
 )]
 pub async fn create_message(
     State(state): State<ApiState>,
-    Path(app_id): Path<String>,
+    app: ResolvedApp,
     ApiJson(body): ApiJson<MessageIn>,
 ) -> ApiResult<Response> {
-    let app_id = find_app_id(&state, &app_id).await?;
+    let app_id = app.id;
     let app_key = app_id.clone();
     if !valid_uid(&body.event_type) {
         return Err(ApiError::field(
@@ -94,9 +95,10 @@ pub async fn create_message(
         ));
     }
     if let Some(event_id) = &body.event_id {
-        if event_id.is_empty() || event_id.len() > 256 {
+        if event_id.is_empty() {
             return Err(ApiError::field("eventId", "must be 1-256 characters"));
         }
+        super::check_line(&["body", "eventId"], event_id, 256)?;
     }
     let payload = body.payload.get();
     if payload.len() > MAX_PAYLOAD_BYTES {
@@ -152,26 +154,25 @@ pub async fn create_message(
 )]
 pub async fn get_message(
     State(state): State<ApiState>,
-    Path((app_id, msg_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id)): Path<(String, String)>,
 ) -> ApiResult<Json<MessageOut>> {
-    let (_, message) = find_message(&state, &app_id, &msg_id).await?;
+    let message = find_message(&state, &app.id, &msg_id).await?;
     Ok(Json(message.try_into()?))
 }
 
-/// The application and the message (by id or eventId) a path names; 404
-/// for either.
+/// The message (by id or eventId) of the application; 404 when there is
+/// none.
 pub async fn find_message(
     state: &ApiState,
-    app_id: &str,
+    app: &crate::ids::AppId,
     msg_id: &str,
-) -> ApiResult<(crate::store::App, Message)> {
-    let app = find_app(state, app_id).await?;
-    let message = state
+) -> ApiResult<Message> {
+    state
         .store
-        .get_message(&app.id, msg_id)
+        .get_message(app, msg_id)
         .await?
-        .ok_or(ApiError::NotFound("message"))?;
-    Ok((app, message))
+        .ok_or(ApiError::NotFound("message"))
 }
 
 /// A delivery as the API shows it (a Herald extension to Svix's surface).
@@ -233,9 +234,10 @@ pub struct DeliveryList {
 )]
 pub async fn list_message_deliveries(
     State(state): State<ApiState>,
-    Path((app_id, msg_id)): Path<(String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id)): Path<(String, String)>,
 ) -> ApiResult<Json<DeliveryList>> {
-    let (app, message) = find_message(&state, &app_id, &msg_id).await?;
+    let message = find_message(&state, &app.id, &msg_id).await?;
     let deliveries = state
         .store
         .list_deliveries_of_message(&app.id, &message.id)
@@ -259,9 +261,10 @@ pub async fn list_message_deliveries(
 )]
 pub async fn resend(
     State(state): State<ApiState>,
-    Path((app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
+    app: ResolvedApp,
+    Path((_app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
-    let (app, message) = find_message(&state, &app_id, &msg_id).await?;
+    let message = find_message(&state, &app.id, &msg_id).await?;
     let endpoint = find_endpoint(&state, &app.id, &endpoint_id).await?;
     match state
         .store

@@ -77,6 +77,13 @@ pub struct ApiShared {
     pub dashboard: crate::dashboard::Sessions,
     /// Renders `/metrics` (with this instance's queue gauges).
     pub metrics: Arc<crate::metrics::Exporter>,
+    /// Failed bearer-token checks per client address (`auth::require_token`).
+    pub auth_failures: crate::limits::LoginLimiter,
+    /// Tokens that authenticated from an address, which its failures do
+    /// not lock out.
+    pub known_tokens: auth::KnownTokens,
+    /// `HERALD_MAX_HEADERS_PER_ENDPOINT`.
+    pub max_headers_per_endpoint: usize,
 }
 
 /// Remembers which application an id or uid names, so that creating a
@@ -242,7 +249,8 @@ pub fn router(state: ApiState) -> Router {
             "/app/{app_id}/token/{token_id}",
             axum::routing::delete(auth::delete_token),
         )
-        // The last layer runs first: the token, then the idempotency key.
+        // The last layer runs first: the path's parameters, the token, then
+        // the idempotency key. (Layers of a router run once it has routed.)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             idempotency::idempotency,
@@ -250,7 +258,8 @@ pub fn router(state: ApiState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
-        ));
+        ))
+        .layer(middleware::from_fn(path_params_are_text));
     Router::new()
         .route("/healthz", get(healthz))
         // Outside the token, so that tools can fetch the description before
@@ -453,6 +462,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 }
 
 fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
+    check_query_text(query)?;
     axum::extract::Query::<T>::try_from_uri(
         &format!("/?{query}")
             .parse()
@@ -464,6 +474,73 @@ fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
         let field = text.split('`').nth(1).unwrap_or("query").to_owned();
         ApiError::Validation(vec![FieldError::query(&field, text)])
     })
+}
+
+/// Every query parameter's name and value decode to UTF-8 text without
+/// control characters (the usual decoder would swap bad bytes for U+FFFD,
+/// and a NUL reaching PostgreSQL is an error): 400 or 422 naming it.
+fn check_query_text(query: &str) -> ApiResult<()> {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |raw: &str| {
+            let spaced = raw.replace('+', " ");
+            percent_encoding::percent_decode_str(&spaced)
+                .decode_utf8()
+                .map(|t| t.into_owned())
+        };
+        let shown = |raw: &str| raw.chars().take(64).collect::<String>();
+        let name = decode(name).map_err(|_| {
+            ApiError::BadRequest(format!(
+                "query parameter name `{}` is not valid UTF-8",
+                shown(name)
+            ))
+        })?;
+        if name.chars().any(char::is_control) {
+            return Err(ApiError::BadRequest(
+                "a query parameter name contains a control character".into(),
+            ));
+        }
+        let value = decode(value).map_err(|_| {
+            ApiError::BadRequest(format!("query parameter `{name}` is not valid UTF-8"))
+        })?;
+        if value.chars().any(char::is_control) {
+            return Err(ApiError::Validation(vec![FieldError::query(
+                &name,
+                "must not contain control characters",
+            )]));
+        }
+    }
+    Ok(())
+}
+
+/// Middleware: every path parameter of the route decodes to UTF-8 text
+/// without control characters, or the request is a 400 naming it (axum's
+/// own rejection is a text/plain 400, and a NUL reaching PostgreSQL would
+/// be a 500).
+pub async fn path_params_are_text(request: Request, next: axum::middleware::Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match axum::extract::RawPathParams::from_request_parts(&mut parts, &()).await {
+        Ok(params) => {
+            if let Some((name, _)) = params
+                .iter()
+                .find(|(_, value)| value.chars().any(char::is_control))
+            {
+                return ApiError::BadRequest(format!(
+                    "path parameter `{name}` must not contain control characters"
+                ))
+                .into_response();
+            }
+        }
+        Err(axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(e)) => {
+            let text = e.body_text();
+            let name = text.split('`').nth(1).unwrap_or("path");
+            return ApiError::BadRequest(format!("path parameter `{name}` is not valid UTF-8"))
+                .into_response();
+        }
+        // A route without parameters (or the fallback).
+        Err(_) => {}
+    }
+    next.run(Request::from_parts(parts, body)).await
 }
 
 /// The paging parameters of every list. `limit` is read as text so that a
@@ -603,6 +680,51 @@ pub fn check_uid(field: &str, uid: &Option<String>) -> ApiResult<()> {
     }
 }
 
+/// The longest application or token name (Svix sets none; Herald bounds
+/// every stored string).
+pub const MAX_NAME_CHARS: usize = 256;
+/// The longest metadata key, and value (all of it: at most 64 KiB).
+pub const MAX_METADATA_KEY_CHARS: usize = 256;
+pub const MAX_METADATA_VALUE_CHARS: usize = 4096;
+
+/// A stored one-line string (a name, a key, an id chosen by the caller):
+/// at most `max` characters and no control character at all (a NUL cannot
+/// even be stored by PostgreSQL; the others have no business in names).
+pub fn check_line(loc: &[&str], value: &str, max: usize) -> ApiResult<()> {
+    check_chars(loc, value, max, |c| c.is_control())
+}
+
+/// Stored free text (a description, a reason, a metadata value): as
+/// [`check_line`], but tabs and line breaks are fine.
+pub fn check_text(loc: &[&str], value: &str, max: usize) -> ApiResult<()> {
+    check_chars(loc, value, max, |c| {
+        c.is_control() && !matches!(c, '\t' | '\n' | '\r')
+    })
+}
+
+fn check_chars(loc: &[&str], value: &str, max: usize, bad: impl Fn(char) -> bool) -> ApiResult<()> {
+    if let Some(c) = value.chars().find(|c| bad(*c)) {
+        return Err(ApiError::Validation(vec![FieldError::at(
+            loc,
+            format!(
+                "must not contain control characters (found U+{:04X})",
+                u32::from(c)
+            ),
+        )]));
+    }
+    // Counted as characters, as JSON Schema's maxLength counts them.
+    if value.len() > max && value.chars().count() > max {
+        return Err(ApiError::Validation(vec![FieldError::at(
+            loc,
+            format!("must be at most {max} characters"),
+        )]));
+    }
+    Ok(())
+}
+
+/// Metadata: keys of at most 256 characters, values of at most 4096, neither
+/// with control characters (tabs and line breaks aside in values), and at
+/// most 64 KiB in all.
 pub fn check_metadata(
     metadata: &Option<std::collections::BTreeMap<String, String>>,
 ) -> ApiResult<()> {
@@ -610,6 +732,10 @@ pub fn check_metadata(
         let size: usize = m.iter().map(|(k, v)| k.len() + v.len()).sum();
         if size > 64 * 1024 {
             return Err(ApiError::field("metadata", "must be at most 64 KiB"));
+        }
+        for (key, value) in m {
+            check_line(&["body", "metadata", key], key, MAX_METADATA_KEY_CHARS)?;
+            check_text(&["body", "metadata", key], value, MAX_METADATA_VALUE_CHARS)?;
         }
     }
     Ok(())

@@ -91,7 +91,7 @@ struct V1;
         super::auth::TokenIn,
     )),
     security(("bearer" = [])),
-    modifiers(&BearerScheme, &IdempotencyKey),
+    modifiers(&BearerScheme, &IdempotencyKey, &CommonErrors),
 )]
 pub struct HeraldApi;
 
@@ -152,6 +152,46 @@ impl utoipa::Modify for IdempotencyKey {
                     .responses
                     .entry(status.clone())
                     .or_insert_with(|| response.clone());
+            }
+        }
+    }
+}
+
+/// What the middleware in front of every handler under `/api/v1` may
+/// answer, here rather than in each annotation: 400 for a path or query
+/// parameter that is not text (`path_params_are_text`, `ApiQuery`) and 429
+/// for an address over its failed-authentication limit
+/// (`auth::require_token`).
+struct CommonErrors;
+
+impl utoipa::Modify for CommonErrors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let responses = {
+            use utoipa::IntoResponses;
+            let mut all = super::error::BadRequestResponse::responses();
+            all.extend(super::error::TooManyRequestsResponse::responses());
+            all
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
+                continue;
+            }
+            for op in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                for (status, response) in &responses {
+                    op.responses
+                        .responses
+                        .entry(status.clone())
+                        .or_insert_with(|| response.clone());
+                }
             }
         }
     }

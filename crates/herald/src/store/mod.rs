@@ -27,6 +27,10 @@ pub enum StoreError {
     /// A uniqueness rule was broken (a `uid` already taken, …).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// The row's parent (its application, its endpoint) does not exist any
+    /// more: deleted while the request that writes the row was handled.
+    #[error("parent gone: {0}")]
+    ParentGone(String),
     /// The database cannot be reached or is busy; the caller may retry.
     #[error("store unavailable: {0}")]
     Unavailable(String),

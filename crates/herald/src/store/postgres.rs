@@ -60,6 +60,8 @@ fn map_err(e: sqlx::Error) -> StoreError {
             match code.as_deref() {
                 // unique_violation
                 Some("23505") => StoreError::Conflict(db.message().to_owned()),
+                // foreign_key_violation: the parent row was deleted meanwhile
+                Some("23503") => StoreError::ParentGone(db.message().to_owned()),
                 // connection_exception (class 08), admin_shutdown,
                 // crash_shutdown, cannot_connect_now
                 Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {

@@ -90,6 +90,11 @@ fn map_err(e: rusqlite::Error) -> StoreError {
             {
                 StoreError::Conflict(msg.clone().unwrap_or_else(|| e.to_string()))
             }
+            ErrorCode::ConstraintViolation
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+            {
+                StoreError::ParentGone(e.to_string())
+            }
             ErrorCode::DatabaseBusy
             | ErrorCode::DatabaseLocked
             | ErrorCode::SystemIoFailure

@@ -16,5 +16,6 @@ mod openapi;
 mod outbox;
 mod scale_out;
 mod sdk;
+mod security;
 mod store_conformance;
 mod tenancy;

@@ -247,13 +247,33 @@ async fn openapi_document_is_served_without_a_token_and_is_sound() {
                 "{method} {path}: only the root routes and this document need no token"
             );
             if !open {
-                assert_eq!(
-                    responses["401"]["content"]["application/json"]["schema"]["$ref"],
-                    "#/components/schemas/ErrorBody",
-                    "{method} {path} documents 401"
-                );
+                // 400 and 429 come from the middleware in front of every call.
+                for status in ["401", "400", "429"] {
+                    assert_eq!(
+                        responses[status]["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/ErrorBody",
+                        "{method} {path} documents {status}"
+                    );
+                }
             }
         }
+    }
+
+    // The bounds the handlers enforce on stored strings are described.
+    for (schema, field, max) in [
+        ("ApplicationIn", "name", 256),
+        ("ApplicationPatch", "name", 256),
+        ("EndpointIn", "url", 65536),
+        ("EndpointIn", "description", 4096),
+        ("MessageIn", "eventId", 256),
+        ("TokenIn", "name", 256),
+        ("EventTypeIn", "description", 8192),
+    ] {
+        assert_eq!(
+            schemas[schema]["properties"][field]["maxLength"], max,
+            "{schema}.{field}: {}",
+            schemas[schema]["properties"][field]
+        );
     }
 
     // The token is still required everywhere else under /api/v1.
