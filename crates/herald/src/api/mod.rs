@@ -241,7 +241,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .route(
             "/app/{app_id}/token",
-            get(auth::list_tokens).post(auth::create_token),
+            get(auth::list_tokens).post(create_app_token),
         )
         .route(
             "/app/{app_id}/token/{token_id}",
