@@ -11,6 +11,7 @@ pub mod dispatch;
 pub mod health;
 pub mod ids;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod net;
 pub mod operator;

@@ -80,6 +80,8 @@ pub struct ApiShared {
     pub operator: crate::operator::Operator,
     /// The dashboard's log-in sessions (per server, in memory).
     pub dashboard: crate::dashboard::Sessions,
+    /// Failed log-ins per client address (per server, in memory).
+    pub login_limiter: Arc<crate::limits::LoginLimiter>,
     /// Renders `/metrics` (with this instance's queue gauges).
     pub metrics: Arc<crate::metrics::Exporter>,
 }
