@@ -13,5 +13,6 @@ mod openapi;
 mod outbox;
 mod scale_out;
 mod sdk;
+mod security;
 mod store_conformance;
 mod tenancy;
