@@ -14,6 +14,10 @@ use herald_policy::{parse_duration, parse_schedule, Jitter, RetryPolicy};
 /// `HERALD_` prefix (e.g. `retry_schedule`).
 pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LISTEN", "127.0.0.1:8080", "Address the API and dashboard listen on."),
+    ("HERALD_HEADER_TIMEOUT", "10s", "A request's headers must arrive within this, counted from the connection's opening or the previous answer (so it also ends idle kept-alive connections); else the connection is closed."),
+    ("HERALD_BODY_TIMEOUT", "30s", "A request's body must arrive within this once its headers have; else 408 and the connection is closed."),
+    ("HERALD_MAX_CONNECTIONS_PER_IP", "256", "Open connections from one client address at most; more are closed as soon as they are accepted."),
+    ("HERALD_LOGIN_FAILURE_LIMIT", "10", "Failed dashboard log-ins one client address may make at once; then one per second, others answered 429."),
     ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db`, `sqlite://relative.db` or `postgres://user@host/db`."),
     ("HERALD_DATABASE_SCHEMA", "herald", "PostgreSQL schema holding Herald's tables and functions."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
@@ -50,6 +54,10 @@ pub enum ConfigError {
 #[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_connections_per_ip: usize,
+    pub login_failure_limit: u32,
     pub database_url: String,
     pub database_schema: String,
     pub admin_token: Option<String>,
@@ -78,6 +86,10 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
+            .field("max_connections_per_ip", &self.max_connections_per_ip)
+            .field("login_failure_limit", &self.login_failure_limit)
             .field("database_url", &redact_url(&self.database_url))
             .field("database_schema", &self.database_schema)
             .field(
@@ -229,7 +241,11 @@ impl Config {
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
         let dead_retention = duration("HERALD_DEAD_RETENTION")?;
+        let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
+        let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
         for (key, d) in [
+            ("HERALD_HEADER_TIMEOUT", header_timeout),
+            ("HERALD_BODY_TIMEOUT", body_timeout),
             ("HERALD_REQUEST_TIMEOUT", request_timeout),
             ("HERALD_CONNECT_TIMEOUT", connect_timeout),
             ("HERALD_POLL_INTERVAL", poll_interval),
@@ -265,6 +281,12 @@ impl Config {
             positive("HERALD_ENDPOINT_CONCURRENCY")?,
         )?;
         let max_in_flight = usize_of("HERALD_MAX_IN_FLIGHT", positive("HERALD_MAX_IN_FLIGHT")?)?;
+        let max_connections_per_ip = usize_of(
+            "HERALD_MAX_CONNECTIONS_PER_IP",
+            positive("HERALD_MAX_CONNECTIONS_PER_IP")?,
+        )?;
+        let login_failure_limit = u32::try_from(positive("HERALD_LOGIN_FAILURE_LIMIT")?)
+            .map_err(|_| invalid("HERALD_LOGIN_FAILURE_LIMIT", "too large".into()))?;
         let metrics_max_endpoints = usize_of(
             "HERALD_METRICS_MAX_ENDPOINTS",
             number("HERALD_METRICS_MAX_ENDPOINTS")?,
@@ -303,6 +325,10 @@ impl Config {
 
         Ok(Config {
             listen,
+            header_timeout,
+            body_timeout,
+            max_connections_per_ip,
+            login_failure_limit,
             database_url,
             database_schema,
             admin_token,
@@ -399,6 +425,10 @@ mod tests {
         assert_eq!(c.max_headers_per_endpoint, 20);
         assert_eq!(c.auth_failure_limit, 10);
         assert!(c.admin_token.is_none());
+        assert_eq!(c.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.body_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_connections_per_ip, 256);
+        assert_eq!(c.login_failure_limit, 10);
     }
 
     #[test]
@@ -440,6 +470,10 @@ mod tests {
             ("HERALD_ADMIN_TOKEN", "short"),
             ("HERALD_MAX_HEADERS_PER_ENDPOINT", "many"),
             ("HERALD_AUTH_FAILURE_LIMIT", "0"),
+            ("HERALD_HEADER_TIMEOUT", "0s"),
+            ("HERALD_BODY_TIMEOUT", "soon"),
+            ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
+            ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");
@@ -455,6 +489,20 @@ mod tests {
         assert_eq!(c.listen, d.listen);
         assert_eq!(c.database_url, d.database_url);
         assert_eq!(c.retry, d.retry);
+        assert_eq!(
+            (
+                c.header_timeout,
+                c.body_timeout,
+                c.max_connections_per_ip,
+                c.login_failure_limit
+            ),
+            (
+                d.header_timeout,
+                d.body_timeout,
+                d.max_connections_per_ip,
+                d.login_failure_limit
+            )
+        );
         assert_eq!(
             (
                 c.request_timeout,

@@ -1,111 +1,113 @@
-//! Limits on guessing credentials: a token bucket of failed log-ins per
-//! client address, in memory (per process).
+//! Limits on guessing: failed log-ins per client address, as a token
+//! bucket kept in memory (per process, like the dashboard's sessions).
 //!
-//! Each address starts with `burst` tries; every failure takes one, and one
-//! comes back per `refill` (default: 10 failures, then one a second). While
-//! an address has none left, [`LoginLimiter::check`] says how long to wait.
-//! IPv6 addresses are counted per /64, the block one host usually holds, so
-//! that walking through a prefix does not buy fresh buckets; IPv4-mapped IPv6
-//! addresses count as their IPv4 address.
+//! An address may fail `burst` times at once, then once per `refill`; a
+//! success costs nothing. Callers ask [`LoginLimiter::check`] before they
+//! look at the secret (so a right guess made while limited is refused too)
+//! and report a wrong one with [`LoginLimiter::failed`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::RwLock;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Failed log-ins per address, as a token bucket.
-pub struct LoginLimiter {
-    burst: f64,
-    refill: Duration,
-    /// Read on every API request (a read lock), written only on failures.
-    buckets: RwLock<HashMap<IpAddr, Bucket>>,
+/// Addresses tracked at most; past it, new ones share one bucket, so a
+/// crowd of addresses is limited together rather than growing the map.
+const MAX_TRACKED: usize = 65_536;
+
+/// Whom a bucket belongs to. IPv6 clients are counted per /64, the block a
+/// single host or customer usually gets, so hopping addresses inside it
+/// buys nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Client {
+    V4([u8; 4]),
+    V6Prefix([u16; 4]),
+    /// Everyone who arrived while the map was full.
+    Overflow,
 }
 
-#[derive(Clone, Copy)]
-struct Bucket {
-    /// Tries left at `at` (fractional: refills are continuous).
-    tries: f64,
-    at: Instant,
+impl Client {
+    fn of(ip: IpAddr) -> Self {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => Client::V4(v4.octets()),
+            IpAddr::V6(v6) => {
+                let s = v6.segments();
+                Client::V6Prefix([s[0], s[1], s[2], s[3]])
+            }
+        }
+    }
+}
+
+pub struct LoginLimiter {
+    burst: u32,
+    refill: Duration,
+    state: Mutex<Buckets>,
+}
+
+#[derive(Default)]
+struct Buckets {
+    /// Per client, when its failures will all have been forgiven (the
+    /// bucket is full again).
+    debt_until: HashMap<Client, Instant>,
+    /// A full map is swept of forgiven clients at most this often, so a
+    /// crowd of newcomers does not cost a sweep each.
+    next_sweep: Option<Instant>,
 }
 
 impl LoginLimiter {
-    /// Addresses tracked at most; past it, those whose bucket is full again
-    /// are forgotten, and if that is not enough, every one is (a flood of
-    /// addresses then resets the count rather than growing memory).
-    const MAX_ADDRESSES: usize = 100_000;
-
     /// `burst` failures at once (at least 1), then one per `refill`.
     pub fn new(burst: u32, refill: Duration) -> Self {
         LoginLimiter {
-            burst: f64::from(burst.max(1)),
-            refill: refill.max(Duration::from_millis(1)),
-            buckets: RwLock::new(HashMap::new()),
+            burst: burst.max(1),
+            refill,
+            state: Mutex::new(Buckets::default()),
         }
     }
 
-    /// Ok while `ip` may try again; otherwise how long until it may.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ok if `ip` may try (once more); otherwise how long until it may.
     pub fn check(&self, ip: IpAddr) -> Result<(), Duration> {
-        self.check_at(ip, Instant::now())
-    }
-
-    /// Counts one failed log-in from `ip`.
-    pub fn failed(&self, ip: IpAddr) {
-        self.failed_at(ip, Instant::now())
-    }
-
-    fn check_at(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
-        let buckets = self.buckets.read().unwrap_or_else(|p| p.into_inner());
-        let Some(bucket) = buckets.get(&key(ip)) else {
+        let now = Instant::now();
+        let allowance = self.refill * self.burst;
+        let state = self.lock();
+        let map = &state.debt_until;
+        let Some(until) = map.get(&Client::of(ip)).or_else(|| {
+            // An address not tracked while the map is full is in the
+            // overflow bucket (see `failed`).
+            (map.len() >= MAX_TRACKED)
+                .then(|| map.get(&Client::Overflow))
+                .flatten()
+        }) else {
             return Ok(());
         };
-        let tries = self.tries_at(*bucket, now);
-        if tries >= 1.0 {
-            Ok(())
-        } else {
-            Err(self.refill.mul_f64(1.0 - tries))
+        let debt = until.saturating_duration_since(now);
+        // One more failure must still fit in the allowance.
+        match (debt + self.refill).checked_sub(allowance) {
+            Some(wait) if !wait.is_zero() => Err(wait),
+            _ => Ok(()),
         }
     }
 
-    fn failed_at(&self, ip: IpAddr, now: Instant) {
-        let mut buckets = self.buckets.write().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() >= Self::MAX_ADDRESSES && !buckets.contains_key(&key(ip)) {
-            buckets.retain(|_, b| self.tries_at(*b, now) < self.burst);
-            if buckets.len() >= Self::MAX_ADDRESSES {
-                tracing::warn!(
-                    addresses = buckets.len(),
-                    "too many addresses with failed log-ins: forgetting them all"
-                );
-                buckets.clear();
+    /// Records a failed attempt from `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mut client = Client::of(ip);
+        if !state.debt_until.contains_key(&client) && state.debt_until.len() >= MAX_TRACKED {
+            if state.next_sweep.is_none_or(|at| at <= now) {
+                // Forgiven clients are as good as absent: make room with them.
+                state.debt_until.retain(|_, until| *until > now);
+                state.next_sweep = Some(now + Duration::from_secs(1));
+            }
+            if state.debt_until.len() >= MAX_TRACKED {
+                client = Client::Overflow;
             }
         }
-        let bucket = buckets.entry(key(ip)).or_insert(Bucket {
-            tries: self.burst,
-            at: now,
-        });
-        // Two requests may pass `check` together and both fail: the bucket
-        // does not go below empty (no debt), it just stays empty.
-        bucket.tries = (self.tries_at(*bucket, now) - 1.0).max(0.0);
-        bucket.at = now;
-    }
-
-    fn tries_at(&self, bucket: Bucket, now: Instant) -> f64 {
-        let refilled =
-            now.saturating_duration_since(bucket.at).as_secs_f64() / self.refill.as_secs_f64();
-        (bucket.tries + refilled).min(self.burst)
-    }
-}
-
-/// What an address is counted under: IPv4 as it is, IPv6 by its /64.
-fn key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
+        let until = state.debt_until.entry(client).or_insert(now);
+        *until = (*until).max(now) + self.refill;
     }
 }
 
@@ -114,61 +116,57 @@ mod tests {
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
-        s.parse().expect("test address parses")
+        s.parse().expect("address")
     }
 
     #[test]
-    fn a_burst_of_failures_then_one_per_refill() {
-        let limiter = LoginLimiter::new(3, Duration::from_secs(1));
-        let t0 = Instant::now();
-        let a = ip("192.0.2.1");
+    fn a_burst_then_one_per_refill_per_address() {
+        let limiter = LoginLimiter::new(3, Duration::from_secs(3600));
         for _ in 0..3 {
-            assert_eq!(limiter.check_at(a, t0), Ok(()));
-            limiter.failed_at(a, t0);
+            assert_eq!(limiter.check(ip("192.0.2.1")), Ok(()));
+            limiter.failed(ip("192.0.2.1"));
         }
-        assert_eq!(limiter.check_at(a, t0), Err(Duration::from_secs(1)));
+        let wait = limiter.check(ip("192.0.2.1")).expect_err("limited");
+        assert!(wait > Duration::from_secs(3590) && wait <= Duration::from_secs(3600));
+        // Another address is not affected; the same host over IPv4-mapped
+        // IPv6 is the same client.
+        assert_eq!(limiter.check(ip("192.0.2.2")), Ok(()));
+        assert!(limiter.check(ip("::ffff:192.0.2.1")).is_err());
+    }
+
+    #[test]
+    fn the_bucket_refills() {
+        let limiter = LoginLimiter::new(2, Duration::from_millis(1));
+        limiter.failed(ip("192.0.2.1"));
+        limiter.failed(ip("192.0.2.1"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while limiter.check(ip("192.0.2.1")).is_err() {
+            assert!(Instant::now() < deadline, "never refilled");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_share_their_64() {
+        let limiter = LoginLimiter::new(1, Duration::from_secs(3600));
+        limiter.failed(ip("2001:db8:1:2::1"));
+        assert!(limiter.check(ip("2001:db8:1:2:ffff::9")).is_err());
+        assert_eq!(limiter.check(ip("2001:db8:1:3::1")), Ok(()));
+    }
+
+    #[test]
+    fn a_full_map_limits_newcomers_together() {
+        let limiter = LoginLimiter::new(1, Duration::from_secs(3600));
+        for i in 0..MAX_TRACKED as u32 {
+            limiter.failed(IpAddr::from(i.to_be_bytes()));
+        }
+        assert_eq!(limiter.lock().debt_until.len(), MAX_TRACKED);
+        limiter.failed(ip("2001:db8::1"));
+        assert!(limiter.check(ip("2001:db8:ffff::1")).is_err(), "overflow");
         assert_eq!(
-            limiter.check_at(a, t0 + Duration::from_millis(250)),
-            Err(Duration::from_millis(750))
+            limiter.lock().debt_until.len(),
+            MAX_TRACKED + 1,
+            "one overflow bucket"
         );
-        let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(limiter.check_at(a, t1), Ok(()));
-        limiter.failed_at(a, t1);
-        assert!(
-            limiter.check_at(a, t1).is_err(),
-            "one try came back, one used"
-        );
-        // A long quiet spell refills to the burst, no further.
-        let later = t1 + Duration::from_secs(3600);
-        for _ in 0..3 {
-            assert_eq!(limiter.check_at(a, later), Ok(()));
-            limiter.failed_at(a, later);
-        }
-        assert!(limiter.check_at(a, later).is_err());
-    }
-
-    #[test]
-    fn addresses_are_counted_apart_and_ipv6_per_64() {
-        let limiter = LoginLimiter::new(1, Duration::from_secs(60));
-        let t0 = Instant::now();
-        limiter.failed_at(ip("192.0.2.1"), t0);
-        assert!(limiter.check_at(ip("192.0.2.1"), t0).is_err());
-        assert!(limiter.check_at(ip("::ffff:192.0.2.1"), t0).is_err());
-        assert_eq!(limiter.check_at(ip("192.0.2.2"), t0), Ok(()));
-
-        limiter.failed_at(ip("2001:db8:1:2::1"), t0);
-        assert!(limiter.check_at(ip("2001:db8:1:2:ffff::9"), t0).is_err());
-        assert_eq!(limiter.check_at(ip("2001:db8:1:3::1"), t0), Ok(()));
-    }
-
-    #[test]
-    fn failures_past_empty_leave_no_debt() {
-        let limiter = LoginLimiter::new(1, Duration::from_secs(1));
-        let t0 = Instant::now();
-        let a = ip("198.51.100.7");
-        for _ in 0..5 {
-            limiter.failed_at(a, t0);
-        }
-        assert_eq!(limiter.check_at(a, t0 + Duration::from_secs(1)), Ok(()));
     }
 }

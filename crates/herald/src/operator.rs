@@ -10,9 +10,15 @@
 //!
 //! When `HERALD_OPERATOR_WEBHOOK_URL` is set, the changes (and deliveries
 //! going dead) are also sent there as signed webhooks. They travel the
-//! ordinary durable path: an internal application (`uid` `herald-operator`)
-//! with one endpoint, so they are stored, retried and survive restarts like
-//! any other message.
+//! ordinary durable path: an internal application with one endpoint, so
+//! they are stored, retried and survive restarts like any other message.
+//!
+//! That application is known by the id Herald recorded in its settings
+//! when it made it, never by a name: a uid can be chosen by whoever creates
+//! an application, and the operator application's endpoint is the one
+//! thing Herald sends to without the SSRF guard. Its uid `herald-operator`
+//! (like every `herald-` uid) is refused to the API, and no application
+//! token can be made for it.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -24,14 +30,20 @@ use tokio::sync::Notify;
 use crate::config::Config;
 use crate::ids::{AppId, EndpointId, MsgId};
 use crate::store::{
-    now_millis, App, Completion, EnableReport, Endpoint, EndpointChanges, Millis, NewMessage,
-    NextState, Store, StoreError, StoreResult,
+    now_millis, App, ClaimedDelivery, Completion, EnableReport, Endpoint, EndpointChanges, Millis,
+    NewMessage, NextState, PageReq, Store, StoreError, StoreResult,
 };
 
-/// The `uid` of the application that carries operator events.
+/// The `uid` of the application that carries operator events (when no
+/// other application holds it: see [`Operator::start`]).
 pub const OPERATOR_APP_UID: &str = "herald-operator";
 /// The `uid` of its one endpoint.
 pub const OPERATOR_ENDPOINT_UID: &str = "operator";
+/// Application uids with this prefix are Herald's: the API refuses them.
+pub const RESERVED_UID_PREFIX: &str = "herald-";
+/// The setting holding the operator application's id.
+const OPERATOR_APP_SETTING: &str = "operator_app_id";
+const OPERATOR_APP_NAME: &str = "Herald operator events";
 
 #[derive(Clone)]
 pub struct Operator {
@@ -44,6 +56,9 @@ pub struct Operator {
     /// that deliveries it already holds for it are not sent). A hook rather
     /// than a call: the dispatcher sits above this module.
     on_disabled: Arc<OnceLock<DisabledHook>>,
+    /// Its endpoint and the configured URL: the one destination sent
+    /// without the SSRF guard.
+    events_endpoint: Option<(EndpointId, String)>,
 }
 
 /// See [`Operator::on_disabled`].
@@ -57,6 +72,7 @@ impl Operator {
             wake,
             max_age: config.retry.max_age,
             events_app: None,
+            events_endpoint: None,
             on_disabled: Arc::new(OnceLock::new()),
         }
     }
@@ -81,79 +97,43 @@ impl Operator {
         let Some((url, secret)) = &config.operator_webhook else {
             return Ok(op);
         };
-        let now = now_millis();
-        let app = match store.get_app(OPERATOR_APP_UID).await? {
-            Some(app) => app,
-            None => {
-                let app = App {
-                    id: AppId::generate(),
-                    uid: Some(OPERATOR_APP_UID.to_owned()),
-                    name: "Herald operator events".to_owned(),
-                    rate_limit: None,
-                    metadata: Default::default(),
-                    created_at: now,
-                    updated_at: now,
-                };
-                match store.create_app(&app).await {
-                    Ok(()) => app,
-                    // Another process made it first.
-                    Err(StoreError::Conflict(_)) => store
-                        .get_app(OPERATOR_APP_UID)
-                        .await?
-                        .context("operator application vanished")?,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
-        match store.get_endpoint(&app.id, OPERATOR_ENDPOINT_UID).await? {
-            Some(ep) => {
-                if ep.url != *url {
-                    let changes = EndpointChanges {
-                        url: Some(url.clone()),
-                        ..EndpointChanges::default()
-                    };
-                    store
-                        .update_endpoint(&app.id, &ep.id, &changes, now)
-                        .await?;
-                }
-                if ep.secret != *secret {
-                    // The configured secret is the one its receiver checks:
-                    // the old one keeps no grace period.
-                    store
-                        .rotate_secret(&app.id, &ep.id, secret, now, now)
-                        .await?;
-                }
-            }
-            None => {
-                let ep = Endpoint {
-                    id: EndpointId::generate(),
-                    app_id: app.id.clone(),
-                    uid: Some(OPERATOR_ENDPOINT_UID.to_owned()),
-                    url: url.clone(),
-                    description: "Herald operator events".to_owned(),
-                    filter_types: None,
-                    disabled: false,
-                    rate_limit: None,
-                    metadata: Default::default(),
-                    channels: None,
-                    headers: Default::default(),
-                    secret: secret.clone(),
-                    created_at: now,
-                    updated_at: now,
-                };
-                match store.create_endpoint(&ep).await {
-                    Ok(()) | Err(StoreError::Conflict(_)) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        tracing::info!(url = %url, "operator webhooks are on");
+        let app_id = operator_app_id(store.as_ref(), url).await?;
+        let app = operator_app(store.as_ref(), &app_id).await?;
+        let endpoint = operator_endpoint(store.as_ref(), &app, url, secret).await?;
+        tracing::info!(url = %url, app = %app.id, "operator webhooks are on");
         op.events_app = Some(app.id);
+        op.events_endpoint = Some((endpoint.id, url.clone()));
         Ok(op)
     }
 
+    /// Whether `app` is the operator application (whose own changes are
+    /// not reported, and for which no token is made).
     pub fn is_operator_app(&self, app: &AppId) -> bool {
         self.events_app.as_ref() == Some(app)
+    }
+
+    /// Whether `app` is, or was, Herald's operator application, configured
+    /// here or not (another process may send its events): it gets no
+    /// application tokens.
+    pub async fn owns(&self, app: &AppId) -> StoreResult<bool> {
+        if self.is_operator_app(app) {
+            return Ok(true);
+        }
+        let recorded = self.store.get_setting(OPERATOR_APP_SETTING).await?;
+        Ok(recorded.as_deref() == Some(app.as_str()))
+    }
+
+    /// Whether `d` may be sent without the SSRF guard: only a delivery to
+    /// the operator application's own endpoint, still at the configured
+    /// URL. Anything else in that application (an endpoint the admin
+    /// added, or its URL changed through the API) is guarded like a
+    /// customer's.
+    pub fn sends_unguarded(&self, d: &ClaimedDelivery) -> bool {
+        self.is_operator_app(&d.app_id)
+            && self
+                .events_endpoint
+                .as_ref()
+                .is_some_and(|(id, url)| *id == d.endpoint_id && *url == d.url)
     }
 
     /// Stores one operator event for delivery.
@@ -298,5 +278,170 @@ impl Operator {
             })
             .collect();
         self.emit_all(events).await;
+    }
+}
+
+/// The operator application's id: the one recorded in the settings, or at
+/// the first start with operator webhooks, a new one (several processes
+/// may start at once: the first recorded wins). An application an earlier
+/// Herald made under the uid `herald-operator` is adopted only if it is
+/// plainly that one (see [`adoptable`]); any other holder of the uid stays
+/// an ordinary, guarded application.
+async fn operator_app_id(store: &dyn Store, url: &str) -> anyhow::Result<AppId> {
+    if let Some(stored) = store.get_setting(OPERATOR_APP_SETTING).await? {
+        return AppId::parse(&stored)
+            .with_context(|| format!("setting {OPERATOR_APP_SETTING} is not an application id"));
+    }
+    let proposed = match store.get_app(OPERATOR_APP_UID).await? {
+        Some(old) => match adoptable(store, &old, url).await? {
+            Ok(()) => {
+                tracing::info!(app = %old.id, "adopting the operator application an earlier Herald made");
+                old.id
+            }
+            Err(why) => {
+                tracing::warn!(
+                    app = %old.id,
+                    why,
+                    "the application with uid {OPERATOR_APP_UID} is not Herald's operator \
+                     application: it stays an ordinary application and a new one carries \
+                     operator events; if an earlier Herald wrote the operator webhook's \
+                     secret into it, rotate HERALD_OPERATOR_WEBHOOK_SECRET"
+                );
+                AppId::generate()
+            }
+        },
+        None => AppId::generate(),
+    };
+    let kept = store
+        .init_setting(OPERATOR_APP_SETTING, proposed.as_str())
+        .await?;
+    AppId::parse(&kept)
+        .with_context(|| format!("setting {OPERATOR_APP_SETTING} is not an application id"))
+}
+
+/// Ok if `app`, found under the uid `herald-operator` in a store an earlier
+/// Herald used, is the operator application that Herald made: nothing but
+/// the one endpoint Herald makes, at the configured URL, and no API token
+/// (so no customer ever held it). Otherwise why not.
+async fn adoptable(
+    store: &dyn Store,
+    app: &App,
+    url: &str,
+) -> StoreResult<Result<(), &'static str>> {
+    if !store.list_tokens(&app.id).await?.is_empty() {
+        return Ok(Err("it has application tokens"));
+    }
+    let endpoints = store
+        .list_endpoints(
+            &app.id,
+            &PageReq {
+                limit: 2,
+                after: None,
+                ascending: true,
+                backwards: false,
+            },
+        )
+        .await?
+        .items;
+    Ok(match endpoints.as_slice() {
+        [ep] if ep.uid.as_deref() == Some(OPERATOR_ENDPOINT_UID) && ep.url == url => Ok(()),
+        [_] => Err("its endpoint is not Herald's at the configured URL"),
+        _ => Err("it does not have exactly one endpoint"),
+    })
+}
+
+/// The operator application with id `id`, made if it does not exist (yet,
+/// or any more): under the uid `herald-operator` if that is free.
+async fn operator_app(store: &dyn Store, id: &AppId) -> anyhow::Result<App> {
+    // `get_app` matches uids too: only the application with this very id.
+    let find = |found: Option<App>| found.filter(|app| app.id == *id);
+    if let Some(app) = find(store.get_app(id.as_str()).await?) {
+        return Ok(app);
+    }
+    let now = now_millis();
+    let mut app = App {
+        id: id.clone(),
+        uid: None,
+        name: OPERATOR_APP_NAME.to_owned(),
+        rate_limit: None,
+        metadata: Default::default(),
+        created_at: now,
+        updated_at: now,
+    };
+    if store.get_app(OPERATOR_APP_UID).await?.is_none() {
+        app.uid = Some(OPERATOR_APP_UID.to_owned());
+    }
+    match store.create_app(&app).await {
+        Ok(()) => return Ok(app),
+        Err(StoreError::Conflict(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Another process made it first, or took the uid in between.
+    if let Some(app) = find(store.get_app(id.as_str()).await?) {
+        return Ok(app);
+    }
+    app.uid = None;
+    match store.create_app(&app).await {
+        Ok(()) => Ok(app),
+        Err(StoreError::Conflict(_)) => find(store.get_app(id.as_str()).await?)
+            .context("the operator application could not be made"),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The operator application's one endpoint, made or set to the configured
+/// URL and secret.
+async fn operator_endpoint(
+    store: &dyn Store,
+    app: &App,
+    url: &str,
+    secret: &str,
+) -> anyhow::Result<Endpoint> {
+    let now = now_millis();
+    if let Some(mut ep) = store.get_endpoint(&app.id, OPERATOR_ENDPOINT_UID).await? {
+        if ep.url != url {
+            let changes = EndpointChanges {
+                url: Some(url.to_owned()),
+                ..EndpointChanges::default()
+            };
+            store
+                .update_endpoint(&app.id, &ep.id, &changes, now)
+                .await?;
+            ep.url = url.to_owned();
+        }
+        if ep.secret != secret {
+            // The configured secret is the one its receiver checks: the old
+            // one keeps no grace period.
+            store
+                .rotate_secret(&app.id, &ep.id, secret, now, now)
+                .await?;
+            ep.secret = secret.to_owned();
+        }
+        return Ok(ep);
+    }
+    let ep = Endpoint {
+        id: EndpointId::generate(),
+        app_id: app.id.clone(),
+        uid: Some(OPERATOR_ENDPOINT_UID.to_owned()),
+        url: url.to_owned(),
+        description: OPERATOR_APP_NAME.to_owned(),
+        filter_types: None,
+        disabled: false,
+        rate_limit: None,
+        metadata: Default::default(),
+        channels: None,
+        headers: Default::default(),
+        secret: secret.to_owned(),
+        created_at: now,
+        updated_at: now,
+    };
+    match store.create_endpoint(&ep).await {
+        Ok(()) => Ok(ep),
+        // Another process made it first.
+        Err(StoreError::Conflict(_)) => store
+            .get_endpoint(&app.id, OPERATOR_ENDPOINT_UID)
+            .await?
+            .context("operator endpoint vanished"),
+        Err(e) => Err(e.into()),
     }
 }

@@ -2,11 +2,26 @@
 //! server, and stops them in order. `main` and the tests both start Herald
 //! through [`start`].
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body::Body as _;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use rand::RngCore;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -17,12 +32,15 @@ use crate::api::{self, token_sha256, ApiShared, ApiState};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::ingest::Ingest;
+use crate::limits::LoginLimiter;
 use crate::net::NetworkPolicy;
 use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
 const ADMIN_TOKEN_KEY: &str = "admin_token_sha256";
+/// After its burst, an address may fail one more log-in per this.
+const LOGIN_REFILL: Duration = Duration::from_secs(1);
 
 /// What a process does. Many `Api` and `Worker` processes may share one
 /// PostgreSQL database; SQLite is for one `All` process.
@@ -194,26 +212,25 @@ pub async fn start(
             ),
             known_tokens: Default::default(),
             max_headers_per_endpoint: config.max_headers_per_endpoint,
+            login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });
-        // Trailing slashes are optional, as in Svix: normalise before routing.
+        // Every request's body has its deadline; trailing slashes are
+        // optional, as in Svix: normalise before routing.
+        let router = api::router(state).layer(axum::middleware::from_fn_with_state(
+            config.body_timeout,
+            body_deadline,
+        ));
         let app = tower::Layer::layer(
             &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
-            api::router(state),
+            router,
         );
         let local = listener.local_addr()?;
         addr = Some(local);
-        let server_shutdown = shutdown.clone();
-        server = Some(tokio::spawn(async move {
-            axum::serve(
-                listener,
-                // The client's address: failed authentications are limited per address.
-                axum::ServiceExt::<axum::extract::Request>::into_make_service_with_connect_info::<
-                    SocketAddr,
-                >(app),
-            )
-            .with_graceful_shutdown(async move { server_shutdown.cancelled().await })
-            .await
-        }));
+        let limits = ListenerLimits {
+            header_timeout: config.header_timeout,
+            max_connections_per_ip: config.max_connections_per_ip,
+        };
+        server = Some(tokio::spawn(serve(listener, app, limits, shutdown.clone())));
         tracing::info!(addr = %local, ?role, "herald is serving");
     } else {
         tracing::info!(?role, "herald worker is running");
@@ -228,6 +245,226 @@ pub async fn start(
         background,
         backend,
     })
+}
+
+/// The listener's bounds on clients that are slow, silent or many.
+struct ListenerLimits {
+    header_timeout: Duration,
+    max_connections_per_ip: usize,
+}
+
+/// Serves `app` on `listener` until `shutdown`, then waits for the
+/// connections' requests in flight. HTTP/1 only: hyper's HTTP/1
+/// connection has the header timeout (axum::serve sets none), which
+/// hyper starts as soon as it waits for a request (a new connection, or a
+/// kept-alive one after its answer), so silent and idle connections end
+/// too. Clients get their address as `ConnectInfo<SocketAddr>`.
+async fn serve<S>(
+    listener: TcpListener,
+    app: S,
+    limits: ListenerLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    use tower::{Service, ServiceExt};
+    let mut make_service =
+        axum::ServiceExt::<Request>::into_make_service_with_connect_info::<SocketAddr>(app);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let open = ConnectionsPerClient::new(limits.max_connections_per_ip);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    loop {
+        let (stream, remote) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    accept_failed(e, &shutdown).await;
+                    continue;
+                }
+            },
+        };
+        let Some(admitted) = open.admit(remote.ip()) else {
+            tracing::debug!(client = %remote, "connection refused: too many from this address");
+            drop(stream);
+            continue;
+        };
+        let service = match ServiceExt::<SocketAddr>::ready(&mut make_service).await {
+            Ok(ready) => ready.call(remote).await,
+            Err(never) => match never {},
+        };
+        let service = match service {
+            Ok(service) => service,
+            Err(never) => match never {},
+        };
+        let service = TowerToHyperService::new(
+            service.map_request(|r: axum::http::Request<hyper::body::Incoming>| r.map(Body::new)),
+        );
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                // Timeouts and clients going away end up here.
+                tracing::debug!(client = %remote, error = %e, "connection ended");
+            }
+            drop(admitted);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// After a failed accept: errors of one connection are that connection's;
+/// others (out of file descriptors) would fail again at once, so wait.
+async fn accept_failed(e: std::io::Error, shutdown: &CancellationToken) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::warn!(error = %e, "accepting a connection failed; retrying in 1s");
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// Open connections per client, at most `max` each. IPv6 clients are
+/// counted per /64, the block one host or customer usually has.
+struct ConnectionsPerClient {
+    max: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One admitted connection; dropping it gives its place back.
+struct Admitted {
+    client: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+fn client_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !(u128::MAX >> 64);
+            IpAddr::V6(prefix.into())
+        }
+        v4 => v4,
+    }
+}
+
+impl ConnectionsPerClient {
+    fn new(max: usize) -> Self {
+        ConnectionsPerClient {
+            max,
+            open: Default::default(),
+        }
+    }
+
+    fn admit(&self, ip: IpAddr) -> Option<Admitted> {
+        let client = client_of(ip);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(client).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(Admitted {
+            client,
+            open: self.open.clone(),
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.client) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Gives a request's body `timeout` to arrive in full, counted from when
+/// its headers were in, and answers 408 if it did not. tower-http's
+/// `RequestBodyTimeout` restarts its clock at every chunk, so a body
+/// dribbled a byte at a time would never time out, and its error reaches
+/// the handler's extractor as a 400; this clock never restarts, and
+/// whatever the handler answered to the failed read becomes the 408.
+async fn body_deadline(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let expired = Arc::new(AtomicBool::new(false));
+    let request = request.map(|body| {
+        Body::new(DeadlineBody {
+            body,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            expired: expired.clone(),
+        })
+    });
+    let response = next.run(request).await;
+    if !expired.load(Ordering::Relaxed) {
+        return response;
+    }
+    tracing::info!(?timeout, "request body not received in time");
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        [(header::CONNECTION, "close")],
+        axum::Json(crate::api::error::ErrorBody {
+            code: "request_timeout",
+            detail: format!("the request body did not arrive within {timeout:?}"),
+        }),
+    )
+        .into_response()
+}
+
+/// A request body that fails once its deadline has passed.
+struct DeadlineBody {
+    body: Body,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    expired: Arc<AtomicBool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+struct BodyTimedOut;
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        // What has arrived is taken even at the deadline.
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.expired.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// How often retention looks for history to prune.

@@ -94,6 +94,7 @@ pub async fn create_app(
 ) -> ApiResult<Response> {
     let get_if_exists = super::query_bool("get_if_exists", &params.get_if_exists)?;
     check_app_fields(&body.name, &body.uid, &body.metadata)?;
+    check_not_reserved(&body.uid, None)?;
     if let Some(uid) = &body.uid {
         if let Some(existing) = state.store.get_app(uid).await? {
             if get_if_exists {
@@ -189,6 +190,27 @@ fn check_app_fields(
     check_metadata(metadata)
 }
 
+/// 422 for a uid Herald keeps for its own applications (`herald-…`, such
+/// as the operator application's), unless it is the application's
+/// `current` one (given before the prefix was reserved).
+fn check_not_reserved(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
+    let prefix = crate::operator::RESERVED_UID_PREFIX;
+    match uid {
+        Some(uid)
+            if Some(uid.as_str()) != current
+                && uid
+                    .get(..prefix.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(prefix)) =>
+        {
+            Err(ApiError::field(
+                "uid",
+                format!("uids starting with `{prefix}` are reserved for Herald's own applications"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// 409 if another application has `uid`.
 async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> ApiResult<()> {
     if let Some(uid) = uid {
@@ -229,6 +251,7 @@ pub async fn put_app(
     match resolved {
         Some(id) => {
             let mut app = app_by_id(&state, &id).await?;
+            check_not_reserved(&body.uid, app.uid.as_deref())?;
             check_uid_free(&state, &body.uid, &app.id).await?;
             app.uid = body.uid;
             app.name = body.name;
@@ -250,6 +273,7 @@ pub async fn put_app(
                 (None, None) => Some(app_id.clone()),
             };
             check_uid("uid", &uid)?;
+            check_not_reserved(&uid, None)?;
             check_uid_free(&state, &uid, &AppId::generate()).await?;
             let app = App {
                 id: AppId::generate(),
@@ -305,6 +329,7 @@ pub async fn patch_app(
     ApiJson(body): ApiJson<ApplicationPatch>,
 ) -> ApiResult<Json<ApplicationOut>> {
     let mut app = app_by_id(&state, &app_id).await?;
+    let current_uid = app.uid.clone();
     if let Some(name) = body.name {
         app.name = name;
     }
@@ -318,6 +343,7 @@ pub async fn patch_app(
         app.metadata = m;
     }
     check_app_fields(&app.name, &app.uid, &Some(app.metadata.clone()))?;
+    check_not_reserved(&app.uid, current_uid.as_deref())?;
     check_uid_free(&state, &app.uid, &app.id).await?;
     app.updated_at = now_millis();
     if !state.store.update_app(&app).await? {
@@ -350,4 +376,21 @@ pub async fn delete_app(
     // Its tokens went with it.
     state.tokens.clear();
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /app/{app}/token` (documented at [`super::auth::create_token`]),
+/// refused (403) for the operator application: a token of its own would
+/// read the operator endpoint's secret, forge signed operator events and
+/// redirect them.
+pub async fn create_app_token(
+    State(state): State<ApiState>,
+    app: super::auth::ResolvedApp,
+    body: super::ApiJsonOrEmpty<super::auth::TokenIn>,
+) -> ApiResult<Response> {
+    if state.operator.owns(&app.id).await? {
+        return Err(ApiError::Forbidden(
+            "the operator application is Herald's: no application token can be made for it".into(),
+        ));
+    }
+    super::auth::create_token(State(state), app, body).await
 }

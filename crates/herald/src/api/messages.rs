@@ -15,6 +15,7 @@ use super::error::{
 };
 use super::{
     accepted_empty, rfc3339, valid_uid, ApiError, ApiJson, ApiResult, ApiState, MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_DEPTH,
 };
 use crate::ids::MsgId;
 use crate::store::{now_millis, Delivery, InsertOutcome, Message, NewMessage, ResendOutcome};
@@ -25,7 +26,8 @@ pub struct MessageIn {
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub event_type: String,
     /// Kept as the exact JSON text the client sent: it is what receivers
-    /// get. Any JSON value (Svix sends an object), at most 1 MiB.
+    /// get. Any JSON value (Svix sends an object), at most 1 MiB, nested
+    /// at most 128 deep.
     #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     /// Unique per application: a repeat is a 409.
@@ -107,6 +109,12 @@ pub async fn create_message(
             payload.len()
         )));
     }
+    if nests_deeper_than(payload, MAX_PAYLOAD_DEPTH) {
+        return Err(ApiError::field(
+            "payload",
+            format!("must not nest arrays and objects more than {MAX_PAYLOAD_DEPTH} deep"),
+        ));
+    }
     let channels = super::endpoints::check_channels("channels", &body.channels)?;
     let created_at = now_millis();
     let message = NewMessage {
@@ -140,6 +148,42 @@ pub async fn create_message(
             Err(ApiError::NotFound("application"))
         }
     }
+}
+
+/// Whether valid JSON text nests arrays and objects more than `max` deep:
+/// one pass over the bytes, skipping strings (the text has been parsed
+/// already, so brackets outside strings are structure).
+pub fn nests_deeper_than(json: &str, max: usize) -> bool {
+    // Each level takes two bytes, its opening and its closing.
+    if json.len() <= 2 * max {
+        return false;
+    }
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 #[utoipa::path(
@@ -277,5 +321,23 @@ pub async fn resend(
         }
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
         ResendOutcome::NoSuchEndpoint => Err(ApiError::NotFound("endpoint")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nests_deeper_than;
+
+    #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!nests_deeper_than(&deep(128), 128));
+        assert!(nests_deeper_than(&deep(129), 128));
+        let wide = format!("[{}]", vec!["[{}]"; 1000].join(","));
+        assert!(!nests_deeper_than(&wide, 3));
+        assert!(nests_deeper_than(&wide, 2));
+        let quoted = format!(r#"{{"a":"{}\"{}"}}"#, "[".repeat(300), "{".repeat(300));
+        assert!(serde_json::from_str::<serde_json::Value>(&quoted).is_ok());
+        assert!(!nests_deeper_than(&quoted, 1));
     }
 }

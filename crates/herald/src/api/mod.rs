@@ -37,6 +37,11 @@ pub use error::{ApiError, ApiResult, FieldError};
 
 /// The largest payload accepted (413 above it).
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// The deepest nesting of arrays and objects a payload may have (422
+/// deeper): serde_json's own limit, so any receiver parsing with its
+/// defaults can read what Herald accepts, and no page or tool of Herald's
+/// meets a payload nested thousands deep.
+pub const MAX_PAYLOAD_DEPTH: usize = 128;
 /// Request bodies may carry a little more than the payload (other fields).
 pub const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
 
@@ -75,6 +80,8 @@ pub struct ApiShared {
     pub operator: crate::operator::Operator,
     /// The dashboard's log-in sessions (per server, in memory).
     pub dashboard: crate::dashboard::Sessions,
+    /// Failed log-ins per client address (per server, in memory).
+    pub login_limiter: Arc<crate::limits::LoginLimiter>,
     /// Renders `/metrics` (with this instance's queue gauges).
     pub metrics: Arc<crate::metrics::Exporter>,
     /// Failed bearer-token checks per client address (`auth::require_token`).
@@ -243,7 +250,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .route(
             "/app/{app_id}/token",
-            get(auth::list_tokens).post(auth::create_token),
+            get(auth::list_tokens).post(create_app_token),
         )
         .route(
             "/app/{app_id}/token/{token_id}",

@@ -25,6 +25,13 @@ pub struct DeliveryQuery {
     pub after: Option<String>,
 }
 
+/// The most of a payload shown, re-indented (the whole one is in the API):
+/// the page stays small whatever a tenant sends.
+const SHOWN_PAYLOAD_BYTES: usize = 256 * 1024;
+/// Indentation stops growing past this depth, so a line never costs more
+/// than this however deep the payload nests.
+const MAX_INDENT_DEPTH: usize = 32;
+
 /// Raw pages of the message's attempts read at most per view, looking for
 /// this delivery's (a message fanned out to many endpoints has many).
 const MAX_SCANNED_PAGES: usize = 20;
@@ -56,6 +63,13 @@ pub async fn page(
         .await?;
     let after = query.after.filter(|a| !a.is_empty());
     let (attempts, next) = attempts_of(&state, &d, after.clone()).await?;
+
+    let payload = message.as_ref().map(|m| {
+        (
+            pretty_json(&m.payload, SHOWN_PAYLOAD_BYTES),
+            m.payload.len(),
+        )
+    });
 
     let here = delivery_path(&app.id, &d.id);
     let endpoint_href = format!("/dashboard/app/{}/endpoint/{}", app.id, d.endpoint_id);
@@ -120,8 +134,17 @@ pub async fn page(
             "Payload"
             small { "as sent, re-indented" }
         }
-        @match &message {
-            Some(m) => pre { (pretty_json(&m.payload)) },
+        @match &payload {
+            Some((shown, sent_len)) => {
+                pre { (shown.text) }
+                @if shown.cut {
+                    p.muted.small {
+                        "Only the first " (SHOWN_PAYLOAD_BYTES / 1024) " KiB are shown; the payload is "
+                        (sent_len) " bytes as sent. All of it: "
+                        code { "GET /api/v1/app/" (app.id) "/msg/" (d.msg_id) }
+                    }
+                }
+            },
             None => p.muted { "The message is no longer stored (retention)." },
         }
         h2 { "Attempts" small { "oldest first" } }
@@ -301,23 +324,49 @@ pub fn attempts_table(attempts: &[AttemptRecord], now: Millis, with_delivery: bo
     }
 }
 
+/// A payload as the page shows it.
+struct ShownPayload {
+    text: String,
+    /// Cut at the limit.
+    cut: bool,
+}
+
 /// JSON text re-indented for reading, keeping every token exactly as it
 /// was sent (key order, number spelling), which a parse and re-print
-/// would not. Text that is not JSON comes back as it was.
-fn pretty_json(raw: &str) -> String {
+/// would not. Text that is not JSON comes back as it was. Either is cut
+/// at about `limit` bytes, and indentation stops growing at
+/// [`MAX_INDENT_DEPTH`]: the work and the text are linear in the payload
+/// and bounded, however deep it nests (re-indenting 100,000 nested arrays
+/// in full would take 10 GB).
+fn pretty_json(raw: &str, limit: usize) -> ShownPayload {
     if serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
-        return raw.to_owned();
+        let mut end = raw.len().min(limit);
+        while !raw.is_char_boundary(end) {
+            end -= 1;
+        }
+        return ShownPayload {
+            text: raw[..end].to_owned(),
+            cut: end < raw.len(),
+        };
     }
-    let mut out = String::with_capacity(raw.len() + raw.len() / 4);
+    let mut out = String::with_capacity((raw.len() + raw.len() / 4).min(limit.saturating_add(256)));
     let mut depth = 0usize;
     let mut in_string = false;
     let mut escaped = false;
     let mut chars = raw.chars().peekable();
     let newline = |out: &mut String, depth: usize| {
         out.push('\n');
-        out.push_str(&"  ".repeat(depth));
+        for _ in 0..depth.min(MAX_INDENT_DEPTH) {
+            out.push_str("  ");
+        }
     };
     while let Some(c) = chars.next() {
+        if out.len() >= limit {
+            return ShownPayload {
+                text: out,
+                cut: true,
+            };
+        }
         if in_string {
             out.push(c);
             if escaped {
@@ -363,7 +412,10 @@ fn pretty_json(raw: &str) -> String {
             c => out.push(c),
         }
     }
-    out
+    ShownPayload {
+        text: out,
+        cut: false,
+    }
 }
 
 /// `POST …/delivery/{dlv}/replay`: replays it if it is dead.
@@ -394,7 +446,7 @@ pub async fn replay(
 
 #[cfg(test)]
 mod tests {
-    use super::{pretty_json, shown_header_value};
+    use super::{pretty_json, shown_header_value, MAX_INDENT_DEPTH};
 
     #[test]
     fn credential_headers_are_masked() {
@@ -409,11 +461,33 @@ mod tests {
 
     #[test]
     fn json_is_reindented_without_touching_tokens() {
+        let shown = |raw: &str| pretty_json(raw, usize::MAX).text;
         assert_eq!(
-            pretty_json(r#"{"b": 2,  "a":[1, 2.50],"s":"x, {y}: \"z\"","e":{},"l":[ ]}"#),
+            shown(r#"{"b": 2,  "a":[1, 2.50],"s":"x, {y}: \"z\"","e":{},"l":[ ]}"#),
             "{\n  \"b\": 2,\n  \"a\": [\n    1,\n    2.50\n  ],\n  \"s\": \"x, {y}: \\\"z\\\"\",\n  \"e\": {},\n  \"l\": []\n}"
         );
-        assert_eq!(pretty_json("not json {"), "not json {");
-        assert_eq!(pretty_json("42"), "42");
+        assert_eq!(shown("not json {"), "not json {");
+        assert_eq!(shown("42"), "42");
+    }
+
+    #[test]
+    fn deep_or_long_payloads_are_cut_and_indented_no_deeper_than_the_cap() {
+        let deep = format!("{}{}", "[1,".repeat(1000), "]".repeat(1000)).replace(",]", "]");
+        let all = pretty_json(&deep, usize::MAX);
+        assert!(!all.cut);
+        let widest = all.text.lines().map(str::len).max().unwrap_or(0);
+        assert_eq!(
+            widest,
+            2 * MAX_INDENT_DEPTH + 2,
+            "no line indented past the cap"
+        );
+        let cut = pretty_json(&deep, 1000);
+        assert!(cut.cut);
+        assert!(cut.text.len() < 1000 + 2 * MAX_INDENT_DEPTH + 2);
+        assert!(all.text.starts_with(&cut.text));
+        let not_json = "é".repeat(1000);
+        let cut = pretty_json(&not_json, 1001);
+        assert!(cut.cut);
+        assert_eq!(cut.text, "é".repeat(500));
     }
 }

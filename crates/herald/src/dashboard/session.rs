@@ -7,10 +7,12 @@
 //! ids it holds.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -323,10 +325,42 @@ pub async fn login_page(State(state): State<ApiState>, headers: HeaderMap) -> Re
     layout::bare_page("Log in", login_form(None)).into_response()
 }
 
-/// `POST /dashboard/login`: the admin token for a session cookie.
-pub async fn login(State(state): State<ApiState>, form: FormFields) -> Response {
+/// The client's address as the listener saw it (a proxy's, behind one);
+/// unspecified when the router is served without the listener's
+/// connection info.
+pub struct ClientIp(pub IpAddr);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(ClientIp(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip())
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        ))
+    }
+}
+
+/// `POST /dashboard/login`: the admin token for a session cookie. An
+/// address that failed too often is refused (429) before its token is
+/// looked at, so a right guess then gains nothing either.
+pub async fn login(
+    State(state): State<ApiState>,
+    ClientIp(client): ClientIp,
+    form: FormFields,
+) -> Response {
+    if let Err(wait) = state.login_limiter.check(client) {
+        tracing::debug!(%client, "dashboard log-in refused: too many failures");
+        return too_many_failures(wait);
+    }
     if token_sha256(form.text("token")) != state.admin_token_sha256 {
-        // Slows guessing down a little; the token's length does the rest.
+        state.login_limiter.failed(client);
+        tracing::info!(%client, "dashboard log-in failed: not the admin token");
+        // Slows guessing down a little; the limiter and the token's length
+        // do the rest.
         tokio::time::sleep(Duration::from_millis(250)).await;
         return (
             StatusCode::UNAUTHORIZED,
@@ -339,7 +373,25 @@ pub async fn login(State(state): State<ApiState>, form: FormFields) -> Response 
     if let Some(cookie) = session_cookie(&id, LIFETIME.as_secs()) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
-    tracing::info!("dashboard log-in");
+    tracing::info!(%client, "dashboard log-in");
+    response
+}
+
+/// 429 with `Retry-After` (whole seconds, rounded up) and the form again.
+fn too_many_failures(wait: Duration) -> Response {
+    let seconds = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+    let problem = format!(
+        "Too many failed log-ins from your address. Try again in {seconds} second{}.",
+        if seconds == 1 { "" } else { "s" }
+    );
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        layout::bare_page("Log in", login_form(Some(&problem))),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     response
 }
 

@@ -413,7 +413,7 @@ impl Dispatcher {
     async fn attempt(&self, d: ClaimedDelivery) -> Completion {
         let attempt_number = d.attempts.saturating_add(1);
         let started_at = now_millis();
-        let trusted = self.operator.is_operator_app(&d.app_id);
+        let trusted = self.operator.sends_unguarded(&d);
         let observed = self.sender.send(&d, attempt_number, trusted).await;
         let now = now_millis();
         let age = Duration::from_millis(u64::try_from(now - d.cycle_started_at).unwrap_or(0));

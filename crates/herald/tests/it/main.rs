@@ -11,6 +11,7 @@ mod endpoint_health;
 mod endpoint_writes;
 mod gates;
 mod helpers;
+mod listener_and_operator;
 mod metrics;
 mod openapi;
 mod outbox;
