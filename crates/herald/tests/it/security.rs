@@ -646,12 +646,14 @@ async fn stored_strings_are_bounded_and_text(app: TestApp) {
     ];
     for (method, path, body, loc) in cases {
         let (s, out) = app.request(method.clone(), &path, Some(body)).await;
+        // An answer that echoes the megabyte name is cut short.
+        let shown: String = out.to_string().chars().take(300).collect();
         assert_eq!(
             s,
             StatusCode::UNPROCESSABLE_ENTITY,
-            "{method} {path}: {out}"
+            "{method} {path}: {shown}"
         );
-        assert_eq!(out["detail"][0]["loc"], loc, "{method} {path}: {out}");
+        assert_eq!(out["detail"][0]["loc"], loc, "{method} {path}: {shown}");
     }
     // At the bounds: accepted; descriptions keep their line breaks.
     let (s, out) = app
