@@ -106,6 +106,35 @@ pub struct EndpointChanges {
     pub channels: Option<Option<Vec<String>>>,
 }
 
+/// The JSON-text columns of an [`EndpointChanges`], encoded once for both
+/// stores: `None` leaves the column as it is, `Some(None)` clears it.
+pub struct EndpointChangesJson {
+    pub filter_types: Option<Option<String>>,
+    pub metadata: Option<String>,
+    pub channels: Option<Option<String>>,
+}
+
+impl EndpointChanges {
+    pub fn json_columns(&self) -> StoreResult<EndpointChangesJson> {
+        fn json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+            serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+        }
+        Ok(EndpointChangesJson {
+            filter_types: self
+                .filter_types
+                .as_ref()
+                .map(|f| f.as_ref().map(json).transpose())
+                .transpose()?,
+            metadata: self.metadata.as_ref().map(json).transpose()?,
+            channels: self
+                .channels
+                .as_ref()
+                .map(|c| c.as_ref().map(json).transpose())
+                .transpose()?,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewMessage {
     pub id: MsgId,

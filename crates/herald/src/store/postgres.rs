@@ -990,17 +990,11 @@ impl Store for PostgresStore {
         changes: &EndpointChanges,
         now: Millis,
     ) -> StoreResult<bool> {
-        let filter = changes
-            .filter_types
-            .as_ref()
-            .map(|f| f.as_ref().map(to_json).transpose())
-            .transpose()?;
-        let metadata = changes.metadata.as_ref().map(to_json).transpose()?;
-        let channels = changes
-            .channels
-            .as_ref()
-            .map(|c| c.as_ref().map(to_json).transpose())
-            .transpose()?;
+        let EndpointChangesJson {
+            filter_types: filter,
+            metadata,
+            channels,
+        } = changes.json_columns()?;
         // Only the columns the caller set: a column it did not name may
         // have been changed since it read the endpoint. Nothing here makes
         // held work claimable (the flag is not among them): no wake-up.

@@ -1367,17 +1367,11 @@ impl Store for SqliteStore {
     ) -> StoreResult<bool> {
         let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
         let ch = changes.clone();
-        let filter = ch
-            .filter_types
-            .as_ref()
-            .map(|f| f.as_ref().map(to_json).transpose())
-            .transpose()?;
-        let metadata = ch.metadata.as_ref().map(to_json).transpose()?;
-        let channels = ch
-            .channels
-            .as_ref()
-            .map(|c| c.as_ref().map(to_json).transpose())
-            .transpose()?;
+        let EndpointChangesJson {
+            filter_types: filter,
+            metadata,
+            channels,
+        } = changes.json_columns()?;
         self.write(move |c| {
             // Only the columns the caller set: a column it did not name may
             // have been changed since it read the endpoint.
