@@ -66,6 +66,20 @@ impl WriteBlock {
         }
     }
 
+    /// PostgreSQL sessions waiting for this block's lock.
+    async fn waiting(&mut self) -> i64 {
+        match self {
+            WriteBlock::Sqlite(_) => unreachable!("SQLite shows no lock waits"),
+            WriteBlock::Postgres(conn) => sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE pg_blocking_pids(pid) @> ARRAY[pg_backend_pid()]",
+            )
+            .fetch_one(conn)
+            .await
+            .expect("pg_stat_activity"),
+        }
+    }
+
     async fn end(self) {
         match self {
             WriteBlock::Sqlite(conn) => conn.execute_batch("COMMIT").expect("commit"),
@@ -288,24 +302,7 @@ async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
         .await;
     let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
 
-    use sqlx::Connection;
-    let mut blocker = sqlx::PgConnection::connect(&url)
-        .await
-        .expect("connect to PostgreSQL");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SET search_path TO \"{schema}\""
-    )))
-    .execute(&mut blocker)
-    .await
-    .expect("search_path");
-    sqlx::query("BEGIN")
-        .execute(&mut blocker)
-        .await
-        .expect("begin");
-    sqlx::query("LOCK TABLE messages IN EXCLUSIVE MODE")
-        .execute(&mut blocker)
-        .await
-        .expect("lock the messages table");
+    let mut block = WriteBlock::start(&app, Some((url.as_str(), schema.as_str()))).await;
 
     let send = {
         let (client, base, app_id) = (reqwest::Client::new(), app.url(""), app_id.clone());
@@ -325,14 +322,7 @@ async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
     // Routed, and now waiting for the table lock.
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE pg_blocking_pids(pid) @> ARRAY[pg_backend_pid()]",
-        )
-        .fetch_one(&mut blocker)
-        .await
-        .expect("pg_stat_activity");
-        if waiting > 0 {
+        if block.waiting().await > 0 {
             break;
         }
         assert!(
@@ -348,10 +338,7 @@ async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
         )
         .await;
     assert!(status.is_success(), "{status} {out}");
-    sqlx::query("COMMIT")
-        .execute(&mut blocker)
-        .await
-        .expect("commit");
+    block.end().await;
 
     let out = send.await.expect("send task");
     let msg = out["id"].as_str().expect("message accepted").to_owned();
