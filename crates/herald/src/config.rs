@@ -40,6 +40,14 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
+    ("HERALD_PROXY_URL", "", "Egress proxy for every customer request: `http://[user:pass@]host:port` (CONNECT for https targets) or `socks5://…` / `socks5h://…` (the proxy resolves names). Empty: direct."),
+    ("HERALD_NO_PROXY", "", "Comma-separated hosts, domains (`.example.com`) or CIDR blocks reached directly, not through HERALD_PROXY_URL."),
+    ("HERALD_OPERATOR_WEBHOOK_VIA_PROXY", "false", "Send the operator webhook through HERALD_PROXY_URL too (by default it goes directly: it is usually internal)."),
+    ("HERALD_CA_BUNDLE", "", "PEM file of extra root certificates trusted for https receivers (an internal CA), beside the built-in roots."),
+    ("HERALD_TLS_SYSTEM_ROOTS", "false", "Also trust the operating system's certificate store for https receivers."),
+    ("HERALD_TLS_CERT", "", "PEM certificate chain: with HERALD_TLS_KEY, the listener speaks HTTPS only (reloaded on SIGHUP)."),
+    ("HERALD_TLS_KEY", "", "PEM private key of HERALD_TLS_CERT."),
+    ("HERALD_API_RATE_LIMIT", "0", "Requests per second one caller (admin token, application token, dashboard session) may make, with bursts of as many; beyond: 429 with Retry-After. 0: no limit."),
     ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
 ];
 
@@ -79,6 +87,17 @@ pub struct Config {
     pub max_headers_per_endpoint: usize,
     /// Failed API authentications one address may make in a burst.
     pub auth_failure_limit: u32,
+    /// Egress proxy for customer requests (validated: http, socks5 or socks5h).
+    pub proxy_url: Option<String>,
+    pub no_proxy: Option<String>,
+    pub operator_webhook_via_proxy: bool,
+    /// Extra trusted roots for https receivers.
+    pub ca_bundle: Option<PathBuf>,
+    pub tls_system_roots: bool,
+    /// The listener's certificate chain and key: both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Requests per second per caller; 0: unlimited.
+    pub api_rate_limit: u32,
     pub log: String,
 }
 
@@ -114,6 +133,16 @@ impl std::fmt::Debug for Config {
             .field("dead_retention", &self.dead_retention)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("auth_failure_limit", &self.auth_failure_limit)
+            .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
+            .field("no_proxy", &self.no_proxy)
+            .field(
+                "operator_webhook_via_proxy",
+                &self.operator_webhook_via_proxy,
+            )
+            .field("ca_bundle", &self.ca_bundle)
+            .field("tls_system_roots", &self.tls_system_roots)
+            .field("tls", &self.tls)
+            .field("api_rate_limit", &self.api_rate_limit)
             .finish()
     }
 }
@@ -323,6 +352,30 @@ impl Config {
             Some((operator_url, operator_secret))
         };
 
+        let proxy_url = proxy_url_of(get("HERALD_PROXY_URL").trim())
+            .map_err(|m| invalid("HERALD_PROXY_URL", m))?;
+        let no_proxy = Some(get("HERALD_NO_PROXY").trim().to_owned()).filter(|s| !s.is_empty());
+        let path_of =
+            |key: &str| Some(PathBuf::from(get(key).trim())).filter(|p| !p.as_os_str().is_empty());
+        let tls = match (path_of("HERALD_TLS_CERT"), path_of("HERALD_TLS_KEY")) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "HERALD_TLS_KEY",
+                    "required when HERALD_TLS_CERT is set".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "HERALD_TLS_CERT",
+                    "required when HERALD_TLS_KEY is set".into(),
+                ))
+            }
+        };
+        let api_rate_limit = u32::try_from(number("HERALD_API_RATE_LIMIT")?)
+            .map_err(|_| invalid("HERALD_API_RATE_LIMIT", "too large".into()))?;
+
         Ok(Config {
             listen,
             header_timeout,
@@ -352,9 +405,41 @@ impl Config {
             dead_retention,
             max_headers_per_endpoint,
             auth_failure_limit,
+            proxy_url,
+            no_proxy,
+            operator_webhook_via_proxy: boolean("HERALD_OPERATOR_WEBHOOK_VIA_PROXY")?,
+            ca_bundle: path_of("HERALD_CA_BUNDLE"),
+            tls_system_roots: boolean("HERALD_TLS_SYSTEM_ROOTS")?,
+            tls,
+            api_rate_limit,
             log: get("HERALD_LOG"),
         })
     }
+}
+
+/// `HERALD_PROXY_URL`, checked: empty is no proxy; else a URL of a scheme
+/// the client speaks, with a host and a port.
+fn proxy_url_of(text: &str) -> Result<Option<String>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let shown = redact_url(text);
+    let url = url::Url::parse(text).map_err(|e| format!("`{shown}` is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "socks5" | "socks5h") {
+        return Err(format!(
+            "`{shown}`: the scheme must be http, socks5 or socks5h (https proxies are not supported)"
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("`{shown}` has no host"));
+    }
+    if url.port_or_known_default().is_none() {
+        return Err(format!("`{shown}` needs a port"));
+    }
+    if url.path() != "/" && !url.path().is_empty() || url.query().is_some() {
+        return Err(format!("`{shown}`: a proxy URL has no path or query"));
+    }
+    Ok(Some(text.to_owned()))
 }
 
 /// The URL without its password, for messages and logs.
@@ -531,6 +616,45 @@ mod tests {
                 d.max_in_flight
             )
         );
+    }
+
+    #[test]
+    fn proxy_and_tls_settings_are_checked() {
+        let c = Config::from_values(&env(&[(
+            "HERALD_PROXY_URL",
+            "http://user:secret@proxy.internal:3128",
+        )]))
+        .expect("valid");
+        assert_eq!(
+            c.proxy_url.as_deref(),
+            Some("http://user:secret@proxy.internal:3128")
+        );
+        assert!(!format!("{c:?}").contains("secret"), "redacted in Debug");
+        for bad in [
+            "https://proxy:3128",
+            "ftp://proxy:21",
+            "proxy:3128",
+            "http://proxy:3128/path",
+            "socks5://",
+        ] {
+            let err = Config::from_values(&env(&[("HERALD_PROXY_URL", bad)]))
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(err.to_string().starts_with("HERALD_PROXY_URL"), "{err}");
+        }
+        assert!(
+            Config::from_values(&env(&[("HERALD_PROXY_URL", "socks5h://127.0.0.1:1080")])).is_ok()
+        );
+        let err =
+            Config::from_values(&env(&[("HERALD_TLS_CERT", "/x.pem")])).expect_err("key required");
+        assert!(err.to_string().starts_with("HERALD_TLS_KEY"), "{err}");
+        let err =
+            Config::from_values(&env(&[("HERALD_API_RATE_LIMIT", "-1")])).expect_err("refused");
+        assert!(
+            err.to_string().starts_with("HERALD_API_RATE_LIMIT"),
+            "{err}"
+        );
+        assert_eq!(Config::default().api_rate_limit, 0);
     }
 
     #[test]

@@ -18,3 +18,4 @@ pub mod operator;
 pub mod outbox;
 pub mod server;
 pub mod store;
+pub mod tls;

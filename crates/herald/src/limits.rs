@@ -111,9 +111,69 @@ impl LoginLimiter {
     }
 }
 
+/// `HERALD_API_RATE_LIMIT`: requests per second per caller (the admin
+/// token, each application token, each dashboard or portal session), with
+/// bursts of as many. Per process, like the sessions: with N API processes
+/// a caller may make N times as many.
+pub struct RateLimit {
+    limiter: Option<governor::DefaultKeyedRateLimiter<String>>,
+}
+
+/// Callers tracked before the forgotten ones are swept out.
+const RATE_KEYS_SWEPT_PAST: usize = 100_000;
+
+impl RateLimit {
+    /// `per_second` 0: no limit.
+    pub fn new(per_second: u32) -> Self {
+        RateLimit {
+            limiter: std::num::NonZeroU32::new(per_second)
+                .map(|n| governor::RateLimiter::keyed(governor::Quota::per_second(n))),
+        }
+    }
+
+    /// Counts one request of `caller`; `Err(wait)` when it is over its
+    /// rate, `wait` being how long until one more would be let through.
+    pub fn check(&self, caller: &str) -> Result<(), Duration> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        if limiter.len() > RATE_KEYS_SWEPT_PAST {
+            limiter.retain_recent();
+        }
+        let key = caller.to_owned();
+        limiter.check_key(&key).map_err(|not_until| {
+            use governor::clock::Clock;
+            not_until.wait_time_from(governor::clock::DefaultClock::default().now())
+        })
+    }
+}
+
+/// Whole seconds for a `Retry-After` header: rounded up, at least 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_limit_is_per_caller_and_off_at_zero() {
+        let limit = RateLimit::new(3);
+        for _ in 0..3 {
+            assert!(limit.check("a").is_ok());
+        }
+        let wait = limit.check("a").expect_err("a is over its rate");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(1),
+            "{wait:?}"
+        );
+        assert!(limit.check("b").is_ok(), "b has its own bucket");
+        let off = RateLimit::new(0);
+        assert!((0..10_000).all(|_| off.check("a").is_ok()));
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1500)), 2);
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("address")

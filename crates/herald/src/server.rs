@@ -212,6 +212,7 @@ pub async fn start(
             ),
             known_tokens: Default::default(),
             max_headers_per_endpoint: config.max_headers_per_endpoint,
+            rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });
         // Every request's body has its deadline; trailing slashes are
@@ -226,12 +227,26 @@ pub async fn start(
         );
         let local = listener.local_addr()?;
         addr = Some(local);
+        let tls = match &config.tls {
+            None => None,
+            Some((cert, key)) => {
+                let tls = crate::tls::ListenerTls::load(cert, key)?;
+                background.push(tokio::spawn(tls.clone().reload_on_hangup(shutdown.clone())));
+                Some(tls)
+            }
+        };
+        let https = tls.is_some();
         let limits = ListenerLimits {
             header_timeout: config.header_timeout,
             max_connections_per_ip: config.max_connections_per_ip,
+            tls,
         };
+        let app = tower::Layer::layer(
+            &axum::middleware::from_fn_with_state(https, secure_transport),
+            app,
+        );
         server = Some(tokio::spawn(serve(listener, app, limits, shutdown.clone())));
-        tracing::info!(addr = %local, ?role, "herald is serving");
+        tracing::info!(addr = %local, ?role, https, "herald is serving");
     } else {
         tracing::info!(?role, "herald worker is running");
     }
@@ -251,6 +266,38 @@ pub async fn start(
 struct ListenerLimits {
     header_timeout: Duration,
     max_connections_per_ip: usize,
+    /// HTTPS only, when set.
+    tls: Option<Arc<crate::tls::ListenerTls>>,
+}
+
+/// Over HTTPS: every cookie is `Secure` and browsers are told to come back
+/// over HTTPS only (HSTS). Over plain HTTP nothing changes.
+async fn secure_transport(State(https): State<bool>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if !https {
+        return response;
+    }
+    let headers = response.headers_mut();
+    let cookies: Vec<_> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    if !cookies.is_empty() {
+        headers.remove(header::SET_COOKIE);
+        for cookie in cookies {
+            let secure = [cookie.as_bytes(), b"; Secure"].concat();
+            match header::HeaderValue::from_bytes(&secure) {
+                Ok(v) => headers.append(header::SET_COOKIE, v),
+                Err(_) => headers.append(header::SET_COOKIE, cookie),
+            };
+        }
+    }
+    headers.insert(
+        header::STRICT_TRANSPORT_SECURITY,
+        header::HeaderValue::from_static("max-age=31536000"),
+    );
+    response
 }
 
 /// Serves `app` on `listener` until `shutdown`, then waits for the
@@ -304,9 +351,39 @@ where
         let service = TowerToHyperService::new(
             service.map_request(|r: axum::http::Request<hyper::body::Incoming>| r.map(Body::new)),
         );
-        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let watcher = graceful.watcher();
+        let http = http.clone();
+        let tls = limits.tls.as_ref().map(|tls| tls.acceptor());
+        let handshake_timeout = limits.header_timeout;
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let ended = match tls {
+                None => {
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+                // The handshake counts against the header timeout: a
+                // client that opens a connection and says nothing is
+                // closed as on plain HTTP.
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            watcher
+                                .watch(http.serve_connection(TokioIo::new(stream), service))
+                                .await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(client = %remote, error = %e, "TLS handshake failed");
+                            Ok(())
+                        }
+                        Err(_) => {
+                            tracing::debug!(client = %remote, "TLS handshake timed out");
+                            Ok(())
+                        }
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 // Timeouts and clients going away end up here.
                 tracing::debug!(client = %remote, error = %e, "connection ended");
             }

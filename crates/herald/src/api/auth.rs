@@ -221,6 +221,12 @@ pub async fn require_token(
         Err(e) => return e.into_response(),
     };
     state.known_tokens.remember(client, digest);
+    if let Err(wait) = state.rate_limit.check(principal.scope()) {
+        return ApiError::TooManyRequests {
+            retry_after_secs: crate::limits::retry_after_secs(wait),
+        }
+        .into_response();
+    }
 
     let (mut parts, body) = request.into_parts();
     let lookup = match resolve_path_app(&state, &mut parts).await {

@@ -91,6 +91,8 @@ pub struct ApiShared {
     pub known_tokens: auth::KnownTokens,
     /// `HERALD_MAX_HEADERS_PER_ENDPOINT`.
     pub max_headers_per_endpoint: usize,
+    /// `HERALD_API_RATE_LIMIT`, per caller.
+    pub rate_limit: Arc<crate::limits::RateLimit>,
 }
 
 /// Remembers which application an id or uid names, so that creating a

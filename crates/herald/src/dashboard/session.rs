@@ -171,6 +171,20 @@ impl FromRequestParts<ApiState> for Authed {
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
         let found = cookie(&parts.headers, COOKIE).and_then(|id| state.dashboard.find(id));
+        if let Some((key, _)) = &found {
+            // The session's own rate, keyed by a digest prefix that names
+            // it without being the cookie.
+            let caller = format!("dashboard:{}", hex::encode(&key[..8]));
+            if let Err(wait) = state.rate_limit.check(&caller) {
+                let secs = crate::limits::retry_after_secs(wait);
+                return Err((
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, secs.to_string())],
+                    format!("Too many requests from this session: try again in {secs} s."),
+                )
+                    .into_response());
+            }
+        }
         match found {
             Some((key, csrf)) => Ok(Authed {
                 sessions: state.dashboard.clone(),

@@ -37,51 +37,155 @@ pub struct Sender {
 struct Lane {
     client: reqwest::Client,
     policy: NetworkPolicy,
+    /// The client's proxy resolves target names itself (an `http://` or
+    /// `socks5h://` proxy), so the connect-time guard never sees them:
+    /// the name is resolved and checked before the request instead.
+    proxy_resolves: bool,
+    /// The proxy's host: exempt from the guard when the client resolves it,
+    /// so a target of that name is checked before the request too.
+    proxy_host: Option<String>,
+}
+
+/// How the lanes reach receivers: the proxy, and the roots they trust.
+struct Egress {
+    proxy: Option<String>,
+    no_proxy: Option<String>,
+    roots: Vec<reqwest::Certificate>,
+    system_roots: bool,
+}
+
+impl Egress {
+    fn of(config: &Config) -> anyhow::Result<Self> {
+        let roots = match &config.ca_bundle {
+            None => Vec::new(),
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|e| {
+                    anyhow::anyhow!("HERALD_CA_BUNDLE: cannot read {}: {e}", path.display())
+                })?;
+                let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                    anyhow::anyhow!("HERALD_CA_BUNDLE: {} is not PEM: {e}", path.display())
+                })?;
+                if roots.is_empty() {
+                    anyhow::bail!("HERALD_CA_BUNDLE: {} holds no certificate", path.display());
+                }
+                roots
+            }
+        };
+        Ok(Egress {
+            proxy: config.proxy_url.clone(),
+            no_proxy: config.no_proxy.clone(),
+            roots,
+            system_roots: config.tls_system_roots,
+        })
+    }
 }
 
 impl Lane {
-    fn new(config: &Config, policy: NetworkPolicy) -> anyhow::Result<Self> {
-        Ok(Lane {
-            client: Sender::client(config, policy)?,
-            policy,
-        })
-    }
-}
-
-impl Sender {
-    pub fn new(config: &Config) -> anyhow::Result<Self> {
-        Ok(Sender {
-            customers: Lane::new(
-                config,
-                NetworkPolicy {
-                    allow_private: config.allow_private_networks,
-                },
-            )?,
-            trusted: Lane::new(
-                config,
-                NetworkPolicy {
-                    allow_private: true,
-                },
-            )?,
-        })
-    }
-
-    fn client(config: &Config, policy: NetworkPolicy) -> anyhow::Result<reqwest::Client> {
-        let client = reqwest::Client::builder()
+    fn new(
+        config: &Config,
+        egress: &Egress,
+        policy: NetworkPolicy,
+        proxied: bool,
+    ) -> anyhow::Result<Self> {
+        let proxy = egress.proxy.as_deref().filter(|_| proxied);
+        let mut builder = reqwest::Client::builder()
             .user_agent(USER_AGENT)
             // Redirects are never followed: a 3xx is the receiver's answer.
             .redirect(reqwest::redirect::Policy::none())
-            // Proxies from the environment would bypass the SSRF guard.
-            .no_proxy()
             .http1_only()
             .tcp_nodelay(true)
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(config.endpoint_concurrency.max(1))
-            .dns_resolver(std::sync::Arc::new(GuardedResolver { policy }))
-            .build()?;
-        Ok(client)
+            .tls_built_in_native_certs(egress.system_roots);
+        for root in &egress.roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+        let guarded = GuardedResolver { policy };
+        builder = match proxy {
+            // Proxies from the environment would bypass the SSRF guard:
+            // only the configured one is used.
+            None => builder
+                .no_proxy()
+                .dns_resolver(std::sync::Arc::new(guarded)),
+            Some(proxy_url) => {
+                let url = url::Url::parse(proxy_url)?;
+                let proxy = reqwest::Proxy::all(proxy_url)
+                    .map_err(|e| anyhow::anyhow!("HERALD_PROXY_URL: {e}"))?
+                    .no_proxy(
+                        egress
+                            .no_proxy
+                            .as_deref()
+                            .and_then(reqwest::NoProxy::from_string),
+                    );
+                // The proxy is the operator's: its own name may be an
+                // internal one, so it is resolved without the guard.
+                let resolver = ProxyAwareResolver {
+                    guarded,
+                    proxy_host: url.host_str().unwrap_or_default().to_owned(),
+                };
+                builder
+                    .proxy(proxy)
+                    .dns_resolver(std::sync::Arc::new(resolver))
+            }
+        };
+        let proxy_resolves = proxy.is_some_and(|p| !p.starts_with("socks5://"));
+        let proxy_host = proxy
+            .and_then(|p| url::Url::parse(p).ok())
+            .and_then(|u| u.host_str().map(str::to_owned));
+        Ok(Lane {
+            client: builder.build()?,
+            policy,
+            proxy_resolves,
+            proxy_host,
+        })
+    }
+}
+
+/// Resolves the proxy's own host as it is, every other name (the targets a
+/// `socks5://` proxy is handed as addresses, and those in
+/// `HERALD_NO_PROXY`) through the guard.
+struct ProxyAwareResolver {
+    guarded: GuardedResolver,
+    proxy_host: String,
+}
+
+impl reqwest::dns::Resolve for ProxyAwareResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        if name.as_str().eq_ignore_ascii_case(&self.proxy_host) {
+            return GuardedResolver {
+                policy: NetworkPolicy {
+                    allow_private: true,
+                },
+            }
+            .resolve(name);
+        }
+        self.guarded.resolve(name)
+    }
+}
+
+impl Sender {
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        let egress = Egress::of(config)?;
+        Ok(Sender {
+            customers: Lane::new(
+                config,
+                &egress,
+                NetworkPolicy {
+                    allow_private: config.allow_private_networks,
+                },
+                true,
+            )?,
+            trusted: Lane::new(
+                config,
+                &egress,
+                NetworkPolicy {
+                    allow_private: true,
+                },
+                config.operator_webhook_via_proxy,
+            )?,
+        })
     }
 
     /// Sends attempt number `attempt_number` of `d`. Never fails: every
@@ -108,6 +212,19 @@ impl Sender {
             Ok(url) => url,
             Err(e) => return failed(format!("refused: {e}")),
         };
+        // Behind a proxy that resolves names, Herald checks the addresses
+        // the name has as Herald sees them (the proxy may see others: see
+        // README, "Egress proxy").
+        let names_proxy = || {
+            let proxy = lane.proxy_host.as_deref()?;
+            let target = url::Url::parse(url.as_str()).ok()?;
+            Some(target.host_str()?.eq_ignore_ascii_case(proxy))
+        };
+        if lane.proxy_resolves || names_proxy() == Some(true) {
+            if let Err(e) = lane.policy.check_resolved(&url).await {
+                return failed(format!("refused: {e}"));
+            }
+        }
         // The current secret first, then those a rotation keeps valid.
         let secrets = match std::iter::once(&d.secret)
             .chain(d.old_secrets.iter())

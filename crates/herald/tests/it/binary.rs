@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 
 use crate::helpers::{closed_port, header_text, wait_healthy, Remote, PATIENCE, TOKEN};
 
-fn herald() -> Command {
+pub(crate) fn herald() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
     // Start from a clean slate: no HERALD_* from the developer's shell.
     for (k, _) in std::env::vars() {
@@ -28,14 +28,14 @@ fn herald() -> Command {
     cmd
 }
 
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
+    pub(crate) addr: SocketAddr,
     first_line: String,
 }
 
 /// Starts `herald serve` and waits (bounded) until /healthz answers.
-async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
+pub(crate) async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
     let port = closed_port().await;
     let mut cmd = herald();
     cmd.arg("serve")

@@ -1,0 +1,108 @@
+//! The listener's HTTPS (`HERALD_TLS_CERT`, `HERALD_TLS_KEY`): rustls with
+//! the certificate chain and key read from PEM files, read again on SIGHUP
+//! so a renewed certificate needs no restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+/// What a load or reload failed on, naming the file and the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("HERALD_TLS_CERT: cannot read a certificate chain from {path}: {message}")]
+    Cert { path: PathBuf, message: String },
+    #[error("HERALD_TLS_KEY: cannot read a private key from {path}: {message}")]
+    Key { path: PathBuf, message: String },
+    #[error("HERALD_TLS_CERT/HERALD_TLS_KEY: {0}")]
+    Config(String),
+}
+
+/// The certificate in use, and where to read it again.
+pub struct ListenerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl ListenerTls {
+    pub fn load(cert: &Path, key: &Path) -> Result<Arc<Self>, TlsError> {
+        Ok(Arc::new(ListenerTls {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            current: RwLock::new(Arc::new(server_config(cert, key)?)),
+        }))
+    }
+
+    /// For one connection's handshake: the certificate loaded last.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        TlsAcceptor::from(current.clone())
+    }
+
+    /// Reads the files again; on failure the certificate in use stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = Arc::new(server_config(&self.cert, &self.key)?);
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// Reloads on every SIGHUP until `shutdown`.
+    pub async fn reload_on_hangup(self: Arc<Self>, shutdown: CancellationToken) {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGHUP: the TLS certificate will not be reloaded");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            match self.reload() {
+                Ok(()) => tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "TLS certificate not reloaded; the previous one stays in use")
+                }
+            }
+        }
+    }
+}
+
+fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::Cert {
+            path: cert.to_owned(),
+            message: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::Cert {
+            path: cert.to_owned(),
+            message: "no CERTIFICATE block".into(),
+        });
+    }
+    let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
+        path: key.to_owned(),
+        message: e.to_string(),
+    })?;
+    // The provider is named: with more than one compiled in (other crates
+    // bring aws-lc-rs), rustls would not pick one by itself.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, private_key)
+        .map_err(|e| TlsError::Config(format!("the key does not fit the certificate: {e}")))?;
+    // The listener speaks HTTP/1.1 only (see server::serve).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
