@@ -15,6 +15,7 @@ mod listener_and_operator;
 mod metrics;
 mod openapi;
 mod outbox;
+mod parsers_fuzzed;
 mod scale_out;
 mod sdk;
 mod security;
