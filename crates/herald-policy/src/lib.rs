@@ -81,11 +81,13 @@ impl Jitter {
         } else {
             0.0
         };
+        // `mul_f64` goes through an f64 of seconds, which can round up
+        // for delays of months and more: the `min` keeps the promise.
         match self {
-            Jitter::Full => delay.mul_f64(unit),
+            Jitter::Full => delay.mul_f64(unit).min(delay),
             Jitter::Equal => {
                 let half = delay / 2;
-                half + (delay - half).mul_f64(unit)
+                (half + (delay - half).mul_f64(unit)).min(delay)
             }
             Jitter::None => delay,
         }
@@ -331,5 +333,7 @@ pub fn parse_schedule(s: &str) -> Result<Vec<Duration>, String> {
     s.split(',').map(parse_duration).collect()
 }
 
+#[cfg(test)]
+mod proptests;
 #[cfg(test)]
 mod tests;

@@ -91,6 +91,9 @@ pub fn signature_header<'a>(
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -189,6 +189,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
 }
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -27,7 +27,7 @@ pub struct MessageIn {
     pub event_type: String,
     /// Kept as the exact JSON text the client sent: it is what receivers
     /// get. Any JSON value (Svix sends an object), at most 1 MiB, nested
-    /// at most 128 deep.
+    /// at most 127 deep.
     #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     /// Unique per application: a repeat is a 409.

@@ -40,8 +40,9 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// The deepest nesting of arrays and objects a payload may have (422
 /// deeper): serde_json's own limit, so any receiver parsing with its
 /// defaults can read what Herald accepts, and no page or tool of Herald's
-/// meets a payload nested thousands deep.
-pub const MAX_PAYLOAD_DEPTH: usize = 128;
+/// meets a payload nested thousands deep. (serde_json counts down from 128
+/// and refuses the level that reaches 0: 127 levels is the most it reads.)
+pub const MAX_PAYLOAD_DEPTH: usize = 127;
 /// Request bodies may carry a little more than the payload (other fields).
 pub const MAX_BODY_BYTES: usize = MAX_PAYLOAD_BYTES + 64 * 1024;
 

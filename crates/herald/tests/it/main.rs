@@ -18,6 +18,7 @@ mod listener_tls;
 mod metrics;
 mod openapi;
 mod outbox;
+mod parsers_fuzzed;
 mod scale_out;
 mod sdk;
 mod security;
