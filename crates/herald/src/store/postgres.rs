@@ -521,7 +521,7 @@ async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> StoreResult<()>
 
 impl PostgresStore {
     /// Stores `batch` with its deliveries; claims some of them when
-    /// `claim` is given (see [`Store::insert_messages_claiming`]).
+    /// `claim` is given (see [`Queue::insert_messages_claiming`]).
     async fn ingest(
         &self,
         batch: &[NewMessage],
@@ -775,7 +775,7 @@ impl PostgresStore {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
+impl Settings for PostgresStore {
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
             .bind(key)
@@ -805,6 +805,17 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Apps for PostgresStore {
     async fn create_app(&self, app: &App) -> StoreResult<()> {
         let metadata = to_json(&app.metadata)?;
         sqlx::query(
@@ -930,7 +941,10 @@ impl Store for PostgresStore {
         )
         .await
     }
+}
 
+#[async_trait]
+impl Endpoints for PostgresStore {
     async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
@@ -1058,6 +1072,241 @@ impl Store for PostgresStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT secret, old_secrets FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else { return Ok(false) };
+        let old = rotated_old_secrets(
+            &get::<String>(&row, "old_secrets")?,
+            &get::<String>(&row, "secret")?,
+            grace_until,
+            now,
+        )?;
+        sqlx::query(
+            "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
+        )
+        .bind(new_secret)
+        .bind(old)
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {STATUS_COLUMNS} FROM endpoints WHERE id = $1"
+        )))
+        .bind(ep.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(status_from_row).transpose()
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        // Its pending deliveries are held from the same statement on: out
+        // of the claim index, and found by retention's age cap. (Claims
+        // hold those made pending later; one a claim is taking right now
+        // is waited for, then seen delivering and left alone.)
+        let n: i64 = sqlx::query_scalar(
+            "WITH off AS ( \
+                 UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
+                 disabled_at = $3, updated_at = $3 \
+                 WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5) \
+                 RETURNING id), \
+             held AS ( \
+                 UPDATE deliveries SET held = TRUE \
+                 WHERE endpoint_id IN (SELECT id FROM off) AND state = 0 AND NOT held) \
+             SELECT count(*) FROM off",
+        )
+        .bind(reason)
+        .bind(if auto { "auto" } else { "operator" })
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(streak_started_at)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(n == 1)
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let was: Option<bool> = sqlx::query_scalar(
+            "SELECT disabled FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(was) = was else { return Ok(None) };
+        if !was {
+            // Nothing is held for an enabled endpoint: the age cap at
+            // enable is for deliveries that waited while it was off.
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Some(EnableReport::default()));
+        }
+        sqlx::query(
+            "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
+             disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Held past the age cap: dead now, and replayable like any other.
+        let expired = sqlx::query(
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, \
+             next_attempt_at = $1, updated_at = $1 \
+             WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(too_old_before)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        // Its held deliveries are claimable again. (The row lock above
+        // waited for any claim holding more of them: these statements
+        // see what it held.)
+        unhold(&mut tx, ep).await?;
+        self.notify_in(&mut tx).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(EnableReport {
+            was_disabled: true,
+            expired,
+        }))
+    }
+}
+
+#[async_trait]
+impl EventTypes for PostgresStore {
+    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
+        let done = sqlx::query(
+            "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
+             group_name, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&et.name)
+        .bind(&et.description)
+        .bind(et.archived)
+        .bind(et.deprecated)
+        .bind(et.schemas.as_deref())
+        .bind(et.feature_flag.as_deref())
+        .bind(et.group_name.as_deref())
+        .bind(et.created_at)
+        .bind(et.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!(
+                "an event type named `{}` already exists",
+                et.name
+            )));
+        }
+        Ok(())
+    }
+
+    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
+        let row = sqlx::query("SELECT * FROM event_types WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.as_ref().map(event_type_from_row).transpose()
+    }
+
+    async fn list_event_types(
+        &self,
+        include_archived: bool,
+        page: &PageReq,
+    ) -> StoreResult<Page<EventType>> {
+        let sql = if include_archived {
+            "SELECT * FROM event_types WHERE TRUE"
+        } else {
+            "SELECT * FROM event_types WHERE NOT archived"
+        };
+        self.page_of(sql, "name", Vec::new(), page, event_type_from_row)
+            .await
+    }
+
+    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE event_types SET description = $1, archived = $2, deprecated = $3, schemas = $4, \
+             feature_flag = $5, group_name = $6, updated_at = $7 WHERE name = $8",
+        )
+        .bind(&et.description)
+        .bind(et.archived)
+        .bind(et.deprecated)
+        .bind(et.schemas.as_deref())
+        .bind(et.feature_flag.as_deref())
+        .bind(et.group_name.as_deref())
+        .bind(et.updated_at)
+        .bind(&et.name)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
+        let done = sqlx::query("DELETE FROM event_types WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT n FROM UNNEST($1::text[]) AS u(n) \
+             WHERE NOT EXISTS (SELECT 1 FROM event_types WHERE name = u.n)",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+}
+
+#[async_trait]
+impl Queue for PostgresStore {
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
         Ok(self.ingest(batch, None).await?.0)
     }
@@ -1068,19 +1317,6 @@ impl Store for PostgresStore {
         req: &ClaimRequest<'_>,
     ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
         self.ingest(batch, Some(IngestClaim::new(req))).await
-    }
-
-    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1 AND (id = $2 OR event_id = $2) \
-             ORDER BY id = $2 DESC LIMIT 1"
-        )))
-        .bind(app.as_str())
-        .bind(id_or_event_id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(message_from_row).transpose()
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
@@ -1396,45 +1632,23 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.id = $1 AND d.app_id = $2"
-        )))
-        .bind(id.as_str())
-        .bind(app.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(delivery_from_row).transpose()
-    }
-
-    async fn list_deliveries_of_message(
-        &self,
-        app: &AppId,
-        msg: &MsgId,
-    ) -> StoreResult<Vec<Delivery>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-             WHERE d.msg_id = $1 AND d.app_id = $2 ORDER BY d.id"
-        )))
-        .bind(msg.as_str())
-        .bind(app.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        map_rows(&rows, delivery_from_row)
-    }
-
-    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
-        let (cond, args) = dead_filter_sql(filter, 1);
-        let sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
-        );
-        self.page_of(&sql, "d.id", args, page, delivery_from_row)
+    async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
+        let listener = start_listener(&self.pool, &self.wake_channel)
             .await
+            .map_err(map_err)?;
+        tokio::spawn(listen_loop(
+            listener,
+            self.pool.clone(),
+            self.wake_channel.clone(),
+            wake,
+            self.closing.clone(),
+        ));
+        Ok(())
     }
+}
 
+#[async_trait]
+impl Replay for PostgresStore {
     async fn replay_dead_matching(
         &self,
         filter: &DeadFilter,
@@ -1546,6 +1760,61 @@ impl Store for PostgresStore {
         self.notify_in(&mut tx).await?;
         tx.commit().await.map_err(map_err)?;
         Ok(ResendOutcome::Queued)
+    }
+}
+
+#[async_trait]
+impl History for PostgresStore {
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1 AND (id = $2 OR event_id = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        )))
+        .bind(app.as_str())
+        .bind(id_or_event_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(message_from_row).transpose()
+    }
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.id = $1 AND d.app_id = $2"
+        )))
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(delivery_from_row).transpose()
+    }
+
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.msg_id = $1 AND d.app_id = $2 ORDER BY d.id"
+        )))
+        .bind(msg.as_str())
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, delivery_from_row)
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, args) = dead_filter_sql(filter, 1);
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
+        );
+        self.page_of(&sql, "d.id", args, page, delivery_from_row)
+            .await
     }
 
     async fn list_attempts(
@@ -1669,7 +1938,10 @@ impl Store for PostgresStore {
         )
         .await
     }
+}
 
+#[async_trait]
+impl Health for PostgresStore {
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
         let rows = sqlx::query(
             "SELECT state, count(*) AS n FROM deliveries WHERE endpoint_id = $1 GROUP BY state",
@@ -1685,6 +1957,232 @@ impl Store for PostgresStore {
         Ok(counts)
     }
 
+    async fn endpoint_stats(
+        &self,
+        ep: &EndpointId,
+        since: Millis,
+    ) -> StoreResult<Vec<StatsBucket>> {
+        let rows = sqlx::query(
+            "SELECT * FROM endpoint_stats WHERE endpoint_id = $1 AND bucket >= $2 ORDER BY bucket",
+        )
+        .bind(ep.as_str())
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, stats_from_row)
+    }
+
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, a.name AS app_name \
+             FROM endpoints e JOIN applications a ON a.id = e.app_id \
+             WHERE ($1::text IS NULL OR e.app_id = $1) \
+             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
+        )))
+        .bind(app.map(|a| a.as_str()))
+        .bind(i64_of(limit))
+        .bind(i64_of(offset))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(EndpointOverview {
+                    endpoint: endpoint_from_row(r)?,
+                    app_name: get(r, "app_name")?,
+                    status: status_from_row(r)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
+        // Each count walks a partial index, never the history.
+        // (Held deliveries are pending, and due once their time has come.)
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
+                 + (SELECT count(*) FROM deliveries WHERE held) AS pending, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
+               (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
+               (SELECT count(*) FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
+                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
+               LEAST((SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
+                     (SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
+               (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let u = |col: &str| -> StoreResult<u64> {
+            Ok(u64::try_from(get::<i64>(&row, col)?).unwrap_or(0))
+        };
+        Ok(QueueStats {
+            pending: u("pending")?,
+            delivering: u("delivering")?,
+            dead: u("dead")?,
+            due: u("due")?,
+            oldest_due_at: get(&row, "oldest")?,
+            disabled_endpoints: u("disabled")?,
+        })
+    }
+}
+
+#[async_trait]
+impl Tokens for PostgresStore {
+    async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO api_tokens (id, app_id, sha256, name, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&token.id)
+        .bind(token.app_id.as_str())
+        .bind(sha256_hex)
+        .bind(&token.name)
+        .bind(token.created_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>> {
+        let row =
+            sqlx::query("SELECT id, app_id, name, created_at FROM api_tokens WHERE sha256 = $1")
+                .bind(sha256_hex)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
+        row.as_ref().map(token_from_row).transpose()
+    }
+
+    async fn list_tokens(&self, app: &AppId) -> StoreResult<Vec<ApiToken>> {
+        let rows = sqlx::query(
+            "SELECT id, app_id, name, created_at FROM api_tokens WHERE app_id = $1 ORDER BY id",
+        )
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, token_from_row)
+    }
+
+    async fn delete_token(&self, app: &AppId, id: &str) -> StoreResult<bool> {
+        let done = sqlx::query("DELETE FROM api_tokens WHERE id = $1 AND app_id = $2")
+            .bind(id)
+            .bind(app.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn idempotency_begin(
+        &self,
+        scope: &str,
+        key: &str,
+        request_hash: &str,
+        now: Millis,
+        valid_after: Millis,
+        stale_before: Millis,
+    ) -> StoreResult<IdemBegin> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // Concurrent first requests: one inserts, the other waits on its
+        // row and then sees it (in progress, or done).
+        let inserted = sqlx::query(
+            "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
+             VALUES ($1, $2, $3, 0, '', $4) ON CONFLICT DO NOTHING",
+        )
+        .bind(scope)
+        .bind(key)
+        .bind(request_hash)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        if inserted == 1 {
+            tx.commit().await.map_err(map_err)?;
+            return Ok(IdemBegin::Fresh);
+        }
+        let row = sqlx::query(
+            "SELECT request_hash, status, body, created_at FROM idempotency \
+             WHERE scope = $1 AND key = $2 FOR UPDATE",
+        )
+        .bind(scope)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let found = match &row {
+            Some(r) => Some((
+                get::<String>(r, "request_hash")?,
+                i64::from(get::<i32>(r, "status")?),
+                get::<String>(r, "body")?,
+                get::<i64>(r, "created_at")?,
+            )),
+            None => None,
+        };
+        let verdict = idem_verdict(found, request_hash, valid_after, stale_before);
+        if verdict == IdemBegin::Fresh {
+            sqlx::query(
+                "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
+                 VALUES ($1, $2, $3, 0, '', $4) \
+                 ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
+                 status = 0, body = '', created_at = excluded.created_at",
+            )
+            .bind(scope)
+            .bind(key)
+            .bind(request_hash)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(verdict)
+    }
+
+    async fn idempotency_finish(
+        &self,
+        scope: &str,
+        key: &str,
+        status: u16,
+        body: &str,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE idempotency SET status = $1, body = $2 WHERE scope = $3 AND key = $4")
+            .bind(i32::from(status))
+            .bind(body)
+            .bind(scope)
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn idempotency_abort(&self, scope: &str, key: &str) -> StoreResult<()> {
+        sqlx::query("DELETE FROM idempotency WHERE scope = $1 AND key = $2 AND status = 0")
+            .bind(scope)
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Retention for PostgresStore {
     async fn prune(
         &self,
         finished_before: Millis,
@@ -1852,160 +2350,6 @@ impl Store for PostgresStore {
         Ok(n)
     }
 
-    async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
-        let listener = start_listener(&self.pool, &self.wake_channel)
-            .await
-            .map_err(map_err)?;
-        tokio::spawn(listen_loop(
-            listener,
-            self.pool.clone(),
-            self.wake_channel.clone(),
-            wake,
-            self.closing.clone(),
-        ));
-        Ok(())
-    }
-
-    async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO api_tokens (id, app_id, sha256, name, created_at) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&token.id)
-        .bind(token.app_id.as_str())
-        .bind(sha256_hex)
-        .bind(&token.name)
-        .bind(token.created_at)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>> {
-        let row =
-            sqlx::query("SELECT id, app_id, name, created_at FROM api_tokens WHERE sha256 = $1")
-                .bind(sha256_hex)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-        row.as_ref().map(token_from_row).transpose()
-    }
-
-    async fn list_tokens(&self, app: &AppId) -> StoreResult<Vec<ApiToken>> {
-        let rows = sqlx::query(
-            "SELECT id, app_id, name, created_at FROM api_tokens WHERE app_id = $1 ORDER BY id",
-        )
-        .bind(app.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        map_rows(&rows, token_from_row)
-    }
-
-    async fn delete_token(&self, app: &AppId, id: &str) -> StoreResult<bool> {
-        let done = sqlx::query("DELETE FROM api_tokens WHERE id = $1 AND app_id = $2")
-            .bind(id)
-            .bind(app.as_str())
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn idempotency_begin(
-        &self,
-        scope: &str,
-        key: &str,
-        request_hash: &str,
-        now: Millis,
-        valid_after: Millis,
-        stale_before: Millis,
-    ) -> StoreResult<IdemBegin> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        // Concurrent first requests: one inserts, the other waits on its
-        // row and then sees it (in progress, or done).
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
-             VALUES ($1, $2, $3, 0, '', $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(scope)
-        .bind(key)
-        .bind(request_hash)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        if inserted == 1 {
-            tx.commit().await.map_err(map_err)?;
-            return Ok(IdemBegin::Fresh);
-        }
-        let row = sqlx::query(
-            "SELECT request_hash, status, body, created_at FROM idempotency \
-             WHERE scope = $1 AND key = $2 FOR UPDATE",
-        )
-        .bind(scope)
-        .bind(key)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let found = match &row {
-            Some(r) => Some((
-                get::<String>(r, "request_hash")?,
-                i64::from(get::<i32>(r, "status")?),
-                get::<String>(r, "body")?,
-                get::<i64>(r, "created_at")?,
-            )),
-            None => None,
-        };
-        let verdict = idem_verdict(found, request_hash, valid_after, stale_before);
-        if verdict == IdemBegin::Fresh {
-            sqlx::query(
-                "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
-                 VALUES ($1, $2, $3, 0, '', $4) \
-                 ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
-                 status = 0, body = '', created_at = excluded.created_at",
-            )
-            .bind(scope)
-            .bind(key)
-            .bind(request_hash)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(verdict)
-    }
-
-    async fn idempotency_finish(
-        &self,
-        scope: &str,
-        key: &str,
-        status: u16,
-        body: &str,
-    ) -> StoreResult<()> {
-        sqlx::query("UPDATE idempotency SET status = $1, body = $2 WHERE scope = $3 AND key = $4")
-            .bind(i32::from(status))
-            .bind(body)
-            .bind(scope)
-            .bind(key)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn idempotency_abort(&self, scope: &str, key: &str) -> StoreResult<()> {
-        sqlx::query("DELETE FROM idempotency WHERE scope = $1 AND key = $2 AND status = 0")
-            .bind(scope)
-            .bind(key)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
         let done = sqlx::query("DELETE FROM idempotency WHERE created_at < $1")
             .bind(before)
@@ -2029,322 +2373,5 @@ impl Store for PostgresStore {
         .await
         .map_err(map_err)?;
         Ok(done.rows_affected())
-    }
-
-    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
-        let done = sqlx::query(
-            "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
-             group_name, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(&et.name)
-        .bind(&et.description)
-        .bind(et.archived)
-        .bind(et.deprecated)
-        .bind(et.schemas.as_deref())
-        .bind(et.feature_flag.as_deref())
-        .bind(et.group_name.as_deref())
-        .bind(et.created_at)
-        .bind(et.updated_at)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!(
-                "an event type named `{}` already exists",
-                et.name
-            )));
-        }
-        Ok(())
-    }
-
-    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
-        let row = sqlx::query("SELECT * FROM event_types WHERE name = $1")
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        row.as_ref().map(event_type_from_row).transpose()
-    }
-
-    async fn list_event_types(
-        &self,
-        include_archived: bool,
-        page: &PageReq,
-    ) -> StoreResult<Page<EventType>> {
-        let sql = if include_archived {
-            "SELECT * FROM event_types WHERE TRUE"
-        } else {
-            "SELECT * FROM event_types WHERE NOT archived"
-        };
-        self.page_of(sql, "name", Vec::new(), page, event_type_from_row)
-            .await
-    }
-
-    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
-        let done = sqlx::query(
-            "UPDATE event_types SET description = $1, archived = $2, deprecated = $3, schemas = $4, \
-             feature_flag = $5, group_name = $6, updated_at = $7 WHERE name = $8",
-        )
-        .bind(&et.description)
-        .bind(et.archived)
-        .bind(et.deprecated)
-        .bind(et.schemas.as_deref())
-        .bind(et.feature_flag.as_deref())
-        .bind(et.group_name.as_deref())
-        .bind(et.updated_at)
-        .bind(&et.name)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
-        let done = sqlx::query("DELETE FROM event_types WHERE name = $1")
-            .bind(name)
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
-        sqlx::query_scalar(
-            "SELECT n FROM UNNEST($1::text[]) AS u(n) \
-             WHERE NOT EXISTS (SELECT 1 FROM event_types WHERE name = u.n)",
-        )
-        .bind(names)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)
-    }
-
-    async fn rotate_secret(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        new_secret: &str,
-        grace_until: Millis,
-        now: Millis,
-    ) -> StoreResult<bool> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let row = sqlx::query(
-            "SELECT secret, old_secrets FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
-        )
-        .bind(ep.as_str())
-        .bind(app.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let Some(row) = row else { return Ok(false) };
-        let old = rotated_old_secrets(
-            &get::<String>(&row, "old_secrets")?,
-            &get::<String>(&row, "secret")?,
-            grace_until,
-            now,
-        )?;
-        sqlx::query(
-            "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
-        )
-        .bind(new_secret)
-        .bind(old)
-        .bind(now)
-        .bind(ep.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(true)
-    }
-
-    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
-        let row = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {STATUS_COLUMNS} FROM endpoints WHERE id = $1"
-        )))
-        .bind(ep.as_str())
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        row.as_ref().map(status_from_row).transpose()
-    }
-
-    async fn endpoint_stats(
-        &self,
-        ep: &EndpointId,
-        since: Millis,
-    ) -> StoreResult<Vec<StatsBucket>> {
-        let rows = sqlx::query(
-            "SELECT * FROM endpoint_stats WHERE endpoint_id = $1 AND bucket >= $2 ORDER BY bucket",
-        )
-        .bind(ep.as_str())
-        .bind(since)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        map_rows(&rows, stats_from_row)
-    }
-
-    async fn list_endpoint_overview(
-        &self,
-        app: Option<&AppId>,
-        offset: usize,
-        limit: usize,
-    ) -> StoreResult<Vec<EndpointOverview>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, a.name AS app_name \
-             FROM endpoints e JOIN applications a ON a.id = e.app_id \
-             WHERE ($1::text IS NULL OR e.app_id = $1) \
-             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
-        )))
-        .bind(app.map(|a| a.as_str()))
-        .bind(i64_of(limit))
-        .bind(i64_of(offset))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|r| {
-                Ok(EndpointOverview {
-                    endpoint: endpoint_from_row(r)?,
-                    app_name: get(r, "app_name")?,
-                    status: status_from_row(r)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn disable_endpoint(
-        &self,
-        ep: &EndpointId,
-        reason: &str,
-        auto: bool,
-        streak_started_at: Option<Millis>,
-        now: Millis,
-    ) -> StoreResult<bool> {
-        // Its pending deliveries are held from the same statement on: out
-        // of the claim index, and found by retention's age cap. (Claims
-        // hold those made pending later; one a claim is taking right now
-        // is waited for, then seen delivering and left alone.)
-        let n: i64 = sqlx::query_scalar(
-            "WITH off AS ( \
-                 UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
-                 disabled_at = $3, updated_at = $3 \
-                 WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5) \
-                 RETURNING id), \
-             held AS ( \
-                 UPDATE deliveries SET held = TRUE \
-                 WHERE endpoint_id IN (SELECT id FROM off) AND state = 0 AND NOT held) \
-             SELECT count(*) FROM off",
-        )
-        .bind(reason)
-        .bind(if auto { "auto" } else { "operator" })
-        .bind(now)
-        .bind(ep.as_str())
-        .bind(streak_started_at)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(n == 1)
-    }
-
-    async fn enable_endpoint(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        now: Millis,
-        too_old_before: Millis,
-    ) -> StoreResult<Option<EnableReport>> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let was: Option<bool> = sqlx::query_scalar(
-            "SELECT disabled FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
-        )
-        .bind(ep.as_str())
-        .bind(app.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let Some(was) = was else { return Ok(None) };
-        if !was {
-            // Nothing is held for an enabled endpoint: the age cap at
-            // enable is for deliveries that waited while it was off.
-            tx.rollback().await.map_err(map_err)?;
-            return Ok(Some(EnableReport::default()));
-        }
-        sqlx::query(
-            "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
-             disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
-        )
-        .bind(now)
-        .bind(ep.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        // Held past the age cap: dead now, and replayable like any other.
-        let expired = sqlx::query(
-            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, \
-             next_attempt_at = $1, updated_at = $1 \
-             WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
-        )
-        .bind(now)
-        .bind(ep.as_str())
-        .bind(too_old_before)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        // Its held deliveries are claimable again. (The row lock above
-        // waited for any claim holding more of them: these statements
-        // see what it held.)
-        unhold(&mut tx, ep).await?;
-        self.notify_in(&mut tx).await?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(Some(EnableReport {
-            was_disabled: true,
-            expired,
-        }))
-    }
-
-    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
-        // Each count walks a partial index, never the history.
-        // (Held deliveries are pending, and due once their time has come.)
-        let row = sqlx::query(
-            "SELECT \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
-                 + (SELECT count(*) FROM deliveries WHERE held) AS pending, \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
-               (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
-               (SELECT count(*) FROM deliveries \
-                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
-                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
-               LEAST((SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
-                     (SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
-               (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
-        )
-        .bind(now)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
-        let u = |col: &str| -> StoreResult<u64> {
-            Ok(u64::try_from(get::<i64>(&row, col)?).unwrap_or(0))
-        };
-        Ok(QueueStats {
-            pending: u("pending")?,
-            delivering: u("delivering")?,
-            dead: u("dead")?,
-            due: u("due")?,
-            oldest_due_at: get(&row, "oldest")?,
-            disabled_endpoints: u("disabled")?,
-        })
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(())
     }
 }

@@ -1069,7 +1069,7 @@ fn stats_from_row(r: &Row<'_>) -> StoreResult<StatsBucket> {
     })
 }
 
-/// One batch of retention (see `Store::prune`), in the writer's
+/// One batch of retention (see `Retention::prune`), in the writer's
 /// transaction. Dead deliveries go first, so a message whose only
 /// unfinished delivery was one of them can go in the same call.
 fn prune_tx(
@@ -1183,7 +1183,7 @@ const REPLAY_SET: &str =
      manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1";
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Settings for SqliteStore {
     async fn get_setting(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_owned();
         self.read(move |c| {
@@ -1216,6 +1216,14 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(map_err))
+            .await
+    }
+}
+
+#[async_trait]
+impl Apps for SqliteStore {
     async fn create_app(&self, app: &App) -> StoreResult<()> {
         let app = app.clone();
         let metadata = to_json(&app.metadata)?;
@@ -1295,7 +1303,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Endpoints for SqliteStore {
     async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
         let ep = ep.clone();
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
@@ -1444,6 +1455,261 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep, new_secret) = (
+            app.as_str().to_owned(),
+            ep.as_str().to_owned(),
+            new_secret.to_owned(),
+        );
+        self.write(move |c| {
+            let current: Option<(String, String)> = c
+                .query_row(
+                    "SELECT secret, old_secrets FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some((secret, old)) = current else {
+                return Ok(false);
+            };
+            let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+            c.execute(
+                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
+                params![new_secret, old, now, ep],
+            )
+            .map_err(map_err)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM endpoints WHERE id = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![ep], status_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
+        let by = if auto { "auto" } else { "operator" };
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
+                     disabled_at = ?3, updated_at = ?3 \
+                     WHERE id = ?4 AND disabled = 0 AND (?5 IS NULL OR streak_started_at = ?5)",
+                    params![reason, by, now, ep, streak_started_at],
+                )
+                .map_err(map_err)?;
+            if n == 1 {
+                // Its pending deliveries are held from now on, parked or
+                // not: out of the claim index, and found by retention's age
+                // cap. (Claims hold those made pending later.)
+                c.execute(
+                    "UPDATE deliveries SET parked = 2 WHERE endpoint_id = ?1 AND state = 0",
+                    params![ep],
+                )
+                .map_err(map_err)?;
+                c.execute(
+                    "DELETE FROM parked_endpoints WHERE endpoint_id = ?1",
+                    params![ep],
+                )
+                .map_err(map_err)?;
+            }
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        self.write(move |c| {
+            let was: Option<i64> = c
+                .query_row(
+                    "SELECT disabled FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some(was) = was else { return Ok(None) };
+            if was == 0 {
+                // Nothing is held for an enabled endpoint: the age cap at
+                // enable is for deliveries that waited while it was off.
+                return Ok(Some(EnableReport::default()));
+            }
+            c.execute(
+                "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
+                 disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
+                params![now, ep],
+            )
+            .map_err(map_err)?;
+            // Held past the age cap: dead now, and replayable like any other.
+            let expired = c
+                .execute(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE endpoint_id = ?2 AND state = 0 AND cycle_started_at < ?3",
+                    params![now, ep, too_old_before],
+                )
+                .map_err(map_err)?;
+            c.execute(
+                "UPDATE deliveries SET parked = 0 WHERE endpoint_id = ?1 AND parked = 1",
+                params![ep],
+            )
+            .map_err(map_err)?;
+            unhold(c, &ep)?;
+            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
+                .map_err(map_err)?;
+            Ok(Some(EnableReport {
+                was_disabled: true,
+                expired: u64::try_from(expired).unwrap_or(0),
+            }))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl EventTypes for SqliteStore {
+    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
+        let et = et.clone();
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
+                     group_name, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                     ON CONFLICT DO NOTHING",
+                    params![
+                        et.name,
+                        et.description,
+                        et.archived,
+                        et.deprecated,
+                        et.schemas,
+                        et.feature_flag,
+                        et.group_name,
+                        et.created_at,
+                        et.updated_at
+                    ],
+                )
+                .map_err(map_err)?;
+            if n == 0 {
+                return Err(StoreError::Conflict(format!(
+                    "an event type named `{}` already exists",
+                    et.name
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
+        let name = name.to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM event_types WHERE name = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![name], event_type_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_event_types(
+        &self,
+        include_archived: bool,
+        page: &PageReq,
+    ) -> StoreResult<Page<EventType>> {
+        let sql = if include_archived {
+            "SELECT * FROM event_types WHERE 1 = 1"
+        } else {
+            "SELECT * FROM event_types WHERE archived = 0"
+        };
+        let page = page.clone();
+        self.read(move |c| page_of(c, sql, "name", Vec::new(), &page, event_type_from_row))
+            .await
+    }
+
+    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
+        let et = et.clone();
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE event_types SET description = ?1, archived = ?2, deprecated = ?3, schemas = ?4, \
+                     feature_flag = ?5, group_name = ?6, updated_at = ?7 WHERE name = ?8",
+                    params![
+                        et.description,
+                        et.archived,
+                        et.deprecated,
+                        et.schemas,
+                        et.feature_flag,
+                        et.group_name,
+                        et.updated_at,
+                        et.name
+                    ],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
+        let name = name.to_owned();
+        self.write(move |c| {
+            let n = c
+                .execute("DELETE FROM event_types WHERE name = ?1", params![name])
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
+        let list = to_json(&names)?;
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT name FROM event_types)",
+                )
+                .map_err(map_err)?;
+            let found = stmt
+                .query_map(params![list], |r| r.get::<_, String>(0))
+                .map_err(map_err)?;
+            found.collect::<Result<Vec<_>, _>>().map_err(map_err)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Queue for SqliteStore {
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -1465,19 +1731,6 @@ impl Store for SqliteStore {
         let claim = IngestClaim::new(req);
         self.write(move |c| insert_messages_tx(c, &batch, Some(claim)))
             .await
-    }
-
-    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
-        let (app, key) = (app.as_str().to_owned(), id_or_event_id.to_owned());
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
-                )
-                .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![app, key], message_from_row)?.pop())
-        })
-        .await
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
@@ -1539,49 +1792,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
-    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
-        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-                     WHERE d.id = ?1 AND d.app_id = ?2"
-                ))
-                .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![id, app], delivery_from_row)?.pop())
-        })
-        .await
-    }
-
-    async fn list_deliveries_of_message(
-        &self,
-        app: &AppId,
-        msg: &MsgId,
-    ) -> StoreResult<Vec<Delivery>> {
-        let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
-                     WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
-                ))
-                .map_err(map_err)?;
-            rows(&mut stmt, params![msg, app], delivery_from_row)
-        })
-        .await
-    }
-
-    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
-        let (cond, args) = dead_filter_sql(filter);
-        let sql = format!(
-            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
-        );
-        let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
-            .await
-    }
-
+#[async_trait]
+impl Replay for SqliteStore {
     async fn replay_dead_matching(
         &self,
         filter: &DeadFilter,
@@ -1654,6 +1868,64 @@ impl Store for SqliteStore {
             Ok(ResendOutcome::Queued)
         })
         .await
+    }
+}
+
+#[async_trait]
+impl History for SqliteStore {
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let (app, key) = (app.as_str().to_owned(), id_or_event_id.to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
+                )
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![app, key], message_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.id = ?1 AND d.app_id = ?2"
+                ))
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![id, app], delivery_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
+                ))
+                .map_err(map_err)?;
+            rows(&mut stmt, params![msg, app], delivery_from_row)
+        })
+        .await
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, args) = dead_filter_sql(filter);
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
+        );
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
+            .await
     }
 
     async fn list_attempts(
@@ -1765,7 +2037,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Health for SqliteStore {
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
         let ep = ep.as_str().to_owned();
         self.read(move |c| {
@@ -1784,49 +2059,119 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn prune(
+    async fn endpoint_stats(
         &self,
-        finished_before: Millis,
-        dead_before: Millis,
-        batch: usize,
-    ) -> StoreResult<PruneReport> {
-        if batch == 0 {
-            return Ok(PruneReport::default());
-        }
-        self.write(move |c| prune_tx(c, finished_before, dead_before, batch))
-            .await
-    }
-
-    async fn expire_held(
-        &self,
-        too_old_before: Millis,
-        now: Millis,
-        batch: usize,
-    ) -> StoreResult<u64> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.write(move |c| {
-            // Per disabled endpoint, one seek into its held deliveries by
-            // cycle start, whatever else is held.
-            let n = c
+        ep: &EndpointId,
+        since: Millis,
+    ) -> StoreResult<Vec<StatsBucket>> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
                 .prepare_cached(
-                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-                     next_attempt_at = ?1, updated_at = ?1 \
-                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
-                                  JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
-                                  WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
-                                  LIMIT ?3)",
+                    "SELECT * FROM endpoint_stats WHERE endpoint_id = ?1 AND bucket >= ?2 ORDER BY bucket",
                 )
-                .map_err(map_err)?
-                .execute(params![now, too_old_before, limit])
                 .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
+            rows(&mut stmt, params![ep, since], stats_from_row)
         })
         .await
     }
 
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>> {
+        let app = app.map(|a| a.as_str().to_owned());
+        let (offset, limit) = (
+            i64::try_from(offset).unwrap_or(i64::MAX),
+            i64::try_from(limit).unwrap_or(i64::MAX),
+        );
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT e.*, a.name AS app_name FROM endpoints e JOIN applications a ON a.id = e.app_id \
+                     WHERE (?1 IS NULL OR e.app_id = ?1) \
+                     ORDER BY e.fail_streak DESC, e.id LIMIT ?2 OFFSET ?3",
+                )
+                .map_err(map_err)?;
+            rows(&mut stmt, params![app, limit, offset], |r| {
+                Ok(EndpointOverview {
+                    endpoint: endpoint_from_row(r)?,
+                    app_name: get(r, "app_name")?,
+                    status: status_from_row(r)?,
+                })
+            })
+        })
+        .await
+    }
+
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
+        self.read(move |c| {
+            let count = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<(i64, Option<i64>)> {
+                c.prepare_cached(sql)
+                    .map_err(map_err)?
+                    .query_row(args, |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(map_err)
+            };
+            let u = |n: i64| u64::try_from(n).unwrap_or(0);
+            // Each count walks a partial index, never the history.
+            let (pending_live, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 0",
+                &[],
+            )?;
+            let (delivering, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 1",
+                &[],
+            )?;
+            let (due_live, oldest_live) = count(
+                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1",
+                &[&now],
+            )?;
+            let (parked, oldest_parked) = count(
+                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
+                 WHERE parked = 1",
+                &[],
+            )?;
+            let (held, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_held WHERE parked = 2",
+                &[],
+            )?;
+            let (held_due, oldest_held) = count(
+                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_held \
+                 WHERE parked = 2 AND next_attempt_at <= ?1",
+                &[&now],
+            )?;
+            let (dead, _) = count(
+                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_dead_all WHERE state = 3",
+                &[],
+            )?;
+            let (disabled, _) = count(
+                "SELECT COUNT(*), NULL FROM endpoints WHERE disabled = 1",
+                &[],
+            )?;
+            let oldest_due_at = [oldest_live, oldest_parked, oldest_held]
+                .into_iter()
+                .flatten()
+                .min();
+            Ok(QueueStats {
+                pending: u(pending_live + parked + held),
+                delivering: u(delivering),
+                dead: u(dead),
+                due: u(due_live + parked + held_due),
+                oldest_due_at,
+                disabled_endpoints: u(disabled),
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Tokens for SqliteStore {
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
         let (t, sha) = (token.clone(), sha256_hex.to_owned());
         self.write(move |c| {
@@ -1942,6 +2287,52 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+#[async_trait]
+impl Retention for SqliteStore {
+    async fn prune(
+        &self,
+        finished_before: Millis,
+        dead_before: Millis,
+        batch: usize,
+    ) -> StoreResult<PruneReport> {
+        if batch == 0 {
+            return Ok(PruneReport::default());
+        }
+        self.write(move |c| prune_tx(c, finished_before, dead_before, batch))
+            .await
+    }
+
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            // Per disabled endpoint, one seek into its held deliveries by
+            // cycle start, whatever else is held.
+            let n = c
+                .prepare_cached(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
+                                  JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
+                                  WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
+                                  LIMIT ?3)",
+                )
+                .map_err(map_err)?
+                .execute(params![now, too_old_before, limit])
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
 
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
         self.write(move |c| {
@@ -1967,370 +2358,6 @@ impl Store for SqliteStore {
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
-    }
-
-    async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
-        let et = et.clone();
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    "INSERT INTO event_types (name, description, archived, deprecated, schemas, feature_flag, \
-                     group_name, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
-                     ON CONFLICT DO NOTHING",
-                    params![
-                        et.name,
-                        et.description,
-                        et.archived,
-                        et.deprecated,
-                        et.schemas,
-                        et.feature_flag,
-                        et.group_name,
-                        et.created_at,
-                        et.updated_at
-                    ],
-                )
-                .map_err(map_err)?;
-            if n == 0 {
-                return Err(StoreError::Conflict(format!(
-                    "an event type named `{}` already exists",
-                    et.name
-                )));
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
-        let name = name.to_owned();
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM event_types WHERE name = ?1")
-                .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![name], event_type_from_row)?.pop())
-        })
-        .await
-    }
-
-    async fn list_event_types(
-        &self,
-        include_archived: bool,
-        page: &PageReq,
-    ) -> StoreResult<Page<EventType>> {
-        let sql = if include_archived {
-            "SELECT * FROM event_types WHERE 1 = 1"
-        } else {
-            "SELECT * FROM event_types WHERE archived = 0"
-        };
-        let page = page.clone();
-        self.read(move |c| page_of(c, sql, "name", Vec::new(), &page, event_type_from_row))
-            .await
-    }
-
-    async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {
-        let et = et.clone();
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    "UPDATE event_types SET description = ?1, archived = ?2, deprecated = ?3, schemas = ?4, \
-                     feature_flag = ?5, group_name = ?6, updated_at = ?7 WHERE name = ?8",
-                    params![
-                        et.description,
-                        et.archived,
-                        et.deprecated,
-                        et.schemas,
-                        et.feature_flag,
-                        et.group_name,
-                        et.updated_at,
-                        et.name
-                    ],
-                )
-                .map_err(map_err)?;
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
-        let name = name.to_owned();
-        self.write(move |c| {
-            let n = c
-                .execute("DELETE FROM event_types WHERE name = ?1", params![name])
-                .map_err(map_err)?;
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
-        let list = to_json(&names)?;
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT name FROM event_types)",
-                )
-                .map_err(map_err)?;
-            let found = stmt
-                .query_map(params![list], |r| r.get::<_, String>(0))
-                .map_err(map_err)?;
-            found.collect::<Result<Vec<_>, _>>().map_err(map_err)
-        })
-        .await
-    }
-
-    async fn rotate_secret(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        new_secret: &str,
-        grace_until: Millis,
-        now: Millis,
-    ) -> StoreResult<bool> {
-        let (app, ep, new_secret) = (
-            app.as_str().to_owned(),
-            ep.as_str().to_owned(),
-            new_secret.to_owned(),
-        );
-        self.write(move |c| {
-            let current: Option<(String, String)> = c
-                .query_row(
-                    "SELECT secret, old_secrets FROM endpoints WHERE id = ?1 AND app_id = ?2",
-                    params![ep, app],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-                .map_err(map_err)?;
-            let Some((secret, old)) = current else {
-                return Ok(false);
-            };
-            let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
-            c.execute(
-                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
-                params![new_secret, old, now, ep],
-            )
-            .map_err(map_err)?;
-            Ok(true)
-        })
-        .await
-    }
-
-    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
-        let ep = ep.as_str().to_owned();
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM endpoints WHERE id = ?1")
-                .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![ep], status_from_row)?.pop())
-        })
-        .await
-    }
-
-    async fn endpoint_stats(
-        &self,
-        ep: &EndpointId,
-        since: Millis,
-    ) -> StoreResult<Vec<StatsBucket>> {
-        let ep = ep.as_str().to_owned();
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT * FROM endpoint_stats WHERE endpoint_id = ?1 AND bucket >= ?2 ORDER BY bucket",
-                )
-                .map_err(map_err)?;
-            rows(&mut stmt, params![ep, since], stats_from_row)
-        })
-        .await
-    }
-
-    async fn list_endpoint_overview(
-        &self,
-        app: Option<&AppId>,
-        offset: usize,
-        limit: usize,
-    ) -> StoreResult<Vec<EndpointOverview>> {
-        let app = app.map(|a| a.as_str().to_owned());
-        let (offset, limit) = (
-            i64::try_from(offset).unwrap_or(i64::MAX),
-            i64::try_from(limit).unwrap_or(i64::MAX),
-        );
-        self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT e.*, a.name AS app_name FROM endpoints e JOIN applications a ON a.id = e.app_id \
-                     WHERE (?1 IS NULL OR e.app_id = ?1) \
-                     ORDER BY e.fail_streak DESC, e.id LIMIT ?2 OFFSET ?3",
-                )
-                .map_err(map_err)?;
-            rows(&mut stmt, params![app, limit, offset], |r| {
-                Ok(EndpointOverview {
-                    endpoint: endpoint_from_row(r)?,
-                    app_name: get(r, "app_name")?,
-                    status: status_from_row(r)?,
-                })
-            })
-        })
-        .await
-    }
-
-    async fn disable_endpoint(
-        &self,
-        ep: &EndpointId,
-        reason: &str,
-        auto: bool,
-        streak_started_at: Option<Millis>,
-        now: Millis,
-    ) -> StoreResult<bool> {
-        let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
-        let by = if auto { "auto" } else { "operator" };
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
-                     disabled_at = ?3, updated_at = ?3 \
-                     WHERE id = ?4 AND disabled = 0 AND (?5 IS NULL OR streak_started_at = ?5)",
-                    params![reason, by, now, ep, streak_started_at],
-                )
-                .map_err(map_err)?;
-            if n == 1 {
-                // Its pending deliveries are held from now on, parked or
-                // not: out of the claim index, and found by retention's age
-                // cap. (Claims hold those made pending later.)
-                c.execute(
-                    "UPDATE deliveries SET parked = 2 WHERE endpoint_id = ?1 AND state = 0",
-                    params![ep],
-                )
-                .map_err(map_err)?;
-                c.execute(
-                    "DELETE FROM parked_endpoints WHERE endpoint_id = ?1",
-                    params![ep],
-                )
-                .map_err(map_err)?;
-            }
-            Ok(n == 1)
-        })
-        .await
-    }
-
-    async fn enable_endpoint(
-        &self,
-        app: &AppId,
-        ep: &EndpointId,
-        now: Millis,
-        too_old_before: Millis,
-    ) -> StoreResult<Option<EnableReport>> {
-        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
-        self.write(move |c| {
-            let was: Option<i64> = c
-                .query_row(
-                    "SELECT disabled FROM endpoints WHERE id = ?1 AND app_id = ?2",
-                    params![ep, app],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(map_err)?;
-            let Some(was) = was else { return Ok(None) };
-            if was == 0 {
-                // Nothing is held for an enabled endpoint: the age cap at
-                // enable is for deliveries that waited while it was off.
-                return Ok(Some(EnableReport::default()));
-            }
-            c.execute(
-                "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
-                 disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
-                params![now, ep],
-            )
-            .map_err(map_err)?;
-            // Held past the age cap: dead now, and replayable like any other.
-            let expired = c
-                .execute(
-                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-                     next_attempt_at = ?1, updated_at = ?1 \
-                     WHERE endpoint_id = ?2 AND state = 0 AND cycle_started_at < ?3",
-                    params![now, ep, too_old_before],
-                )
-                .map_err(map_err)?;
-            c.execute(
-                "UPDATE deliveries SET parked = 0 WHERE endpoint_id = ?1 AND parked = 1",
-                params![ep],
-            )
-            .map_err(map_err)?;
-            unhold(c, &ep)?;
-            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
-                .map_err(map_err)?;
-            Ok(Some(EnableReport {
-                was_disabled: true,
-                expired: u64::try_from(expired).unwrap_or(0),
-            }))
-        })
-        .await
-    }
-
-    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
-        self.read(move |c| {
-            let count = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<(i64, Option<i64>)> {
-                c.prepare_cached(sql)
-                    .map_err(map_err)?
-                    .query_row(args, |r| Ok((r.get(0)?, r.get(1)?)))
-                    .map_err(map_err)
-            };
-            let u = |n: i64| u64::try_from(n).unwrap_or(0);
-            // Each count walks a partial index, never the history.
-            let (pending_live, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 0",
-                &[],
-            )?;
-            let (delivering, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 1",
-                &[],
-            )?;
-            let (due_live, oldest_live) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1",
-                &[&now],
-            )?;
-            let (parked, oldest_parked) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
-                 WHERE parked = 1",
-                &[],
-            )?;
-            let (held, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_held WHERE parked = 2",
-                &[],
-            )?;
-            let (held_due, oldest_held) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_held \
-                 WHERE parked = 2 AND next_attempt_at <= ?1",
-                &[&now],
-            )?;
-            let (dead, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_dead_all WHERE state = 3",
-                &[],
-            )?;
-            let (disabled, _) = count(
-                "SELECT COUNT(*), NULL FROM endpoints WHERE disabled = 1",
-                &[],
-            )?;
-            let oldest_due_at = [oldest_live, oldest_parked, oldest_held]
-                .into_iter()
-                .flatten()
-                .min();
-            Ok(QueueStats {
-                pending: u(pending_live + parked + held),
-                delivering: u(delivering),
-                dead: u(dead),
-                due: u(due_live + parked + held_due),
-                oldest_due_at,
-                disabled_endpoints: u(disabled),
-            })
-        })
-        .await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(map_err))
-            .await
     }
 }
 
