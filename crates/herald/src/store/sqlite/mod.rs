@@ -26,14 +26,14 @@ use super::*;
 /// The schema, in order. A database records how many it has applied in
 /// `PRAGMA user_version`; at open the rest are applied in a transaction.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/sqlite/0001_initial.sql"),
-    include_str!("../../migrations/sqlite/0002_parking.sql"),
-    include_str!("../../migrations/sqlite/0003_health.sql"),
-    include_str!("../../migrations/sqlite/0004_secret_rotation.sql"),
-    include_str!("../../migrations/sqlite/0005_event_types.sql"),
-    include_str!("../../migrations/sqlite/0006_channels_headers.sql"),
-    include_str!("../../migrations/sqlite/0007_tokens_idempotency.sql"),
-    include_str!("../../migrations/sqlite/0008_held.sql"),
+    include_str!("../../../migrations/sqlite/0001_initial.sql"),
+    include_str!("../../../migrations/sqlite/0002_parking.sql"),
+    include_str!("../../../migrations/sqlite/0003_health.sql"),
+    include_str!("../../../migrations/sqlite/0004_secret_rotation.sql"),
+    include_str!("../../../migrations/sqlite/0005_event_types.sql"),
+    include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
+    include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
+    include_str!("../../../migrations/sqlite/0008_held.sql"),
 ];
 
 /// A full endpoint's due deliveries are parked once they have waited this
