@@ -4,8 +4,9 @@
 //! `endpoints`, `event_types`, `queue` (ingest → claim → complete),
 //! `replay`, `history`, `health`, `tokens` and `retention`. This file keeps
 //! what they all share (times, errors, pages, delivery states). Each
-//! backend implements every part and keeps its SQL beside it (`sqlite.rs`
-//! and `migrations/sqlite/`, `postgres.rs` and `migrations/postgres/`);
+//! backend implements every part and keeps its SQL beside it (`sqlite/`,
+//! one file per part, and `migrations/sqlite/`; `postgres.rs` and
+//! `migrations/postgres/`);
 //! the conformance suite in `tests/it/store_conformance.rs` runs the same
 //! tests against each.
 //!
