@@ -4,11 +4,10 @@
 //! `endpoints`, `event_types`, `queue` (ingest → claim → complete),
 //! `replay`, `history`, `health`, `tokens` and `retention`. This file keeps
 //! what they all share (times, errors, pages, delivery states). Each
-//! backend implements every part and keeps its SQL beside it (`sqlite/`,
-//! one file per part, and `migrations/sqlite/`; `postgres.rs` and
-//! `migrations/postgres/`);
-//! the conformance suite in `tests/it/store_conformance.rs` runs the same
-//! tests against each.
+//! backend, `sqlite/` and `postgres/`, implements every part in the same
+//! files, each with its SQL beside it (the schemas: `migrations/sqlite/`,
+//! `migrations/postgres/`); the conformance suite in
+//! `tests/it/store_conformance.rs` runs the same tests against each.
 //!
 //! The engine holds an `Arc<dyn Store>`, on which every part's methods can
 //! be called as they are; on a concrete store (`SqliteStore`,

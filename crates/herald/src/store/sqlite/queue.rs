@@ -7,7 +7,6 @@ use super::*;
 /// A full endpoint's due deliveries are parked once they have waited this
 /// long (see `walk_due_head`).
 const PARK_AFTER_MS: Millis = 1_000;
-
 /// Rows one claim sets aside at most (parks or holds); the next claims go
 /// on from there, so that no claim holds the writer for a whole stuck
 /// backlog. Rows of a full endpoint too young to park are passed without
