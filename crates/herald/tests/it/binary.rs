@@ -316,7 +316,7 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
     let store = herald::store::sqlite::SqliteStore::open(&format!("sqlite://{}", db.display()))
         .await
         .expect("open");
-    use herald::store::Store;
+    use herald::store::History;
     let app_key = herald::ids::AppId::parse(&app_id).expect("id");
     let msg_key = herald::ids::MsgId::parse(msg["id"].as_str().expect("id")).expect("id");
     let ds = store

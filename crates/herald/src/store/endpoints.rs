@@ -1,0 +1,241 @@
+//! Endpoints: their fields, secrets (with rotation), extra headers and
+//! the enabled / disabled lifecycle with its health state.
+
+use super::*;
+
+/// Endpoints, their secrets and their enabled / disabled lifecycle.
+#[async_trait]
+pub trait Endpoints: Send + Sync {
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()>;
+    /// By id or by `uid`, within the app.
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>>;
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>>;
+    /// Writes the fields set in `changes` and `updated_at = now`, nothing
+    /// else (see [`EndpointChanges`]); false if it does not exist.
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// Replaces the endpoint's extra headers and sets `updated_at = now`,
+    /// nothing else; false if it does not exist.
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// Deletes the endpoint and its deliveries (attempt history stays).
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool>;
+    /// Replaces the endpoint's secret with `new_secret`; the current one
+    /// keeps signing until `grace_until` (see [`rotated_old_secrets`]).
+    /// False if the endpoint does not exist.
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// The endpoint's health state (None if it does not exist).
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>>;
+    /// Disables an endpoint with a reason. With `streak_started_at`, only
+    /// if that failing streak is still the current one (a success since
+    /// then wins). False if nothing changed (already disabled, gone, or the
+    /// streak moved on).
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool>;
+    /// Enables a disabled endpoint and resets its streak; its held
+    /// deliveries resume, except those whose cycle started before
+    /// `too_old_before`, which become dead ("too old"). An endpoint that is
+    /// already enabled is left exactly as it is (its pending deliveries are
+    /// not held, so no age rule applies to them here). None if it does not
+    /// exist.
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>>;
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub id: EndpointId,
+    pub app_id: AppId,
+    pub uid: Option<String>,
+    pub url: String,
+    pub description: String,
+    /// `None`: every event type. `Some(list)`: only those.
+    pub filter_types: Option<Vec<String>>,
+    pub disabled: bool,
+    pub rate_limit: Option<u16>,
+    pub metadata: BTreeMap<String, String>,
+    /// `None`: every message. `Some(list)`: only messages with one of these.
+    pub channels: Option<Vec<String>>,
+    /// Extra headers sent with every request to this endpoint.
+    pub headers: BTreeMap<String, String>,
+    /// `whsec_…`. Never logged: `Debug` redacts it.
+    pub secret: String,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("id", &self.id)
+            .field("app_id", &self.app_id)
+            .field("uid", &self.uid)
+            .field("url", &self.url)
+            .field("filter_types", &self.filter_types)
+            .field("disabled", &self.disabled)
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Endpoints::update_endpoint`] writes: the fields the API's PUT and
+/// PATCH change, each only when `Some` (`None` leaves the stored value).
+/// Nothing else is here on purpose: the disabled flag (with its reason,
+/// cause and the failing streak) is written only by
+/// [`Endpoints::disable_endpoint`] and [`Endpoints::enable_endpoint`], the secrets
+/// only by [`Endpoints::rotate_secret`], the headers only by
+/// [`Endpoints::set_endpoint_headers`]. A save that wrote back what it had read
+/// would undo whatever those did in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointChanges {
+    pub uid: Option<Option<String>>,
+    pub url: Option<String>,
+    pub description: Option<String>,
+    pub filter_types: Option<Option<Vec<String>>>,
+    pub rate_limit: Option<Option<u16>>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub channels: Option<Option<Vec<String>>>,
+}
+
+/// The JSON-text columns of an [`EndpointChanges`], encoded once for both
+/// stores: `None` leaves the column as it is, `Some(None)` clears it.
+pub struct EndpointChangesJson {
+    pub filter_types: Option<Option<String>>,
+    pub metadata: Option<String>,
+    pub channels: Option<Option<String>>,
+}
+
+impl EndpointChanges {
+    pub fn json_columns(&self) -> StoreResult<EndpointChangesJson> {
+        fn json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+            serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+        }
+        Ok(EndpointChangesJson {
+            filter_types: self
+                .filter_types
+                .as_ref()
+                .map(|f| f.as_ref().map(json).transpose())
+                .transpose()?,
+            metadata: self.metadata.as_ref().map(json).transpose()?,
+            channels: self
+                .channels
+                .as_ref()
+                .map(|c| c.as_ref().map(json).transpose())
+                .transpose()?,
+        })
+    }
+}
+
+/// An endpoint's health state, kept current by [`Queue::complete`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointStatus {
+    pub fail_streak: u32,
+    pub streak_started_at: Option<Millis>,
+    pub last_success_at: Option<Millis>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<Millis>,
+    pub disabled: bool,
+    pub disabled_reason: Option<String>,
+    pub disabled_at: Option<Millis>,
+    /// Herald disabled it (as opposed to a person).
+    pub auto_disabled: bool,
+}
+
+/// Most secrets a rotation keeps signing with besides the current one.
+pub const MAX_OLD_SECRETS: usize = 10;
+
+/// One secret replaced by a rotation, signing until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OldSecret {
+    pub key: String,
+    pub expires_at: Millis,
+}
+
+/// The still-valid old secrets in their stored JSON form (`[]` is the
+/// common case and costs no parsing).
+pub fn valid_old_secrets(json: &str, now: Millis) -> StoreResult<Vec<String>> {
+    if json == "[]" {
+        return Ok(Vec::new());
+    }
+    let all: Vec<OldSecret> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad old_secrets: {e}")))?;
+    Ok(all
+        .into_iter()
+        .filter(|s| s.expires_at > now)
+        .map(|s| s.key)
+        .collect())
+}
+
+/// The old-secrets JSON after `current` is replaced: `current` first,
+/// valid until `grace_until`; expired ones dropped; at most
+/// [`MAX_OLD_SECRETS`].
+pub fn rotated_old_secrets(
+    json: &str,
+    current: &str,
+    grace_until: Millis,
+    now: Millis,
+) -> StoreResult<String> {
+    let mut all: Vec<OldSecret> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad old_secrets: {e}")))?;
+    all.retain(|s| s.expires_at > now);
+    if grace_until > now {
+        all.insert(
+            0,
+            OldSecret {
+                key: current.to_owned(),
+                expires_at: grace_until,
+            },
+        );
+    }
+    all.truncate(MAX_OLD_SECRETS);
+    serde_json::to_string(&all).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+/// An endpoint's extra headers from their stored JSON (`{}` costs no
+/// parsing).
+pub fn headers_of(json: &str) -> StoreResult<Vec<(String, String)>> {
+    if json == "{}" {
+        return Ok(Vec::new());
+    }
+    let map: BTreeMap<String, String> = serde_json::from_str(json)
+        .map_err(|e| StoreError::Internal(format!("bad endpoint headers: {e}")))?;
+    Ok(map.into_iter().collect())
+}
+
+/// What enabling an endpoint did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnableReport {
+    /// It was disabled before.
+    pub was_disabled: bool,
+    /// Held deliveries past the age cap, now dead as "too old".
+    pub expired: u64,
+}

@@ -1,0 +1,77 @@
+//! Endpoint health figures and queue counts for metrics and the dashboard.
+
+use super::*;
+
+/// Endpoint health figures and queue counts.
+#[async_trait]
+pub trait Health: Send + Sync {
+    async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts>;
+    /// The endpoint's stats buckets starting at or after `since`.
+    async fn endpoint_stats(&self, ep: &EndpointId, since: Millis)
+        -> StoreResult<Vec<StatsBucket>>;
+    /// Every endpoint (of `app`, or of all apps), failing ones first (by
+    /// streak), then by id; `offset` paging for the dashboard.
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>>;
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats>;
+}
+
+/// Attempt counts of one endpoint in one 5-minute bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsBucket {
+    pub bucket: Millis,
+    pub attempts: u64,
+    pub successes: u64,
+    pub failures: u64,
+    pub latency_sum_ms: u64,
+    pub histogram: [u64; crate::health::HISTOGRAM_LEN],
+}
+
+/// An endpoint's deliveries by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryCounts {
+    pub pending: u64,
+    pub delivering: u64,
+    pub delivered: u64,
+    pub dead: u64,
+}
+
+impl DeliveryCounts {
+    /// Sets the count of one stored state (as `i64`, as both stores keep
+    /// it); an unknown state is ignored.
+    pub fn set(&mut self, state: i64, n: i64) {
+        let n = u64::try_from(n).unwrap_or(0);
+        match DeliveryState::from_i64(state) {
+            Some(DeliveryState::Pending) => self.pending = n,
+            Some(DeliveryState::Delivering) => self.delivering = n,
+            Some(DeliveryState::Delivered) => self.delivered = n,
+            Some(DeliveryState::Dead) => self.dead = n,
+            None => {}
+        }
+    }
+}
+
+/// Counts for metrics and the dashboard, read from indexes only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub pending: u64,
+    pub delivering: u64,
+    pub dead: u64,
+    /// Pending deliveries due now (including those held for disabled or
+    /// busy endpoints).
+    pub due: u64,
+    pub oldest_due_at: Option<Millis>,
+    pub disabled_endpoints: u64,
+}
+
+/// An endpoint with its app and health state, for overviews.
+#[derive(Debug, Clone)]
+pub struct EndpointOverview {
+    pub endpoint: Endpoint,
+    pub app_name: String,
+    pub status: EndpointStatus,
+}

@@ -1,0 +1,147 @@
+//! Applications on PostgreSQL.
+
+use super::*;
+
+const APP_COLUMNS: &str =
+    "id, uid, name, rate_limit, metadata::text AS metadata, created_at, updated_at";
+
+fn app_from_row(r: &PgRow) -> StoreResult<App> {
+    Ok(App {
+        id: AppId::from_trusted(get(r, "id")?),
+        uid: get(r, "uid")?,
+        name: get(r, "name")?,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json::<BTreeMap<String, String>>(&get::<String>(r, "metadata")?)?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+#[async_trait]
+impl Apps for PostgresStore {
+    async fn create_app(&self, app: &App) -> StoreResult<()> {
+        let metadata = to_json(&app.metadata)?;
+        sqlx::query(
+            "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)",
+        )
+        .bind(app.id.as_str())
+        .bind(app.uid.as_deref())
+        .bind(&app.name)
+        .bind(app.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(app.created_at)
+        .bind(app.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn update_app(&self, app: &App) -> StoreResult<bool> {
+        let metadata = to_json(&app.metadata)?;
+        let done = sqlx::query(
+            "UPDATE applications SET uid = $1, name = $2, rate_limit = $3, metadata = $4::jsonb, updated_at = $5 \
+             WHERE id = $6",
+        )
+        .bind(app.uid.as_deref())
+        .bind(&app.name)
+        .bind(app.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(app.updated_at)
+        .bind(app.id.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
+        // Locks in the order every other transaction takes them (see
+        // ARCHITECTURE.md, "Lock order"): the application, its endpoints
+        // in id order, its messages, then (by cascade) the deliveries, and
+        // last the attempts and stats buckets. Deleting the stats before the
+        // endpoints, as this once did, closed a cycle with a completer that
+        // held an endpoint and was adding to its bucket.
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // The application's row lock makes a concurrent ingest (which takes
+        // KEY SHARE on it) wait and then find it gone, and lets one that
+        // committed before show its messages to the statements below.
+        let found = sqlx::query("SELECT 1 FROM applications WHERE id = $1 FOR UPDATE")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if found.is_none() {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        // Waits for the completers holding them: their stats and attempts
+        // are then written, and no new one can start on these endpoints.
+        let endpoints: Vec<String> =
+            sqlx::query_scalar("SELECT id FROM endpoints WHERE app_id = $1 ORDER BY id FOR UPDATE")
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        // Before the deliveries go: retention locks a message, then its
+        // deliveries.
+        sqlx::query(
+            "SELECT count(*) FROM (SELECT 1 FROM messages WHERE app_id = $1 FOR UPDATE) AS locked",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Endpoints, their deliveries and tokens cascade.
+        sqlx::query("DELETE FROM applications WHERE id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Attempts are history without a foreign key, found through the
+        // messages (indexed), which carry none either (migration 0008).
+        sqlx::query(
+            "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = $1)",
+        )
+        .bind(id.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query("DELETE FROM endpoint_stats WHERE endpoint_id = ANY($1)")
+            .bind(&endpoints)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        sqlx::query("DELETE FROM messages WHERE app_id = $1")
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
+    async fn get_app(&self, id_or_uid: &str) -> StoreResult<Option<App>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {APP_COLUMNS} FROM applications WHERE id = $1 OR uid = $1 \
+             ORDER BY id = $1 DESC LIMIT 1"
+        )))
+        .bind(id_or_uid)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(app_from_row).transpose()
+    }
+
+    async fn list_apps(&self, page: &PageReq) -> StoreResult<Page<App>> {
+        self.page_of(
+            &format!("SELECT {APP_COLUMNS} FROM applications WHERE TRUE"),
+            "id",
+            vec![],
+            page,
+            app_from_row,
+        )
+        .await
+    }
+}

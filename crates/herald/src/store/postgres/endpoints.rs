@@ -1,0 +1,321 @@
+//! Endpoints on PostgreSQL: their rows, secrets, headers and the enabled /
+//! disabled lifecycle (enabling lets held deliveries back in).
+
+use super::queue::unhold;
+use super::*;
+
+const ENDPOINT_COLUMNS: &str =
+    "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
+     metadata::text AS metadata, secret, created_at, updated_at, channels, headers";
+
+pub(super) fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
+    let filter: Option<String> = get(r, "filter_types")?;
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        uid: get(r, "uid")?,
+        url: get(r, "url")?,
+        description: get(r, "description")?,
+        filter_types: filter.as_deref().map(from_json).transpose()?,
+        disabled: get(r, "disabled")?,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json(&get::<String>(r, "metadata")?)?,
+        channels: get::<Option<String>>(r, "channels")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
+        headers: from_json(&get::<String>(r, "headers")?)?,
+        secret: get(r, "secret")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+const STATUS_COLUMNS: &str =
+    "fail_streak, streak_started_at, last_success_at, last_error, last_error_at, disabled, \
+     disabled_reason, disabled_at, disabled_by";
+
+pub(super) fn status_from_row(r: &PgRow) -> StoreResult<EndpointStatus> {
+    let by: Option<String> = get(r, "disabled_by")?;
+    Ok(EndpointStatus {
+        fail_streak: u32_of(get(r, "fail_streak")?),
+        streak_started_at: get(r, "streak_started_at")?,
+        last_success_at: get(r, "last_success_at")?,
+        last_error: get(r, "last_error")?,
+        last_error_at: get(r, "last_error_at")?,
+        disabled: get(r, "disabled")?,
+        disabled_reason: get(r, "disabled_reason")?,
+        disabled_at: get(r, "disabled_at")?,
+        auto_disabled: by.as_deref() == Some("auto"),
+    })
+}
+
+#[async_trait]
+impl Endpoints for PostgresStore {
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        sqlx::query(
+            "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
+             metadata, secret, created_at, updated_at, channels, headers) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12, $13, $14)",
+        )
+        .bind(ep.id.as_str())
+        .bind(ep.app_id.as_str())
+        .bind(ep.uid.as_deref())
+        .bind(&ep.url)
+        .bind(&ep.description)
+        .bind(filter)
+        .bind(ep.disabled)
+        .bind(ep.rate_limit.map(i32::from))
+        .bind(metadata)
+        .bind(&ep.secret)
+        .bind(ep.created_at)
+        .bind(ep.updated_at)
+        .bind(ep.channels.as_ref().map(to_json).transpose()?)
+        .bind(to_json(&ep.headers)?)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE app_id = $1 AND (id = $2 OR uid = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        )))
+        .bind(app.as_str())
+        .bind(id_or_uid)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(endpoint_from_row).transpose()
+    }
+
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
+        self.page_of(
+            &format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE app_id = $1"),
+            "id",
+            vec![app.as_str().to_owned()],
+            page,
+            endpoint_from_row,
+        )
+        .await
+    }
+
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let EndpointChangesJson {
+            filter_types: filter,
+            metadata,
+            channels,
+        } = changes.json_columns()?;
+        // Only the columns the caller set: a column it did not name may
+        // have been changed since it read the endpoint. Nothing here makes
+        // held work claimable (the flag is not among them): no wake-up.
+        let done = sqlx::query(
+            "UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
+             url = COALESCE($3, url), description = COALESCE($4, description), \
+             filter_types = CASE WHEN $5 THEN $6::jsonb ELSE filter_types END, \
+             rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
+             metadata = COALESCE($9::jsonb, metadata), \
+             channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12 \
+             WHERE id = $13 AND app_id = $14",
+        )
+        .bind(changes.uid.is_some())
+        .bind(changes.uid.as_ref().and_then(|u| u.as_deref()))
+        .bind(changes.url.as_deref())
+        .bind(changes.description.as_deref())
+        .bind(filter.is_some())
+        .bind(filter.flatten())
+        .bind(changes.rate_limit.is_some())
+        .bind(changes.rate_limit.flatten().map(i32::from))
+        .bind(metadata)
+        .bind(channels.is_some())
+        .bind(channels.flatten())
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE endpoints SET headers = $1, updated_at = $2 WHERE id = $3 AND app_id = $4",
+        )
+        .bind(to_json(headers)?)
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
+        // Deliveries go with it (ON DELETE CASCADE); attempts are history.
+        let done = sqlx::query("DELETE FROM endpoints WHERE id = $1 AND app_id = $2")
+            .bind(id.as_str())
+            .bind(app.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let row = sqlx::query(
+            "SELECT secret, old_secrets FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else { return Ok(false) };
+        let old = rotated_old_secrets(
+            &get::<String>(&row, "old_secrets")?,
+            &get::<String>(&row, "secret")?,
+            grace_until,
+            now,
+        )?;
+        sqlx::query(
+            "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
+        )
+        .bind(new_secret)
+        .bind(old)
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {STATUS_COLUMNS} FROM endpoints WHERE id = $1"
+        )))
+        .bind(ep.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(status_from_row).transpose()
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        // Its pending deliveries are held from the same statement on: out
+        // of the claim index, and found by retention's age cap. (Claims
+        // hold those made pending later; one a claim is taking right now
+        // is waited for, then seen delivering and left alone.)
+        let n: i64 = sqlx::query_scalar(
+            "WITH off AS ( \
+                 UPDATE endpoints SET disabled = TRUE, disabled_reason = $1, disabled_by = $2, \
+                 disabled_at = $3, updated_at = $3 \
+                 WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5) \
+                 RETURNING id), \
+             held AS ( \
+                 UPDATE deliveries SET held = TRUE \
+                 WHERE endpoint_id IN (SELECT id FROM off) AND state = 0 AND NOT held) \
+             SELECT count(*) FROM off",
+        )
+        .bind(reason)
+        .bind(if auto { "auto" } else { "operator" })
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(streak_started_at)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(n == 1)
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let was: Option<bool> = sqlx::query_scalar(
+            "SELECT disabled FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(was) = was else { return Ok(None) };
+        if !was {
+            // Nothing is held for an enabled endpoint: the age cap at
+            // enable is for deliveries that waited while it was off.
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(Some(EnableReport::default()));
+        }
+        sqlx::query(
+            "UPDATE endpoints SET disabled = FALSE, disabled_reason = NULL, disabled_by = NULL, \
+             disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = $1 WHERE id = $2",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // Held past the age cap: dead now, and replayable like any other.
+        let expired = sqlx::query(
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, \
+             next_attempt_at = $1, updated_at = $1 \
+             WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
+        )
+        .bind(now)
+        .bind(ep.as_str())
+        .bind(too_old_before)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        // Its held deliveries are claimable again. (The row lock above
+        // waited for any claim holding more of them: these statements
+        // see what it held.)
+        unhold(&mut tx, ep).await?;
+        self.notify_in(&mut tx).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(EnableReport {
+            was_disabled: true,
+            expired,
+        }))
+    }
+}

@@ -1,0 +1,125 @@
+//! Endpoint health figures and queue counts on PostgreSQL.
+
+use super::endpoints::{endpoint_from_row, status_from_row};
+use super::*;
+
+const STATUS_COLUMNS_E: &str =
+    "e.fail_streak, e.streak_started_at, e.last_success_at, e.last_error, e.last_error_at, \
+     e.disabled_reason, e.disabled_at, e.disabled_by";
+const ENDPOINT_COLUMNS_E: &str =
+    "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
+     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers";
+
+fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
+    let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
+    let mut histogram = [0u64; crate::health::HISTOGRAM_LEN];
+    for (i, h) in histogram.iter_mut().enumerate() {
+        *h = n(&format!("h{i}"))?;
+    }
+    Ok(StatsBucket {
+        bucket: get(r, "bucket")?,
+        attempts: n("attempts")?,
+        successes: n("successes")?,
+        failures: n("failures")?,
+        latency_sum_ms: n("latency_sum")?,
+        histogram,
+    })
+}
+
+#[async_trait]
+impl Health for PostgresStore {
+    async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
+        let rows = sqlx::query(
+            "SELECT state, count(*) AS n FROM deliveries WHERE endpoint_id = $1 GROUP BY state",
+        )
+        .bind(ep.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let mut counts = DeliveryCounts::default();
+        for r in &rows {
+            counts.set(i64::from(get::<i16>(r, "state")?), get::<i64>(r, "n")?);
+        }
+        Ok(counts)
+    }
+
+    async fn endpoint_stats(
+        &self,
+        ep: &EndpointId,
+        since: Millis,
+    ) -> StoreResult<Vec<StatsBucket>> {
+        let rows = sqlx::query(
+            "SELECT * FROM endpoint_stats WHERE endpoint_id = $1 AND bucket >= $2 ORDER BY bucket",
+        )
+        .bind(ep.as_str())
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, stats_from_row)
+    }
+
+    async fn list_endpoint_overview(
+        &self,
+        app: Option<&AppId>,
+        offset: usize,
+        limit: usize,
+    ) -> StoreResult<Vec<EndpointOverview>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, a.name AS app_name \
+             FROM endpoints e JOIN applications a ON a.id = e.app_id \
+             WHERE ($1::text IS NULL OR e.app_id = $1) \
+             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
+        )))
+        .bind(app.map(|a| a.as_str()))
+        .bind(i64_of(limit))
+        .bind(i64_of(offset))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(EndpointOverview {
+                    endpoint: endpoint_from_row(r)?,
+                    app_name: get(r, "app_name")?,
+                    status: status_from_row(r)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
+        // Each count walks a partial index, never the history.
+        // (Held deliveries are pending, and due once their time has come.)
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
+                 + (SELECT count(*) FROM deliveries WHERE held) AS pending, \
+               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
+               (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
+               (SELECT count(*) FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
+                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
+               LEAST((SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
+                     (SELECT min(next_attempt_at) FROM deliveries \
+                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
+               (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let u = |col: &str| -> StoreResult<u64> {
+            Ok(u64::try_from(get::<i64>(&row, col)?).unwrap_or(0))
+        };
+        Ok(QueueStats {
+            pending: u("pending")?,
+            delivering: u("delivering")?,
+            dead: u("dead")?,
+            due: u("due")?,
+            oldest_due_at: get(&row, "oldest")?,
+            disabled_endpoints: u("disabled")?,
+        })
+    }
+}

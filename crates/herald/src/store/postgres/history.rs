@@ -1,0 +1,246 @@
+//! Reads of messages, deliveries and attempts on PostgreSQL.
+
+use super::replay::dead_filter_sql;
+use super::*;
+
+const MESSAGE_COLUMNS: &str = "id, app_id, event_type, event_id, payload, created_at, channels";
+
+fn message_from_row(r: &PgRow) -> StoreResult<Message> {
+    Ok(Message {
+        id: MsgId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        event_type: get(r, "event_type")?,
+        event_id: get(r, "event_id")?,
+        payload: get(r, "payload")?,
+        channels: get::<Option<String>>(r, "channels")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
+        created_at: get(r, "created_at")?,
+    })
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
+     d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
+
+fn delivery_from_row(r: &PgRow) -> StoreResult<Delivery> {
+    let state: i16 = get(r, "state")?;
+    let reason: Option<String> = get(r, "dead_reason")?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(get(r, "id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        event_type: get(r, "event_type")?,
+        state: DeliveryState::from_i64(i64::from(state))
+            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
+        attempts: u32_of(get(r, "attempts")?),
+        next_attempt_at: get(r, "next_attempt_at")?,
+        dead_reason: reason.as_deref().and_then(DeadReason::parse),
+        last_status: u16_opt(get(r, "last_status")?),
+        last_error: get(r, "last_error")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+const ATTEMPT_COLUMNS: &str =
+    "id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, duration_ms, \
+     status_code, response, error, success, manual";
+
+fn attempt_from_row(r: &PgRow) -> StoreResult<AttemptRecord> {
+    Ok(AttemptRecord {
+        id: AttemptId::from_trusted(get(r, "id")?),
+        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        url: get(r, "url")?,
+        attempt_number: u32_of(get(r, "attempt_number")?),
+        started_at: get(r, "started_at")?,
+        duration_ms: get(r, "duration_ms")?,
+        status_code: u16_opt(get(r, "status_code")?),
+        response: get(r, "response")?,
+        error: get(r, "error")?,
+        success: get(r, "success")?,
+        manual: get(r, "manual")?,
+    })
+}
+
+#[async_trait]
+impl History for PostgresStore {
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1 AND (id = $2 OR event_id = $2) \
+             ORDER BY id = $2 DESC LIMIT 1"
+        )))
+        .bind(app.as_str())
+        .bind(id_or_event_id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(message_from_row).transpose()
+    }
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.id = $1 AND d.app_id = $2"
+        )))
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(delivery_from_row).transpose()
+    }
+
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+             WHERE d.msg_id = $1 AND d.app_id = $2 ORDER BY d.id"
+        )))
+        .bind(msg.as_str())
+        .bind(app.as_str())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        map_rows(&rows, delivery_from_row)
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, args) = dead_filter_sql(filter, 1);
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
+        );
+        self.page_of(&sql, "d.id", args, page, delivery_from_row)
+            .await
+    }
+
+    async fn list_attempts(
+        &self,
+        app: &AppId,
+        filter: &AttemptFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>> {
+        let mut sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE app_id = $1");
+        let mut args = vec![app.as_str().to_owned()];
+        let mut add = |sql: &mut String, fragment: &str, value: String| {
+            args.push(value);
+            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
+        };
+        if let Some(msg) = &filter.msg {
+            add(&mut sql, " AND msg_id = #", msg.as_str().to_owned());
+        }
+        if let Some(ep) = &filter.endpoint {
+            add(&mut sql, " AND endpoint_id = #", ep.as_str().to_owned());
+        }
+        if let Some(ok) = filter.success {
+            sql.push_str(if ok {
+                " AND success"
+            } else {
+                " AND NOT success"
+            });
+        }
+        match filter.code_class {
+            None => {}
+            Some(0) => sql.push_str(" AND status_code IS NULL"),
+            Some(class) => {
+                add(&mut sql, " AND status_code >= #::int4", class.to_string());
+                add(
+                    &mut sql,
+                    " AND status_code < #::int4",
+                    (class + 100).to_string(),
+                );
+            }
+        }
+        self.page_of(&sql, "id", args, page, attempt_from_row).await
+    }
+
+    async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>> {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE id = $1 AND app_id = $2"
+        )))
+        .bind(id.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(attempt_from_row).transpose()
+    }
+
+    async fn list_messages(
+        &self,
+        app: &AppId,
+        filter: &MessageFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<Message>> {
+        let mut sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1");
+        let mut args = vec![app.as_str().to_owned()];
+        let mut add = |sql: &mut String, fragment: &str, value: String| {
+            args.push(value);
+            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
+        };
+        if let Some(types) = &filter.event_types {
+            add(
+                &mut sql,
+                " AND event_type IN (SELECT jsonb_array_elements_text(#::jsonb))",
+                to_json(types)?,
+            );
+        }
+        if let Some(channel) = &filter.channel {
+            add(
+                &mut sql,
+                " AND jsonb_exists(channels::jsonb, #)",
+                channel.clone(),
+            );
+        }
+        if let Some(before) = filter.before {
+            add(&mut sql, " AND created_at < #::int8", before.to_string());
+        }
+        if let Some(after) = filter.after {
+            add(&mut sql, " AND created_at > #::int8", after.to_string());
+        }
+        self.page_of(&sql, "id", args, page, message_from_row).await
+    }
+
+    async fn list_endpoint_messages(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        page: &PageReq,
+    ) -> StoreResult<Page<(Delivery, Message)>> {
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = $1 AND d.app_id = $2"
+        );
+        self.page_of(
+            &sql,
+            "d.msg_id",
+            vec![ep.as_str().to_owned(), app.as_str().to_owned()],
+            page,
+            |r| {
+                let d = delivery_from_row(r)?;
+                let m = Message {
+                    id: d.msg_id.clone(),
+                    app_id: d.app_id.clone(),
+                    event_type: d.event_type.clone(),
+                    event_id: get(r, "event_id")?,
+                    payload: get(r, "payload")?,
+                    channels: get::<Option<String>>(r, "channels")?
+                        .as_deref()
+                        .map(from_json)
+                        .transpose()?,
+                    created_at: get(r, "msg_created_at")?,
+                };
+                Ok((d, m))
+            },
+        )
+        .await
+    }
+}

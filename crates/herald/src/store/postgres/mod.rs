@@ -1,0 +1,280 @@
+//! The server store: PostgreSQL through a sqlx connection pool.
+//!
+//! The semantics are those of `sqlite/` (the conformance suite checks
+//! both); what differs is how the work is shaped. There is no single
+//! writer: many Herald processes may share one database, so each write is
+//! its own transaction, and the claim takes its rows with
+//! `FOR UPDATE SKIP LOCKED` so that concurrent claimers never wait on, nor
+//! hand out, each other's rows. Batches travel as arrays (`= ANY($1)`,
+//! `UNNEST`), so a claim, a completion or an ingest batch costs a fixed
+//! number of statements whatever its size.
+//!
+//! Everything lives in one schema, chosen at open: it is created if
+//! missing and set as the `search_path` of every pooled connection, so the
+//! SQL (and the migrations) never name it.
+//!
+//! Processes sharing a schema wake each other with LISTEN/NOTIFY: every
+//! write that can make work due notifies the schema's channel once, inside
+//! its transaction (so only if it commits, and PostgreSQL folds repeats in
+//! one transaction into one), and `listen_for_work` turns those into
+//! wake-ups of this process's dispatcher. The outbox function
+//! (`send_message`, migration 0002) notifies the same channel.
+//!
+//! This file holds what every part needs: opening (schema, pool,
+//! migrations), error mapping, row helpers and paging. Each part of the
+//! store has its file beside it, with its SQL: `settings.rs`, `apps.rs`,
+//! `endpoints.rs`, `event_types.rs`, `queue.rs` (ingest, claim, complete,
+//! release, and the listener), `replay.rs`, `history.rs`, `health.rs`,
+//! `tokens.rs`, `retention.rs`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_policy::DeadReason;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Executor, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+mod apps;
+mod endpoints;
+mod event_types;
+mod health;
+mod history;
+mod queue;
+mod replay;
+mod retention;
+mod settings;
+mod tokens;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+const MAX_CONNECTIONS: u32 = 16;
+// Short, so that while the database is down requests get their 503 quickly.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub struct PostgresStore {
+    pool: PgPool,
+    /// The schema's NOTIFY channel, as `herald_wake_channel()` names it.
+    wake_channel: String,
+    /// Cancelled on close (or drop): stops the listener tasks, which hold
+    /// a pooled connection each.
+    closing: CancellationToken,
+}
+
+fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            StoreError::Unavailable(e.to_string())
+        }
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            match code.as_deref() {
+                // unique_violation
+                Some("23505") => StoreError::Conflict(db.message().to_owned()),
+                // foreign_key_violation: the parent row was deleted meanwhile
+                Some("23503") => StoreError::ParentGone(db.message().to_owned()),
+                // connection_exception (class 08), admin_shutdown,
+                // crash_shutdown, cannot_connect_now
+                Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
+                    StoreError::Unavailable(e.to_string())
+                }
+                _ => StoreError::Internal(e.to_string()),
+            }
+        }
+        _ => StoreError::Internal(e.to_string()),
+    }
+}
+
+fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
+    match e {
+        sqlx::migrate::MigrateError::Execute(e) => map_err(e),
+        other => StoreError::Internal(format!("migration failed: {other}")),
+    }
+}
+
+/// `schema` as a double-quoted SQL identifier.
+pub(crate) fn quote_ident(schema: &str) -> StoreResult<String> {
+    if schema.is_empty() || schema.contains('\0') {
+        return Err(StoreError::Internal(format!(
+            "invalid PostgreSQL schema name {schema:?}"
+        )));
+    }
+    Ok(format!("\"{}\"", schema.replace('"', "\"\"")))
+}
+
+impl PostgresStore {
+    /// Connects to `url`, creates `schema` if missing, makes it every
+    /// pooled connection's `search_path`, and applies the migrations (their
+    /// bookkeeping table lives in that schema too).
+    pub async fn open(url: &str, schema: &str) -> StoreResult<Self> {
+        let ident = quote_ident(schema)?;
+        let set_path = format!("SET search_path TO {ident}");
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _meta| {
+                let sql = set_path.clone();
+                Box::pin(async move {
+                    conn.execute(AssertSqlSafe(sql)).await?;
+                    Ok(())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(map_err)?;
+        // Setting a search_path to a schema that does not exist yet is
+        // allowed; it takes effect once the schema is there.
+        let created = pool
+            .execute(AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {ident}"
+            )))
+            .await
+            .map_err(map_err);
+        match created {
+            // Two processes creating it at once: the loser sees a unique
+            // violation, and the schema exists all the same.
+            Ok(_) | Err(StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+        MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
+        // Named in SQL (migration 0002), where the outbox function needs it
+        // too, so both sides always agree.
+        let wake_channel = sqlx::query_scalar("SELECT herald_wake_channel()")
+            .fetch_one(&pool)
+            .await
+            .map_err(map_err)?;
+        Ok(PostgresStore {
+            pool,
+            wake_channel,
+            closing: CancellationToken::new(),
+        })
+    }
+
+    /// The NOTIFY channel on which writes to this schema wake the Herald
+    /// processes sharing it: `herald_wake_<schema>`, or a hash of the
+    /// schema name when that would be longer than 63 bytes.
+    pub fn wake_channel(&self) -> &str {
+        &self.wake_channel
+    }
+
+    /// Stops listening for work, then closes the pool: waits for
+    /// checked-out connections to come back, then closes them all. Later
+    /// calls fail with `Unavailable`.
+    pub async fn close(&self) {
+        self.closing.cancel();
+        self.pool.close().await;
+    }
+
+    /// Wakes the processes listening on this schema when `tx` commits.
+    async fn notify_in(&self, tx: &mut sqlx::PgConnection) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(&self.wake_channel)
+            .execute(tx)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        // A listener task holds its own handle on the pool: without this it
+        // would keep a connection (and the pool) alive forever.
+        self.closing.cancel();
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+fn u16_opt(v: Option<i32>) -> Option<u16> {
+    v.and_then(|n| u16::try_from(n).ok())
+}
+
+fn u32_of(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn i32_of(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn i64_of(v: usize) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn get<'r, T>(r: &'r PgRow, col: &str) -> StoreResult<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    r.try_get(col).map_err(map_err)
+}
+
+fn map_rows<T>(rows: &[PgRow], map: fn(&PgRow) -> StoreResult<T>) -> StoreResult<Vec<T>> {
+    rows.iter().map(map).collect()
+}
+
+/// Runs `change`, a data-modifying statement ending in
+/// `RETURNING <bool> AS wakes`, and in the same statement (so the same
+/// transaction) notifies channel `$<channel>` once if any changed row says
+/// it wakes. One row: `n`, the rows changed.
+fn waking(change: &str, channel: usize) -> String {
+    format!(
+        "WITH changed AS ({change}), \
+              woke AS (SELECT pg_notify(${channel}, '') \
+                       FROM (SELECT 1 FROM changed WHERE wakes LIMIT 1) AS any_row) \
+         SELECT (SELECT count(*) FROM changed) AS n, (SELECT count(*) FROM woke) AS woke"
+    )
+}
+
+impl PostgresStore {
+    /// A keyset page over `column` (ids sort by creation time). `sql` ends
+    /// in an open WHERE clause whose parameters are `$1..$n`, bound from
+    /// `args` in order.
+    async fn page_of<T>(
+        &self,
+        sql: &str,
+        column: &str,
+        mut args: Vec<String>,
+        page: &PageReq,
+        map: fn(&PgRow) -> StoreResult<T>,
+    ) -> StoreResult<Page<T>> {
+        // Only constant SQL fragments are spliced in; every value is bound.
+        let mut sql = sql.to_owned();
+        let up = page.walks_ascending();
+        if let Some(after) = &page.after {
+            args.push(after.clone());
+            sql.push_str(&format!(
+                " AND {column} {} ${}",
+                if up { ">" } else { "<" },
+                args.len()
+            ));
+        }
+        sql.push_str(&format!(
+            " ORDER BY {column} {} LIMIT ${}",
+            if up { "ASC" } else { "DESC" },
+            args.len() + 1
+        ));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for a in args {
+            query = query.bind(a);
+        }
+        let rows = query
+            .bind(i64_of(page.limit.saturating_add(1)))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let mut items = map_rows(&rows, map)?;
+        let has_more = items.len() > page.limit;
+        items.truncate(page.limit);
+        if page.backwards {
+            items.reverse();
+        }
+        Ok(Page { items, has_more })
+    }
+}

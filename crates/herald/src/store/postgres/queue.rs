@@ -1,0 +1,650 @@
+//! The hot path on PostgreSQL: ingest (fan-out, and the batch's own claim),
+//! claim (`FOR UPDATE SKIP LOCKED`), complete (attempts, streaks, stats
+//! buckets), release, and the LISTEN/NOTIFY wake-ups between processes.
+
+use super::*;
+
+/// Between attempts to listen again after the listener's connection failed.
+const LISTEN_RETRY_MIN: Duration = Duration::from_millis(100);
+const LISTEN_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A listener on `channel`, LISTENing once this returns.
+async fn start_listener(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
+
+/// Turns every notification on `channel` into a wake-up, until `closing`.
+/// A lost connection is listened on again (with a growing pause while that
+/// fails), followed by one wake-up for whatever was notified meanwhile.
+async fn listen_loop(
+    first: PgListener,
+    pool: PgPool,
+    channel: String,
+    wake: std::sync::Arc<Notify>,
+    closing: CancellationToken,
+) {
+    let mut listener = Some(first);
+    let mut retry = LISTEN_RETRY_MIN;
+    loop {
+        let current = match listener.as_mut() {
+            Some(l) => l,
+            None => {
+                tokio::select! {
+                    _ = closing.cancelled() => return,
+                    _ = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(LISTEN_RETRY_MAX);
+                match start_listener(&pool, &channel).await {
+                    Ok(l) => {
+                        tracing::info!(channel = %channel, "listening for work again");
+                        retry = LISTEN_RETRY_MIN;
+                        wake.notify_one();
+                        listener.insert(l)
+                    }
+                    Err(e) => {
+                        if closing.is_cancelled() || pool.is_closed() {
+                            return;
+                        }
+                        tracing::warn!(error = %e, channel = %channel, "cannot listen for work; will retry");
+                        continue;
+                    }
+                }
+            }
+        };
+        let received = tokio::select! {
+            _ = closing.cancelled() => return,
+            r = current.try_recv() => r,
+        };
+        match received {
+            Ok(Some(_)) => wake.notify_one(),
+            // The connection was lost and the listener has LISTENed again
+            // on a new one; notifications in between are gone.
+            Ok(None) => {
+                tracing::warn!(channel = %channel, "lost the connection listening for work; reconnected");
+                wake.notify_one();
+            }
+            Err(e) => {
+                if closing.is_cancelled() || pool.is_closed() {
+                    return;
+                }
+                tracing::warn!(error = %e, channel = %channel, "lost the connection listening for work; will reconnect");
+                // Dropped, and started afresh above.
+                listener = None;
+            }
+        }
+    }
+}
+
+/// `state`, `next_attempt_at` and `dead_reason` of a finished attempt.
+fn next_state(c: &Completion) -> (DeliveryState, Millis, Option<&'static str>) {
+    match c.next {
+        NextState::Delivered => (DeliveryState::Delivered, c.now, None),
+        NextState::Retry { at } => (DeliveryState::Pending, at, None),
+        NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
+    }
+}
+
+/// Lets an enabled endpoint's held deliveries back into the claim index,
+/// in `tx`, after the endpoint's row was locked or updated there.
+pub(super) async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> StoreResult<()> {
+    sqlx::query("UPDATE deliveries SET held = FALSE WHERE endpoint_id = $1 AND held")
+        .bind(ep.as_str())
+        .execute(tx)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
+impl PostgresStore {
+    /// Stores `batch` with its deliveries; claims some of them when
+    /// `claim` is given (see [`Queue::insert_messages_claiming`]).
+    async fn ingest(
+        &self,
+        batch: &[NewMessage],
+        mut claim: Option<IngestClaim>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        if batch.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // Two round trips, no explicit transaction: under load the API
+        // waits on this path, and each BEGIN/COMMIT or extra statement is
+        // another wait for a database server that shares the machine.
+        // First the subscribers of every app in the batch, read without
+        // locks; routing is decided on them here.
+        let mut apps: Vec<&str> = batch.iter().map(|m| m.app_id.as_str()).collect();
+        apps.sort_unstable();
+        apps.dedup();
+        let rows = sqlx::query(
+            "SELECT id, app_id, filter_types::text AS filter_types, channels, disabled, url, secret, \
+                    old_secrets, headers FROM endpoints \
+             WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
+        )
+        .bind(&apps)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
+        for r in &rows {
+            let target = FanoutTarget::from_row(
+                get(r, "id")?,
+                get::<Option<String>>(r, "filter_types")?.as_deref(),
+                get::<Option<String>>(r, "channels")?.as_deref(),
+                !get::<bool>(r, "disabled")?,
+                claim.as_ref(),
+                |now| {
+                    SendTo::from_columns(
+                        get(r, "url")?,
+                        get(r, "secret")?,
+                        &get::<String>(r, "old_secrets")?,
+                        &get::<String>(r, "headers")?,
+                        now,
+                    )
+                },
+            )?;
+            endpoints_of
+                .entry(get(r, "app_id")?)
+                .or_default()
+                .push(target);
+        }
+        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Claimed at ingest: born `delivering` under the lease; the store
+        // returns them only if their message and endpoint made it in.
+        let (mut d_state, mut d_due, mut d_token) = (Vec::new(), Vec::new(), Vec::new());
+        let mut claimed: HashMap<String, ClaimedDelivery> = HashMap::new();
+        // A message id repeated in the batch is stored once: so are its
+        // deliveries.
+        let mut seen: HashSet<&str> = HashSet::new();
+        for m in batch {
+            if !seen.insert(m.id.as_str()) {
+                continue;
+            }
+            for d in fan_out(&endpoints_of, m, &mut claim) {
+                d_state.push(d.state as i16);
+                d_due.push(d.due);
+                d_token.push(d.lease_token().map(str::to_owned));
+                d_ep.push(d.endpoint_id);
+                d_msg.push(m.id.as_str());
+                d_app.push(m.app_id.as_str());
+                d_at.push(m.created_at);
+                if let Some(c) = d.claimed {
+                    claimed.insert(d.id.as_str().to_owned(), c);
+                }
+                d_id.push(d.id.into_string());
+            }
+        }
+        let mut subscribers: Vec<&str> = d_ep.clone();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+
+        // Then everything else in one statement (one implicit transaction).
+        // KEY SHARE on the apps and endpoints keeps them from being deleted
+        // under the new rows. An endpoint is locked only once its app is
+        // (`e` reads `a`), the order in which deleting an app takes them,
+        // so the two cannot deadlock. One deleted in between is simply not
+        // locked, so its messages are refused alone (NoSuchApp) or its
+        // deliveries left out, never failing the batch on a foreign key.
+        // Messages go in in batch order, so that of two with the same
+        // eventId the first is kept, as one at a time would. Workers are
+        // woken when deliveries were made. Routing read the endpoints
+        // without locks: one disabled since is judged again here, on the
+        // row as locked, by the rule routing applies (disabled by a person:
+        // no delivery; by Herald: held, so never born delivering).
+        let rows = sqlx::query(
+            "WITH a AS MATERIALIZED ( \
+                 SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
+             e AS MATERIALIZED ( \
+                 SELECT id, disabled, disabled_by FROM endpoints \
+                 WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
+                 ORDER BY id FOR KEY SHARE), \
+             m AS ( \
+                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
+                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
+                 WHERE u.app_id IN (SELECT id FROM a) \
+                 ORDER BY ord \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING id), \
+             d AS ( \
+                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                         lease_token, cycle_started_at, created_at, updated_at) \
+                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
+                        CASE WHEN e.disabled THEN 0 ELSE v.state END, \
+                        CASE WHEN e.disabled THEN v.at ELSE v.due END, \
+                        CASE WHEN e.disabled THEN NULL ELSE v.token END, v.at, v.at, v.at \
+                 FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], \
+                             $16::int2[], $17::int8[], $18::text[]) \
+                      AS v(id, msg_id, endpoint_id, app_id, at, state, due, token) \
+                      JOIN e ON e.id = v.endpoint_id \
+                 WHERE v.msg_id IN (SELECT id FROM m) \
+                   AND (NOT e.disabled OR e.disabled_by = 'auto') \
+                 RETURNING id, msg_id, state) \
+             SELECT 'a' AS kind, id, NULL AS delivery FROM a \
+             UNION ALL SELECT 'm', id, NULL FROM m \
+             UNION ALL SELECT 'd', msg_id, CASE WHEN state = 1 THEN id END FROM d \
+             UNION ALL SELECT 'n', NULL, NULL FROM ( \
+                 SELECT pg_notify($15, '') FROM (SELECT 1 FROM d WHERE state = 0 LIMIT 1) one) woken",
+        )
+        .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.event_id.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
+        .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.channels.as_ref().map(to_json).transpose())
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
+        .bind(&apps)
+        .bind(&subscribers)
+        .bind(&d_id)
+        .bind(&d_msg)
+        .bind(&d_ep)
+        .bind(&d_app)
+        .bind(&d_at)
+        .bind(&self.wake_channel)
+        .bind(&d_state)
+        .bind(&d_due)
+        .bind(&d_token)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
+        let mut taken = Vec::new();
+        let mut fanned: HashMap<String, usize> = HashMap::new();
+        for r in &rows {
+            let kind: String = get(r, "kind")?;
+            let id: Option<String> = get(r, "id")?;
+            match (kind.as_str(), id) {
+                ("a", Some(id)) => {
+                    existing.insert(id);
+                }
+                ("m", Some(id)) => {
+                    stored.insert(id);
+                }
+                ("d", Some(id)) => {
+                    *fanned.entry(id).or_default() += 1;
+                    if let Some(d) = get::<Option<String>>(r, "delivery")?
+                        .and_then(|delivery| claimed.remove(&delivery))
+                    {
+                        taken.push(d);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let outcomes = batch
+            .iter()
+            .map(|m| {
+                if !existing.contains(m.app_id.as_str()) {
+                    InsertOutcome::NoSuchApp
+                } else if !stored.remove(m.id.as_str()) {
+                    // `remove`: a repeated message id counts as stored once.
+                    InsertOutcome::DuplicateEventId
+                } else {
+                    InsertOutcome::Inserted {
+                        deliveries: fanned.get(m.id.as_str()).copied().unwrap_or(0),
+                    }
+                }
+            })
+            .collect();
+        Ok((outcomes, taken))
+    }
+}
+
+#[async_trait]
+impl Queue for PostgresStore {
+    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
+        Ok(self.ingest(batch, None).await?.0)
+    }
+
+    async fn insert_messages_claiming(
+        &self,
+        batch: &[NewMessage],
+        req: &ClaimRequest<'_>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
+        self.ingest(batch, Some(IngestClaim::new(req))).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let saturated = saturated(req.in_flight, req.endpoint_cap);
+        let window = claim_window(req.limit);
+        // Room left on the endpoints with requests in flight; the others
+        // have the whole cap.
+        let (busy, room): (Vec<&str>, Vec<i64>) = req
+            .in_flight
+            .iter()
+            .filter(|(_, n)| **n < req.endpoint_cap)
+            .map(|(id, n)| (id.as_str(), i64_of(req.endpoint_cap - n)))
+            .unzip();
+        let token = ulid::Ulid::new().to_string();
+        // One statement, so one round trip and no explicit transaction: the
+        // row locks last only while it runs. SKIP LOCKED: rows another
+        // claimer is taking right now are left to it; this claim takes the
+        // next ones instead of waiting. Of the due rows, each endpoint gets
+        // no more than its room, earliest first, and `limit` in all.
+        // Held deliveries are not in `deliveries_due`; the pending ones of
+        // a disabled endpoint the window still meets (made pending after
+        // it was disabled) are held here, so no claim meets them again.
+        // Holding takes a share lock on their endpoint, as enabling it
+        // takes a stronger one: the two never cross, so a delivery held
+        // here is always one enabling will see; an endpoint locked by
+        // someone else is left for a later claim (SKIP LOCKED).
+        let rows = sqlx::query(
+            "WITH due AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state FROM deliveries d \
+                 WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
+                   AND d.endpoint_id <> ALL($2::text[]) \
+                 ORDER BY d.next_attempt_at LIMIT $3 \
+                 FOR UPDATE OF d SKIP LOCKED), \
+             off AS MATERIALIZED ( \
+                 SELECT e.id FROM endpoints e \
+                 WHERE e.id IN (SELECT endpoint_id FROM due) AND e.disabled), \
+             held AS ( \
+                 UPDATE deliveries d SET held = TRUE FROM due \
+                 WHERE d.id = due.id AND due.state = 0 \
+                   AND due.endpoint_id IN ( \
+                       SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
+                       FOR SHARE SKIP LOCKED)), \
+             ranked AS ( \
+                 SELECT id, next_attempt_at, endpoint_id, \
+                        row_number() OVER (PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS nth \
+                 FROM due WHERE endpoint_id NOT IN (SELECT id FROM off)), \
+             picked AS ( \
+                 SELECT r.id, r.next_attempt_at FROM ranked r \
+                 LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, room) ON b.endpoint_id = r.endpoint_id \
+                 WHERE r.nth <= COALESCE(b.room, $6) \
+                 ORDER BY r.next_attempt_at, r.id LIMIT $7) \
+             UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1 \
+             FROM picked p, messages m, endpoints e \
+             WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
+             RETURNING p.next_attempt_at AS due_at, d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
+                       d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, e.url, \
+                       e.secret, e.old_secrets, e.headers",
+        )
+        .bind(req.now)
+        .bind(&saturated)
+        .bind(i64_of(window))
+        .bind(&busy)
+        .bind(&room)
+        .bind(i64_of(req.endpoint_cap))
+        .bind(i64_of(req.limit))
+        .bind(req.lease_until)
+        .bind(&token)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                let due_at: Millis = get(r, "due_at")?;
+                let d = ClaimedDelivery {
+                    id: DeliveryId::from_trusted(get(r, "id")?),
+                    lease_token: token.clone(),
+                    msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+                    url: get(r, "url")?,
+                    secret: get(r, "secret")?,
+                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, req.now)?,
+                    headers: headers_of(&get::<String>(r, "headers")?)?,
+                    event_type: get(r, "event_type")?,
+                    payload: get(r, "payload")?,
+                    attempts: u32_of(get(r, "attempts")?),
+                    cycle_started_at: get(r, "cycle_started_at")?,
+                    cycle_base: u32_of(get(r, "cycle_base")?),
+                    manual: get(r, "manual")?,
+                };
+                Ok((due_at, d))
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        // In the order picked (due time), as the SQLite store returns them.
+        out.sort_by(|(a, x), (b, y)| (a, x.id.as_str()).cmp(&(b, y.id.as_str())));
+        Ok(out.into_iter().map(|(_, d)| d).collect())
+    }
+
+    async fn next_due_at(&self) -> StoreResult<Option<Millis>> {
+        // A disabled endpoint's held deliveries are no claim's work: held
+        // ones are out of `deliveries_due`, and the few not held yet (see
+        // `claim`) are skipped. ORDER BY … LIMIT 1 (not MIN) walks
+        // `deliveries_due` from its start and stops at the first row that
+        // counts; MIN over the anti-join aggregates every live row first.
+        sqlx::query_scalar(
+            "SELECT d.next_attempt_at FROM deliveries d WHERE d.state < 2 AND NOT d.held \
+               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
+             ORDER BY d.next_attempt_at LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+        if batch.is_empty() {
+            return Ok(Completed::default());
+        }
+        // PostgreSQL refuses NUL in text: one such excerpt would fail the
+        // whole batch.
+        let batch = storable_batch(batch);
+        let batch = &batch[..];
+        let attempts: Vec<&AttemptRecord> = batch.iter().map(|c| &c.attempt).collect();
+        // Applied one after another, a second completion holding the same
+        // lease would find the token already cleared by the first; one
+        // UPDATE ... FROM would pick either, so keep only the first.
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let moves: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| seen.insert((c.attempt.delivery_id.as_str(), c.lease_token.as_str())))
+            .collect();
+        let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
+        let eps = fold_endpoint_batches(batch);
+        let ep_ids: Vec<&str> = eps.iter().map(|e| e.endpoint_id.as_str()).collect();
+        let stats = fold_stats(batch);
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let column = |f: &dyn Fn(&StatsBucket) -> u64| -> Vec<i64> {
+            stats.iter().map(|(_, b)| n(f(b))).collect()
+        };
+        // Endpoint rows first, locked in id order, so that concurrent
+        // completers cannot deadlock on them or on their stats rows (which
+        // only holders of the endpoint's lock touch). NO KEY UPDATE does
+        // not block ingest's KEY SHARE. Within one statement the order in
+        // which PostgreSQL runs its parts is not ours to choose: hence a
+        // statement of its own.
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+            .bind(&ep_ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        // Then the rest in one statement: the attempt log, the deliveries'
+        // next states, each endpoint's failing streak and its stats
+        // buckets. The lease token guard leaves a re-claimed delivery to its
+        // new holder.
+        let mut query = sqlx::query(
+            "WITH logged AS ( \
+                 INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
+                                       started_at, duration_ms, status_code, response, error, success, manual) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+                                      $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::text[], $12::text[], \
+                                      $13::bool[], $14::bool[])), \
+             moved AS ( \
+                 UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
+                        lease_token = NULL, manual = FALSE, dead_reason = v.reason, last_status = v.status, \
+                        last_error = v.error, updated_at = v.now \
+                 FROM (SELECT * FROM UNNEST($15::text[], $16::text[], $17::int2[], $18::int4[], $19::int8[], \
+                                            $20::text[], $21::int4[], $22::text[], $23::int8[]) \
+                       AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
+                 WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok \
+                 RETURNING deliveries.id, v.tok), \
+             counted AS ( \
+                 INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
+                                             h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
+                 SELECT * FROM UNNEST($31::text[], $32::int8[], $33::int8[], $34::int8[], $35::int8[], $36::int8[], \
+                   $37::int8[], $38::int8[], $39::int8[], $40::int8[], $41::int8[], $42::int8[], $43::int8[], \
+                   $44::int8[], $45::int8[], $46::int8[], $47::int8[], $48::int8[]) \
+                 ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
+                   attempts = endpoint_stats.attempts + excluded.attempts, \
+                   successes = endpoint_stats.successes + excluded.successes, \
+                   failures = endpoint_stats.failures + excluded.failures, \
+                   latency_sum = endpoint_stats.latency_sum + excluded.latency_sum, \
+                   h0 = endpoint_stats.h0 + excluded.h0, h1 = endpoint_stats.h1 + excluded.h1, \
+                   h2 = endpoint_stats.h2 + excluded.h2, h3 = endpoint_stats.h3 + excluded.h3, \
+                   h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
+                   h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
+                   h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
+                   h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11), \
+             streaked AS ( \
+             UPDATE endpoints e SET \
+               fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
+               streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
+               last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
+               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
+             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[]) \
+                  AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
+             WHERE e.id = v.id \
+             RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures) \
+             SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok \
+               FROM streaked \
+             UNION ALL \
+             SELECT id, NULL, NULL, NULL, NULL, NULL, tok FROM moved",
+        )
+        .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.msg_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.endpoint_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.app_id.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.url.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| i32_of(a.attempt_number)).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.duration_ms).collect::<Vec<_>>())
+        .bind(
+            attempts
+                .iter()
+                .map(|a| a.status_code.map(i32::from))
+                .collect::<Vec<_>>(),
+        )
+        .bind(attempts.iter().map(|a| a.response.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.success).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.manual).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| c.attempt.delivery_id.as_str()).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| c.lease_token.as_str()).collect::<Vec<_>>())
+        .bind(next.iter().map(|(s, _, _)| *s as i16).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| i32_of(c.attempt.attempt_number)).collect::<Vec<_>>())
+        .bind(next.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
+        .bind(next.iter().map(|(_, _, r)| *r).collect::<Vec<_>>())
+        .bind(
+            moves
+                .iter()
+                .map(|c| c.attempt.status_code.map(i32::from))
+                .collect::<Vec<_>>(),
+        )
+        .bind(moves.iter().map(|c| c.attempt.error.as_deref()).collect::<Vec<_>>())
+        .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
+        .bind(&ep_ids)
+        .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
+        .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
+        .bind(
+            eps.iter()
+                .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            eps.iter()
+                .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
+                .collect::<Vec<_>>(),
+        )
+        .bind(stats.iter().map(|(ep, _)| ep.as_str()).collect::<Vec<_>>())
+        .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
+        .bind(column(&|b| b.attempts))
+        .bind(column(&|b| b.successes))
+        .bind(column(&|b| b.failures))
+        .bind(column(&|b| b.latency_sum_ms));
+        for i in 0..crate::health::HISTOGRAM_LEN {
+            query = query.bind(column(&|b| b.histogram[i]));
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        // The moved deliveries' rows carry the token that moved them; the
+        // rest are endpoints.
+        let mut moved_by: HashSet<(String, String)> = HashSet::new();
+        let mut streaks = Vec::new();
+        for r in &rows {
+            if let Some(tok) = get::<Option<String>>(r, "moved_tok")? {
+                moved_by.insert((get(r, "id")?, tok));
+            } else if get::<i32>(r, "batch_failures")? > 0 {
+                streaks.push(StreakUpdate {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    fail_streak: u32_of(get(r, "fail_streak")?),
+                    streak_started_at: get(r, "streak_started_at")?,
+                    disabled: get(r, "disabled")?,
+                });
+            }
+        }
+        streaks.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
+        // As in `moves`, the first completion holding a lease is the one
+        // that moved it.
+        let moved = batch
+            .iter()
+            .map(|c| {
+                moved_by.remove(&(
+                    c.attempt.delivery_id.as_str().to_owned(),
+                    c.lease_token.clone(),
+                ))
+            })
+            .collect();
+        Ok(Completed { moved, streaks })
+    }
+
+    async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
+        // Due now: another process may take it.
+        sqlx::query(AssertSqlSafe(waking(
+            "UPDATE deliveries SET state = 0, next_attempt_at = $1, lease_token = NULL, updated_at = $1 \
+             WHERE id = $2 AND lease_token = $3 RETURNING TRUE AS wakes",
+            4,
+        )))
+        .bind(now)
+        .bind(id.as_str())
+        .bind(lease_token)
+        .bind(&self.wake_channel)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
+        let listener = start_listener(&self.pool, &self.wake_channel)
+            .await
+            .map_err(map_err)?;
+        tokio::spawn(listen_loop(
+            listener,
+            self.pool.clone(),
+            self.wake_channel.clone(),
+            wake,
+            self.closing.clone(),
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! Replays of dead deliveries and resends on PostgreSQL.
+
+use super::*;
+
+/// A fresh retry cycle, due now (`$1`), asked for by an operator.
+const REPLAY_SET: &str =
+    "state = 0, next_attempt_at = $1, cycle_started_at = $1, cycle_base = attempts, \
+     manual = TRUE, lease_token = NULL, dead_reason = NULL, updated_at = $1";
+
+/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, its
+/// parameters numbered from `$first`, with their values (all text; the
+/// times are cast).
+pub(super) fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
+    let mut sql = String::from("d.state = 3");
+    let mut args: Vec<String> = Vec::new();
+    let mut add = |sql: &mut String, fragment: &str, value: String| {
+        args.push(value);
+        sql.push_str(&fragment.replace('#', &format!("${}", first + args.len() - 1)));
+    };
+    if let Some(app) = &filter.app {
+        add(&mut sql, " AND d.app_id = #", app.as_str().to_owned());
+    }
+    if let Some(ep) = &filter.endpoint {
+        add(&mut sql, " AND d.endpoint_id = #", ep.as_str().to_owned());
+    }
+    if let Some(t) = &filter.event_type {
+        add(&mut sql, " AND m.event_type = #", t.clone());
+    }
+    if let Some(r) = filter.reason {
+        add(&mut sql, " AND d.dead_reason = #", r.as_str().to_owned());
+    }
+    if let Some(since) = filter.since {
+        add(&mut sql, " AND d.updated_at >= #::int8", since.to_string());
+    }
+    if let Some(until) = filter.until {
+        add(&mut sql, " AND d.updated_at < #::int8", until.to_string());
+    }
+    if let Some(since) = filter.created_since {
+        add(&mut sql, " AND d.created_at >= #::int8", since.to_string());
+    }
+    if let Some(until) = filter.created_until {
+        add(&mut sql, " AND d.created_at < #::int8", until.to_string());
+    }
+    (sql, args)
+}
+
+#[async_trait]
+impl Replay for PostgresStore {
+    async fn replay_dead_matching(
+        &self,
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        // $1 is REPLAY_SET's time, the filter's follow, then the id list,
+        // then the channel.
+        let (mut cond, args) = dead_filter_sql(filter, 2);
+        let mut next = args.len() + 2;
+        if ids.is_some() {
+            cond.push_str(&format!(" AND d.id = ANY(${next}::text[])"));
+            next += 1;
+        }
+        // A sweep over a filter leaves rows another replay holds to it; named
+        // deliveries wait for that replay and are then seen no longer dead.
+        let skip = if ids.is_none() { "SKIP LOCKED" } else { "" };
+        let sql = waking(
+            &format!(
+                "UPDATE deliveries SET {REPLAY_SET} WHERE id IN (SELECT d.id FROM deliveries d \
+                 JOIN messages m ON m.id = d.msg_id WHERE {cond} LIMIT {limit} FOR UPDATE OF d {skip}) \
+                 RETURNING TRUE AS wakes"
+            ),
+            next,
+        );
+        let mut query = sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql)).bind(now);
+        for a in args {
+            query = query.bind(a);
+        }
+        if let Some(ids) = ids {
+            query = query.bind(
+                ids.iter()
+                    .map(|i| i.as_str().to_owned())
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let n = query
+            .bind(&self.wake_channel)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn resend(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<ResendOutcome> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // KEY SHARE on the endpoint keeps it from being deleted meanwhile;
+        // NO KEY UPDATE on the message serialises resends of it, so two at
+        // once cannot both find no delivery and both create one. Endpoint
+        // first: the lock order deleting an application takes them in.
+        let has_ep =
+            sqlx::query("SELECT 1 FROM endpoints WHERE id = $1 AND app_id = $2 FOR KEY SHARE")
+                .bind(ep.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        let has_msg =
+            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
+                .bind(msg.as_str())
+                .bind(app.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if !has_msg || !has_ep {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(if has_msg {
+                ResendOutcome::NoSuchEndpoint
+            } else {
+                ResendOutcome::NoSuchMessage
+            });
+        }
+        // Reuse the delivery so the Idempotency-Key stays the same;
+        // clearing the lease token makes an in-flight outcome leave the
+        // state alone.
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = $2 AND endpoint_id = $3"
+        )))
+        .bind(now)
+        .bind(msg.as_str())
+        .bind(ep.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if done.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                 cycle_started_at, manual, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 0, $5, $5, TRUE, $5, $5)",
+            )
+            .bind(DeliveryId::generate().as_str())
+            .bind(msg.as_str())
+            .bind(ep.as_str())
+            .bind(app.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        self.notify_in(&mut tx).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(ResendOutcome::Queued)
+    }
+}

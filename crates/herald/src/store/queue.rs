@@ -1,0 +1,571 @@
+//! The hot path: ingest → claim → complete. New messages fan out to
+//! deliveries (with the handoff claim of an ingest batch), claims lease due
+//! deliveries, completions record attempts and move deliveries on.
+
+use super::*;
+
+/// The hot path: ingest → claim → complete (and release, and wake-ups).
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// The outbox write: each message and one delivery per subscribed,
+    /// enabled endpoint, all in ONE transaction (group commit). Returns one
+    /// outcome per message, in order.
+    async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>>;
+    /// Stores `batch` as [`Queue::insert_messages`] does and, in the same
+    /// transaction, claims new deliveries for the caller as [`Queue::claim`]
+    /// would with `req` (at most `req.limit` in all, an endpoint's up to
+    /// `req.endpoint_cap` counting its `in_flight`, none of a disabled
+    /// endpoint; see [`IngestClaim`]): they are stored `delivering` under
+    /// the lease. The in-process dispatcher sends these at once instead of
+    /// claiming them back from the store (the handoff).
+    async fn insert_messages_claiming(
+        &self,
+        batch: &[NewMessage],
+        req: &ClaimRequest<'_>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)>;
+    /// Claims due deliveries: marks them delivering until `lease_until`.
+    async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>>;
+    /// The earliest `next_attempt_at` of any live delivery a claim could
+    /// take (not those held for a disabled endpoint), if any.
+    async fn next_due_at(&self) -> StoreResult<Option<Millis>>;
+    /// Records attempts and moves deliveries on, all in one transaction;
+    /// also keeps each endpoint's failing streak and stats buckets. Returns
+    /// which completions moved their delivery (the others' lease token no
+    /// longer matched) and the streak of every endpoint with a failure in
+    /// the batch. Text is stored as [`storable_batch`] makes it, so nothing
+    /// a receiver can send fails the batch.
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed>;
+    /// Gives back a claimed delivery that was not sent (shutdown): due
+    /// again now, as if never claimed. Only the current holder may.
+    async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()>;
+    /// Signals `wake` whenever another process commits work that may be
+    /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
+    /// it goes on in the background. A backend used by one process only
+    /// needs nothing here: ingest wakes the dispatcher in-process.
+    async fn listen_for_work(&self, wake: std::sync::Arc<tokio::sync::Notify>) -> StoreResult<()> {
+        let _ = wake;
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewMessage {
+    pub id: MsgId,
+    pub app_id: AppId,
+    pub event_type: String,
+    pub event_id: Option<String>,
+    /// The payload's JSON text, exactly as it will be sent.
+    pub payload: String,
+    /// Routing: endpoints with channels receive only messages sharing one.
+    pub channels: Option<Vec<String>>,
+    pub created_at: Millis,
+}
+
+pub type Message = NewMessage;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// Stored, with this many deliveries fanned out.
+    Inserted { deliveries: usize },
+    /// The app already has a message with this `eventId`.
+    DuplicateEventId,
+    /// The app does not exist (it was deleted after the caller looked it
+    /// up): nothing stored.
+    NoSuchApp,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    pub now: Millis,
+    /// Claimed rows stay reserved until then; past it they are due again.
+    pub lease_until: Millis,
+    /// Claim at most this many in total (the free sending slots).
+    pub limit: usize,
+    /// Requests now in flight per endpoint, and the cap per endpoint: the
+    /// claim never returns more for an endpoint than it has room for, so
+    /// the slots go to deliveries that can be sent now.
+    pub in_flight: &'a HashMap<EndpointId, usize>,
+    pub endpoint_cap: usize,
+}
+
+/// How many due rows a claim for `limit` free slots looks at: a little
+/// more than `limit`, so that one busy endpoint at the head of the queue
+/// does not leave the other slots empty.
+pub fn claim_window(limit: usize) -> usize {
+    limit.saturating_mul(4).max(64)
+}
+
+/// The endpoints with no room left under `cap`: a claim passes them by.
+pub fn saturated(in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Vec<&str> {
+    in_flight
+        .iter()
+        .filter(|(_, n)| **n >= cap)
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
+/// A claim's picks counted against its limits: `limit` in all, and per
+/// endpoint `cap` minus what it already has in flight.
+pub struct Room {
+    limit: usize,
+    cap: usize,
+    /// Per endpoint: in flight before this claim, then taken by it.
+    used: HashMap<String, usize>,
+    taken: usize,
+}
+
+impl Room {
+    pub fn new(limit: usize, in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Self {
+        Room {
+            limit,
+            cap,
+            used: in_flight
+                .iter()
+                .map(|(ep, n)| (ep.as_str().to_owned(), *n))
+                .collect(),
+            taken: 0,
+        }
+    }
+
+    /// `limit` is reached: nothing more can be taken.
+    pub fn is_full(&self) -> bool {
+        self.taken >= self.limit
+    }
+
+    /// Whether one more delivery to `endpoint_id` fits; counts it if so.
+    pub fn take(&mut self, endpoint_id: &str) -> bool {
+        if self.is_full() {
+            return false;
+        }
+        let n = self.used.entry(endpoint_id.to_owned()).or_default();
+        if *n >= self.cap {
+            return false;
+        }
+        *n += 1;
+        self.taken += 1;
+        true
+    }
+}
+
+/// Everything needed to send one attempt, read in the claim.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClaimedDelivery {
+    pub id: DeliveryId,
+    pub lease_token: String,
+    pub msg_id: MsgId,
+    pub app_id: AppId,
+    pub endpoint_id: EndpointId,
+    pub url: String,
+    pub secret: String,
+    /// Secrets replaced by a rotation whose grace period has not ended:
+    /// attempts are signed with these too.
+    pub old_secrets: Vec<String>,
+    /// The endpoint's extra headers.
+    pub headers: Vec<(String, String)>,
+    pub event_type: String,
+    pub payload: String,
+    /// Attempts made before this one, over the delivery's whole life.
+    pub attempts: u32,
+    /// Start of the current retry cycle (message creation, or last replay).
+    pub cycle_started_at: Millis,
+    /// `attempts` when the current cycle started.
+    pub cycle_base: u32,
+    /// This attempt was asked for by an operator (replay/resend).
+    pub manual: bool,
+}
+
+impl std::fmt::Debug for ClaimedDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedDelivery")
+            .field("id", &self.id)
+            .field("msg_id", &self.msg_id)
+            .field("endpoint_id", &self.endpoint_id)
+            .field("url", &self.url)
+            .field("attempts", &self.attempts)
+            .field("secret", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub id: AttemptId,
+    pub delivery_id: DeliveryId,
+    pub msg_id: MsgId,
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    pub url: String,
+    /// 1-based over the delivery's life (the `X-Attempt` header).
+    pub attempt_number: u32,
+    pub started_at: Millis,
+    pub duration_ms: i64,
+    pub status_code: Option<u16>,
+    /// Response body excerpt, or empty.
+    pub response: String,
+    /// Network error or timeout text, when there was no status.
+    pub error: Option<String>,
+    pub success: bool,
+    pub manual: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextState {
+    Delivered,
+    Retry { at: Millis },
+    Dead(DeadReason),
+}
+
+/// One finished attempt and the state the policy chose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub attempt: AttemptRecord,
+    /// Only the holder of this claim may move the delivery on; an outcome
+    /// that arrives after the lease expired and was re-claimed is logged as
+    /// an attempt but leaves the state to the new holder.
+    pub lease_token: String,
+    pub next: NextState,
+    pub now: Millis,
+}
+
+/// What [`Queue::complete`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Completed {
+    /// One per completion of the batch, in order: whether it moved its
+    /// delivery on (its lease token was still the delivery's). A stale one
+    /// (the delivery was re-claimed, resent or released meanwhile) only
+    /// logged its attempt, and nothing may be reported of it as a change.
+    pub moved: Vec<bool>,
+    /// The streak of every endpoint with a failure in the batch.
+    pub streaks: Vec<StreakUpdate>,
+}
+
+/// `text` as both stores keep it: NUL (which PostgreSQL refuses in `text`)
+/// becomes U+FFFD, as invalid UTF-8 does when a body is decoded.
+pub fn storable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}
+
+/// The batch with every text that came from outside (a response excerpt,
+/// an error, the URL) made [`storable`]; borrowed, as it nearly always is,
+/// when nothing needed it. The sender already sends storable text: this is
+/// what keeps any other caller's from failing a batch on either store.
+pub fn storable_batch(batch: &[Completion]) -> std::borrow::Cow<'_, [Completion]> {
+    let unstorable = |a: &AttemptRecord| {
+        a.response.contains('\0')
+            || a.url.contains('\0')
+            || a.error.as_deref().is_some_and(|e| e.contains('\0'))
+    };
+    if !batch.iter().any(|c| unstorable(&c.attempt)) {
+        return std::borrow::Cow::Borrowed(batch);
+    }
+    std::borrow::Cow::Owned(
+        batch
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let a = &mut c.attempt;
+                a.response = storable(&a.response).into_owned();
+                a.url = storable(&a.url).into_owned();
+                a.error = a.error.as_deref().map(|e| storable(e).into_owned());
+                c
+            })
+            .collect(),
+    )
+}
+
+/// An endpoint's failing streak after a batch of outcomes was recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreakUpdate {
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    pub fail_streak: u32,
+    pub streak_started_at: Option<Millis>,
+    pub disabled: bool,
+}
+
+/// What one batch of outcomes changes on one endpoint, folded in order, so
+/// each endpoint row is written once per batch whatever the batch size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointBatch {
+    pub endpoint_id: EndpointId,
+    pub app_id: AppId,
+    /// A success came in this batch: the streak restarts from `failures`.
+    pub reset: bool,
+    /// Failed attempts after the batch's last success (or all of them).
+    pub failures: u32,
+    pub first_failure_at: Option<Millis>,
+    pub last_success_at: Option<Millis>,
+    pub last_error: Option<(String, Millis)>,
+}
+
+/// Folds a batch into one [`EndpointBatch`] per endpoint, sorted by
+/// endpoint id (PostgreSQL writers lock the rows in that order).
+pub fn fold_endpoint_batches(batch: &[Completion]) -> Vec<EndpointBatch> {
+    let mut by_ep: BTreeMap<&str, EndpointBatch> = BTreeMap::new();
+    for c in batch {
+        let a = &c.attempt;
+        let e = by_ep
+            .entry(a.endpoint_id.as_str())
+            .or_insert_with(|| EndpointBatch {
+                endpoint_id: a.endpoint_id.clone(),
+                app_id: a.app_id.clone(),
+                reset: false,
+                failures: 0,
+                first_failure_at: None,
+                last_success_at: None,
+                last_error: None,
+            });
+        if a.success {
+            e.reset = true;
+            e.failures = 0;
+            e.first_failure_at = None;
+            e.last_success_at = Some(e.last_success_at.unwrap_or(a.started_at).max(a.started_at));
+        } else {
+            e.failures += 1;
+            e.first_failure_at.get_or_insert(a.started_at);
+            let text = match (&a.error, a.status_code) {
+                (Some(err), _) => err.clone(),
+                (None, Some(code)) => format!("HTTP {code}"),
+                (None, None) => "failed".to_owned(),
+            };
+            e.last_error = Some((text, a.started_at));
+        }
+    }
+    by_ep.into_values().collect()
+}
+
+/// Folds a batch into stats bucket increments per (endpoint, bucket).
+pub fn fold_stats(batch: &[Completion]) -> Vec<(EndpointId, StatsBucket)> {
+    let mut map: BTreeMap<(&str, Millis), StatsBucket> = BTreeMap::new();
+    for c in batch {
+        let a = &c.attempt;
+        let bucket = crate::health::bucket_of(a.started_at);
+        let b = map
+            .entry((a.endpoint_id.as_str(), bucket))
+            .or_insert_with(|| StatsBucket {
+                bucket,
+                ..StatsBucket::default()
+            });
+        b.attempts += 1;
+        if a.success {
+            b.successes += 1;
+        } else {
+            b.failures += 1;
+        }
+        let ms = a.duration_ms.max(0);
+        b.latency_sum_ms += u64::try_from(ms).unwrap_or(0);
+        b.histogram[crate::health::latency_slot(ms)] += 1;
+    }
+    map.into_iter()
+        .map(|((ep, _), b)| (EndpointId::from_trusted(ep.to_owned()), b))
+        .collect()
+}
+
+/// An endpoint that receives its app's new messages (enabled, or disabled
+/// by Herald and so holding them), as routing sees it. Both stores read
+/// these at ingest and route with [`Subscriber::wants`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    pub endpoint_id: String,
+    pub filter_types: Option<Vec<String>>,
+    pub channels: Option<Vec<String>>,
+}
+
+impl Subscriber {
+    /// Whether `m` goes to this endpoint: its event type passes the
+    /// endpoint's filter and, when the endpoint has channels, the message
+    /// shares one of them.
+    pub fn wants(&self, m: &NewMessage) -> bool {
+        self.filter_types
+            .as_ref()
+            .is_none_or(|types| types.contains(&m.event_type))
+            && self.channels.as_ref().is_none_or(|wanted| {
+                m.channels
+                    .as_ref()
+                    .is_some_and(|have| have.iter().any(|c| wanted.contains(c)))
+            })
+    }
+}
+
+/// An endpoint new messages may fan out to: its routing, and what sending
+/// needs when the batch may claim its deliveries.
+#[derive(Clone)]
+pub struct FanoutTarget {
+    pub sub: Subscriber,
+    /// Only when the batch claims (see [`IngestClaim`]) and the endpoint
+    /// is enabled: held ("auto"-disabled) endpoints collect deliveries but
+    /// are never claimed, and a batch that claims nothing reads no secrets.
+    pub send: Option<SendTo>,
+}
+
+impl FanoutTarget {
+    /// From an endpoint's row: `filter_types` and `channels` as stored
+    /// (JSON). `send_to` reads the sending columns; it runs only when the
+    /// batch claims and the endpoint is enabled.
+    pub fn from_row(
+        endpoint_id: String,
+        filter_types: Option<&str>,
+        channels: Option<&str>,
+        enabled: bool,
+        claim: Option<&IngestClaim>,
+        send_to: impl FnOnce(Millis) -> StoreResult<SendTo>,
+    ) -> StoreResult<Self> {
+        let send = match claim {
+            Some(c) if enabled => Some(send_to(c.now)?),
+            _ => None,
+        };
+        Ok(FanoutTarget {
+            sub: Subscriber {
+                endpoint_id,
+                filter_types: filter_types.map(from_json).transpose()?,
+                channels: channels.map(from_json).transpose()?,
+            },
+            send,
+        })
+    }
+}
+
+/// What sending to an endpoint needs, as a claim reads it.
+#[derive(Clone)]
+pub struct SendTo {
+    pub url: String,
+    pub secret: String,
+    pub old_secrets: Vec<String>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl SendTo {
+    /// From the stored columns (`old_secrets` and `headers` are JSON);
+    /// rotated secrets whose grace has ended by `now` are left out.
+    pub fn from_columns(
+        url: String,
+        secret: String,
+        old_secrets: &str,
+        headers: &str,
+        now: Millis,
+    ) -> StoreResult<Self> {
+        Ok(SendTo {
+            url,
+            secret,
+            old_secrets: valid_old_secrets(old_secrets, now)?,
+            headers: headers_of(headers)?,
+        })
+    }
+}
+
+/// One delivery an ingest batch makes: born pending and due at once, or,
+/// when the batch's claim takes it, `delivering` under the claim's lease,
+/// and then `claimed` is what the dispatcher sends.
+pub struct NewDelivery<'a> {
+    pub id: DeliveryId,
+    pub endpoint_id: &'a str,
+    pub state: DeliveryState,
+    pub due: Millis,
+    pub claimed: Option<ClaimedDelivery>,
+}
+
+impl NewDelivery<'_> {
+    pub fn lease_token(&self) -> Option<&str> {
+        self.claimed.as_ref().map(|d| d.lease_token.as_str())
+    }
+}
+
+/// The deliveries of `m`: one to each endpoint of its app (in
+/// `endpoints_of`) that wants it; those `claim` takes are claimed.
+pub fn fan_out<'a>(
+    endpoints_of: &'a HashMap<String, Vec<FanoutTarget>>,
+    m: &NewMessage,
+    claim: &mut Option<IngestClaim>,
+) -> Vec<NewDelivery<'a>> {
+    endpoints_of
+        .get(m.app_id.as_str())
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|ep| ep.sub.wants(m))
+        .map(|ep| {
+            let id = DeliveryId::generate();
+            let endpoint_id = ep.sub.endpoint_id.as_str();
+            match IngestClaim::taking(claim, ep) {
+                Some((c, to)) => NewDelivery {
+                    state: DeliveryState::Delivering,
+                    due: c.lease_until,
+                    claimed: Some(c.delivery(id.clone(), m, endpoint_id, to)),
+                    id,
+                    endpoint_id,
+                },
+                None => NewDelivery {
+                    id,
+                    endpoint_id,
+                    state: DeliveryState::Pending,
+                    due: m.created_at,
+                    claimed: None,
+                },
+            }
+        })
+        .collect()
+}
+
+/// The claim an ingest batch makes of its own new deliveries
+/// ([`Queue::insert_messages_claiming`]): the same limits as a
+/// [`ClaimRequest`], counted as the batch is routed.
+pub struct IngestClaim {
+    pub now: Millis,
+    pub lease_until: Millis,
+    pub token: String,
+    room: Room,
+}
+
+impl IngestClaim {
+    pub fn new(req: &ClaimRequest<'_>) -> Self {
+        IngestClaim {
+            now: req.now,
+            lease_until: req.lease_until,
+            token: ulid::Ulid::new().to_string(),
+            room: Room::new(req.limit, req.in_flight, req.endpoint_cap),
+        }
+    }
+
+    /// `claim` and what sending to `ep` needs, when there is a claim and it
+    /// takes the next delivery to `ep` (counting it).
+    fn taking<'a>(
+        claim: &'a mut Option<IngestClaim>,
+        ep: &'a FanoutTarget,
+    ) -> Option<(&'a Self, &'a SendTo)> {
+        let to = ep.send.as_ref()?;
+        let c = claim.as_mut()?;
+        c.room.take(&ep.sub.endpoint_id).then_some((&*c, to))
+    }
+
+    /// The claimed delivery `id` of `m` to `endpoint_id` (sent as `to`
+    /// says), as a claim would return it.
+    fn delivery(
+        &self,
+        id: DeliveryId,
+        m: &NewMessage,
+        endpoint_id: &str,
+        to: &SendTo,
+    ) -> ClaimedDelivery {
+        ClaimedDelivery {
+            id,
+            lease_token: self.token.clone(),
+            msg_id: m.id.clone(),
+            app_id: m.app_id.clone(),
+            endpoint_id: EndpointId::from_trusted(endpoint_id.to_owned()),
+            url: to.url.clone(),
+            secret: to.secret.clone(),
+            old_secrets: to.old_secrets.clone(),
+            headers: to.headers.clone(),
+            event_type: m.event_type.clone(),
+            payload: m.payload.clone(),
+            attempts: 0,
+            cycle_started_at: m.created_at,
+            cycle_base: 0,
+            manual: false,
+        }
+    }
+}

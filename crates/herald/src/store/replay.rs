@@ -1,0 +1,99 @@
+//! Replays of dead deliveries and Svix's resend.
+
+use super::*;
+
+/// Replays of dead deliveries and resends.
+#[async_trait]
+pub trait Replay: Send + Sync {
+    /// Replays every dead delivery matching `filter` (and, when `ids` is
+    /// given, only those), at most `limit`; returns how many.
+    async fn replay_dead_matching(
+        &self,
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64>;
+    /// Replays every dead delivery matching `filter`, in batches of
+    /// [`REPLAY_BATCH`], only those dead when it began (one that fails
+    /// again meanwhile is not replayed twice); returns how many.
+    async fn replay_all_dead_matching(&self, filter: &DeadFilter, now: Millis) -> StoreResult<u64> {
+        let filter = DeadFilter {
+            until: Some(filter.until.map_or(now + 1, |u| u.min(now + 1))),
+            ..filter.clone()
+        };
+        let mut total = 0;
+        loop {
+            let n = self
+                .replay_dead_matching(&filter, None, REPLAY_BATCH, now)
+                .await?;
+            total += n;
+            if usize::try_from(n).unwrap_or(usize::MAX) < REPLAY_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+    /// Makes one dead delivery due now, in a fresh retry cycle. False if it
+    /// is not dead (or not found).
+    async fn replay_dead(&self, app: &AppId, id: &DeliveryId, now: Millis) -> StoreResult<bool> {
+        let filter = DeadFilter {
+            app: Some(app.clone()),
+            ..DeadFilter::default()
+        };
+        let ids = std::slice::from_ref(id);
+        Ok(self
+            .replay_dead_matching(&filter, Some(ids), 1, now)
+            .await?
+            == 1)
+    }
+    /// Replays every dead delivery of an endpoint; returns how many.
+    async fn replay_dead_of_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let filter = DeadFilter {
+            app: Some(app.clone()),
+            endpoint: Some(ep.clone()),
+            ..DeadFilter::default()
+        };
+        self.replay_all_dead_matching(&filter, now).await
+    }
+    /// Svix's resend: a manual attempt of (message, endpoint) now, reusing
+    /// the delivery (and so its Idempotency-Key) if one exists.
+    async fn resend(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<ResendOutcome>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResendOutcome {
+    Queued,
+    NoSuchMessage,
+    NoSuchEndpoint,
+}
+
+/// The most one bulk replay statement moves.
+pub const REPLAY_BATCH: usize = 1000;
+
+/// Which dead deliveries a listing or a bulk replay covers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadFilter {
+    pub app: Option<AppId>,
+    pub endpoint: Option<EndpointId>,
+    pub event_type: Option<String>,
+    pub reason: Option<DeadReason>,
+    /// Dead-lettered at or after (ms).
+    pub since: Option<Millis>,
+    /// Dead-lettered before (ms).
+    pub until: Option<Millis>,
+    /// Message created at or after (ms): `recover`'s window.
+    pub created_since: Option<Millis>,
+    /// Message created before (ms).
+    pub created_until: Option<Millis>,
+}

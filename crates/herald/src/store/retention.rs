@@ -1,0 +1,45 @@
+//! Retention: what ages out of the store (history, held deliveries past
+//! the age cap, stats buckets, idempotency records).
+
+use super::*;
+
+/// What retention ages out of the store.
+#[async_trait]
+pub trait Retention: Send + Sync {
+    /// Deletes old history in small batches: messages older than
+    /// `finished_before` whose deliveries are all delivered (or that have
+    /// none), with their deliveries and attempts; and dead deliveries last
+    /// changed before `dead_before`, with their attempts (their message
+    /// goes too once it has no delivery left and is older than
+    /// `finished_before`). At most `batch` messages and `batch` dead
+    /// deliveries per call; the caller repeats while `more` is set.
+    async fn prune(
+        &self,
+        finished_before: Millis,
+        dead_before: Millis,
+        batch: usize,
+    ) -> StoreResult<PruneReport>;
+    /// Retention's age cap on held deliveries (pending, of a disabled
+    /// endpoint): those whose cycle started before `too_old_before` become
+    /// dead ("too old"), replayable like any other, as enabling the
+    /// endpoint would have made them. At most `batch` per call; returns
+    /// how many, and the caller repeats while a batch was full.
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64>;
+    /// Drops endpoint stats buckets that started before `before`.
+    async fn prune_stats(&self, before: Millis) -> StoreResult<u64>;
+    /// Drops idempotency records created before `before`.
+    async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64>;
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub messages: u64,
+    pub dead_deliveries: u64,
+    /// A batch was full: call again.
+    pub more: bool,
+}

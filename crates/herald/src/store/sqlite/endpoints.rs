@@ -1,0 +1,331 @@
+//! Endpoints on SQLite: their rows, secrets, headers and the enabled /
+//! disabled lifecycle (enabling lets held deliveries back in).
+
+use super::queue::unhold;
+use super::*;
+
+pub(super) fn endpoint_from_row(r: &Row<'_>) -> StoreResult<Endpoint> {
+    let filter: Option<String> = get(r, "filter_types")?;
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        uid: get(r, "uid")?,
+        url: get(r, "url")?,
+        description: get(r, "description")?,
+        filter_types: filter.as_deref().map(from_json).transpose()?,
+        disabled: get::<i64>(r, "disabled")? != 0,
+        rate_limit: u16_opt(get(r, "rate_limit")?),
+        metadata: from_json(&get::<String>(r, "metadata")?)?,
+        channels: json_opt(get(r, "channels")?)?,
+        headers: from_json(&get::<String>(r, "headers")?)?,
+        secret: get(r, "secret")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+pub(super) fn status_from_row(r: &Row<'_>) -> StoreResult<EndpointStatus> {
+    let by: Option<String> = get(r, "disabled_by")?;
+    Ok(EndpointStatus {
+        fail_streak: u32_of(get(r, "fail_streak")?),
+        streak_started_at: get(r, "streak_started_at")?,
+        last_success_at: get(r, "last_success_at")?,
+        last_error: get(r, "last_error")?,
+        last_error_at: get(r, "last_error_at")?,
+        disabled: get::<i64>(r, "disabled")? != 0,
+        disabled_reason: get(r, "disabled_reason")?,
+        disabled_at: get(r, "disabled_at")?,
+        auto_disabled: by.as_deref() == Some("auto"),
+    })
+}
+
+#[async_trait]
+impl Endpoints for SqliteStore {
+    async fn create_endpoint(&self, ep: &Endpoint) -> StoreResult<()> {
+        let ep = ep.clone();
+        let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
+        let metadata = to_json(&ep.metadata)?;
+        let channels = ep.channels.as_ref().map(to_json).transpose()?;
+        let headers = to_json(&ep.headers)?;
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
+                 metadata, secret, created_at, updated_at, channels, headers) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                params![
+                    ep.id.as_str(),
+                    ep.app_id.as_str(),
+                    ep.uid,
+                    ep.url,
+                    ep.description,
+                    filter,
+                    i64::from(ep.disabled),
+                    ep.rate_limit,
+                    metadata,
+                    ep.secret,
+                    ep.created_at,
+                    ep.updated_at,
+                    channels,
+                    headers
+                ],
+            )
+            .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
+        let (app, key) = (app.as_str().to_owned(), id_or_uid.to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM endpoints WHERE app_id = ?1 AND (id = ?2 OR uid = ?2) ORDER BY id = ?2 DESC LIMIT 1",
+                )
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![app, key], endpoint_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
+        let (app, page) = (app.as_str().to_owned(), page.clone());
+        self.read(move |c| {
+            page_of(
+                c,
+                "SELECT * FROM endpoints WHERE app_id = ?",
+                "id",
+                vec![app.into()],
+                &page,
+                endpoint_from_row,
+            )
+        })
+        .await
+    }
+
+    async fn update_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        changes: &EndpointChanges,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        let ch = changes.clone();
+        let EndpointChangesJson {
+            filter_types: filter,
+            metadata,
+            channels,
+        } = changes.json_columns()?;
+        self.write(move |c| {
+            // Only the columns the caller set: a column it did not name may
+            // have been changed since it read the endpoint.
+            let n = c
+                .prepare_cached(
+                    "UPDATE endpoints SET uid = CASE WHEN ?1 THEN ?2 ELSE uid END, \
+                     url = COALESCE(?3, url), description = COALESCE(?4, description), \
+                     filter_types = CASE WHEN ?5 THEN ?6 ELSE filter_types END, \
+                     rate_limit = CASE WHEN ?7 THEN ?8 ELSE rate_limit END, \
+                     metadata = COALESCE(?9, metadata), \
+                     channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12 \
+                     WHERE id = ?13 AND app_id = ?14",
+                )
+                .map_err(map_err)?
+                .execute(params![
+                    ch.uid.is_some(),
+                    ch.uid.flatten(),
+                    ch.url,
+                    ch.description,
+                    filter.is_some(),
+                    filter.flatten(),
+                    ch.rate_limit.is_some(),
+                    ch.rate_limit.flatten(),
+                    metadata,
+                    channels.is_some(),
+                    channels.flatten(),
+                    now,
+                    ep,
+                    app
+                ])
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn set_endpoint_headers(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        headers: &BTreeMap<String, String>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        let headers = to_json(headers)?;
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE endpoints SET headers = ?1, updated_at = ?2 WHERE id = ?3 AND app_id = ?4",
+                    params![headers, now, ep, app],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        // Deliveries go with it (ON DELETE CASCADE); attempts are history.
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "DELETE FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![id, app],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn rotate_secret(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        new_secret: &str,
+        grace_until: Millis,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (app, ep, new_secret) = (
+            app.as_str().to_owned(),
+            ep.as_str().to_owned(),
+            new_secret.to_owned(),
+        );
+        self.write(move |c| {
+            let current: Option<(String, String)> = c
+                .query_row(
+                    "SELECT secret, old_secrets FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some((secret, old)) = current else {
+                return Ok(false);
+            };
+            let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+            c.execute(
+                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
+                params![new_secret, old, now, ep],
+            )
+            .map_err(map_err)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
+        let ep = ep.as_str().to_owned();
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM endpoints WHERE id = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![ep], status_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn disable_endpoint(
+        &self,
+        ep: &EndpointId,
+        reason: &str,
+        auto: bool,
+        streak_started_at: Option<Millis>,
+        now: Millis,
+    ) -> StoreResult<bool> {
+        let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
+        let by = if auto { "auto" } else { "operator" };
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
+                     disabled_at = ?3, updated_at = ?3 \
+                     WHERE id = ?4 AND disabled = 0 AND (?5 IS NULL OR streak_started_at = ?5)",
+                    params![reason, by, now, ep, streak_started_at],
+                )
+                .map_err(map_err)?;
+            if n == 1 {
+                // Its pending deliveries are held from now on, parked or
+                // not: out of the claim index, and found by retention's age
+                // cap. (Claims hold those made pending later.)
+                c.execute(
+                    "UPDATE deliveries SET parked = 2 WHERE endpoint_id = ?1 AND state = 0",
+                    params![ep],
+                )
+                .map_err(map_err)?;
+                c.execute(
+                    "DELETE FROM parked_endpoints WHERE endpoint_id = ?1",
+                    params![ep],
+                )
+                .map_err(map_err)?;
+            }
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn enable_endpoint(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        now: Millis,
+        too_old_before: Millis,
+    ) -> StoreResult<Option<EnableReport>> {
+        let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
+        self.write(move |c| {
+            let was: Option<i64> = c
+                .query_row(
+                    "SELECT disabled FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some(was) = was else { return Ok(None) };
+            if was == 0 {
+                // Nothing is held for an enabled endpoint: the age cap at
+                // enable is for deliveries that waited while it was off.
+                return Ok(Some(EnableReport::default()));
+            }
+            c.execute(
+                "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
+                 disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
+                params![now, ep],
+            )
+            .map_err(map_err)?;
+            // Held past the age cap: dead now, and replayable like any other.
+            let expired = c
+                .execute(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE endpoint_id = ?2 AND state = 0 AND cycle_started_at < ?3",
+                    params![now, ep, too_old_before],
+                )
+                .map_err(map_err)?;
+            c.execute(
+                "UPDATE deliveries SET parked = 0 WHERE endpoint_id = ?1 AND parked = 1",
+                params![ep],
+            )
+            .map_err(map_err)?;
+            unhold(c, &ep)?;
+            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
+                .map_err(map_err)?;
+            Ok(Some(EnableReport {
+                was_disabled: true,
+                expired: u64::try_from(expired).unwrap_or(0),
+            }))
+        })
+        .await
+    }
+}

@@ -1,0 +1,228 @@
+//! Reads of messages, deliveries and attempts on SQLite.
+
+use super::replay::dead_filter_sql;
+use super::*;
+
+fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
+    Ok(Message {
+        id: MsgId::from_trusted(get(r, "id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        event_type: get(r, "event_type")?,
+        event_id: get(r, "event_id")?,
+        payload: get(r, "payload")?,
+        channels: json_opt(get(r, "channels")?)?,
+        created_at: get(r, "created_at")?,
+    })
+}
+
+const DELIVERY_COLUMNS: &str =
+    "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
+     d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
+
+fn delivery_from_row(r: &Row<'_>) -> StoreResult<Delivery> {
+    let state: i64 = get(r, "state")?;
+    let reason: Option<String> = get(r, "dead_reason")?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(get(r, "id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        event_type: get(r, "event_type")?,
+        state: DeliveryState::from_i64(state)
+            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
+        attempts: u32_of(get(r, "attempts")?),
+        next_attempt_at: get(r, "next_attempt_at")?,
+        dead_reason: reason.as_deref().and_then(DeadReason::parse),
+        last_status: u16_opt(get(r, "last_status")?),
+        last_error: get(r, "last_error")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+    })
+}
+
+fn attempt_from_row(r: &Row<'_>) -> StoreResult<AttemptRecord> {
+    Ok(AttemptRecord {
+        id: AttemptId::from_trusted(get(r, "id")?),
+        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
+        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
+        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
+        app_id: AppId::from_trusted(get(r, "app_id")?),
+        url: get(r, "url")?,
+        attempt_number: u32_of(get(r, "attempt_number")?),
+        started_at: get(r, "started_at")?,
+        duration_ms: get(r, "duration_ms")?,
+        status_code: u16_opt(get(r, "status_code")?),
+        response: get(r, "response")?,
+        error: get(r, "error")?,
+        success: get::<i64>(r, "success")? != 0,
+        manual: get::<i64>(r, "manual")? != 0,
+    })
+}
+
+#[async_trait]
+impl History for SqliteStore {
+    async fn get_message(&self, app: &AppId, id_or_event_id: &str) -> StoreResult<Option<Message>> {
+        let (app, key) = (app.as_str().to_owned(), id_or_event_id.to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
+                )
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![app, key], message_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.id = ?1 AND d.app_id = ?2"
+                ))
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![id, app], delivery_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_deliveries_of_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+    ) -> StoreResult<Vec<Delivery>> {
+        let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached(&format!(
+                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+                     WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
+                ))
+                .map_err(map_err)?;
+            rows(&mut stmt, params![msg, app], delivery_from_row)
+        })
+        .await
+    }
+
+    async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
+        let (cond, args) = dead_filter_sql(filter);
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
+        );
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
+            .await
+    }
+
+    async fn list_attempts(
+        &self,
+        app: &AppId,
+        filter: &AttemptFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<AttemptRecord>> {
+        let mut sql = String::from("SELECT * FROM attempts WHERE app_id = ?");
+        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
+        if let Some(msg) = &filter.msg {
+            sql.push_str(" AND msg_id = ?");
+            args.push(msg.as_str().to_owned().into());
+        }
+        if let Some(ep) = &filter.endpoint {
+            sql.push_str(" AND endpoint_id = ?");
+            args.push(ep.as_str().to_owned().into());
+        }
+        if let Some(ok) = filter.success {
+            sql.push_str(if ok {
+                " AND success = 1"
+            } else {
+                " AND success = 0"
+            });
+        }
+        match filter.code_class {
+            None => {}
+            Some(0) => sql.push_str(" AND status_code IS NULL"),
+            Some(class) => {
+                sql.push_str(" AND status_code >= ? AND status_code < ?");
+                args.push(i64::from(class).into());
+                args.push((i64::from(class) + 100).into());
+            }
+        }
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "id", args, &page, attempt_from_row))
+            .await
+    }
+
+    async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>> {
+        let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
+        self.read(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM attempts WHERE id = ?1 AND app_id = ?2")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![id, app], attempt_from_row)?.pop())
+        })
+        .await
+    }
+
+    async fn list_messages(
+        &self,
+        app: &AppId,
+        filter: &MessageFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<Message>> {
+        let mut sql = String::from("SELECT * FROM messages WHERE app_id = ?");
+        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
+        if let Some(types) = &filter.event_types {
+            sql.push_str(" AND event_type IN (SELECT value FROM json_each(?))");
+            args.push(to_json(types)?.into());
+        }
+        if let Some(channel) = &filter.channel {
+            sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = ?)");
+            args.push(channel.clone().into());
+        }
+        if let Some(before) = filter.before {
+            sql.push_str(" AND created_at < ?");
+            args.push(before.into());
+        }
+        if let Some(after) = filter.after {
+            sql.push_str(" AND created_at > ?");
+            args.push(after.into());
+        }
+        let page = page.clone();
+        self.read(move |c| page_of(c, &sql, "id", args, &page, message_from_row))
+            .await
+    }
+
+    async fn list_endpoint_messages(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        page: &PageReq,
+    ) -> StoreResult<Page<(Delivery, Message)>> {
+        let args: Vec<Value> = vec![
+            ep.as_str().to_owned().into(),
+            app.as_str().to_owned().into(),
+        ];
+        let sql = format!(
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
+        );
+        let page = page.clone();
+        self.read(move |c| {
+            page_of(c, &sql, "d.msg_id", args, &page, |r| {
+                let d = delivery_from_row(r)?;
+                let m = Message {
+                    id: d.msg_id.clone(),
+                    app_id: d.app_id.clone(),
+                    event_type: d.event_type.clone(),
+                    event_id: get(r, "event_id")?,
+                    payload: get(r, "payload")?,
+                    channels: json_opt(get(r, "channels")?)?,
+                    created_at: get(r, "msg_created_at")?,
+                };
+                Ok((d, m))
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,392 @@
+//! The embedded store: SQLite in WAL mode with `synchronous=FULL`, so a
+//! commit is on disk before anyone hears of it.
+//!
+//! SQLite allows one writer at a time, so one thread owns the only writing
+//! connection and runs every write as a job. It takes all the jobs that
+//! queued up while it was busy and runs them in ONE transaction, each in
+//! its own savepoint (a failing job rolls back alone), then commits once
+//! and only then answers each job. Ingest batches, claims and completions
+//! therefore share fsyncs: this group commit is what makes a durable queue
+//! on one disk fast. Reads run on a small pool of read-only connections,
+//! beside the writer, as WAL allows.
+//!
+//! This file holds what every part needs: opening, the writer thread and
+//! the readers, the migrations, error mapping and row helpers. Each part of
+//! the store has its file beside it, with its SQL: `settings.rs`,
+//! `apps.rs`, `endpoints.rs`, `event_types.rs`, `queue.rs` (ingest, claim
+//! with parking and holding, complete, release), `replay.rs`, `history.rs`,
+//! `health.rs`, `tokens.rs`, `retention.rs`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_policy::DeadReason;
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
+use tokio::sync::{mpsc, oneshot};
+
+use super::*;
+
+mod apps;
+mod endpoints;
+mod event_types;
+mod health;
+mod history;
+mod queue;
+mod replay;
+mod retention;
+mod settings;
+mod tokens;
+
+/// The schema, in order. A database records how many it has applied in
+/// `PRAGMA user_version`; at open the rest are applied in a transaction.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/sqlite/0001_initial.sql"),
+    include_str!("../../../migrations/sqlite/0002_parking.sql"),
+    include_str!("../../../migrations/sqlite/0003_health.sql"),
+    include_str!("../../../migrations/sqlite/0004_secret_rotation.sql"),
+    include_str!("../../../migrations/sqlite/0005_event_types.sql"),
+    include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
+    include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
+    include_str!("../../../migrations/sqlite/0008_held.sql"),
+];
+
+/// Jobs per transaction at most; the rest wait for the next one.
+const MAX_JOBS_PER_COMMIT: usize = 512;
+const READERS: usize = 4;
+
+type Finish = Box<dyn FnOnce(&StoreResult<()>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> Finish + Send>;
+
+enum Command {
+    Run(Job),
+    /// Finish what is queued before this, then stop.
+    Stop,
+}
+
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Command>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    path: PathBuf,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Turns `sqlite:///abs/path.db` or `sqlite://rel.db` into a file path.
+pub fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let rest = rest.split('?').next().unwrap_or(rest);
+    if rest.is_empty() {
+        None
+    } else {
+        Some(PathBuf::from(rest))
+    }
+}
+
+fn map_err(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, msg) => match f.code {
+            ErrorCode::ConstraintViolation
+                if matches!(
+                    f.extended_code,
+                    rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                        | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                ) =>
+            {
+                StoreError::Conflict(msg.clone().unwrap_or_else(|| e.to_string()))
+            }
+            ErrorCode::ConstraintViolation
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY =>
+            {
+                StoreError::ParentGone(e.to_string())
+            }
+            ErrorCode::DatabaseBusy
+            | ErrorCode::DatabaseLocked
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen => StoreError::Unavailable(e.to_string()),
+            _ => StoreError::Internal(e.to_string()),
+        },
+        _ => StoreError::Internal(e.to_string()),
+    }
+}
+
+/// Page cache per connection, in KiB (SQLite's default is 2,000).
+const CACHE_KIB: i64 = 32 * 1024;
+
+fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(Duration::from_secs(10))
+        .map_err(map_err)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    if !read_only {
+        // WAL: readers never block the writer. FULL: a commit is fsynced.
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(map_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(map_err)?;
+        conn.pragma_update(None, "wal_autocheckpoint", 4000)
+            .map_err(map_err)?;
+    }
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(map_err)?;
+    // Each writer job runs in a savepoint, whose sub-journal would
+    // otherwise spill to a temporary file (a write per page touched).
+    conn.pragma_update(None, "temp_store", "MEMORY")
+        .map_err(map_err)?;
+    // A group commit touches more than the default 2 MiB of pages; a
+    // smaller cache spills dirty pages into the WAL mid-transaction.
+    conn.pragma_update(None, "cache_size", -CACHE_KIB)
+        .map_err(map_err)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> StoreResult<()> {
+    let applied: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(map_err)?;
+    let applied = usize::try_from(applied).unwrap_or(0);
+    if applied > MIGRATIONS.len() {
+        return Err(StoreError::Internal(format!(
+            "database schema version {applied} is newer than this Herald ({}); upgrade Herald",
+            MIGRATIONS.len()
+        )));
+    }
+    let tx = conn.transaction().map_err(map_err)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
+        tx.execute_batch(sql)
+            .map_err(|e| StoreError::Internal(format!("migration {} failed: {e}", i + 1)))?;
+        tx.pragma_update(None, "user_version", i + 1)
+            .map_err(map_err)?;
+    }
+    tx.commit().map_err(map_err)
+}
+
+/// The writer thread: gathers queued jobs, runs them in one transaction
+/// (a savepoint each), commits, then lets each job answer.
+fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Command>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
+    let mut stopping = false;
+    while !stopping {
+        match jobs.blocking_recv() {
+            Some(Command::Run(job)) => batch.push(job),
+            Some(Command::Stop) | None => break,
+        }
+        while batch.len() < MAX_JOBS_PER_COMMIT {
+            match jobs.try_recv() {
+                Ok(Command::Run(job)) => batch.push(job),
+                Ok(Command::Stop) => {
+                    stopping = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let begun = conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err);
+        let mut finishes = Vec::with_capacity(batch.len());
+        if begun.is_ok() {
+            for job in batch.drain(..) {
+                finishes.push(job(&conn));
+            }
+        }
+        let outcome = begun.and_then(|()| conn.execute_batch("COMMIT").map_err(map_err));
+        if outcome.is_err() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for finish in finishes {
+            finish(&outcome);
+        }
+        // Jobs never run (BEGIN failed) are dropped: their callers see the
+        // reply channel close and report the store unavailable.
+        batch.clear();
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file and applies migrations.
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let path = sqlite_path(url)
+            .ok_or_else(|| StoreError::Internal(format!("not a sqlite URL: {url}")))?;
+        let opened = tokio::task::spawn_blocking(
+            move || -> StoreResult<(Connection, Vec<Connection>, PathBuf)> {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                }
+                let mut writer = open_connection(&path, false)?;
+                migrate(&mut writer)?;
+                let readers = (0..READERS)
+                    .map(|_| open_connection(&path, true))
+                    .collect::<StoreResult<Vec<_>>>()?;
+                Ok((writer, readers, path))
+            },
+        )
+        .await
+        .map_err(|e| StoreError::Internal(format!("open task failed: {e}")))??;
+        let (writer, readers, path) = opened;
+        let (tx, rx) = mpsc::channel(4 * MAX_JOBS_PER_COMMIT);
+        let handle = std::thread::Builder::new()
+            .name("herald-sqlite-writer".into())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|e| StoreError::Internal(format!("cannot start writer thread: {e}")))?;
+        Ok(SqliteStore {
+            jobs: tx,
+            readers: Arc::new(Mutex::new(readers)),
+            path,
+            writer: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Lets the writer finish the jobs already queued, then stops it and
+    /// waits for it. Later writes fail with `Unavailable`.
+    pub async fn close(&self) {
+        let _ = self.jobs.send(Command::Stop).await;
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle {
+            let _ = tokio::task::spawn_blocking(move || h.join()).await;
+        }
+    }
+
+    /// Runs `f` on the writer, in the shared transaction, in a savepoint.
+    async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel::<StoreResult<T>>();
+        let job: Job = Box::new(move |conn: &Connection| -> Finish {
+            let result = match conn.execute_batch("SAVEPOINT job") {
+                Ok(()) => {
+                    let r = f(conn);
+                    let end = if r.is_ok() {
+                        "RELEASE job"
+                    } else {
+                        "ROLLBACK TO job; RELEASE job"
+                    };
+                    match (r, conn.execute_batch(end).map_err(map_err)) {
+                        (Ok(v), Ok(())) => Ok(v),
+                        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    }
+                }
+                Err(e) => Err(map_err(e)),
+            };
+            Box::new(move |committed: &StoreResult<()>| {
+                let _ = reply.send(match committed {
+                    Ok(()) => result,
+                    Err(e) => Err(e.clone()),
+                });
+            })
+        });
+        self.jobs
+            .send(Command::Run(job))
+            .await
+            .map_err(|_| StoreError::Unavailable("store is closed".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("store transaction did not run".into()))?
+    }
+
+    /// Runs `f` on a read-only connection, off the async threads.
+    async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let pool = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let taken = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let conn = match taken {
+                Some(c) => c,
+                None => open_connection(&path, true)?,
+            };
+            let result = f(&conn);
+            let mut idle = pool.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < READERS {
+                idle.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("read task failed: {e}")))?
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+fn u16_opt(v: Option<i64>) -> Option<u16> {
+    v.and_then(|n| u16::try_from(n).ok())
+}
+
+fn u32_of(v: i64) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// Reads a row into `T`, keeping rusqlite's and our errors apart.
+fn rows<T>(
+    stmt: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+    map: fn(&Row<'_>) -> StoreResult<T>,
+) -> StoreResult<Vec<T>> {
+    let mut out = Vec::new();
+    let mut rs = stmt.query(params).map_err(map_err)?;
+    while let Some(row) = rs.next().map_err(map_err)? {
+        out.push(map(row)?);
+    }
+    Ok(out)
+}
+
+fn get<T: rusqlite::types::FromSql>(r: &Row<'_>, col: &str) -> StoreResult<T> {
+    r.get(col).map_err(map_err)
+}
+
+fn json_opt<T: serde::de::DeserializeOwned>(text: Option<String>) -> StoreResult<Option<T>> {
+    text.as_deref().map(from_json).transpose()
+}
+
+/// A keyset page over `column` (ids sort by creation time). `sql` ends in
+/// an open WHERE clause; `args` are its parameters.
+fn page_of<T>(
+    conn: &Connection,
+    sql: &str,
+    column: &str,
+    mut args: Vec<Value>,
+    page: &PageReq,
+    map: fn(&Row<'_>) -> StoreResult<T>,
+) -> StoreResult<Page<T>> {
+    let mut sql = sql.to_owned();
+    let up = page.walks_ascending();
+    if let Some(after) = &page.after {
+        sql.push_str(&format!(" AND {column} {} ?", if up { ">" } else { "<" }));
+        args.push(after.clone().into());
+    }
+    sql.push_str(&format!(
+        " ORDER BY {column} {} LIMIT {}",
+        if up { "ASC" } else { "DESC" },
+        page.limit.saturating_add(1)
+    ));
+    let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+    let mut items = rows(&mut stmt, rusqlite::params_from_iter(args), map)?;
+    let has_more = items.len() > page.limit;
+    items.truncate(page.limit);
+    if page.backwards {
+        items.reverse();
+    }
+    Ok(Page { items, has_more })
+}

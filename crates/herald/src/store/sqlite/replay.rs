@@ -1,0 +1,140 @@
+//! Replays of dead deliveries and resends on SQLite.
+
+use super::*;
+
+/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, with
+/// its arguments.
+pub(super) fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<Value>) {
+    let mut sql = String::from("d.state = 3");
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(app) = &filter.app {
+        sql.push_str(" AND d.app_id = ?");
+        args.push(app.as_str().to_owned().into());
+    }
+    if let Some(ep) = &filter.endpoint {
+        sql.push_str(" AND d.endpoint_id = ?");
+        args.push(ep.as_str().to_owned().into());
+    }
+    if let Some(t) = &filter.event_type {
+        sql.push_str(" AND m.event_type = ?");
+        args.push(t.clone().into());
+    }
+    if let Some(r) = filter.reason {
+        sql.push_str(" AND d.dead_reason = ?");
+        args.push(r.as_str().to_owned().into());
+    }
+    if let Some(since) = filter.since {
+        sql.push_str(" AND d.updated_at >= ?");
+        args.push(since.into());
+    }
+    if let Some(until) = filter.until {
+        sql.push_str(" AND d.updated_at < ?");
+        args.push(until.into());
+    }
+    if let Some(since) = filter.created_since {
+        sql.push_str(" AND d.created_at >= ?");
+        args.push(since.into());
+    }
+    if let Some(until) = filter.created_until {
+        sql.push_str(" AND d.created_at < ?");
+        args.push(until.into());
+    }
+    (sql, args)
+}
+
+const REPLAY_SET: &str =
+    "state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
+     manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1";
+
+#[async_trait]
+impl Replay for SqliteStore {
+    async fn replay_dead_matching(
+        &self,
+        filter: &DeadFilter,
+        ids: Option<&[DeliveryId]>,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<u64> {
+        let (mut cond, filter_args) = dead_filter_sql(filter);
+        let mut args: Vec<Value> = vec![now.into()];
+        args.extend(filter_args);
+        if let Some(ids) = ids {
+            let list: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+            cond.push_str(" AND d.id IN (SELECT value FROM json_each(?))");
+            args.push(to_json(&list)?.into());
+        }
+        // REPLAY_SET's time is ?1; the filter's parameters follow it.
+        let sql = format!(
+            "UPDATE deliveries SET {REPLAY_SET} WHERE id IN (SELECT d.id FROM deliveries d \
+             JOIN messages m ON m.id = d.msg_id WHERE {} LIMIT {limit})",
+            renumber_from(&cond, 2)
+        );
+        self.write(move |c| {
+            let n = c
+                .execute(&sql, rusqlite::params_from_iter(args))
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn resend(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        ep: &EndpointId,
+        now: Millis,
+    ) -> StoreResult<ResendOutcome> {
+        let (app, msg, ep) = (
+            app.as_str().to_owned(),
+            msg.as_str().to_owned(),
+            ep.as_str().to_owned(),
+        );
+        self.write(move |c| {
+            let exists = |sql: &str, id: &str| -> StoreResult<bool> {
+                c.query_row(sql, params![id, app], |_| Ok(())).optional().map(|o| o.is_some()).map_err(map_err)
+            };
+            if !exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2", &msg)? {
+                return Ok(ResendOutcome::NoSuchMessage);
+            }
+            if !exists("SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2", &ep)? {
+                return Ok(ResendOutcome::NoSuchEndpoint);
+            }
+            // Reuse the delivery so the Idempotency-Key stays the same;
+            // clearing the lease token makes an in-flight outcome leave the
+            // state alone.
+            let n = c
+                .execute(
+                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"),
+                    params![now, msg, ep],
+                )
+                .map_err(map_err)?;
+            if n == 0 {
+                c.execute(
+                    "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
+                     manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
+                    params![DeliveryId::generate().as_str(), msg, ep, app, now],
+                )
+                .map_err(map_err)?;
+            }
+            Ok(ResendOutcome::Queued)
+        })
+        .await
+    }
+}
+
+/// Numbers a fragment's bare `?` parameters from `first` on, so that it
+/// can follow numbered ones (numbered and bare ones must not mix).
+fn renumber_from(sql: &str, first: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = first;
+    for ch in sql.chars() {
+        if ch == '?' {
+            out.push_str(&format!("?{n}"));
+            n += 1;
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}

@@ -1,0 +1,185 @@
+//! Retention on SQLite: pruning history, stats and idempotency records,
+//! and the age cap on held deliveries.
+
+use super::*;
+
+/// One batch of retention (see `Retention::prune`), in the writer's
+/// transaction. Dead deliveries go first, so a message whose only
+/// unfinished delivery was one of them can go in the same call.
+fn prune_tx(
+    conn: &Connection,
+    finished_before: Millis,
+    dead_before: Millis,
+    batch: usize,
+) -> StoreResult<PruneReport> {
+    let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+    let mut dead = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT id, msg_id FROM deliveries WHERE state = 3 AND updated_at < ?1 \
+                 ORDER BY updated_at LIMIT ?2",
+            )
+            .map_err(map_err)?;
+        let mut rs = stmt.query(params![dead_before, limit]).map_err(map_err)?;
+        while let Some(r) = rs.next().map_err(map_err)? {
+            dead.push((get::<String>(r, "id")?, get::<String>(r, "msg_id")?));
+        }
+    }
+    let mut delete_attempts_of_delivery = conn
+        .prepare_cached("DELETE FROM attempts WHERE msg_id = ?1 AND delivery_id = ?2")
+        .map_err(map_err)?;
+    let mut delete_delivery = conn
+        .prepare_cached("DELETE FROM deliveries WHERE id = ?1")
+        .map_err(map_err)?;
+    // Attempts are history without a foreign key: a message's go with it,
+    // including those of endpoints deleted since.
+    let mut delete_attempts_of_message = conn
+        .prepare_cached("DELETE FROM attempts WHERE msg_id = ?1")
+        .map_err(map_err)?;
+    let mut delete_orphan = conn
+        .prepare_cached(
+            "DELETE FROM messages WHERE id = ?1 AND created_at < ?2 \
+               AND NOT EXISTS (SELECT 1 FROM deliveries WHERE msg_id = ?1)",
+        )
+        .map_err(map_err)?;
+    let mut messages: usize = 0;
+    for (id, msg) in &dead {
+        delete_attempts_of_delivery
+            .execute(params![msg, id])
+            .map_err(map_err)?;
+        delete_delivery.execute(params![id]).map_err(map_err)?;
+    }
+    let mut dead_msgs: Vec<&String> = dead.iter().map(|(_, m)| m).collect();
+    dead_msgs.sort_unstable();
+    dead_msgs.dedup();
+    for msg in dead_msgs {
+        if delete_orphan
+            .execute(params![msg, finished_before])
+            .map_err(map_err)?
+            == 1
+        {
+            delete_attempts_of_message
+                .execute(params![msg])
+                .map_err(map_err)?;
+            messages += 1;
+        }
+    }
+
+    // Old messages whose deliveries are all delivered (or that have none),
+    // oldest first, within what is left of the batch.
+    let budget = batch.saturating_sub(messages);
+    let mut finished = Vec::new();
+    if budget > 0 {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT id FROM messages m WHERE created_at < ?1 \
+                   AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state <> 2) \
+                 ORDER BY created_at LIMIT ?2",
+            )
+            .map_err(map_err)?;
+        let mut rs = stmt
+            .query(params![
+                finished_before,
+                i64::try_from(budget).unwrap_or(i64::MAX)
+            ])
+            .map_err(map_err)?;
+        while let Some(r) = rs.next().map_err(map_err)? {
+            finished.push(get::<String>(r, "id")?);
+        }
+    }
+    let mut delete_deliveries_of_message = conn
+        .prepare_cached("DELETE FROM deliveries WHERE msg_id = ?1")
+        .map_err(map_err)?;
+    let mut delete_message = conn
+        .prepare_cached("DELETE FROM messages WHERE id = ?1")
+        .map_err(map_err)?;
+    for msg in &finished {
+        delete_attempts_of_message
+            .execute(params![msg])
+            .map_err(map_err)?;
+        delete_deliveries_of_message
+            .execute(params![msg])
+            .map_err(map_err)?;
+        delete_message.execute(params![msg]).map_err(map_err)?;
+    }
+    messages += finished.len();
+    Ok(PruneReport {
+        messages: u64::try_from(messages).unwrap_or(u64::MAX),
+        dead_deliveries: u64::try_from(dead.len()).unwrap_or(u64::MAX),
+        // (No budget left means the dead batch was full.)
+        more: dead.len() >= batch || (budget > 0 && finished.len() >= budget),
+    })
+}
+
+#[async_trait]
+impl Retention for SqliteStore {
+    async fn prune(
+        &self,
+        finished_before: Millis,
+        dead_before: Millis,
+        batch: usize,
+    ) -> StoreResult<PruneReport> {
+        if batch == 0 {
+            return Ok(PruneReport::default());
+        }
+        self.write(move |c| prune_tx(c, finished_before, dead_before, batch))
+            .await
+    }
+
+    async fn expire_held(
+        &self,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            // Per disabled endpoint, one seek into its held deliveries by
+            // cycle start, whatever else is held.
+            let n = c
+                .prepare_cached(
+                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                     next_attempt_at = ?1, updated_at = ?1 \
+                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
+                                  JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
+                                  WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
+                                  LIMIT ?3)",
+                )
+                .map_err(map_err)?
+                .execute(params![now, too_old_before, limit])
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "DELETE FROM idempotency WHERE created_at < ?1",
+                    params![before],
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "DELETE FROM endpoint_stats WHERE bucket < ?1",
+                    params![before],
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+}
