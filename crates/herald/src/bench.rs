@@ -568,6 +568,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
                     payload: "{}".to_owned(),
                     channels: None,
                     created_at: from + step * i64::try_from(i).unwrap_or(0),
+                    traceparent: None,
                 })
                 .collect();
             for chunk in all.chunks(500) {

@@ -48,6 +48,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_TLS_CERT", "", "PEM certificate chain: with HERALD_TLS_KEY, the listener speaks HTTPS only (reloaded on SIGHUP)."),
     ("HERALD_TLS_KEY", "", "PEM private key of HERALD_TLS_CERT."),
     ("HERALD_API_RATE_LIMIT", "0", "Requests per second one caller (admin token, application token, dashboard session) may make, with bursts of as many; beyond: 429 with Retry-After. 0: no limit."),
+    ("HERALD_OTLP_ENDPOINT", "", "OpenTelemetry: export traces over OTLP/HTTP (protobuf) to this base URL, e.g. `http://collector:4318`. Empty: no tracing, at no cost."),
+    ("HERALD_OTLP_SAMPLE_RATIO", "1.0", "Share of traces exported (0.0-1.0); a caller's sampled traceparent is always followed."),
+    ("HERALD_OTLP_SERVICE_NAME", "herald", "`service.name` of the exported spans."),
     ("HERALD_LOG", "info", "Log filter (tracing EnvFilter syntax)."),
 ];
 
@@ -98,7 +101,17 @@ pub struct Config {
     pub tls: Option<(PathBuf, PathBuf)>,
     /// Requests per second per caller; 0: unlimited.
     pub api_rate_limit: u32,
+    /// OpenTelemetry export, when configured.
+    pub otlp: Option<Otlp>,
     pub log: String,
+}
+
+/// Where and how spans are exported (`HERALD_OTLP_*`).
+#[derive(Debug, Clone)]
+pub struct Otlp {
+    pub endpoint: String,
+    pub sample_ratio: f64,
+    pub service_name: String,
 }
 
 impl std::fmt::Debug for Config {
@@ -143,6 +156,7 @@ impl std::fmt::Debug for Config {
             .field("tls_system_roots", &self.tls_system_roots)
             .field("tls", &self.tls)
             .field("api_rate_limit", &self.api_rate_limit)
+            .field("otlp", &self.otlp)
             .finish()
     }
 }
@@ -376,6 +390,45 @@ impl Config {
         let api_rate_limit = u32::try_from(number("HERALD_API_RATE_LIMIT")?)
             .map_err(|_| invalid("HERALD_API_RATE_LIMIT", "too large".into()))?;
 
+        let otlp_endpoint = get("HERALD_OTLP_ENDPOINT").trim().to_owned();
+        let otlp = if otlp_endpoint.is_empty() {
+            None
+        } else {
+            match url::Url::parse(&otlp_endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => {
+                    return Err(invalid(
+                        "HERALD_OTLP_ENDPOINT",
+                        format!("`{otlp_endpoint}` is not an http(s) URL"),
+                    ))
+                }
+            }
+            let ratio_text = get("HERALD_OTLP_SAMPLE_RATIO");
+            let sample_ratio = ratio_text
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    invalid(
+                        "HERALD_OTLP_SAMPLE_RATIO",
+                        format!("`{ratio_text}` is not a number from 0.0 to 1.0"),
+                    )
+                })?;
+            let service_name = get("HERALD_OTLP_SERVICE_NAME").trim().to_owned();
+            if service_name.is_empty() || service_name.len() > 256 {
+                return Err(invalid(
+                    "HERALD_OTLP_SERVICE_NAME",
+                    "must be 1-256 characters".into(),
+                ));
+            }
+            Some(Otlp {
+                endpoint: otlp_endpoint,
+                sample_ratio,
+                service_name,
+            })
+        };
+
         Ok(Config {
             listen,
             header_timeout,
@@ -412,6 +465,7 @@ impl Config {
             tls_system_roots: boolean("HERALD_TLS_SYSTEM_ROOTS")?,
             tls,
             api_rate_limit,
+            otlp,
             log: get("HERALD_LOG"),
         })
     }
@@ -467,6 +521,7 @@ fn parse_toml(text: &str) -> Result<BTreeMap<String, String>, String> {
             toml::Value::String(s) => s,
             toml::Value::Integer(i) => i.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Float(f) => f.to_string(),
             toml::Value::Array(items) => items
                 .iter()
                 .map(|v| {

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Notify};
+use tracing::Instrument;
 
 use crate::dispatch::Dispatcher;
 use crate::store::{InsertOutcome, NewMessage, Store, StoreError, StoreResult};
@@ -108,13 +109,26 @@ async fn store_batch(
     messages: &[NewMessage],
 ) -> StoreResult<Vec<InsertOutcome>> {
     let ticket = dispatcher.reserve_handoff(messages.len().saturating_mul(HANDOFF_PER_MESSAGE));
+    let span = tracing::trace_span!(
+        target: crate::telemetry::TARGET, "ingest.batch",
+        messages = messages.len(), handed_off = tracing::field::Empty,
+    );
     let stored = match &ticket {
-        Some(t) => store.insert_messages_claiming(messages, &t.request()).await,
+        Some(t) => {
+            store
+                .insert_messages_claiming(messages, &t.request())
+                .instrument(span.clone())
+                .await
+        }
         None => store
             .insert_messages(messages)
+            .instrument(span.clone())
             .await
             .map(|outcomes| (outcomes, Vec::new())),
     };
+    if let Ok((_, claimed)) = &stored {
+        span.record("handed_off", claimed.len());
+    }
     match stored {
         Ok((outcomes, claimed)) => {
             let fanned: usize = outcomes

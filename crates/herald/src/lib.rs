@@ -18,4 +18,5 @@ pub mod operator;
 pub mod outbox;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod tls;

@@ -95,15 +95,14 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(config: &Config) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_new(&config.log).unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+fn init_logging(config: &Config) -> anyhow::Result<herald::telemetry::Telemetry> {
+    herald::telemetry::init(config)
 }
 
 async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
-    init_logging(&config);
+    let telemetry = init_logging(&config)?;
+    let https = config.tls.is_some();
     let listener = match role {
         Role::Worker => None,
         Role::All | Role::Api => Some(tokio::net::TcpListener::bind(config.listen).await.map_err(
@@ -116,6 +115,7 @@ async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
         println!("Generated admin token (shown only now; keep it safe): {token}");
     }
     match running.addr {
+        Some(addr) if https => println!("herald listening on https://{addr}"),
         Some(addr) => println!("herald listening on http://{addr}"),
         None => println!("herald worker running"),
     }
@@ -124,12 +124,15 @@ async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
         _ = terminate_signal() => {}
     }
     tracing::info!("shutting down: finishing requests in flight");
-    running.shutdown().await
+    let stopped = running.shutdown().await;
+    // The exporter's blocking flush, off the runtime's threads.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    stopped
 }
 
 async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
-    init_logging(&config);
+    let _telemetry = init_logging(&config)?;
     // Opening a store applies its migrations.
     let backend = server::open_store(&config).await?;
     backend.close().await;

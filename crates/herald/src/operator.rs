@@ -164,6 +164,7 @@ impl Operator {
                 .to_string(),
                 channels: None,
                 created_at: now,
+                traceparent: None,
             })
             .collect();
         match self.store.insert_messages(&messages).await {

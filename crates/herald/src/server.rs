@@ -217,10 +217,12 @@ pub async fn start(
         });
         // Every request's body has its deadline; trailing slashes are
         // optional, as in Svix: normalise before routing.
-        let router = api::router(state).layer(axum::middleware::from_fn_with_state(
-            config.body_timeout,
-            body_deadline,
-        ));
+        let router = api::router(state)
+            .layer(axum::middleware::from_fn(trace_request))
+            .layer(axum::middleware::from_fn_with_state(
+                config.body_timeout,
+                body_deadline,
+            ));
         let app = tower::Layer::layer(
             &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
             router,
@@ -542,6 +544,44 @@ impl http_body::Body for DeadlineBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
     }
+}
+
+/// A span per API request (when traces are exported; else nothing), named
+/// by its route, a child of the caller's `traceparent` if it sent one.
+async fn trace_request(request: Request, next: Next) -> Response {
+    use tracing::field::Empty;
+    use tracing::Instrument;
+    let span = tracing::trace_span!(
+        target: crate::telemetry::TARGET, "http.request",
+        otel.name = Empty, otel.kind = "server",
+        http.request.method = %request.method(), http.route = Empty,
+        http.response.status_code = Empty,
+    );
+    if span.is_disabled() {
+        return next.run(request).await;
+    }
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("(unmatched)", |m| m.as_str())
+        .to_owned();
+    span.record(
+        "otel.name",
+        format!("{} {route}", request.method()).as_str(),
+    );
+    span.record("http.route", route.as_str());
+    let caller = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::telemetry::valid_traceparent);
+    crate::telemetry::set_parent(&span, caller);
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
+    response
 }
 
 /// How often retention looks for history to prune.

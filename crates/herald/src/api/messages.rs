@@ -86,6 +86,7 @@ impl TryFrom<Message> for MessageOut {
 pub async fn create_message(
     State(state): State<ApiState>,
     app: ResolvedApp,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<MessageIn>,
 ) -> ApiResult<Response> {
     let app_id = app.id;
@@ -125,6 +126,7 @@ pub async fn create_message(
         payload: payload.to_owned(),
         channels: channels.clone(),
         created_at,
+        traceparent: traceparent_for(&headers),
     };
     // The answer reuses the request's own payload: no copy, no re-parse.
     let out = MessageOut {
@@ -322,6 +324,19 @@ pub async fn resend(
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
         ResendOutcome::NoSuchEndpoint => Err(ApiError::NotFound("endpoint")),
     }
+}
+
+/// The trace a message's attempts join: this request's span when Herald
+/// traces (itself a child of the caller's `traceparent`), else the
+/// caller's `traceparent` as it came, if well formed.
+fn traceparent_for(headers: &axum::http::HeaderMap) -> Option<String> {
+    crate::telemetry::traceparent_of(&tracing::Span::current()).or_else(|| {
+        headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::telemetry::valid_traceparent)
+            .map(str::to_owned)
+    })
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ use herald_policy::{decide, is_gone, should_disable, Decision, DisableRule, Retr
 use rand::Rng;
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::Config;
 use crate::ids::{AttemptId, EndpointId};
@@ -345,6 +346,10 @@ impl Dispatcher {
             claimed_at: now,
             until: self.lease_from(now),
         };
+        let span = tracing::trace_span!(
+            target: crate::telemetry::TARGET, "dispatch.claim",
+            limit, claimed = tracing::field::Empty,
+        );
         let claimed = self
             .store
             .claim(&ClaimRequest {
@@ -354,7 +359,9 @@ impl Dispatcher {
                 in_flight,
                 endpoint_cap: per_endpoint,
             })
+            .instrument(span.clone())
             .await?;
+        span.record("claimed", claimed.len());
         crate::metrics::claimed(claimed.len());
         Ok((claimed, lease))
     }
@@ -414,7 +421,34 @@ impl Dispatcher {
         let attempt_number = d.attempts.saturating_add(1);
         let started_at = now_millis();
         let trusted = self.operator.sends_unguarded(&d);
-        let observed = self.sender.send(&d, attempt_number, trusted).await;
+        // Disabled (a no-op) unless traces are exported; then a child of
+        // the message's trace, and the receiver gets this span as parent.
+        let span = tracing::trace_span!(
+            target: crate::telemetry::TARGET, "webhook.attempt",
+            otel.kind = "client",
+            endpoint.id = %d.endpoint_id, message.id = %d.msg_id, delivery.id = %d.id,
+            attempt = attempt_number,
+            http.response.status_code = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+            error = tracing::field::Empty,
+        );
+        crate::telemetry::set_parent(&span, d.traceparent.as_deref());
+        let traceparent = crate::telemetry::traceparent_of(&span).or_else(|| d.traceparent.clone());
+        let observed = self
+            .sender
+            .send(&d, attempt_number, trusted, traceparent.as_deref())
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            if let Some(status) = observed.status {
+                span.record("http.response.status_code", i64::from(status));
+            }
+            span.record("duration_ms", observed.duration.as_millis() as u64);
+            if observed.status.is_none_or(|s| !(200..300).contains(&s)) {
+                // The kind of failure, not the receiver's words.
+                span.record("error", format!("{:?}", observed.outcome).as_str());
+            }
+        }
         let now = now_millis();
         let age = Duration::from_millis(u64::try_from(now - d.cycle_started_at).unwrap_or(0));
         let in_cycle = attempt_number.saturating_sub(d.cycle_base);

@@ -193,7 +193,14 @@ impl Sender {
     /// `trusted`: the operator's own webhook, whose URL comes from the
     /// configuration, not from a customer, and is often an internal
     /// address: the SSRF guard does not apply to it.
-    pub async fn send(&self, d: &ClaimedDelivery, attempt_number: u32, trusted: bool) -> Observed {
+    /// `traceparent`: sent as the W3C header unless the endpoint sets one.
+    pub async fn send(
+        &self,
+        d: &ClaimedDelivery,
+        attempt_number: u32,
+        trusted: bool,
+        traceparent: Option<&str>,
+    ) -> Observed {
         let started = Instant::now();
         let failed = |error: String| Observed {
             outcome: Outcome::NetworkError,
@@ -242,6 +249,15 @@ impl Sender {
         // API refuses reserved names anyway).
         for (name, value) in &d.headers {
             request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some(traceparent) = traceparent {
+            if !d
+                .headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("traceparent"))
+            {
+                request = request.header("traceparent", traceparent);
+            }
         }
         let request = request
             .header(http::header::CONTENT_TYPE, "application/json")

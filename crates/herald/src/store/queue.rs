@@ -59,6 +59,8 @@ pub struct NewMessage {
     /// Routing: endpoints with channels receive only messages sharing one.
     pub channels: Option<Vec<String>>,
     pub created_at: Millis,
+    /// W3C `traceparent` of the creating request, sent with each attempt.
+    pub traceparent: Option<String>,
 }
 
 pub type Message = NewMessage;
@@ -164,6 +166,8 @@ pub struct ClaimedDelivery {
     pub headers: Vec<(String, String)>,
     pub event_type: String,
     pub payload: String,
+    /// The message's `traceparent`: the attempt's span joins that trace.
+    pub traceparent: Option<String>,
     /// Attempts made before this one, over the delivery's whole life.
     pub attempts: u32,
     /// Start of the current retry cycle (message creation, or last replay).
@@ -562,6 +566,7 @@ impl IngestClaim {
             headers: to.headers.clone(),
             event_type: m.event_type.clone(),
             payload: m.payload.clone(),
+            traceparent: m.traceparent.clone(),
             attempts: 0,
             cycle_started_at: m.created_at,
             cycle_base: 0,

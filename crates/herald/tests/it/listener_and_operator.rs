@@ -101,6 +101,7 @@ async fn deeply_nested_payloads_are_refused_at_ingest_and_kept_small_on_the_dash
                 payload: payload.clone(),
                 channels: None,
                 created_at: now_ms(),
+                traceparent: None,
             }])
             .await
             .expect("stored");

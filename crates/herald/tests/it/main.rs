@@ -24,3 +24,4 @@ mod sdk;
 mod security;
 mod store_conformance;
 mod tenancy;
+mod tracing_otlp;

@@ -272,6 +272,7 @@ fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage 
         event_id: event_id.map(str::to_owned),
         payload: r#"{"a": 1}"#.into(),
         created_at: T0,
+        traceparent: None,
         channels: None,
     }
 }

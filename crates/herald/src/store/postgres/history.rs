@@ -3,7 +3,8 @@
 use super::replay::dead_filter_sql;
 use super::*;
 
-const MESSAGE_COLUMNS: &str = "id, app_id, event_type, event_id, payload, created_at, channels";
+const MESSAGE_COLUMNS: &str =
+    "id, app_id, event_type, event_id, payload, created_at, channels, traceparent";
 
 fn message_from_row(r: &PgRow) -> StoreResult<Message> {
     Ok(Message {
@@ -17,6 +18,7 @@ fn message_from_row(r: &PgRow) -> StoreResult<Message> {
             .map(from_json)
             .transpose()?,
         created_at: get(r, "created_at")?,
+        traceparent: get(r, "traceparent")?,
     })
 }
 
@@ -216,7 +218,7 @@ impl History for PostgresStore {
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent \
              FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = $1 AND d.app_id = $2"
         );
         self.page_of(
@@ -237,6 +239,7 @@ impl History for PostgresStore {
                         .map(from_json)
                         .transpose()?,
                     created_at: get(r, "msg_created_at")?,
+                    traceparent: get(r, "traceparent")?,
                 };
                 Ok((d, m))
             },

@@ -200,10 +200,10 @@ impl PostgresStore {
                  WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
                  ORDER BY id FOR KEY SHARE), \
              m AS ( \
-                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
-                 SELECT id, app_id, event_type, event_id, payload, created_at, channels \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[]) \
-                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, ord) \
+                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[], $19::text[]) \
+                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, traceparent, ord) \
                  WHERE u.app_id IN (SELECT id FROM a) \
                  ORDER BY ord \
                  ON CONFLICT DO NOTHING \
@@ -261,6 +261,12 @@ impl PostgresStore {
         .bind(&d_state)
         .bind(&d_due)
         .bind(&d_token)
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.traceparent.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
@@ -377,8 +383,8 @@ impl Queue for PostgresStore {
              FROM picked p, messages m, endpoints e \
              WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
              RETURNING p.next_attempt_at AS due_at, d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
-                       d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, e.url, \
-                       e.secret, e.old_secrets, e.headers",
+                       d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
+                       e.url, e.secret, e.old_secrets, e.headers",
         )
         .bind(req.now)
         .bind(&saturated)
@@ -408,6 +414,7 @@ impl Queue for PostgresStore {
                     headers: headers_of(&get::<String>(r, "headers")?)?,
                     event_type: get(r, "event_type")?,
                     payload: get(r, "payload")?,
+                    traceparent: get(r, "traceparent")?,
                     attempts: u32_of(get(r, "attempts")?),
                     cycle_started_at: get(r, "cycle_started_at")?,
                     cycle_base: u32_of(get(r, "cycle_base")?),

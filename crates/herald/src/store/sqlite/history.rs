@@ -12,6 +12,7 @@ fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
         payload: get(r, "payload")?,
         channels: json_opt(get(r, "channels")?)?,
         created_at: get(r, "created_at")?,
+        traceparent: get(r, "traceparent")?,
     })
 }
 
@@ -204,7 +205,7 @@ impl History for SqliteStore {
             app.as_str().to_owned().into(),
         ];
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at \
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent \
              FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
         );
         let page = page.clone();
@@ -219,6 +220,7 @@ impl History for SqliteStore {
                     payload: get(r, "payload")?,
                     channels: json_opt(get(r, "channels")?)?,
                     created_at: get(r, "msg_created_at")?,
+                    traceparent: get(r, "traceparent")?,
                 };
                 Ok((d, m))
             })

@@ -52,6 +52,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
     include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
     include_str!("../../../migrations/sqlite/0008_held.sql"),
+    include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.

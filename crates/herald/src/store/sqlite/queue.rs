@@ -22,8 +22,8 @@ fn insert_messages_tx(
 ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
     let mut insert_msg = conn
         .prepare_cached(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT DO NOTHING",
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
         )
         .map_err(map_err)?;
     let mut endpoints_q = conn
@@ -72,7 +72,8 @@ fn insert_messages_tx(
                 m.event_id,
                 m.payload,
                 m.created_at,
-                m.channels.as_ref().map(to_json).transpose()?
+                m.channels.as_ref().map(to_json).transpose()?,
+                m.traceparent
             ])
             .map_err(map_err)?;
         if inserted == 0 {
@@ -153,7 +154,7 @@ fn claim_tx(
         .map_err(map_err)?;
     let mut details = conn
         .prepare_cached(
-            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers FROM messages m, endpoints e \
+            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers, m.traceparent FROM messages m, endpoints e \
              WHERE m.id = ?1 AND e.id = ?2",
         )
         .map_err(map_err)?;
@@ -175,7 +176,7 @@ fn claim_tx(
             .map_err(map_err)?;
         let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
             claimed;
-        let (event_type, payload, url, secret, old_secrets, headers) = details
+        let (event_type, payload, url, secret, old_secrets, headers, traceparent) = details
             .query_row(params![msg_id, endpoint_id], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -184,6 +185,7 @@ fn claim_tx(
                     r.get::<_, String>(3)?,
                     r.get::<_, String>(4)?,
                     r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
                 ))
             })
             .map_err(map_err)?;
@@ -199,6 +201,7 @@ fn claim_tx(
             headers: headers_of(&headers)?,
             event_type,
             payload,
+            traceparent,
             attempts: u32_of(attempts),
             cycle_started_at,
             cycle_base: u32_of(cycle_base),
