@@ -39,6 +39,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
+    ("HERALD_MAX_ENDPOINTS_PER_APP", "1000", "Endpoints one application may have at most; creating one more answers 422."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
     ("HERALD_PROXY_URL", "", "Egress proxy for every customer request: `http://[user:pass@]host:port` (CONNECT for https targets) or `socks5://…` / `socks5h://…` (the proxy resolves names). Empty: direct."),
     ("HERALD_NO_PROXY", "", "Comma-separated hosts, domains (`.example.com`) or CIDR blocks reached directly, not through HERALD_PROXY_URL."),
@@ -88,6 +89,7 @@ pub struct Config {
     pub retention: Duration,
     pub dead_retention: Duration,
     pub max_headers_per_endpoint: usize,
+    pub max_endpoints_per_app: usize,
     /// Failed API authentications one address may make in a burst.
     pub auth_failure_limit: u32,
     /// Egress proxy for customer requests (validated: http, socks5 or socks5h).
@@ -145,6 +147,7 @@ impl std::fmt::Debug for Config {
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
+            .field("max_endpoints_per_app", &self.max_endpoints_per_app)
             .field("auth_failure_limit", &self.auth_failure_limit)
             .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
             .field("no_proxy", &self.no_proxy)
@@ -339,6 +342,10 @@ impl Config {
             "HERALD_MAX_HEADERS_PER_ENDPOINT",
             number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
         )?;
+        let max_endpoints_per_app = usize_of(
+            "HERALD_MAX_ENDPOINTS_PER_APP",
+            positive("HERALD_MAX_ENDPOINTS_PER_APP")?,
+        )?;
         let auth_failure_limit = u32::try_from(positive("HERALD_AUTH_FAILURE_LIMIT")?)
             .map_err(|_| invalid("HERALD_AUTH_FAILURE_LIMIT", "too large".into()))?;
         let operator_url = get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
@@ -457,6 +464,7 @@ impl Config {
             retention,
             dead_retention,
             max_headers_per_endpoint,
+            max_endpoints_per_app,
             auth_failure_limit,
             proxy_url,
             no_proxy,

@@ -212,6 +212,7 @@ pub async fn start(
             ),
             known_tokens: Default::default(),
             max_headers_per_endpoint: config.max_headers_per_endpoint,
+            max_endpoints_per_app: config.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });

@@ -348,6 +348,17 @@ async fn insert_endpoint(state: &ApiState, app_id: AppId, body: EndpointIn) -> A
         Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
         None => Secret::generate(),
     };
+    let count = state.store.count_endpoints(&app_id).await?;
+    if count >= state.max_endpoints_per_app as u64 {
+        return Err(ApiError::Validation(vec![FieldError::body(
+            "",
+            format!(
+                "the application already has {count} endpoints, the most one may have \
+                 (HERALD_MAX_ENDPOINTS_PER_APP = {})",
+                state.max_endpoints_per_app
+            ),
+        )]));
+    }
     if let Some(uid) = &body.uid {
         if state.store.get_endpoint(&app_id, uid).await?.is_some() {
             return Err(ApiError::Conflict(format!(

@@ -92,6 +92,8 @@ pub struct ApiShared {
     pub known_tokens: auth::KnownTokens,
     /// `HERALD_MAX_HEADERS_PER_ENDPOINT`.
     pub max_headers_per_endpoint: usize,
+    /// `HERALD_MAX_ENDPOINTS_PER_APP`.
+    pub max_endpoints_per_app: usize,
     /// `HERALD_API_RATE_LIMIT`, per caller.
     pub rate_limit: Arc<crate::limits::RateLimit>,
 }

@@ -30,6 +30,8 @@ pub trait Endpoints: Send + Sync {
     ) -> StoreResult<bool>;
     /// Deletes the endpoint and its deliveries (attempt history stays).
     async fn delete_endpoint(&self, app: &AppId, id: &EndpointId) -> StoreResult<bool>;
+    /// How many endpoints `app` has (for `HERALD_MAX_ENDPOINTS_PER_APP`).
+    async fn count_endpoints(&self, app: &AppId) -> StoreResult<u64>;
     /// Replaces the endpoint's secret with `new_secret`; the current one
     /// keeps signing until `grace_until` (see [`rotated_old_secrets`]).
     /// False if the endpoint does not exist.

@@ -822,3 +822,48 @@ async fn failed_authentications_are_limited_per_address() {
     assert_eq!(s, StatusCode::OK, "{out}");
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_application_has_at_most_the_configured_number_of_endpoints() {
+    on_each_store(
+        "security::an_application_has_at_most_the_configured_number_of_endpoints",
+        &[("HERALD_MAX_ENDPOINTS_PER_APP", "2")],
+        |app| async move {
+            let a = app.create_app().await;
+            let b = app.create_app().await;
+            for _ in 0..2 {
+                app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
+                    .await;
+            }
+            let (status, body) = app
+                .post(
+                    &format!("/api/v1/app/{a}/endpoint"),
+                    json!({"url": "http://127.0.0.1:9/"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+            assert!(
+                body.to_string().contains("HERALD_MAX_ENDPOINTS_PER_APP"),
+                "{body}"
+            );
+            // The limit is per application; deleting one makes room again.
+            app.create_endpoint(&b, "http://127.0.0.1:9/", json!({}))
+                .await;
+            let (_, list) = app.get(&format!("/api/v1/app/{a}/endpoint")).await;
+            assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
+            let first = list["data"][0]["id"].as_str().expect("id").to_owned();
+            let (status, _) = app
+                .request(
+                    Method::DELETE,
+                    &format!("/api/v1/app/{a}/endpoint/{first}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT);
+            app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
+                .await;
+            app.shutdown().await;
+        },
+    )
+    .await;
+}

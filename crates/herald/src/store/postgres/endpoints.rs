@@ -179,6 +179,15 @@ impl Endpoints for PostgresStore {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn count_endpoints(&self, app: &AppId) -> StoreResult<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM endpoints WHERE app_id = $1")
+            .bind(app.as_str())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     async fn rotate_secret(
         &self,
         app: &AppId,

@@ -189,6 +189,21 @@ impl Endpoints for SqliteStore {
         .await
     }
 
+    async fn count_endpoints(&self, app: &AppId) -> StoreResult<u64> {
+        let app = app.as_str().to_owned();
+        self.read(move |c| {
+            let n: i64 = c
+                .query_row(
+                    "SELECT COUNT(*) FROM endpoints WHERE app_id = ?1",
+                    params![app],
+                    |r| r.get(0),
+                )
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
     async fn rotate_secret(
         &self,
         app: &AppId,
