@@ -234,6 +234,7 @@ const FORBIDDEN_HEADERS: &[&str] = &[
     "webhook-timestamp",
     "webhook-signature",
     "idempotency-key",
+    "x-event-id",
     "x-attempt",
     "x-event-type",
     "user-agent",

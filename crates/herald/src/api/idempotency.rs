@@ -3,7 +3,9 @@
 //! true`, and changes nothing. Keys are per token. The same key with a
 //! different request (method, path or body) is refused with 409, as is a
 //! repeat while the first is still running. Server errors are not kept,
-//! so a retry after one runs again.
+//! so a retry after one runs again. Requests are compared by meaning: a
+//! JSON body re-serialised (other spacing, other key order) is the same
+//! request ([`request_digest`]).
 //!
 //! The Svix SDKs send `idempotency-key: auto_<uuid>` on every POST, so this
 //! runs on the hot path: one write before (claim the key) and one after
@@ -58,13 +60,7 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
             .into_response()
         }
     };
-    let mut hasher = Sha256::new();
-    hasher.update(parts.method.as_str().as_bytes());
-    hasher.update(b" ");
-    hasher.update(parts.uri.path().as_bytes());
-    hasher.update(b"\n");
-    hasher.update(&bytes);
-    let hash = hex::encode(hasher.finalize());
+    let hash = request_digest(&parts.method, &parts.uri, &bytes);
     let now = now_millis();
     let begun = state
         .store
@@ -134,4 +130,119 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
         tracing::warn!(error = %e, "could not keep an idempotent response");
     }
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// What makes two requests the same: method, path, query and body, the
+/// body as JSON when it parses (so whitespace and object-key order do not
+/// count), else as bytes. The JSON is walked once into the hash, keys of
+/// each object in sorted order, with every value tagged and every string
+/// length-prefixed, so no two different documents feed the same bytes.
+pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(method.as_str().as_bytes());
+    hasher.update(b" ");
+    hasher.update(uri.path().as_bytes());
+    hasher.update(b"?");
+    hasher.update(uri.query().unwrap_or_default().as_bytes());
+    hasher.update(b"\n");
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(value) => {
+            hasher.update(b"json:");
+            feed_json(&value, &mut hasher);
+        }
+        Err(_) => {
+            hasher.update(b"raw:");
+            hasher.update(body);
+        }
+    }
+    hex::encode(hasher.finalize())
+}
+
+fn feed_json(value: &serde_json::Value, hasher: &mut Sha256) {
+    use serde_json::Value;
+    let text = |hasher: &mut Sha256, s: &str| {
+        hasher.update((s.len() as u64).to_le_bytes());
+        hasher.update(s.as_bytes());
+    };
+    match value {
+        Value::Null => hasher.update(b"n"),
+        Value::Bool(true) => hasher.update(b"t"),
+        Value::Bool(false) => hasher.update(b"f"),
+        Value::Number(n) => {
+            hasher.update(b"d");
+            text(hasher, &n.to_string());
+        }
+        Value::String(s) => {
+            hasher.update(b"s");
+            text(hasher, s);
+        }
+        Value::Array(items) => {
+            hasher.update(b"[");
+            hasher.update((items.len() as u64).to_le_bytes());
+            for item in items {
+                feed_json(item, hasher);
+            }
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            hasher.update(b"{");
+            hasher.update((entries.len() as u64).to_le_bytes());
+            for (key, item) in entries {
+                text(hasher, key);
+                feed_json(item, hasher);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(path: &str, body: &str) -> String {
+        request_digest(&Method::POST, &path.parse().expect("uri"), body.as_bytes())
+    }
+
+    #[test]
+    fn requests_are_the_same_when_their_json_means_the_same() {
+        let a = digest(
+            "/api/v1/app/x/msg",
+            r#"{"eventType":"a","payload":{"x":1,"y":[1,2]}}"#,
+        );
+        let b = digest(
+            "/api/v1/app/x/msg",
+            "{ \"payload\" : { \"y\": [1, 2], \"x\": 1 },\n  \"eventType\": \"a\" }",
+        );
+        assert_eq!(a, b);
+        for other in [
+            digest(
+                "/api/v1/app/x/msg",
+                r#"{"eventType":"a","payload":{"x":2,"y":[1,2]}}"#,
+            ),
+            digest(
+                "/api/v1/app/x/msg",
+                r#"{"eventType":"a","payload":{"x":1,"y":[2,1]}}"#,
+            ),
+            digest(
+                "/api/v1/app/x/msg",
+                r#"{"eventType":"a","payload":{"x":"1","y":[1,2]}}"#,
+            ),
+            digest(
+                "/api/v1/app/y/msg",
+                r#"{"eventType":"a","payload":{"x":1,"y":[1,2]}}"#,
+            ),
+            digest(
+                "/api/v1/app/x/msg?with_content=false",
+                r#"{"eventType":"a","payload":{"x":1,"y":[1,2]}}"#,
+            ),
+        ] {
+            assert_ne!(a, other);
+        }
+        // Strings that would run together without their lengths.
+        assert_ne!(digest("/p", r#"{"ab":"c"}"#), digest("/p", r#"{"a":"bc"}"#));
+        // Not JSON: compared as bytes.
+        assert_eq!(digest("/p", "not json"), digest("/p", "not json"));
+        assert_ne!(digest("/p", "not json"), digest("/p", "not  json"));
+    }
 }

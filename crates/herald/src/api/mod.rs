@@ -281,6 +281,10 @@ pub fn router(state: ApiState) -> Router {
         // It reveals endpoint ids and queue sizes, so firewall it (README).
         .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
+        // Svix's health routes, outside the token as Svix has them.
+        // (HEAD too: axum answers it wherever GET is routed.)
+        .route("/api/v1/health", get(svix_health))
+        .route("/api/v1/health/ping", get(health_ping))
         .nest("/api/v1", api)
         // Not behind the bearer token: the dashboard has its own log-in.
         .nest("/dashboard", crate::dashboard::router())
@@ -339,6 +343,66 @@ pub async fn readyz(State(state): State<ApiState>) -> Response {
             status(StatusCode::SERVICE_UNAVAILABLE, "unavailable")
         }
     }
+}
+
+/// One part of [`HealthReport`]: `ok` or `error`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HealthStatus {
+    pub status: &'static str,
+}
+
+/// Svix's health report. Herald's queue is its store, and it keeps no
+/// cache of its own, so all three follow the store.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HealthReport {
+    pub database: HealthStatus,
+    pub queue: HealthStatus,
+    pub cache: HealthStatus,
+}
+
+/// Svix's `health.get`: 200 with the report when the store answers, 500
+/// (as Svix answers) when it does not (no token).
+#[utoipa::path(
+    get,
+    path = "/api/v1/health",
+    tag = "Health",
+    security(()),
+    responses(
+        (status = 200, description = "Database, queue and cache work", body = HealthReport),
+        (status = 500, description = "The store does not answer", body = HealthReport),
+    )
+)]
+pub async fn svix_health(State(state): State<ApiState>) -> Response {
+    let (code, status) = match state.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ok"),
+        Err(e) => {
+            tracing::warn!(error = %e, "health: store unreachable");
+            (StatusCode::INTERNAL_SERVER_ERROR, "error")
+        }
+    };
+    let part = || HealthStatus { status };
+    (
+        code,
+        axum::Json(HealthReport {
+            database: part(),
+            queue: part(),
+            cache: part(),
+        }),
+    )
+        .into_response()
+}
+
+/// Svix's `health/ping`: 204 while the process serves (no token, no
+/// store read).
+#[utoipa::path(
+    get,
+    path = "/api/v1/health/ping",
+    tag = "Health",
+    security(()),
+    responses((status = 204, description = "The API is up")),
+)]
+pub async fn health_ping() -> StatusCode {
+    StatusCode::NO_CONTENT
 }
 
 /// Prometheus text format; the metrics are listed in `crate::metrics`.

@@ -74,7 +74,14 @@ struct V1;
                        `{data, iterator, prevIterator, done}`, errors `{code, detail}`), \
                        so the official Svix SDKs can drive it.",
     ),
-    paths(super::healthz, super::readyz, super::metrics, openapi_json),
+    paths(
+        super::healthz,
+        super::readyz,
+        super::svix_health,
+        super::health_ping,
+        super::metrics,
+        openapi_json
+    ),
     nest((path = "/api/v1", api = V1)),
     // Those only named by error responses, parameter types and optional
     // bodies, which the derive does not collect by itself. (An optional body

@@ -256,6 +256,7 @@ fn headers_table(d: &Delivery, custom: Option<&BTreeMap<String, String>>) -> Mar
                     td { span.mono { "v1,…" } " " span.muted { "computed per attempt (HMAC-SHA256 of id.timestamp.payload)" } }
                 }
                 tr { td.mono { "idempotency-key" } td.mono { (d.id) } }
+                tr { td.mono { "x-event-id" } td.mono { (d.id) } }
                 tr { td.mono { "x-event-type" } td.mono { (d.event_type) } }
                 tr {
                     td.mono { "x-attempt" }

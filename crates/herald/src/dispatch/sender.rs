@@ -265,6 +265,8 @@ impl Sender {
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)
             .header("idempotency-key", d.id.as_str())
+            // The design brief's receivers read this name for the same key.
+            .header("x-event-id", d.id.as_str())
             .header("x-event-type", d.event_type.as_str())
             .header("x-attempt", attempt_number.to_string())
             .body(d.payload.clone());

@@ -75,6 +75,8 @@ async fn happy_path_carries_every_header_and_the_exact_body() {
     assert!(r.header("webhook-signature").starts_with("v1,"));
     verify(&secret, r);
     assert_eq!(r.header("x-event-type"), "user.created");
+    assert!(r.header("idempotency-key").starts_with("dlv_"));
+    assert_eq!(r.header("x-event-id"), r.header("idempotency-key"));
     assert_eq!(r.header("x-attempt"), "1");
     assert_eq!(
         r.header("user-agent"),

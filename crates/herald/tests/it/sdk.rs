@@ -532,3 +532,43 @@ async fn the_svix_sdk_drives_the_core_surface() {
     assert!(svix.application().get(a.id.clone()).await.is_err());
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_svix_sdk_health_check_and_svixs_health_routes_answer() {
+    let app = spawn_app(&[]).await;
+    let svix = Svix::new(
+        TOKEN.to_owned(),
+        Some(SvixOptions {
+            server_url: Some(app.base.clone()),
+            ..SvixOptions::default()
+        }),
+    );
+    svix.health()
+        .get()
+        .await
+        .expect("health.get() through the SDK");
+    // As Svix's server answers them, without a token.
+    let client = reqwest::Client::new();
+    let resp = client
+        .get(app.url("/api/v1/health"))
+        .send()
+        .await
+        .expect("herald");
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(
+        body,
+        serde_json::json!({"database": {"status": "ok"}, "queue": {"status": "ok"}, "cache": {"status": "ok"}})
+    );
+    for path in ["/api/v1/health", "/api/v1/health/ping"] {
+        let resp = client.head(app.url(path)).send().await.expect("herald");
+        assert!(resp.status().is_success(), "HEAD {path}: {}", resp.status());
+    }
+    let resp = client
+        .get(app.url("/api/v1/health/ping"))
+        .send()
+        .await
+        .expect("herald");
+    assert_eq!(resp.status(), 204);
+    app.shutdown().await;
+}

@@ -283,3 +283,44 @@ async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() 
     assert_eq!(listed["data"].as_array().map(Vec::len), Some(2));
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_idempotency_key_compares_the_json_not_its_spelling() {
+    let app = spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let url = app.url(&format!("/api/v1/app/{app_id}/msg"));
+    let send = |body: &'static str| {
+        app.client
+            .post(url.clone())
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", "same-key")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let first = send(r#"{"eventType":"a.b","payload":{"n":1,"list":[1,2]}}"#)
+        .await
+        .expect("herald");
+    assert_eq!(first.status(), 202);
+    let first_body = first.text().await.expect("body");
+    // Other spacing and key order: the same request, the first answer.
+    let again =
+        send("{\n  \"payload\": { \"list\": [1, 2], \"n\": 1 },\n  \"eventType\": \"a.b\"\n}")
+            .await
+            .expect("herald");
+    assert_eq!(again.status(), 202);
+    assert!(again.headers().get("idempotent-replayed").is_some());
+    assert_eq!(again.text().await.expect("body"), first_body);
+    // A different payload under the key: 409.
+    let other = send(r#"{"eventType":"a.b","payload":{"n":1,"list":[2,1]}}"#)
+        .await
+        .expect("herald");
+    assert_eq!(other.status(), 409);
+    let (_, listed) = app.get(&format!("/api/v1/app/{app_id}/msg")).await;
+    assert_eq!(
+        listed["data"].as_array().map(Vec::len),
+        Some(1),
+        "one message"
+    );
+    app.shutdown().await;
+}
