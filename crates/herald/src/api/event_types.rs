@@ -165,8 +165,15 @@ fn check_fields(
         super::check_text(&["body", "description"], d, 8192)?;
     }
     if let Some(s) = schemas {
-        if !s.is_object() {
+        let Some(versions) = s.as_object() else {
             return Err(ApiError::field("schemas", "must be a JSON object"));
+        };
+        // Svix's schema: each version ("1", …) is a JSON Schema, an object.
+        if let Some((version, _)) = versions.iter().find(|(_, v)| !v.is_object()) {
+            return Err(ApiError::field(
+                &format!("schemas.{version}"),
+                "must be a JSON object (a JSON Schema)",
+            ));
         }
         if s.to_string().len() > 256 * 1024 {
             return Err(ApiError::field("schemas", "must be at most 256 KiB"));

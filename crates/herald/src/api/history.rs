@@ -417,13 +417,14 @@ pub struct RecoverIn {
     pub until: Option<String>,
 }
 
-/// Svix's `RecoverOut`: the task, already finished when answered.
+/// Svix's `RecoverOut`. The work is done when Herald answers, but Svix's
+/// schema allows `running` only, so that is what is said.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RecoverOut {
     /// `qtask_…`
     pub id: String,
-    /// Always `finished`.
+    /// Always `running` (Svix's schema); the replays are already made.
     pub status: &'static str,
     /// Always `endpoint.recover`.
     pub task: &'static str,
@@ -483,7 +484,7 @@ pub async fn recover(
                 "qtask_{}",
                 ulid::Ulid::new().to_string().to_ascii_lowercase()
             ),
-            status: "finished",
+            status: "running",
             task: "endpoint.recover",
             updated_at: rfc3339(now_millis()),
         }),

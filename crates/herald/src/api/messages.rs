@@ -31,9 +31,9 @@ pub struct MessageIn {
     #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     /// Unique per application: a repeat is a 409.
-    /// No control characters.
+    /// 1-256 of `[A-Za-z0-9._-]`, as Svix allows.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 256)]
+    #[schema(min_length = 1, max_length = 256, pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub event_id: Option<String>,
     /// Routing: endpoints with channels receive only messages sharing one.
     #[serde(default)]
@@ -98,10 +98,14 @@ pub async fn create_message(
         ));
     }
     if let Some(event_id) = &body.event_id {
-        if event_id.is_empty() {
-            return Err(ApiError::field("eventId", "must be 1-256 characters"));
+        // Svix's pattern (`^[a-zA-Z0-9\-_.]+$`), so Svix's clients and
+        // schema accept what Herald returns.
+        if !valid_uid(event_id) {
+            return Err(ApiError::field(
+                "eventId",
+                "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+            ));
         }
-        super::check_line(&["body", "eventId"], event_id, 256)?;
     }
     let payload = body.payload.get();
     if payload.len() > MAX_PAYLOAD_BYTES {
