@@ -38,6 +38,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
+    ("HERALD_AUDIT_RETENTION", "365d", "Audit log entries are pruned after this."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
     ("HERALD_PROXY_URL", "", "Egress proxy for every customer request: `http://[user:pass@]host:port` (CONNECT for https targets) or `socks5://…` / `socks5h://…` (the proxy resolves names). Empty: direct."),
@@ -84,6 +85,8 @@ pub struct Config {
     pub poll_interval: Duration,
     pub retention: Duration,
     pub dead_retention: Duration,
+    /// `HERALD_AUDIT_RETENTION`: how long audit log entries are kept.
+    pub audit_retention: Duration,
     pub max_headers_per_endpoint: usize,
     /// Failed API authentications one address may make in a burst.
     pub auth_failure_limit: u32,
@@ -131,6 +134,7 @@ impl std::fmt::Debug for Config {
             .field("poll_interval", &self.poll_interval)
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
+            .field("audit_retention", &self.audit_retention)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("auth_failure_limit", &self.auth_failure_limit)
             .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
@@ -270,6 +274,7 @@ impl Config {
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
         let dead_retention = duration("HERALD_DEAD_RETENTION")?;
+        let audit_retention = duration("HERALD_AUDIT_RETENTION")?;
         let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
         let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
         for (key, d) in [
@@ -281,6 +286,7 @@ impl Config {
             ("HERALD_MAX_AGE", max_age),
             ("HERALD_RETENTION", retention),
             ("HERALD_DEAD_RETENTION", dead_retention),
+            ("HERALD_AUDIT_RETENTION", audit_retention),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero".into()));
@@ -403,6 +409,7 @@ impl Config {
             poll_interval,
             retention,
             dead_retention,
+            audit_retention,
             max_headers_per_endpoint,
             auth_failure_limit,
             proxy_url,
