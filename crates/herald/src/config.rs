@@ -38,6 +38,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
+    ("HERALD_AUDIT_RETENTION", "365d", "Audit log entries are pruned after this."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_MAX_ENDPOINTS_PER_APP", "1000", "Endpoints one application may have at most; creating one more answers 422."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
@@ -88,6 +89,8 @@ pub struct Config {
     pub poll_interval: Duration,
     pub retention: Duration,
     pub dead_retention: Duration,
+    /// `HERALD_AUDIT_RETENTION`: how long audit log entries are kept.
+    pub audit_retention: Duration,
     pub max_headers_per_endpoint: usize,
     pub max_endpoints_per_app: usize,
     /// Failed API authentications one address may make in a burst.
@@ -146,6 +149,7 @@ impl std::fmt::Debug for Config {
             .field("poll_interval", &self.poll_interval)
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
+            .field("audit_retention", &self.audit_retention)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("max_endpoints_per_app", &self.max_endpoints_per_app)
             .field("auth_failure_limit", &self.auth_failure_limit)
@@ -287,6 +291,7 @@ impl Config {
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
         let dead_retention = duration("HERALD_DEAD_RETENTION")?;
+        let audit_retention = duration("HERALD_AUDIT_RETENTION")?;
         let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
         let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
         for (key, d) in [
@@ -298,6 +303,7 @@ impl Config {
             ("HERALD_MAX_AGE", max_age),
             ("HERALD_RETENTION", retention),
             ("HERALD_DEAD_RETENTION", dead_retention),
+            ("HERALD_AUDIT_RETENTION", audit_retention),
         ] {
             if d.is_zero() {
                 return Err(invalid(key, "must be greater than zero".into()));
@@ -463,6 +469,7 @@ impl Config {
             poll_interval,
             retention,
             dead_retention,
+            audit_retention,
             max_headers_per_endpoint,
             max_endpoints_per_app,
             auth_failure_limit,

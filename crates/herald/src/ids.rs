@@ -1,4 +1,5 @@
-//! Typed, prefixed identifiers (`app_…`, `ep_…`, `msg_…`, `dlv_…`, `atmpt_…`).
+//! Typed, prefixed identifiers (`app_…`, `ep_…`, `msg_…`, `dlv_…`, `atmpt_…`,
+//! `audit_…`).
 //!
 //! The part after the prefix is a ULID, so ids sort by creation time: the
 //! store pages through lists by id alone, with no separate cursor column.
@@ -67,6 +68,9 @@ prefixed_id!(
 prefixed_id!(
     /// One HTTP attempt of a delivery.
     AttemptId, "atmpt");
+prefixed_id!(
+    /// One entry of the audit log.
+    AuditId, "audit");
 
 /// Monotonic within the process, so that ids made in the same millisecond
 /// still sort in creation order (pagination relies on it).

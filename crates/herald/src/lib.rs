@@ -3,6 +3,7 @@
 //! The map of this crate is in ARCHITECTURE.md at the repository root.
 
 pub mod api;
+pub mod audit;
 pub mod bench;
 pub mod cli;
 pub mod config;

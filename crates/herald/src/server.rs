@@ -589,81 +589,124 @@ async fn trace_request(request: Request, next: Next) -> Response {
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 const RETENTION_BATCH: usize = 500;
 
+/// Prunes audit log entries made before `before`, in batches.
+pub async fn prune_audit(
+    store: &dyn Store,
+    before: crate::store::Millis,
+    shutdown: &CancellationToken,
+) {
+    loop {
+        match store.prune_audit(before, RETENTION_BATCH).await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(entries = n, "pruned old audit log entries");
+                }
+                if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
+                    || shutdown.is_cancelled()
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning the audit log failed; will try again later");
+                break;
+            }
+        }
+    }
+}
+
 /// Prunes old history in small batches, pausing between them so claims and
 /// ingest are never held up for long.
 async fn run_retention(store: Arc<dyn Store>, config: Config, shutdown: CancellationToken) {
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(RETENTION_EVERY) => {}
             _ = shutdown.cancelled() => return,
         }
-        let now = crate::store::now_millis();
-        // Health needs the last 24 h of stats buckets; a day more is slack.
-        if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
-            tracing::warn!(error = %e, "pruning endpoint stats failed");
-        }
-        if let Err(e) = store
-            .prune_idempotency(now - crate::api::idempotency::KEY_LIFETIME_MS)
+        retention_pass(&*store, &config, crate::store::now_millis(), &shutdown).await;
+    }
+}
+
+/// One round of retention as of `now` (the task runs one a minute; tests
+/// step it).
+pub async fn retention_pass(
+    store: &dyn Store,
+    config: &Config,
+    now: crate::store::Millis,
+    shutdown: &CancellationToken,
+) {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    // Health needs the last 24 h of stats buckets; a day more is slack.
+    if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
+        tracing::warn!(error = %e, "pruning endpoint stats failed");
+    }
+    if let Err(e) = store
+        .prune_idempotency(now - crate::api::idempotency::KEY_LIFETIME_MS)
+        .await
+    {
+        tracing::warn!(error = %e, "pruning idempotency keys failed");
+    }
+    prune_audit(
+        store,
+        now.saturating_sub(ms(config.audit_retention)),
+        shutdown,
+    )
+    .await;
+    // The age cap, for deliveries held by an endpoint nobody enables:
+    // dead ("too old") as enabling it would make them, so that they do
+    // not pile up, and then pruned like any dead delivery.
+    let too_old_before = now.saturating_sub(ms(config.retry.max_age));
+    loop {
+        match store
+            .expire_held(too_old_before, now, RETENTION_BATCH)
             .await
         {
-            tracing::warn!(error = %e, "pruning idempotency keys failed");
-        }
-        // The age cap, for deliveries held by an endpoint nobody enables:
-        // dead ("too old") as enabling it would make them, so that they do
-        // not pile up, and then pruned like any dead delivery.
-        let too_old_before = now.saturating_sub(ms(config.retry.max_age));
-        loop {
-            match store
-                .expire_held(too_old_before, now, RETENTION_BATCH)
-                .await
-            {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(
-                            deliveries = n,
-                            "held deliveries past the age cap are now dead (too_old)"
-                        );
-                    }
-                    if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
-                        || shutdown.is_cancelled()
-                    {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(
+                        deliveries = n,
+                        "held deliveries past the age cap are now dead (too_old)"
+                    );
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "expiring held deliveries failed; will try again later");
+                if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
+                    || shutdown.is_cancelled()
+                {
                     break;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "expiring held deliveries failed; will try again later");
+                break;
             }
         }
-        loop {
-            let result = store
-                .prune(
-                    now.saturating_sub(ms(config.retention)),
-                    now.saturating_sub(ms(config.dead_retention)),
-                    RETENTION_BATCH,
-                )
-                .await;
-            match result {
-                Ok(report) => {
-                    if report.messages + report.dead_deliveries > 0 {
-                        tracing::info!(
-                            messages = report.messages,
-                            dead = report.dead_deliveries,
-                            "pruned old history"
-                        );
-                    }
-                    if !report.more || shutdown.is_cancelled() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        let result = store
+            .prune(
+                now.saturating_sub(ms(config.retention)),
+                now.saturating_sub(ms(config.dead_retention)),
+                RETENTION_BATCH,
+            )
+            .await;
+        match result {
+            Ok(report) => {
+                if report.messages + report.dead_deliveries > 0 {
+                    tracing::info!(
+                        messages = report.messages,
+                        dead = report.dead_deliveries,
+                        "pruned old history"
+                    );
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "pruning failed; will try again later");
+                if !report.more || shutdown.is_cancelled() {
                     break;
                 }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pruning failed; will try again later");
+                break;
             }
         }
     }

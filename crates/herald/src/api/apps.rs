@@ -17,6 +17,7 @@ use super::{
     check_line, check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult,
     ApiState, ListParams, ListResponse, MAX_NAME_CHARS,
 };
+use crate::audit::Actor;
 use crate::ids::AppId;
 use crate::store::{now_millis, App};
 
@@ -89,6 +90,7 @@ pub struct CreateAppParams {
 )]
 pub async fn create_app(
     State(state): State<ApiState>,
+    actor: Actor,
     ApiQuery(params): ApiQuery<CreateAppParams>,
     ApiJson(body): ApiJson<ApplicationIn>,
 ) -> ApiResult<Response> {
@@ -116,6 +118,15 @@ pub async fn create_app(
         updated_at: now,
     };
     state.store.create_app(&app).await?;
+    actor
+        .record(
+            &*state.store,
+            "app.created",
+            Some(&app.id),
+            app.id.as_str(),
+            serde_json::Value::Null,
+        )
+        .await;
     Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
 }
 
@@ -242,6 +253,7 @@ async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> 
 )]
 pub async fn put_app(
     State(state): State<ApiState>,
+    actor: Actor,
     Path(app_id): Path<String>,
     MaybeResolvedApp(resolved): MaybeResolvedApp,
     ApiJson(body): ApiJson<ApplicationIn>,
@@ -262,6 +274,15 @@ pub async fn put_app(
                 return Err(ApiError::NotFound("application"));
             }
             state.app_ids.forget(&app.id);
+            actor
+                .record(
+                    &*state.store,
+                    "app.updated",
+                    Some(&app.id),
+                    app.id.as_str(),
+                    serde_json::json!({ "replaced": true }),
+                )
+                .await;
             Ok((StatusCode::OK, Json(ApplicationOut::from(app))).into_response())
         }
         None => {
@@ -285,6 +306,15 @@ pub async fn put_app(
                 updated_at: now,
             };
             state.store.create_app(&app).await?;
+            actor
+                .record(
+                    &*state.store,
+                    "app.created",
+                    Some(&app.id),
+                    app.id.as_str(),
+                    serde_json::Value::Null,
+                )
+                .await;
             Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
         }
     }
@@ -325,11 +355,21 @@ pub struct ApplicationPatch {
 )]
 pub async fn patch_app(
     State(state): State<ApiState>,
+    actor: Actor,
     ResolvedApp { id: app_id }: ResolvedApp,
     ApiJson(body): ApiJson<ApplicationPatch>,
 ) -> ApiResult<Json<ApplicationOut>> {
     let mut app = app_by_id(&state, &app_id).await?;
     let current_uid = app.uid.clone();
+    let fields: Vec<&str> = [
+        ("name", body.name.is_some()),
+        ("uid", body.uid.is_some()),
+        ("rateLimit", body.rate_limit.is_some()),
+        ("metadata", body.metadata.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
     if let Some(name) = body.name {
         app.name = name;
     }
@@ -350,6 +390,15 @@ pub async fn patch_app(
         return Err(ApiError::NotFound("application"));
     }
     state.app_ids.forget(&app.id);
+    actor
+        .record(
+            &*state.store,
+            "app.updated",
+            Some(&app.id),
+            app.id.as_str(),
+            serde_json::json!({ "fields": fields }),
+        )
+        .await;
     Ok(Json(app.into()))
 }
 
@@ -366,6 +415,7 @@ pub async fn patch_app(
 )]
 pub async fn delete_app(
     State(state): State<ApiState>,
+    actor: Actor,
     ResolvedApp { id: app_id }: ResolvedApp,
 ) -> ApiResult<StatusCode> {
     state.app_ids.forget(&app_id);
@@ -375,6 +425,15 @@ pub async fn delete_app(
     state.app_ids.forget(&app_id);
     // Its tokens went with it.
     state.tokens.clear();
+    actor
+        .record(
+            &*state.store,
+            "app.deleted",
+            Some(&app_id),
+            app_id.as_str(),
+            serde_json::Value::Null,
+        )
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -384,6 +443,7 @@ pub async fn delete_app(
 /// redirect them.
 pub async fn create_app_token(
     State(state): State<ApiState>,
+    actor: Actor,
     app: super::auth::ResolvedApp,
     body: super::ApiJsonOrEmpty<super::auth::TokenIn>,
 ) -> ApiResult<Response> {
@@ -392,5 +452,5 @@ pub async fn create_app_token(
             "the operator application is Herald's: no application token can be made for it".into(),
         ));
     }
-    super::auth::create_token(State(state), app, body).await
+    super::auth::create_token(State(state), actor, app, body).await
 }

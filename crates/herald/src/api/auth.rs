@@ -369,6 +369,7 @@ impl From<ApiToken> for TokenOut {
 )]
 pub async fn create_token(
     State(state): State<ApiState>,
+    actor: crate::audit::Actor,
     app: ResolvedApp,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<TokenIn>,
 ) -> ApiResult<Response> {
@@ -387,6 +388,16 @@ pub async fn create_token(
         .store
         .create_token(&token, &hex::encode(token_sha256(&secret)))
         .await?;
+    // The token's id, never the token.
+    actor
+        .record(
+            &*state.store,
+            "token.created",
+            Some(&token.app_id),
+            &token.id,
+            serde_json::Value::Null,
+        )
+        .await;
     let mut out = TokenOut::from(token);
     out.token = Some(secret);
     Ok((StatusCode::CREATED, Json(out)).into_response())
@@ -431,6 +442,7 @@ pub async fn list_tokens(
 )]
 pub async fn delete_token(
     State(state): State<ApiState>,
+    actor: crate::audit::Actor,
     app: ResolvedApp,
     Path((_app_id, token_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
@@ -438,5 +450,14 @@ pub async fn delete_token(
         return Err(ApiError::NotFound("token"));
     }
     state.tokens.clear();
+    actor
+        .record(
+            &*state.store,
+            "token.revoked",
+            Some(&app.id),
+            &token_id,
+            serde_json::Value::Null,
+        )
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }

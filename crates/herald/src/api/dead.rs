@@ -18,6 +18,7 @@ use super::error::{
 };
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
+use crate::audit::Actor;
 use crate::ids::{DeliveryId, EndpointId};
 use crate::store::{now_millis, DeadFilter};
 
@@ -87,12 +88,22 @@ pub async fn list_dead(
 )]
 pub async fn replay_dead(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, delivery_id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let id = DeliveryId::parse(&delivery_id).ok_or(ApiError::NotFound("delivery"))?;
     if state.store.replay_dead(&app.id, &id, now_millis()).await? {
         state.wake.notify_one();
+        actor
+            .record(
+                &*state.store,
+                "dead.replayed",
+                Some(&app.id),
+                id.as_str(),
+                serde_json::json!({ "replayed": 1 }),
+            )
+            .await;
         return Ok(accepted_empty());
     }
     match state.store.get_delivery(&app.id, &id).await? {
@@ -116,6 +127,7 @@ pub async fn replay_dead(
 )]
 pub async fn replay_endpoint_dead(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
@@ -127,6 +139,15 @@ pub async fn replay_endpoint_dead(
     if replayed > 0 {
         state.wake.notify_one();
     }
+    actor
+        .record(
+            &*state.store,
+            "dead.replayed",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "replayed": replayed }),
+        )
+        .await;
     Ok((StatusCode::ACCEPTED, Json(ReplayedOut { replayed })).into_response())
 }
 
@@ -283,6 +304,7 @@ pub struct ReplayIn {
 )]
 pub async fn replay_all_dead(
     State(state): State<ApiState>,
+    actor: Actor,
     super::ApiJson(body): super::ApiJson<ReplayIn>,
 ) -> ApiResult<Response> {
     let filter = body.filter.resolve(&state).await?;
@@ -313,6 +335,20 @@ pub async fn replay_all_dead(
         state.wake.notify_one();
     }
     let done = usize::try_from(replayed).unwrap_or(usize::MAX) < limit;
+    let target = filter
+        .endpoint
+        .as_ref()
+        .map(|e| e.as_str().to_owned())
+        .unwrap_or_default();
+    actor
+        .record(
+            &*state.store,
+            "dead.replayed",
+            filter.app.as_ref(),
+            &target,
+            serde_json::json!({ "replayed": replayed, "selected": ids.as_ref().map(Vec::len), "done": done }),
+        )
+        .await;
     Ok((StatusCode::ACCEPTED, Json(BulkReplayOut { replayed, done })).into_response())
 }
 

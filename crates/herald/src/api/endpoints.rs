@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::auth::ResolvedApp;
 use super::error::{
@@ -18,6 +19,7 @@ use super::{
     check_line, check_metadata, check_text, check_uid, double_option, rfc3339, valid_uid, ApiError,
     ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
+use crate::audit::Actor;
 use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
 use crate::store::{now_millis, Endpoint, EndpointChanges};
@@ -328,14 +330,20 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
 )]
 pub async fn create_endpoint(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     ApiJson(body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
-    insert_endpoint(&state, app.id, body).await
+    insert_endpoint(&state, &actor, app.id, body).await
 }
 
 /// Validates `body` and stores it as a new endpoint of `app` (201).
-async fn insert_endpoint(state: &ApiState, app_id: AppId, body: EndpointIn) -> ApiResult<Response> {
+async fn insert_endpoint(
+    state: &ApiState,
+    actor: &Actor,
+    app_id: AppId,
+    body: EndpointIn,
+) -> ApiResult<Response> {
     let state = state.clone();
     let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
@@ -385,6 +393,15 @@ async fn insert_endpoint(state: &ApiState, app_id: AppId, body: EndpointIn) -> A
         updated_at: now,
     };
     state.store.create_endpoint(&ep).await?;
+    actor
+        .record(
+            &*state.store,
+            "endpoint.created",
+            Some(&ep.app_id),
+            ep.id.as_str(),
+            serde_json::json!({ "secretGiven": body.secret.is_some() }),
+        )
+        .await;
     Ok((StatusCode::CREATED, Json(EndpointOut::from(ep))).into_response())
 }
 
@@ -449,6 +466,7 @@ pub async fn list_endpoints(
 /// (held deliveries, the age cap, events), never as a column write.
 async fn save(
     state: &ApiState,
+    actor: &Actor,
     ep: &Endpoint,
     changes: EndpointChanges,
     disabled: Option<bool>,
@@ -486,8 +504,38 @@ async fn save(
         }
         None => {}
     }
+    let mut fields = changed_fields(&changes);
+    if disabled.is_some() {
+        fields.push("disabled");
+    }
+    actor
+        .record(
+            &*state.store,
+            "endpoint.updated",
+            Some(&ep.app_id),
+            ep.id.as_str(),
+            serde_json::json!({ "fields": fields }),
+        )
+        .await;
     let saved = find_endpoint(state, &ep.app_id, ep.id.as_str()).await?;
     Ok(Json(saved.into()))
+}
+
+/// The names of the fields `changes` writes (for the audit log: names,
+/// never values).
+fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
+    [
+        ("uid", changes.uid.is_some()),
+        ("url", changes.url.is_some()),
+        ("description", changes.description.is_some()),
+        ("filterTypes", changes.filter_types.is_some()),
+        ("rateLimit", changes.rate_limit.is_some()),
+        ("metadata", changes.metadata.is_some()),
+        ("channels", changes.channels.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
 }
 
 /// PUT: replaces every field (absent optional fields take their
@@ -507,6 +555,7 @@ async fn save(
 )]
 pub async fn update_endpoint(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(mut body): ApiJson<EndpointIn>,
@@ -519,7 +568,7 @@ pub async fn update_endpoint(
         }
         check_uid("uid", &Some(endpoint_id.clone()))?;
         body.uid = body.uid.or(Some(endpoint_id));
-        return insert_endpoint(&state, app.id, body).await;
+        return insert_endpoint(&state, &actor, app.id, body).await;
     };
     let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
@@ -534,7 +583,7 @@ pub async fn update_endpoint(
         metadata: Some(body.metadata.unwrap_or_default()),
         channels: Some(check_channels("channels", &body.channels)?),
     };
-    save(&state, &ep, changes, body.disabled)
+    save(&state, &actor, &ep, changes, body.disabled)
         .await
         .map(IntoResponse::into_response)
 }
@@ -553,6 +602,7 @@ pub async fn update_endpoint(
 )]
 pub async fn patch_endpoint(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<EndpointPatch>,
@@ -583,7 +633,7 @@ pub async fn patch_endpoint(
     if let Some(channels) = body.channels {
         changes.channels = Some(check_channels("channels", &channels)?);
     }
-    save(&state, &ep, changes, body.disabled).await
+    save(&state, &actor, &ep, changes, body.disabled).await
 }
 
 #[utoipa::path(
@@ -598,6 +648,7 @@ pub async fn patch_endpoint(
 )]
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
@@ -605,6 +656,15 @@ pub async fn delete_endpoint(
     if !state.store.delete_endpoint(&app.id, &ep.id).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
+    actor
+        .record(
+            &*state.store,
+            "endpoint.deleted",
+            Some(&app.id),
+            ep.id.as_str(),
+            Value::Null,
+        )
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -620,10 +680,21 @@ pub async fn delete_endpoint(
 )]
 pub async fn get_endpoint_secret(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<SecretOut>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    // Names the endpoint, never the secret.
+    actor
+        .record(
+            &*state.store,
+            "endpoint.secret_revealed",
+            Some(&app.id),
+            ep.id.as_str(),
+            Value::Null,
+        )
+        .await;
     Ok(Json(SecretOut { key: ep.secret }))
 }
 
@@ -689,6 +760,7 @@ pub struct DisableIn {
 )]
 pub async fn disable_endpoint_route(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
@@ -704,10 +776,19 @@ pub async fn disable_endpoint_route(
     }
     check_text(&["body", "reason"], &reason, MAX_DISABLE_REASON_BYTES)?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    state
+    let changed = state
         .operator
         .disable(&app.id, &ep.id, &reason, false, None)
         .await?;
+    actor
+        .record(
+            &*state.store,
+            "endpoint.disabled",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "changed": changed }),
+        )
+        .await;
     Ok(Json(
         find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
     ))
@@ -734,6 +815,7 @@ pub struct EnableOut {
 )]
 pub async fn enable_endpoint_route(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EnableOut>> {
@@ -743,6 +825,15 @@ pub async fn enable_endpoint_route(
         .enable(&app.id, &ep.id)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
+    actor
+        .record(
+            &*state.store,
+            "endpoint.enabled",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "changed": report.was_disabled, "expired": report.expired }),
+        )
+        .await;
     Ok(Json(EnableOut {
         endpoint: find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
         expired_deliveries: report.expired,
@@ -784,6 +875,7 @@ pub struct RotateIn {
 )]
 pub async fn rotate_endpoint_secret(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
@@ -801,6 +893,15 @@ pub async fn rotate_endpoint_secret(
     }
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     rotate_secret(&state, &ep, &secret, grace).await?;
+    actor
+        .record(
+            &*state.store,
+            "endpoint.secret_rotated",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "keyGiven": body.key.is_some(), "gracePeriodSeconds": grace }),
+        )
+        .await;
     // The official SDKs (2.x) read the new key from the answer; older
     // ones ignore the body: 200 with `{"key"}` suits both.
     Ok(Json(SecretOut {
@@ -885,6 +986,7 @@ pub async fn get_endpoint_headers(
 /// Writes the headers and nothing else of the endpoint.
 async fn save_headers(
     state: &ApiState,
+    actor: &Actor,
     ep: &Endpoint,
     headers: BTreeMap<String, String>,
 ) -> ApiResult<StatusCode> {
@@ -896,6 +998,17 @@ async fn save_headers(
     {
         return Err(ApiError::NotFound("endpoint"));
     }
+    // The names of the headers now set, never their values.
+    let names: Vec<&String> = headers.keys().collect();
+    actor
+        .record(
+            &*state.store,
+            "endpoint.headers_updated",
+            Some(&ep.app_id),
+            ep.id.as_str(),
+            serde_json::json!({ "headers": names }),
+        )
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -914,12 +1027,13 @@ async fn save_headers(
 )]
 pub async fn put_endpoint_headers(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<HeadersIn>,
 ) -> ApiResult<StatusCode> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    save_headers(&state, &ep, body.headers).await
+    save_headers(&state, &actor, &ep, body.headers).await
 }
 
 /// `PATCH …/headers`: sets the named ones, removes those given as null.
@@ -937,6 +1051,7 @@ pub async fn put_endpoint_headers(
 )]
 pub async fn patch_endpoint_headers(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<HeadersPatch>,
@@ -952,5 +1067,5 @@ pub async fn patch_endpoint_headers(
     for name in body.delete_headers.unwrap_or_default() {
         headers.remove(&name);
     }
-    save_headers(&state, &ep, headers).await
+    save_headers(&state, &actor, &ep, headers).await
 }

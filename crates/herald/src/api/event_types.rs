@@ -14,6 +14,7 @@ use super::{
     double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
     ListParams, ListResponse,
 };
+use crate::audit::Actor;
 use crate::store::{now_millis, EventType};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -252,6 +253,7 @@ pub async fn list_event_types(
 )]
 pub async fn create_event_type(
     State(state): State<ApiState>,
+    actor: Actor,
     ApiJson(body): ApiJson<EventTypeIn>,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     check_name(&body.name)?;
@@ -270,6 +272,15 @@ pub async fn create_event_type(
         updated_at: now,
     };
     state.store.create_event_type(&et).await?;
+    actor
+        .record(
+            &*state.store,
+            "event_type.created",
+            None,
+            &et.name,
+            serde_json::Value::Null,
+        )
+        .await;
     Ok((StatusCode::CREATED, Json(et.into())))
 }
 
@@ -314,6 +325,7 @@ pub async fn get_event_type(
 )]
 pub async fn put_event_type(
     State(state): State<ApiState>,
+    actor: Actor,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<EventTypeUpdate>,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
@@ -335,11 +347,29 @@ pub async fn put_event_type(
         Some(existing) => {
             et.created_at = existing.created_at;
             state.store.update_event_type(&et).await?;
+            actor
+                .record(
+                    &*state.store,
+                    "event_type.updated",
+                    None,
+                    &et.name,
+                    serde_json::json!({ "replaced": true }),
+                )
+                .await;
             Ok((StatusCode::OK, Json(et.into())))
         }
         None => {
             check_name(&name)?;
             state.store.create_event_type(&et).await?;
+            actor
+                .record(
+                    &*state.store,
+                    "event_type.created",
+                    None,
+                    &et.name,
+                    serde_json::Value::Null,
+                )
+                .await;
             Ok((StatusCode::CREATED, Json(et.into())))
         }
     }
@@ -359,10 +389,25 @@ pub async fn put_event_type(
 )]
 pub async fn patch_event_type(
     State(state): State<ApiState>,
+    actor: Actor,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<EventTypePatch>,
 ) -> ApiResult<Json<EventTypeOut>> {
     let mut et = find(&state, &name).await?;
+    let fields: Vec<&str> = [
+        ("description", body.description.is_some()),
+        ("archived", body.archived.is_some()),
+        ("deprecated", body.deprecated.is_some()),
+        ("schemas", body.schemas.is_some()),
+        (
+            "featureFlags",
+            body.feature_flag.is_some() || body.feature_flags.is_some(),
+        ),
+        ("groupName", body.group_name.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
     let flags = match (&body.feature_flag, &body.feature_flags) {
         (None, None) => None,
         (one, many) => Some(flags_text(one.clone().flatten(), many.clone().flatten())),
@@ -395,6 +440,15 @@ pub async fn patch_event_type(
     if !state.store.update_event_type(&et).await? {
         return Err(ApiError::NotFound("event type"));
     }
+    actor
+        .record(
+            &*state.store,
+            "event_type.updated",
+            None,
+            &et.name,
+            serde_json::json!({ "fields": fields }),
+        )
+        .await;
     Ok(Json(et.into()))
 }
 
@@ -420,6 +474,7 @@ pub struct DeleteParams {
 )]
 pub async fn delete_event_type(
     State(state): State<ApiState>,
+    actor: Actor,
     Path(name): Path<String>,
     ApiQuery(params): ApiQuery<DeleteParams>,
 ) -> ApiResult<StatusCode> {
@@ -435,6 +490,15 @@ pub async fn delete_event_type(
     if !gone {
         return Err(ApiError::NotFound("event type"));
     }
+    actor
+        .record(
+            &*state.store,
+            "event_type.deleted",
+            None,
+            &name,
+            serde_json::json!({ "expunged": expunge }),
+        )
+        .await;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -20,6 +20,7 @@ use super::messages::{find_message, MessageOut};
 use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
+use crate::audit::Actor;
 use crate::ids::AttemptId;
 use crate::store::{
     now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Message, MessageFilter,
@@ -448,6 +449,7 @@ pub struct RecoverOut {
 )]
 pub async fn recover(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<RecoverIn>,
@@ -468,15 +470,25 @@ pub async fn recover(
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let now = now_millis();
     let filter = DeadFilter {
-        app: Some(app.id),
-        endpoint: Some(ep.id),
+        app: Some(app.id.clone()),
+        endpoint: Some(ep.id.clone()),
         created_since: Some(since),
         created_until: until,
         ..DeadFilter::default()
     };
-    if state.store.replay_all_dead_matching(&filter, now).await? > 0 {
+    let replayed = state.store.replay_all_dead_matching(&filter, now).await?;
+    if replayed > 0 {
         state.wake.notify_one();
     }
+    actor
+        .record(
+            &*state.store,
+            "endpoint.recovered",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "replayed": replayed, "since": body.since, "until": body.until }),
+        )
+        .await;
     Ok((
         StatusCode::ACCEPTED,
         Json(RecoverOut {

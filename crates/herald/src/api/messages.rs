@@ -17,6 +17,7 @@ use super::{
     accepted_empty, rfc3339, valid_uid, ApiError, ApiJson, ApiResult, ApiState, MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
 };
+use crate::audit::Actor;
 use crate::ids::MsgId;
 use crate::store::{now_millis, Delivery, InsertOutcome, Message, NewMessage, ResendOutcome};
 
@@ -311,6 +312,7 @@ pub async fn list_message_deliveries(
 )]
 pub async fn resend(
     State(state): State<ApiState>,
+    actor: Actor,
     app: ResolvedApp,
     Path((_app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
@@ -323,6 +325,15 @@ pub async fn resend(
     {
         ResendOutcome::Queued => {
             state.wake.notify_one();
+            actor
+                .record(
+                    &*state.store,
+                    "message.resent",
+                    Some(&app.id),
+                    message.id.as_str(),
+                    serde_json::json!({ "endpoint": endpoint.id }),
+                )
+                .await;
             Ok(accepted_empty())
         }
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),

@@ -23,6 +23,7 @@ use crate::store::{Millis, PageReq, Store};
 
 pub mod apps;
 pub mod attempts;
+pub mod audit;
 pub mod auth;
 pub mod dead;
 pub mod endpoints;
@@ -200,6 +201,7 @@ pub fn router(state: ApiState) -> Router {
                 .patch(event_types::patch_event_type)
                 .delete(event_types::delete_event_type),
         )
+        .route("/audit-log", get(audit::list_audit_log))
         .route("/dead-letter", get(list_all_dead))
         .route("/dead-letter/replay", post(replay_all_dead))
         .route(

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::OpenApi;
 
-use super::{apps, attempts, auth, dead, endpoints, event_types, history, messages};
+use super::{apps, attempts, audit, auth, dead, endpoints, event_types, history, messages};
 
 /// The routes nested under `/api/v1`, all behind the bearer token.
 #[derive(OpenApi)]
@@ -60,6 +60,7 @@ use super::{apps, attempts, auth, dead, endpoints, event_types, history, message
     auth::list_tokens,
     auth::create_token,
     auth::delete_token,
+    audit::list_audit_log,
 ))]
 struct V1;
 

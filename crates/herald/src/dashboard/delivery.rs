@@ -430,6 +430,17 @@ pub async fn replay(
     if state.store.replay_dead(&app.id, &id, now_millis()).await? {
         state.wake.notify_one();
         tracing::info!(delivery = %id, "delivery replayed from the dashboard");
+        posted
+            .session
+            .actor()
+            .record(
+                &*state.store,
+                "dead.replayed",
+                Some(&app.id),
+                id.as_str(),
+                serde_json::json!({ "replayed": 1 }),
+            )
+            .await;
         posted.session.flash("Replayed 1");
     } else {
         let d = state

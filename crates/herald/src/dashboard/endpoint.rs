@@ -7,6 +7,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
+use serde_json::{json, Value};
 
 use super::delivery::{attempts_table, shown_header_value};
 use super::layout::{self, ago, hourly_chart, latency, percent, when, Nav};
@@ -234,12 +235,23 @@ fn window_row(label: &str, w: &WindowFigures) -> maud::Markup {
 /// `GET …/endpoint/{ep}/secret`: the secret as plain text, for the reveal
 /// link (the dashboard has no bearer token for the API's route).
 pub async fn secret(
-    _session: Authed,
+    session: Authed,
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    // Names the endpoint, never the secret.
+    session
+        .actor()
+        .record(
+            &*state.store,
+            "endpoint.secret_revealed",
+            Some(&app.id),
+            ep.id.as_str(),
+            Value::Null,
+        )
+        .await;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
         ep.secret,
@@ -260,6 +272,17 @@ pub async fn enable(
         .enable(&app.id, &ep.id)
         .await?
         .ok_or(DashError::NotFound("endpoint"))?;
+    posted
+        .session
+        .actor()
+        .record(
+            &*state.store,
+            "endpoint.enabled",
+            Some(&app.id),
+            ep.id.as_str(),
+            json!({ "changed": report.was_disabled, "expired": report.expired }),
+        )
+        .await;
     posted
         .session
         .flash(match (report.was_disabled, report.expired) {
@@ -293,6 +316,17 @@ pub async fn disable(
         .operator
         .disable(&app.id, &ep.id, reason, false, None)
         .await?;
+    posted
+        .session
+        .actor()
+        .record(
+            &*state.store,
+            "endpoint.disabled",
+            Some(&app.id),
+            ep.id.as_str(),
+            json!({ "changed": changed }),
+        )
+        .await;
     posted.session.flash(if changed {
         "Disabled: nothing is sent to it until it is enabled."
     } else {
@@ -317,6 +351,20 @@ pub async fn rotate(
         crate::api::endpoints::DEFAULT_GRACE_SECONDS,
     )
     .await?;
+    posted
+        .session
+        .actor()
+        .record(
+            &*state.store,
+            "endpoint.secret_rotated",
+            Some(&app.id),
+            ep.id.as_str(),
+            json!({
+                "keyGiven": false,
+                "gracePeriodSeconds": crate::api::endpoints::DEFAULT_GRACE_SECONDS
+            }),
+        )
+        .await;
     posted
         .session
         .flash("Secret rotated: the previous one signs too for 24 hours.");

@@ -158,6 +158,7 @@ pub static CONTENT_SECURITY_POLICY: LazyLock<String> = LazyLock::new(|| {
 pub enum Nav {
     Overview,
     Dead,
+    Audit,
     Other,
 }
 
@@ -186,6 +187,7 @@ pub fn page(session: &Authed, title: &str, nav: Nav, body: Markup) -> Markup {
                     nav {
                         a.active[nav == Nav::Overview] href="/dashboard" { "Overview" }
                         a.active[nav == Nav::Dead] href="/dashboard/dead" { "Dead letters" }
+                        a.active[nav == Nav::Audit] href="/dashboard/audit" { "Audit log" }
                     }
                     form method="post" action="/dashboard/logout" {
                         (csrf_field(session))

@@ -20,6 +20,7 @@ use maud::Markup;
 use crate::api::{ApiError, ApiState};
 use crate::store::StoreError;
 
+mod audit;
 mod dead;
 mod delivery;
 mod endpoint;
@@ -40,6 +41,7 @@ pub fn router() -> Router<ApiState> {
         .route("/login", get(session::login_page).post(session::login))
         .route("/logout", post(session::logout))
         .route("/dead", get(dead::page))
+        .route("/audit", get(audit::page))
         .route("/dead/replay", post(dead::replay))
         .route("/app/{app_id}/delivery/{delivery_id}", get(delivery::page))
         .route(

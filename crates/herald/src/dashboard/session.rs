@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use super::{layout, see_other, DashError};
 use crate::api::{token_sha256, ApiState};
+use crate::audit::Actor;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "herald_session";
@@ -52,6 +53,13 @@ fn random_token() -> String {
 
 fn key_of(session_id: &str) -> [u8; 32] {
     Sha256::digest(session_id.as_bytes()).into()
+}
+
+/// A session's name in the audit log: the first 8 hex digits of its
+/// digest, which tell sessions apart without being (or revealing) the
+/// cookie.
+fn label_of(key: &[u8; 32]) -> String {
+    hex::encode(&key[..4])
 }
 
 /// Compares two secrets through their digests: equal length, and how long
@@ -153,6 +161,8 @@ pub struct Authed {
     key: [u8; 32],
     /// The token every form of this session must send back.
     pub csrf: String,
+    /// Where the request came from.
+    pub client: IpAddr,
 }
 
 impl Authed {
@@ -163,6 +173,11 @@ impl Authed {
 
     pub fn take_flash(&self) -> Option<String> {
         self.sessions.take_flash(&self.key)
+    }
+
+    /// This session as the actor of an audit log entry.
+    pub fn actor(&self) -> Actor {
+        Actor::dashboard(label_of(&self.key), self.client)
     }
 }
 
@@ -190,6 +205,7 @@ impl FromRequestParts<ApiState> for Authed {
                 sessions: state.dashboard.clone(),
                 key,
                 csrf,
+                client: crate::audit::client_ip(parts),
             }),
             None => Err(to_login()),
         }
@@ -373,6 +389,16 @@ pub async fn login(
     if token_sha256(form.text("token")) != state.admin_token_sha256 {
         state.login_limiter.failed(client);
         tracing::info!(%client, "dashboard log-in failed: not the admin token");
+        // No session, and never the attempted token.
+        Actor::dashboard(String::new(), client)
+            .record(
+                &*state.store,
+                "dashboard.login_failed",
+                None,
+                "",
+                serde_json::Value::Null,
+            )
+            .await;
         // Slows guessing down a little; the limiter and the token's length
         // do the rest.
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -388,6 +414,15 @@ pub async fn login(
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
     tracing::info!(%client, "dashboard log-in");
+    Actor::dashboard(label_of(&key_of(&id)), client)
+        .record(
+            &*state.store,
+            "dashboard.login",
+            None,
+            "",
+            serde_json::Value::Null,
+        )
+        .await;
     response
 }
 
@@ -410,8 +445,19 @@ fn too_many_failures(wait: Duration) -> Response {
 }
 
 /// `POST /dashboard/logout`: ends the session and clears the cookie.
-pub async fn logout(posted: Posted) -> Response {
+pub async fn logout(State(state): State<ApiState>, posted: Posted) -> Response {
     posted.session.sessions.remove(&posted.session.key);
+    posted
+        .session
+        .actor()
+        .record(
+            &*state.store,
+            "dashboard.logout",
+            None,
+            "",
+            serde_json::Value::Null,
+        )
+        .await;
     let mut response = to_login();
     if let Some(cookie) = session_cookie("", 0) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);

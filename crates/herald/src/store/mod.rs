@@ -2,7 +2,7 @@
 //! storage. [`Store`] is the sum of one trait per concern, each in its own
 //! file with the models that belong to it: `settings`, `apps`,
 //! `endpoints`, `event_types`, `queue` (ingest → claim → complete),
-//! `replay`, `history`, `health`, `tokens` and `retention`. This file keeps
+//! `replay`, `history`, `health`, `tokens`, `audit` and `retention`. This file keeps
 //! what they all share (times, errors, pages, delivery states). Each
 //! backend, `sqlite/` and `postgres/`, implements every part in the same
 //! files, each with its SQL beside it (the schemas: `migrations/sqlite/`,
@@ -24,6 +24,7 @@ use herald_policy::DeadReason;
 use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 
 mod apps;
+mod audit;
 mod endpoints;
 mod event_types;
 mod health;
@@ -37,6 +38,7 @@ pub mod sqlite;
 mod tokens;
 
 pub use apps::{App, Apps};
+pub use audit::{ActorKind, Audit, AuditEntry, AuditFilter};
 pub use endpoints::{
     headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
     EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
@@ -59,8 +61,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Settings, Store,
-        Tokens,
+        Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Settings,
+        Store, Tokens,
     };
 }
 
@@ -166,6 +168,7 @@ pub trait Store:
     + History
     + Health
     + Tokens
+    + Audit
     + Retention
     + Send
     + Sync
@@ -183,6 +186,7 @@ impl<T> Store for T where
         + History
         + Health
         + Tokens
+        + Audit
         + Retention
         + Send
         + Sync

@@ -1,5 +1,5 @@
 //! Retention: what ages out of the store (history, held deliveries past
-//! the age cap, stats buckets, idempotency records).
+//! the age cap, stats buckets, idempotency records, audit log entries).
 
 use super::*;
 
@@ -34,6 +34,10 @@ pub trait Retention: Send + Sync {
     async fn prune_stats(&self, before: Millis) -> StoreResult<u64>;
     /// Drops idempotency records created before `before`.
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64>;
+    /// Deletes at most `batch` audit log entries made before `before`,
+    /// oldest first; returns how many (the caller repeats while a batch
+    /// was full).
+    async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64>;
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! 127.0.0.1.
 
 mod api;
+mod audit;
 mod binary;
 mod completions;
 mod dashboard;

@@ -25,7 +25,7 @@
 //! store has its file beside it, with its SQL: `settings.rs`, `apps.rs`,
 //! `endpoints.rs`, `event_types.rs`, `queue.rs` (ingest, claim, complete,
 //! release, and the listener), `replay.rs`, `history.rs`, `health.rs`,
-//! `tokens.rs`, `retention.rs`.
+//! `tokens.rs`, `audit.rs`, `retention.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 
 mod apps;
+mod audit;
 mod endpoints;
 mod event_types;
 mod health;

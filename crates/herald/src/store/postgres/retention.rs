@@ -196,4 +196,20 @@ impl Retention for PostgresStore {
         .map_err(map_err)?;
         Ok(done.rows_affected())
     }
+
+    async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM audit_log WHERE id IN \
+             (SELECT id FROM audit_log WHERE at < $1 ORDER BY at LIMIT $2)",
+        )
+        .bind(before)
+        .bind(i64_of(batch))
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
 }

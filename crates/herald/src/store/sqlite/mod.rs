@@ -15,7 +15,7 @@
 //! the store has its file beside it, with its SQL: `settings.rs`,
 //! `apps.rs`, `endpoints.rs`, `event_types.rs`, `queue.rs` (ingest, claim
 //! with parking and holding, complete, release), `replay.rs`, `history.rs`,
-//! `health.rs`, `tokens.rs`, `retention.rs`.
+//! `health.rs`, `tokens.rs`, `audit.rs`, `retention.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::*;
 
 mod apps;
+mod audit;
 mod endpoints;
 mod event_types;
 mod health;
@@ -52,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
     include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
     include_str!("../../../migrations/sqlite/0008_held.sql"),
+    include_str!("../../../migrations/sqlite/0009_audit.sql"),
     include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
 ];
 

@@ -182,4 +182,23 @@ impl Retention for SqliteStore {
         })
         .await
     }
+
+    async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            let n = c
+                .prepare_cached(
+                    "DELETE FROM audit_log WHERE id IN \
+                     (SELECT id FROM audit_log WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                )
+                .map_err(map_err)?
+                .execute(params![before, limit])
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
 }
