@@ -20,6 +20,7 @@ mod metrics;
 mod openapi;
 mod outbox;
 mod parsers_fuzzed;
+mod readme;
 mod scale_out;
 mod sdk;
 mod security;

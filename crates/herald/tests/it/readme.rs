@@ -1,0 +1,85 @@
+//! README's curl walkthrough, taken from README.md and run with bash and
+//! curl against the real binary, so the README cannot drift from Herald.
+
+use std::process::Stdio;
+
+use crate::binary::serve;
+use crate::helpers::{Receiver, PATIENCE, TOKEN};
+
+/// The `sh` block under README's "A first webhook, with curl".
+fn walkthrough() -> String {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .expect("README.md");
+    let section = readme
+        .split("## A first webhook, with curl")
+        .nth(1)
+        .expect("the walkthrough section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("its sh block");
+    block.to_owned()
+}
+
+#[tokio::test]
+async fn the_readme_walkthrough_runs_as_written() {
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proc = serve(
+        &dir.path().join("h.db"),
+        &[
+            ("HERALD_ADMIN_TOKEN", TOKEN),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+        ],
+    )
+    .await;
+    let script = walkthrough();
+    assert!(script.contains("localhost:8080") && script.contains("TOKEN=hrld_"));
+    let script = script
+        .lines()
+        .map(|line| {
+            if line.starts_with("TOKEN=") {
+                format!("TOKEN={TOKEN}")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("localhost:8080", &proc.addr.to_string())
+        .replace("https://hooks.acme.example/herald", &rx.url("/herald"));
+    let run = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output();
+    let out = tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the walkthrough finishes")
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the walkthrough failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every command answered: the event type, app, endpoint, message and
+    // both reads.
+    for expected in [
+        r#""name":"invoice.paid""#,
+        r#""uid":"acme""#,
+        r#""filterTypes":["invoice.paid"]"#,
+        r#""eventId":"inv-42""#,
+        r#""data":["#,
+    ] {
+        assert!(stdout.contains(expected), "{expected} not in:\n{stdout}");
+    }
+    let got = rx.wait_for(1).await;
+    assert_eq!(got[0].path, "/herald");
+    assert_eq!(got[0].body.as_ref(), br#"{"amount": 4200}"#);
+    drop(proc);
+}
