@@ -38,6 +38,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
+    ("HERALD_ENCRYPTION_KEY", "", "Comma-separated base64 AES-256 keys (32 bytes each, e.g. `openssl rand -base64 32`) that encrypt endpoint secrets and header values at rest; the first encrypts, all decrypt. Empty: stored in plain text (warned at start)."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
     ("HERALD_PROXY_URL", "", "Egress proxy for every customer request: `http://[user:pass@]host:port` (CONNECT for https targets) or `socks5://…` / `socks5h://…` (the proxy resolves names). Empty: direct."),
@@ -84,6 +85,8 @@ pub struct Config {
     pub poll_interval: Duration,
     pub retention: Duration,
     pub dead_retention: Duration,
+    /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
+    pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
     pub max_headers_per_endpoint: usize,
     /// Failed API authentications one address may make in a burst.
     pub auth_failure_limit: u32,
@@ -131,6 +134,7 @@ impl std::fmt::Debug for Config {
             .field("poll_interval", &self.poll_interval)
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
+            .field("encryption_keys", &self.encryption_keys)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("auth_failure_limit", &self.auth_failure_limit)
             .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
@@ -270,6 +274,10 @@ impl Config {
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
         let dead_retention = duration("HERALD_DEAD_RETENTION")?;
+        let encryption_keys = std::sync::Arc::new(
+            crate::crypto::Keyring::parse(&get("HERALD_ENCRYPTION_KEY"))
+                .map_err(|e| invalid("HERALD_ENCRYPTION_KEY", e))?,
+        );
         let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
         let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
         for (key, d) in [
@@ -403,6 +411,7 @@ impl Config {
             poll_interval,
             retention,
             dead_retention,
+            encryption_keys,
             max_headers_per_endpoint,
             auth_failure_limit,
             proxy_url,
@@ -559,10 +568,27 @@ mod tests {
             ("HERALD_BODY_TIMEOUT", "soon"),
             ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
             ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
+            ("HERALD_ENCRYPTION_KEY", "not-base64!"),
+            ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn encryption_keys_parse_and_are_redacted() {
+        let k1 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+        let k2 = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+        let c = Config::load_from(
+            None,
+            &env(&[("HERALD_ENCRYPTION_KEY", &format!("{k1},{k2}"))]),
+        )
+        .expect("two keys");
+        assert_eq!(c.encryption_keys.len(), 2);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(k1) && !shown.contains(k2), "{shown}");
+        assert!(!Config::default().encryption_keys.is_enabled());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! storage. [`Store`] is the sum of one trait per concern, each in its own
 //! file with the models that belong to it: `settings`, `apps`,
 //! `endpoints`, `event_types`, `queue` (ingest → claim → complete),
-//! `replay`, `history`, `health`, `tokens` and `retention`. This file keeps
+//! `replay`, `history`, `health`, `tokens`, `retention` and `secrets`
+//! (credentials sealed at rest). This file keeps
 //! what they all share (times, errors, pages, delivery states). Each
 //! backend, `sqlite/` and `postgres/`, implements every part in the same
 //! files, each with its SQL beside it (the schemas: `migrations/sqlite/`,
@@ -32,6 +33,7 @@ pub mod postgres;
 mod queue;
 mod replay;
 mod retention;
+pub mod secrets;
 mod settings;
 pub mod sqlite;
 mod tokens;
@@ -52,6 +54,10 @@ pub use queue::{
 };
 pub use replay::{DeadFilter, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};
+pub use secrets::{
+    open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,
+    Secrets, RESEAL_BATCH,
+};
 pub use settings::Settings;
 pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 
@@ -59,8 +65,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Settings, Store,
-        Tokens,
+        Apps, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Secrets, Settings,
+        Store, Tokens,
     };
 }
 
@@ -167,6 +173,7 @@ pub trait Store:
     + Health
     + Tokens
     + Retention
+    + Secrets
     + Send
     + Sync
     + 'static
@@ -184,6 +191,7 @@ impl<T> Store for T where
         + Health
         + Tokens
         + Retention
+        + Secrets
         + Send
         + Sync
         + 'static

@@ -21,6 +21,7 @@ mod outbox;
 mod parsers_fuzzed;
 mod scale_out;
 mod sdk;
+mod secrets_at_rest;
 mod security;
 mod store_conformance;
 mod tenancy;
