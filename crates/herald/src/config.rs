@@ -39,6 +39,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
     ("HERALD_AUDIT_RETENTION", "365d", "Audit log entries are pruned after this."),
+    ("HERALD_ENCRYPTION_KEY", "", "Comma-separated base64 AES-256 keys (32 bytes each, e.g. `openssl rand -base64 32`) that encrypt endpoint secrets and header values at rest; the first encrypts, all decrypt. Empty: stored in plain text (warned at start)."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_MAX_ENDPOINTS_PER_APP", "1000", "Endpoints one application may have at most; creating one more answers 422."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
@@ -91,6 +92,8 @@ pub struct Config {
     pub dead_retention: Duration,
     /// `HERALD_AUDIT_RETENTION`: how long audit log entries are kept.
     pub audit_retention: Duration,
+    /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
+    pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
     pub max_headers_per_endpoint: usize,
     pub max_endpoints_per_app: usize,
     /// Failed API authentications one address may make in a burst.
@@ -150,6 +153,7 @@ impl std::fmt::Debug for Config {
             .field("retention", &self.retention)
             .field("dead_retention", &self.dead_retention)
             .field("audit_retention", &self.audit_retention)
+            .field("encryption_keys", &self.encryption_keys)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("max_endpoints_per_app", &self.max_endpoints_per_app)
             .field("auth_failure_limit", &self.auth_failure_limit)
@@ -292,6 +296,10 @@ impl Config {
         let retention = duration("HERALD_RETENTION")?;
         let dead_retention = duration("HERALD_DEAD_RETENTION")?;
         let audit_retention = duration("HERALD_AUDIT_RETENTION")?;
+        let encryption_keys = std::sync::Arc::new(
+            crate::crypto::Keyring::parse(&get("HERALD_ENCRYPTION_KEY"))
+                .map_err(|e| invalid("HERALD_ENCRYPTION_KEY", e))?,
+        );
         let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
         let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
         for (key, d) in [
@@ -470,6 +478,7 @@ impl Config {
             retention,
             dead_retention,
             audit_retention,
+            encryption_keys,
             max_headers_per_endpoint,
             max_endpoints_per_app,
             auth_failure_limit,
@@ -629,10 +638,27 @@ mod tests {
             ("HERALD_BODY_TIMEOUT", "soon"),
             ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
             ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
+            ("HERALD_ENCRYPTION_KEY", "not-base64!"),
+            ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn encryption_keys_parse_and_are_redacted() {
+        let k1 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+        let k2 = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+        let c = Config::load_from(
+            None,
+            &env(&[("HERALD_ENCRYPTION_KEY", &format!("{k1},{k2}"))]),
+        )
+        .expect("two keys");
+        assert_eq!(c.encryption_keys.len(), 2);
+        let shown = format!("{c:?}");
+        assert!(!shown.contains(k1) && !shown.contains(k2), "{shown}");
+        assert!(!Config::default().encryption_keys.is_enabled());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod crypto;
 pub mod dashboard;
 pub mod dispatch;
 pub mod health;

@@ -40,6 +40,12 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Re-encrypt stored secrets with the first key of HERALD_ENCRYPTION_KEY
+    /// (safe while Herald serves); then older keys can be removed.
+    RotateEncryptionKey {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Measure ingest and end-to-end delivery on this machine.
     Bench(herald::bench::BenchArgs),
     /// Dead letters of a running Herald: list, replay.
@@ -80,6 +86,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Serve { config, role } => serve(config, role).await,
             Command::Migrate { config } => migrate(config).await,
+            Command::RotateEncryptionKey { config } => rotate_encryption_key(config).await,
             Command::Bench(args) => herald::bench::run(args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
@@ -139,6 +146,17 @@ async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     println!(
         "migrations applied to {}",
         herald::config::redact_url(&config.database_url)
+    );
+    Ok(())
+}
+
+async fn rotate_encryption_key(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    let _telemetry = init_logging(&config)?;
+    let rows = server::rotate_encryption_key(&config).await?;
+    println!(
+        "re-encrypted {rows} endpoint rows with key id {}",
+        config.encryption_keys.current_id().unwrap_or_default()
     );
     Ok(())
 }

@@ -101,20 +101,54 @@ pub struct Running {
     backend: Backend,
 }
 
-/// Opens the store named by `HERALD_DATABASE_URL` and applies migrations.
+/// Opens the store named by `HERALD_DATABASE_URL`, applies migrations and
+/// prepares secrets at rest: every key the stored values name must be in
+/// `HERALD_ENCRYPTION_KEY` (else an error naming it), and with a key, plain
+/// values are encrypted now (see `store::secrets::prepare`).
 pub async fn open_store(config: &Config) -> anyhow::Result<Backend> {
+    let backend = open_backend(config).await?;
+    let prepared =
+        crate::store::secrets::prepare(backend.store().as_ref(), &config.encryption_keys).await;
+    if let Err(e) = prepared {
+        backend.close().await;
+        return Err(e);
+    }
+    Ok(backend)
+}
+
+/// `herald rotate-encryption-key`: re-encrypts, with the first key of
+/// `HERALD_ENCRYPTION_KEY`, every stored value not under it, in batches,
+/// while other processes serve. Returns how many endpoint rows it rewrote.
+pub async fn rotate_encryption_key(config: &Config) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        config.encryption_keys.is_enabled(),
+        "HERALD_ENCRYPTION_KEY is not set: nothing to rotate to (put the new key first, keep the old after it)"
+    );
+    let backend = open_store(config).await?;
+    let done = backend
+        .store()
+        .reseal_secrets(crate::store::ResealScope::NotCurrent)
+        .await;
+    backend.close().await;
+    Ok(done?)
+}
+
+async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     let shown = crate::config::redact_url(&config.database_url);
     if config.database_url.starts_with("sqlite:") {
-        let store = SqliteStore::open(&config.database_url)
-            .await
-            .with_context(|| format!("opening store {shown}"))?;
+        let store =
+            SqliteStore::open_with_keys(&config.database_url, config.encryption_keys.clone())
+                .await
+                .with_context(|| format!("opening store {shown}"))?;
         Ok(Backend::Sqlite(Arc::new(store)))
     } else {
-        let store = PostgresStore::open(&config.database_url, &config.database_schema)
-            .await
-            .with_context(|| {
-                format!("opening store {shown} (schema {})", config.database_schema)
-            })?;
+        let store = PostgresStore::open_with_keys(
+            &config.database_url,
+            &config.database_schema,
+            config.encryption_keys.clone(),
+        )
+        .await
+        .with_context(|| format!("opening store {shown} (schema {})", config.database_schema))?;
         Ok(Backend::Postgres(Arc::new(store)))
     }
 }

@@ -232,6 +232,11 @@ impl Sender {
                 return failed(format!("refused: {e}"));
             }
         }
+        // Stored secrets that could not be decrypted: never send unsigned
+        // or with garbage.
+        if let Some(why) = &d.unreadable {
+            return failed(why.clone());
+        }
         // The current secret first, then those a rotation keeps valid.
         let secrets = match std::iter::once(&d.secret)
             .chain(d.old_secrets.iter())

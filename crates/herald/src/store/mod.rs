@@ -2,7 +2,8 @@
 //! storage. [`Store`] is the sum of one trait per concern, each in its own
 //! file with the models that belong to it: `settings`, `apps`,
 //! `endpoints`, `event_types`, `queue` (ingest → claim → complete),
-//! `replay`, `history`, `health`, `tokens`, `audit` and `retention`. This file keeps
+//! `replay`, `history`, `health`, `tokens`, `audit`, `retention` and
+//! `secrets` (credentials sealed at rest). This file keeps
 //! what they all share (times, errors, pages, delivery states). Each
 //! backend, `sqlite/` and `postgres/`, implements every part in the same
 //! files, each with its SQL beside it (the schemas: `migrations/sqlite/`,
@@ -33,6 +34,7 @@ pub mod postgres;
 mod queue;
 mod replay;
 mod retention;
+pub mod secrets;
 mod settings;
 pub mod sqlite;
 mod tokens;
@@ -54,6 +56,10 @@ pub use queue::{
 };
 pub use replay::{DeadFilter, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};
+pub use secrets::{
+    open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,
+    Secrets, RESEAL_BATCH,
+};
 pub use settings::Settings;
 pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 
@@ -61,8 +67,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Settings,
-        Store, Tokens,
+        Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Secrets,
+        Settings, Store, Tokens,
     };
 }
 
@@ -170,6 +176,7 @@ pub trait Store:
     + Tokens
     + Audit
     + Retention
+    + Secrets
     + Send
     + Sync
     + 'static
@@ -188,6 +195,7 @@ impl<T> Store for T where
         + Tokens
         + Audit
         + Retention
+        + Secrets
         + Send
         + Sync
         + 'static

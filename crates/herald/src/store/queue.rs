@@ -3,6 +3,7 @@
 //! deliveries, completions record attempts and move deliveries on.
 
 use super::*;
+use crate::crypto::Keyring;
 
 /// The hot path: ingest → claim → complete (and release, and wake-ups).
 #[async_trait]
@@ -164,6 +165,11 @@ pub struct ClaimedDelivery {
     pub old_secrets: Vec<String>,
     /// The endpoint's extra headers.
     pub headers: Vec<(String, String)>,
+    /// Set when the endpoint's stored secrets or headers could not be
+    /// decrypted (a key missing from `HERALD_ENCRYPTION_KEY`, a damaged
+    /// value): nothing is sent, the attempt fails as a network error with
+    /// this text (`secret`, `old_secrets` and `headers` are then empty).
+    pub unreadable: Option<String>,
     pub event_type: String,
     pub payload: String,
     /// The message's `traceparent`: the attempt's span joins that trace.
@@ -440,24 +446,48 @@ pub struct SendTo {
     pub secret: String,
     pub old_secrets: Vec<String>,
     pub headers: Vec<(String, String)>,
+    /// See [`ClaimedDelivery::unreadable`].
+    pub unreadable: Option<String>,
 }
 
 impl SendTo {
-    /// From the stored columns (`old_secrets` and `headers` are JSON);
-    /// rotated secrets whose grace has ended by `now` are left out.
+    /// From endpoint `endpoint_id`'s stored columns (`old_secrets` and
+    /// `headers` are JSON), opened with `keys` (in memory: a few
+    /// microseconds, no query); rotated secrets whose grace has ended by
+    /// `now` are left out. A value that does not open makes an unreadable
+    /// `SendTo` (never sent), not an error: the rest of the claim goes on.
     pub fn from_columns(
+        keys: &Keyring,
+        endpoint_id: &str,
         url: String,
-        secret: String,
+        secret: &str,
         old_secrets: &str,
         headers: &str,
         now: Millis,
     ) -> StoreResult<Self> {
-        Ok(SendTo {
-            url,
-            secret,
-            old_secrets: valid_old_secrets(old_secrets, now)?,
-            headers: headers_of(headers)?,
-        })
+        let opened = (|| {
+            Ok::<_, crate::crypto::OpenError>((
+                open_column(keys, endpoint_id, SecretColumn::Secret, secret)?,
+                open_column(keys, endpoint_id, SecretColumn::OldSecrets, old_secrets)?,
+                open_column(keys, endpoint_id, SecretColumn::Headers, headers)?,
+            ))
+        })();
+        match opened {
+            Ok((secret, old_secrets, headers)) => Ok(SendTo {
+                url,
+                secret,
+                old_secrets: valid_old_secrets(&old_secrets, now)?,
+                headers: headers_of(&headers)?,
+                unreadable: None,
+            }),
+            Err(e) => Ok(SendTo {
+                url,
+                secret: String::new(),
+                old_secrets: Vec::new(),
+                headers: Vec::new(),
+                unreadable: Some(format!("not sent: {e}")),
+            }),
+        }
     }
 }
 
@@ -564,6 +594,7 @@ impl IngestClaim {
             secret: to.secret.clone(),
             old_secrets: to.old_secrets.clone(),
             headers: to.headers.clone(),
+            unreadable: to.unreadable.clone(),
             event_type: m.event_type.clone(),
             payload: m.payload.clone(),
             traceparent: m.traceparent.clone(),

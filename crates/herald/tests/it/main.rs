@@ -23,6 +23,7 @@ mod parsers_fuzzed;
 mod readme;
 mod scale_out;
 mod sdk;
+mod secrets_at_rest;
 mod security;
 mod store_conformance;
 mod tenancy;

@@ -3,15 +3,30 @@
 
 use super::queue::unhold;
 use super::*;
+use crate::crypto::Keyring;
 
 const ENDPOINT_COLUMNS: &str =
     "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
      metadata::text AS metadata, secret, created_at, updated_at, channels, headers";
 
-pub(super) fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
+/// An endpoint row, its credential columns opened with `keys`.
+pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoint> {
     let filter: Option<String> = get(r, "filter_types")?;
+    let id: String = get(r, "id")?;
+    let headers = open_or_fail(
+        keys,
+        &id,
+        SecretColumn::Headers,
+        &get::<String>(r, "headers")?,
+    )?;
+    let secret = open_or_fail(
+        keys,
+        &id,
+        SecretColumn::Secret,
+        &get::<String>(r, "secret")?,
+    )?;
     Ok(Endpoint {
-        id: EndpointId::from_trusted(get(r, "id")?),
+        id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
         uid: get(r, "uid")?,
         url: get(r, "url")?,
@@ -24,8 +39,8 @@ pub(super) fn endpoint_from_row(r: &PgRow) -> StoreResult<Endpoint> {
             .as_deref()
             .map(from_json)
             .transpose()?,
-        headers: from_json(&get::<String>(r, "headers")?)?,
-        secret: get(r, "secret")?,
+        headers: from_json(&headers)?,
+        secret,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })
@@ -69,11 +84,16 @@ impl Endpoints for PostgresStore {
         .bind(ep.disabled)
         .bind(ep.rate_limit.map(i32::from))
         .bind(metadata)
-        .bind(&ep.secret)
+        .bind(seal_column(&self.keys, ep.id.as_str(), SecretColumn::Secret, &ep.secret))
         .bind(ep.created_at)
         .bind(ep.updated_at)
         .bind(ep.channels.as_ref().map(to_json).transpose()?)
-        .bind(to_json(&ep.headers)?)
+        .bind(seal_column(
+            &self.keys,
+            ep.id.as_str(),
+            SecretColumn::Headers,
+            &to_json(&ep.headers)?,
+        ))
         .execute(&self.pool)
         .await
         .map_err(map_err)?;
@@ -90,7 +110,9 @@ impl Endpoints for PostgresStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(map_err)?;
-        row.as_ref().map(endpoint_from_row).transpose()
+        row.as_ref()
+            .map(|r| endpoint_from_row(r, &self.keys))
+            .transpose()
     }
 
     async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
@@ -99,7 +121,7 @@ impl Endpoints for PostgresStore {
             "id",
             vec![app.as_str().to_owned()],
             page,
-            endpoint_from_row,
+            |r| endpoint_from_row(r, &self.keys),
         )
         .await
     }
@@ -158,7 +180,12 @@ impl Endpoints for PostgresStore {
         let done = sqlx::query(
             "UPDATE endpoints SET headers = $1, updated_at = $2 WHERE id = $3 AND app_id = $4",
         )
-        .bind(to_json(headers)?)
+        .bind(seal_column(
+            &self.keys,
+            ep.as_str(),
+            SecretColumn::Headers,
+            &to_json(headers)?,
+        ))
         .bind(now)
         .bind(ep.as_str())
         .bind(app.as_str())
@@ -206,16 +233,30 @@ impl Endpoints for PostgresStore {
         .await
         .map_err(map_err)?;
         let Some(row) = row else { return Ok(false) };
-        let old = rotated_old_secrets(
-            &get::<String>(&row, "old_secrets")?,
+        let id = ep.as_str();
+        let secret = open_or_fail(
+            &self.keys,
+            id,
+            SecretColumn::Secret,
             &get::<String>(&row, "secret")?,
-            grace_until,
-            now,
         )?;
+        let old = open_or_fail(
+            &self.keys,
+            id,
+            SecretColumn::OldSecrets,
+            &get::<String>(&row, "old_secrets")?,
+        )?;
+        let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+        let old = seal_column(&self.keys, id, SecretColumn::OldSecrets, &old);
         sqlx::query(
             "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
         )
-        .bind(new_secret)
+        .bind(seal_column(
+            &self.keys,
+            id,
+            SecretColumn::Secret,
+            new_secret,
+        ))
         .bind(old)
         .bind(now)
         .bind(ep.as_str())

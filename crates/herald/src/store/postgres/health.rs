@@ -80,7 +80,7 @@ impl Health for PostgresStore {
         rows.iter()
             .map(|r| {
                 Ok(EndpointOverview {
-                    endpoint: endpoint_from_row(r)?,
+                    endpoint: endpoint_from_row(r, &self.keys)?,
                     app_name: get(r, "app_name")?,
                     status: status_from_row(r)?,
                 })

@@ -28,6 +28,7 @@
 //! `tokens.rs`, `audit.rs`, `retention.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -48,6 +49,7 @@ mod history;
 mod queue;
 mod replay;
 mod retention;
+mod secrets;
 mod settings;
 mod tokens;
 
@@ -64,6 +66,8 @@ pub struct PostgresStore {
     /// Cancelled on close (or drop): stops the listener tasks, which hold
     /// a pooled connection each.
     closing: CancellationToken,
+    /// Seals and opens the credential columns (see `store::secrets`).
+    keys: Arc<crate::crypto::Keyring>,
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
@@ -112,6 +116,15 @@ impl PostgresStore {
     /// pooled connection's `search_path`, and applies the migrations (their
     /// bookkeeping table lives in that schema too).
     pub async fn open(url: &str, schema: &str) -> StoreResult<Self> {
+        Self::open_with_keys(url, schema, Arc::new(crate::crypto::Keyring::plain())).await
+    }
+
+    /// [`PostgresStore::open`], sealing credentials with `keys`.
+    pub async fn open_with_keys(
+        url: &str,
+        schema: &str,
+        keys: Arc<crate::crypto::Keyring>,
+    ) -> StoreResult<Self> {
         let ident = quote_ident(schema)?;
         let set_path = format!("SET search_path TO {ident}");
         let pool = PgPoolOptions::new()
@@ -152,6 +165,7 @@ impl PostgresStore {
             pool,
             wake_channel,
             closing: CancellationToken::new(),
+            keys,
         })
     }
 
@@ -216,7 +230,7 @@ where
     r.try_get(col).map_err(map_err)
 }
 
-fn map_rows<T>(rows: &[PgRow], map: fn(&PgRow) -> StoreResult<T>) -> StoreResult<Vec<T>> {
+fn map_rows<T>(rows: &[PgRow], map: impl Fn(&PgRow) -> StoreResult<T>) -> StoreResult<Vec<T>> {
     rows.iter().map(map).collect()
 }
 
@@ -243,7 +257,7 @@ impl PostgresStore {
         column: &str,
         mut args: Vec<String>,
         page: &PageReq,
-        map: fn(&PgRow) -> StoreResult<T>,
+        map: impl Fn(&PgRow) -> StoreResult<T> + Send,
     ) -> StoreResult<Page<T>> {
         // Only constant SQL fragments are spliced in; every value is bound.
         let mut sql = sql.to_owned();

@@ -135,8 +135,10 @@ impl PostgresStore {
                 claim.as_ref(),
                 |now| {
                     SendTo::from_columns(
+                        &self.keys,
+                        &get::<String>(r, "id")?,
                         get(r, "url")?,
-                        get(r, "secret")?,
+                        &get::<String>(r, "secret")?,
                         &get::<String>(r, "old_secrets")?,
                         &get::<String>(r, "headers")?,
                         now,
@@ -402,16 +404,27 @@ impl Queue for PostgresStore {
             .iter()
             .map(|r| {
                 let due_at: Millis = get(r, "due_at")?;
+                let endpoint_id: String = get(r, "endpoint_id")?;
+                let to = SendTo::from_columns(
+                    &self.keys,
+                    &endpoint_id,
+                    get(r, "url")?,
+                    &get::<String>(r, "secret")?,
+                    &get::<String>(r, "old_secrets")?,
+                    &get::<String>(r, "headers")?,
+                    req.now,
+                )?;
                 let d = ClaimedDelivery {
                     id: DeliveryId::from_trusted(get(r, "id")?),
                     lease_token: token.clone(),
                     msg_id: MsgId::from_trusted(get(r, "msg_id")?),
                     app_id: AppId::from_trusted(get(r, "app_id")?),
-                    endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
-                    url: get(r, "url")?,
-                    secret: get(r, "secret")?,
-                    old_secrets: valid_old_secrets(&get::<String>(r, "old_secrets")?, req.now)?,
-                    headers: headers_of(&get::<String>(r, "headers")?)?,
+                    endpoint_id: EndpointId::from_trusted(endpoint_id),
+                    url: to.url,
+                    secret: to.secret,
+                    old_secrets: to.old_secrets,
+                    headers: to.headers,
+                    unreadable: to.unreadable,
                     event_type: get(r, "event_type")?,
                     payload: get(r, "payload")?,
                     traceparent: get(r, "traceparent")?,

@@ -3,11 +3,26 @@
 
 use super::queue::unhold;
 use super::*;
+use crate::crypto::Keyring;
 
-pub(super) fn endpoint_from_row(r: &Row<'_>) -> StoreResult<Endpoint> {
+/// An endpoint row, its credential columns opened with `keys`.
+pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endpoint> {
     let filter: Option<String> = get(r, "filter_types")?;
+    let id: String = get(r, "id")?;
+    let headers = open_or_fail(
+        keys,
+        &id,
+        SecretColumn::Headers,
+        &get::<String>(r, "headers")?,
+    )?;
+    let secret = open_or_fail(
+        keys,
+        &id,
+        SecretColumn::Secret,
+        &get::<String>(r, "secret")?,
+    )?;
     Ok(Endpoint {
-        id: EndpointId::from_trusted(get(r, "id")?),
+        id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
         uid: get(r, "uid")?,
         url: get(r, "url")?,
@@ -17,8 +32,8 @@ pub(super) fn endpoint_from_row(r: &Row<'_>) -> StoreResult<Endpoint> {
         rate_limit: u16_opt(get(r, "rate_limit")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
         channels: json_opt(get(r, "channels")?)?,
-        headers: from_json(&get::<String>(r, "headers")?)?,
-        secret: get(r, "secret")?,
+        headers: from_json(&headers)?,
+        secret,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })
@@ -46,7 +61,13 @@ impl Endpoints for SqliteStore {
         let filter = ep.filter_types.as_ref().map(to_json).transpose()?;
         let metadata = to_json(&ep.metadata)?;
         let channels = ep.channels.as_ref().map(to_json).transpose()?;
-        let headers = to_json(&ep.headers)?;
+        let headers = seal_column(
+            &self.keys,
+            ep.id.as_str(),
+            SecretColumn::Headers,
+            &to_json(&ep.headers)?,
+        );
+        let secret = seal_column(&self.keys, ep.id.as_str(), SecretColumn::Secret, &ep.secret);
         self.write(move |c| {
             c.execute(
                 "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
@@ -62,7 +83,7 @@ impl Endpoints for SqliteStore {
                     i64::from(ep.disabled),
                     ep.rate_limit,
                     metadata,
-                    ep.secret,
+                    secret,
                     ep.created_at,
                     ep.updated_at,
                     channels,
@@ -77,19 +98,21 @@ impl Endpoints for SqliteStore {
 
     async fn get_endpoint(&self, app: &AppId, id_or_uid: &str) -> StoreResult<Option<Endpoint>> {
         let (app, key) = (app.as_str().to_owned(), id_or_uid.to_owned());
+        let keys = self.keys.clone();
         self.read(move |c| {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT * FROM endpoints WHERE app_id = ?1 AND (id = ?2 OR uid = ?2) ORDER BY id = ?2 DESC LIMIT 1",
                 )
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![app, key], endpoint_from_row)?.pop())
+            Ok(rows(&mut stmt, params![app, key], |r| endpoint_from_row(r, &keys))?.pop())
         })
         .await
     }
 
     async fn list_endpoints(&self, app: &AppId, page: &PageReq) -> StoreResult<Page<Endpoint>> {
         let (app, page) = (app.as_str().to_owned(), page.clone());
+        let keys = self.keys.clone();
         self.read(move |c| {
             page_of(
                 c,
@@ -97,7 +120,7 @@ impl Endpoints for SqliteStore {
                 "id",
                 vec![app.into()],
                 &page,
-                endpoint_from_row,
+                |r| endpoint_from_row(r, &keys),
             )
         })
         .await
@@ -161,7 +184,7 @@ impl Endpoints for SqliteStore {
         now: Millis,
     ) -> StoreResult<bool> {
         let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
-        let headers = to_json(headers)?;
+        let headers = seal_column(&self.keys, &ep, SecretColumn::Headers, &to_json(headers)?);
         self.write(move |c| {
             let n = c
                 .execute(
@@ -217,6 +240,7 @@ impl Endpoints for SqliteStore {
             ep.as_str().to_owned(),
             new_secret.to_owned(),
         );
+        let keys = self.keys.clone();
         self.write(move |c| {
             let current: Option<(String, String)> = c
                 .query_row(
@@ -229,7 +253,11 @@ impl Endpoints for SqliteStore {
             let Some((secret, old)) = current else {
                 return Ok(false);
             };
+            let secret = open_or_fail(&keys, &ep, SecretColumn::Secret, &secret)?;
+            let old = open_or_fail(&keys, &ep, SecretColumn::OldSecrets, &old)?;
             let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+            let old = seal_column(&keys, &ep, SecretColumn::OldSecrets, &old);
+            let new_secret = seal_column(&keys, &ep, SecretColumn::Secret, &new_secret);
             c.execute(
                 "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
                 params![new_secret, old, now, ep],

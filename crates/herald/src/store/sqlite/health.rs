@@ -67,6 +67,7 @@ impl Health for SqliteStore {
             i64::try_from(offset).unwrap_or(i64::MAX),
             i64::try_from(limit).unwrap_or(i64::MAX),
         );
+        let keys = self.keys.clone();
         self.read(move |c| {
             let mut stmt = c
                 .prepare_cached(
@@ -77,7 +78,7 @@ impl Health for SqliteStore {
                 .map_err(map_err)?;
             rows(&mut stmt, params![app, limit, offset], |r| {
                 Ok(EndpointOverview {
-                    endpoint: endpoint_from_row(r)?,
+                    endpoint: endpoint_from_row(r, &keys)?,
                     app_name: get(r, "app_name")?,
                     status: status_from_row(r)?,
                 })

@@ -39,6 +39,7 @@ mod history;
 mod queue;
 mod replay;
 mod retention;
+mod secrets;
 mod settings;
 mod tokens;
 
@@ -75,6 +76,8 @@ pub struct SqliteStore {
     readers: Arc<Mutex<Vec<Connection>>>,
     path: PathBuf,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Seals and opens the credential columns (see `store::secrets`).
+    keys: Arc<crate::crypto::Keyring>,
 }
 
 /// Turns `sqlite:///abs/path.db` or `sqlite://rel.db` into a file path.
@@ -219,8 +222,14 @@ fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Command>) {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file and applies migrations.
+    /// Opens (creating if needed) the database file and applies migrations;
+    /// credentials are stored in plain text (see [`SqliteStore::open_with_keys`]).
     pub async fn open(url: &str) -> StoreResult<Self> {
+        Self::open_with_keys(url, Arc::new(crate::crypto::Keyring::plain())).await
+    }
+
+    /// [`SqliteStore::open`], sealing credentials with `keys`.
+    pub async fn open_with_keys(url: &str, keys: Arc<crate::crypto::Keyring>) -> StoreResult<Self> {
         let path = sqlite_path(url)
             .ok_or_else(|| StoreError::Internal(format!("not a sqlite URL: {url}")))?;
         let opened = tokio::task::spawn_blocking(
@@ -251,6 +260,7 @@ impl SqliteStore {
             readers: Arc::new(Mutex::new(readers)),
             path,
             writer: Mutex::new(Some(handle)),
+            keys,
         })
     }
 
@@ -345,7 +355,7 @@ fn u32_of(v: i64) -> u32 {
 fn rows<T>(
     stmt: &mut rusqlite::Statement<'_>,
     params: impl rusqlite::Params,
-    map: fn(&Row<'_>) -> StoreResult<T>,
+    map: impl Fn(&Row<'_>) -> StoreResult<T>,
 ) -> StoreResult<Vec<T>> {
     let mut out = Vec::new();
     let mut rs = stmt.query(params).map_err(map_err)?;
@@ -371,7 +381,7 @@ fn page_of<T>(
     column: &str,
     mut args: Vec<Value>,
     page: &PageReq,
-    map: fn(&Row<'_>) -> StoreResult<T>,
+    map: impl Fn(&Row<'_>) -> StoreResult<T>,
 ) -> StoreResult<Page<T>> {
     let mut sql = sql.to_owned();
     let up = page.walks_ascending();

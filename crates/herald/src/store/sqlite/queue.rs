@@ -3,6 +3,7 @@
 //! streaks, stats buckets) and release, each a job on the writer thread.
 
 use super::*;
+use crate::crypto::Keyring;
 
 /// A full endpoint's due deliveries are parked once they have waited this
 /// long (see `walk_due_head`).
@@ -17,6 +18,7 @@ const PASSED_PER_CLAIM: usize = 2_000;
 
 fn insert_messages_tx(
     conn: &Connection,
+    keys: &Keyring,
     batch: &[NewMessage],
     mut claim: Option<IngestClaim>,
 ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
@@ -94,8 +96,10 @@ fn insert_messages_tx(
                     claim.as_ref(),
                     |now| {
                         SendTo::from_columns(
+                            keys,
+                            &get::<String>(r, "id")?,
                             get(r, "url")?,
-                            get(r, "secret")?,
+                            &get::<String>(r, "secret")?,
                             &get::<String>(r, "old_secrets")?,
                             &get::<String>(r, "headers")?,
                             now,
@@ -129,6 +133,7 @@ fn insert_messages_tx(
 
 fn claim_tx(
     conn: &Connection,
+    keys: &Keyring,
     now: Millis,
     lease_until: Millis,
     limit: usize,
@@ -189,16 +194,26 @@ fn claim_tx(
                 ))
             })
             .map_err(map_err)?;
+        let to = SendTo::from_columns(
+            keys,
+            &endpoint_id,
+            url,
+            &secret,
+            &old_secrets,
+            &headers,
+            now,
+        )?;
         out.push(ClaimedDelivery {
             id: DeliveryId::from_trusted(id),
             lease_token: token.clone(),
             msg_id: MsgId::from_trusted(msg_id),
             app_id: AppId::from_trusted(app_id),
             endpoint_id: EndpointId::from_trusted(endpoint_id),
-            url,
-            secret,
-            old_secrets: valid_old_secrets(&old_secrets, now)?,
-            headers: headers_of(&headers)?,
+            url: to.url,
+            secret: to.secret,
+            old_secrets: to.old_secrets,
+            headers: to.headers,
+            unreadable: to.unreadable,
             event_type,
             payload,
             traceparent,
@@ -527,8 +542,8 @@ impl Queue for SqliteStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let batch = batch.to_vec();
-        self.write(move |c| Ok(insert_messages_tx(c, &batch, None)?.0))
+        let (batch, keys) = (batch.to_vec(), self.keys.clone());
+        self.write(move |c| Ok(insert_messages_tx(c, &keys, &batch, None)?.0))
             .await
     }
 
@@ -540,9 +555,9 @@ impl Queue for SqliteStore {
         if batch.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let batch = batch.to_vec();
+        let (batch, keys) = (batch.to_vec(), self.keys.clone());
         let claim = IngestClaim::new(req);
-        self.write(move |c| insert_messages_tx(c, &batch, Some(claim)))
+        self.write(move |c| insert_messages_tx(c, &keys, &batch, Some(claim)))
             .await
     }
 
@@ -552,8 +567,8 @@ impl Queue for SqliteStore {
         }
         let (now, lease_until, limit, cap) =
             (req.now, req.lease_until, req.limit, req.endpoint_cap);
-        let in_flight = req.in_flight.clone();
-        self.write(move |c| claim_tx(c, now, lease_until, limit, &in_flight, cap))
+        let (in_flight, keys) = (req.in_flight.clone(), self.keys.clone());
+        self.write(move |c| claim_tx(c, &keys, now, lease_until, limit, &in_flight, cap))
             .await
     }
 
@@ -650,9 +665,17 @@ mod tests {
                 false
             }),
         );
-        let claimed = claim_tx(conn, now, now + 60_000, limit, &HashMap::new(), 128)
-            .expect("claim")
-            .len();
+        let claimed = claim_tx(
+            conn,
+            &Keyring::plain(),
+            now,
+            now + 60_000,
+            limit,
+            &HashMap::new(),
+            128,
+        )
+        .expect("claim")
+        .len();
         conn.progress_handler(0, None::<fn() -> bool>);
         (claimed, ops.load(Ordering::Relaxed))
     }
@@ -702,7 +725,8 @@ mod tests {
             .expect("disable");
         let full: HashMap<EndpointId, usize> =
             [(EndpointId::from_trusted("ep_0000".to_owned()), 128)].into();
-        let got = claim_tx(&conn, now, now + 60_000, 100, &full, 128).expect("claim");
+        let got =
+            claim_tx(&conn, &Keyring::plain(), now, now + 60_000, 100, &full, 128).expect("claim");
         assert_eq!(got.len(), 10);
         assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0001"));
         let parked = "SELECT COUNT(*) FROM deliveries WHERE parked = 1 AND endpoint_id = 'ep_0000'";
@@ -710,7 +734,16 @@ mod tests {
         assert_eq!((count(&conn, parked), count(&conn, held)), (10, 10));
         // Room again: the parked rows come back, oldest first; the held
         // ones stay.
-        let got = claim_tx(&conn, now, now + 60_000, 100, &HashMap::new(), 4).expect("claim");
+        let got = claim_tx(
+            &conn,
+            &Keyring::plain(),
+            now,
+            now + 60_000,
+            100,
+            &HashMap::new(),
+            4,
+        )
+        .expect("claim");
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0000"));
         assert_eq!(count(&conn, held), 10);

@@ -1,0 +1,122 @@
+//! Secrets at rest on PostgreSQL: the start-up sample of sealed values and
+//! re-sealing in batches (see `store::secrets`).
+
+use super::*;
+
+/// Passes over the table at most: a row a concurrent write changed between
+/// read and write is looked at again in the next pass.
+const RESEAL_PASSES: usize = 3;
+
+#[async_trait]
+impl Secrets for PostgresStore {
+    async fn sealed_samples(&self) -> StoreResult<Vec<SealedSample>> {
+        let mut out = Vec::new();
+        for col in SecretColumn::ALL {
+            let name = col.name();
+            // One row per key prefix (`enc:v1:<id>:`): the lowest id.
+            let found = sqlx::query(AssertSqlSafe(format!(
+                "SELECT DISTINCT ON (substr({name}, 1, {n})) id, {name} AS v FROM endpoints \
+                 WHERE substr({name}, 1, 4) = 'enc:' ORDER BY substr({name}, 1, {n}), id",
+                n = crate::crypto::KEY_PREFIX_LEN
+            )))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+            for r in &found {
+                out.push(SealedSample {
+                    endpoint_id: get(r, "id")?,
+                    column: col,
+                    stored: get(r, "v")?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn reseal_secrets(&self, scope: ResealScope) -> StoreResult<u64> {
+        let Some(keep) = scope.keep_prefix(&self.keys) else {
+            return Ok(0);
+        };
+        let mut total = 0u64;
+        for _ in 0..RESEAL_PASSES {
+            let mut after = String::new();
+            let mut missed = 0u64;
+            loop {
+                let found = sqlx::query(
+                    "SELECT id, secret, old_secrets, headers FROM endpoints \
+                     WHERE id > $1 AND (substr(secret, 1, length($2)) <> $2 \
+                       OR (old_secrets <> '[]' AND substr(old_secrets, 1, length($2)) <> $2) \
+                       OR (headers <> '{}' AND substr(headers, 1, length($2)) <> $2)) \
+                     ORDER BY id LIMIT $3",
+                )
+                .bind(&after)
+                .bind(&keep)
+                .bind(i64_of(RESEAL_BATCH))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(map_err)?;
+                let batch = map_rows(&found, |r| {
+                    Ok(SecretRow {
+                        id: get(r, "id")?,
+                        secret: get(r, "secret")?,
+                        old_secrets: get(r, "old_secrets")?,
+                        headers: get(r, "headers")?,
+                    })
+                })?;
+                let Some(last) = batch.last() else { break };
+                after = last.id.clone();
+                let mut writes = Vec::with_capacity(batch.len());
+                for row in &batch {
+                    if let Some(new) = row.resealed(&self.keys, &keep)? {
+                        writes.push((row, new));
+                    }
+                }
+                if writes.is_empty() {
+                    continue;
+                }
+                // One statement per batch, compare-and-set on what was read:
+                // a rotate-secret or headers write in between wins.
+                let mut cols: [Vec<&str>; 7] = Default::default();
+                for (old, new) in &writes {
+                    for (i, v) in [
+                        &new.secret,
+                        &new.old_secrets,
+                        &new.headers,
+                        &old.id,
+                        &old.secret,
+                        &old.old_secrets,
+                        &old.headers,
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        cols[i].push(v.as_str());
+                    }
+                }
+                let done = sqlx::query(
+                    "UPDATE endpoints e SET secret = w.ns, old_secrets = w.no, headers = w.nh \
+                     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+                          AS w(ns, no, nh, id, os, oo, oh) \
+                     WHERE e.id = w.id AND e.secret = w.os AND e.old_secrets = w.oo AND e.headers = w.oh",
+                )
+                .bind(&cols[0])
+                .bind(&cols[1])
+                .bind(&cols[2])
+                .bind(&cols[3])
+                .bind(&cols[4])
+                .bind(&cols[5])
+                .bind(&cols[6])
+                .execute(&self.pool)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+                total += done;
+                missed += writes.len() as u64 - done;
+            }
+            if missed == 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}

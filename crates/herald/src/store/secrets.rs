@@ -1,0 +1,238 @@
+//! Secrets at rest: the endpoint columns that hold credentials (`secret`,
+//! `old_secrets`, `headers`) are sealed with the store's [`Keyring`] when
+//! written and opened when read, here at the store boundary, so nothing
+//! above the store sees a sealed value. Each column is sealed whole (the
+//! JSON of `old_secrets` and `headers`), bound to its endpoint and column by
+//! the associated data `endpoints/<id>/<column>`. The empty values `[]`
+//! and `{}` hold nothing and stay as they are (the hot path's no-parse
+//! case).
+//!
+//! Start-up ([`prepare`]) checks that every key the stored values name is
+//! configured and opens, then seals what is still plain; `herald
+//! rotate-encryption-key` ([`Secrets::reseal_secrets`] with
+//! [`ResealScope::NotCurrent`]) re-seals what is not under the first key.
+
+use super::*;
+use crate::crypto::{is_sealed, Keyring, OpenError, SEALED_PREFIX};
+
+/// Rows re-sealed per transaction.
+pub const RESEAL_BATCH: usize = 500;
+
+/// An endpoint column that holds credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretColumn {
+    Secret,
+    OldSecrets,
+    Headers,
+}
+
+impl SecretColumn {
+    pub const ALL: [SecretColumn; 3] = [
+        SecretColumn::Secret,
+        SecretColumn::OldSecrets,
+        SecretColumn::Headers,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SecretColumn::Secret => "secret",
+            SecretColumn::OldSecrets => "old_secrets",
+            SecretColumn::Headers => "headers",
+        }
+    }
+
+    /// The value that holds nothing, stored as it is.
+    fn empty(self) -> Option<&'static str> {
+        match self {
+            SecretColumn::Secret => None,
+            SecretColumn::OldSecrets => Some("[]"),
+            SecretColumn::Headers => Some("{}"),
+        }
+    }
+
+    /// What binds a sealed value to its row and column.
+    pub fn aad(self, endpoint_id: &str) -> String {
+        format!("endpoints/{endpoint_id}/{}", self.name())
+    }
+}
+
+/// `value` as column `col` of endpoint `endpoint_id` stores it.
+pub fn seal_column(keys: &Keyring, endpoint_id: &str, col: SecretColumn, value: &str) -> String {
+    if col.empty() == Some(value) {
+        return value.to_owned();
+    }
+    keys.seal(value, &col.aad(endpoint_id))
+}
+
+/// The plain value of column `col` as stored.
+pub fn open_column(
+    keys: &Keyring,
+    endpoint_id: &str,
+    col: SecretColumn,
+    stored: &str,
+) -> Result<String, OpenError> {
+    keys.open(stored, &col.aad(endpoint_id))
+}
+
+/// [`open_column`] for reads that fail as a whole (the API's): the error
+/// says what to fix, without the value.
+pub fn open_or_fail(
+    keys: &Keyring,
+    endpoint_id: &str,
+    col: SecretColumn,
+    stored: &str,
+) -> StoreResult<String> {
+    open_column(keys, endpoint_id, col, stored).map_err(|e| {
+        StoreError::Internal(format!(
+            "endpoint {endpoint_id}, column {}: {e}",
+            col.name()
+        ))
+    })
+}
+
+/// One sealed value per (column, key id) found in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedSample {
+    pub endpoint_id: String,
+    pub column: SecretColumn,
+    pub stored: String,
+}
+
+/// Which values [`Secrets::reseal_secrets`] seals again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResealScope {
+    /// Only plain ones (start-up with a key).
+    Plain,
+    /// Every one not sealed with the first key (`rotate-encryption-key`).
+    NotCurrent,
+}
+
+impl ResealScope {
+    /// The prefix a value must have to be left alone (besides the empty
+    /// values); None without a key (nothing to seal).
+    pub fn keep_prefix(self, keys: &Keyring) -> Option<String> {
+        let current = keys.current_prefix()?;
+        Some(match self {
+            ResealScope::Plain => SEALED_PREFIX.to_owned(),
+            ResealScope::NotCurrent => current,
+        })
+    }
+}
+
+/// One endpoint's credential columns as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRow {
+    pub id: String,
+    pub secret: String,
+    pub old_secrets: String,
+    pub headers: String,
+}
+
+impl SecretRow {
+    /// The row sealed again with the first key where `keep` does not
+    /// already hold; None if nothing changes. Fails if a value does not open.
+    pub fn resealed(&self, keys: &Keyring, keep: &str) -> StoreResult<Option<SecretRow>> {
+        let mut out = self.clone();
+        let mut changed = false;
+        for (col, value) in [
+            (SecretColumn::Secret, &mut out.secret),
+            (SecretColumn::OldSecrets, &mut out.old_secrets),
+            (SecretColumn::Headers, &mut out.headers),
+        ] {
+            if col.empty() == Some(value.as_str()) || value.starts_with(keep) {
+                continue;
+            }
+            let plain = open_or_fail(keys, &self.id, col, value)?;
+            *value = seal_column(keys, &self.id, col, &plain);
+            changed = true;
+        }
+        Ok(changed.then_some(out))
+    }
+}
+
+/// The store's side of secrets at rest.
+#[async_trait]
+pub trait Secrets: Send + Sync {
+    /// One sealed value per column and key id present (an index-free scan:
+    /// at start only).
+    async fn sealed_samples(&self) -> StoreResult<Vec<SealedSample>>;
+    /// Seals again, with the first key, the values `scope` names, in
+    /// batches of [`RESEAL_BATCH`] rows per transaction, each row written
+    /// only if it still holds what was read (a concurrent write wins and is
+    /// looked at again). Returns how many rows were rewritten. Without a
+    /// key, does nothing.
+    async fn reseal_secrets(&self, scope: ResealScope) -> StoreResult<u64>;
+}
+
+/// What [`prepare`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrepareReport {
+    /// Rows whose plain values were sealed now.
+    pub sealed: u64,
+}
+
+/// Start-up: every key id the stored values name must be configured and
+/// open its sample (else the start stops, naming `HERALD_ENCRYPTION_KEY`);
+/// then, with a key, what is still plain is sealed; without one, a warning
+/// says that secrets are stored in plain text.
+pub async fn prepare(store: &dyn Store, keys: &Keyring) -> anyhow::Result<PrepareReport> {
+    for s in store.sealed_samples().await? {
+        debug_assert!(is_sealed(&s.stored));
+        if let Err(e) = open_column(keys, &s.endpoint_id, s.column, &s.stored) {
+            anyhow::bail!(
+                "{e} (endpoint {}, column {}); set {} to the key(s) the store was encrypted with",
+                s.endpoint_id,
+                s.column.name(),
+                crate::crypto::ENV_KEY
+            );
+        }
+    }
+    if !keys.is_enabled() {
+        tracing::warn!(
+            "HERALD_ENCRYPTION_KEY is not set: endpoint signing secrets and header values are \
+             stored in PLAIN TEXT; set it to encrypt them (see README, Security)"
+        );
+        return Ok(PrepareReport { sealed: 0 });
+    }
+    let sealed = store.reseal_secrets(ResealScope::Plain).await?;
+    if sealed > 0 {
+        tracing::info!(
+            rows = sealed,
+            key_id = keys.current_id().unwrap_or_default(),
+            "encrypted endpoints' plain secrets and headers"
+        );
+    }
+    Ok(PrepareReport { sealed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_values_stay_plain_and_others_seal() {
+        let keys = Keyring::from_keys(&[[3; 32]]);
+        assert_eq!(
+            seal_column(&keys, "ep_1", SecretColumn::Headers, "{}"),
+            "{}"
+        );
+        assert_eq!(
+            seal_column(&keys, "ep_1", SecretColumn::OldSecrets, "[]"),
+            "[]"
+        );
+        let s = seal_column(&keys, "ep_1", SecretColumn::Secret, "whsec_x");
+        assert!(is_sealed(&s));
+        assert!(open_column(&keys, "ep_1", SecretColumn::Headers, &s).is_err());
+        let row = SecretRow {
+            id: "ep_1".into(),
+            secret: s.clone(),
+            old_secrets: "[]".into(),
+            headers: r#"{"A":"b"}"#.into(),
+        };
+        let keep = ResealScope::Plain.keep_prefix(&keys).unwrap();
+        let out = row.resealed(&keys, &keep).unwrap().unwrap();
+        assert_eq!(out.secret, s);
+        assert!(is_sealed(&out.headers));
+        assert_eq!(out.resealed(&keys, &keep).unwrap(), None);
+    }
+}

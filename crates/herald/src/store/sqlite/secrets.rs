@@ -1,0 +1,113 @@
+//! Secrets at rest on SQLite: the start-up sample of sealed values and
+//! re-sealing in batches (see `store::secrets`).
+
+use super::*;
+
+/// Passes over the table at most: a row a concurrent write changed between
+/// read and write is looked at again in the next pass.
+const RESEAL_PASSES: usize = 3;
+
+#[async_trait]
+impl Secrets for SqliteStore {
+    async fn sealed_samples(&self) -> StoreResult<Vec<SealedSample>> {
+        self.read(|c| {
+            let mut out = Vec::new();
+            for col in SecretColumn::ALL {
+                let name = col.name();
+                // One row per key prefix (`enc:v1:<id>:`); SQLite takes the
+                // bare columns from the row of MIN(id).
+                let mut stmt = c
+                    .prepare_cached(&format!(
+                        "SELECT MIN(id) AS id, {name} AS v FROM endpoints \
+                         WHERE substr({name}, 1, 4) = 'enc:' GROUP BY substr({name}, 1, {})",
+                        crate::crypto::KEY_PREFIX_LEN
+                    ))
+                    .map_err(map_err)?;
+                out.extend(rows(&mut stmt, [], |r| {
+                    Ok(SealedSample {
+                        endpoint_id: get(r, "id")?,
+                        column: col,
+                        stored: get(r, "v")?,
+                    })
+                })?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn reseal_secrets(&self, scope: ResealScope) -> StoreResult<u64> {
+        let Some(keep) = scope.keep_prefix(&self.keys) else {
+            return Ok(0);
+        };
+        let mut total = 0u64;
+        for _ in 0..RESEAL_PASSES {
+            let mut after = String::new();
+            let mut missed = 0u64;
+            loop {
+                let (k, a) = (keep.clone(), after.clone());
+                let batch: Vec<SecretRow> = self
+                    .read(move |c| {
+                        let mut stmt = c
+                            .prepare_cached(
+                                "SELECT id, secret, old_secrets, headers FROM endpoints \
+                                 WHERE id > ?1 AND (substr(secret, 1, length(?2)) <> ?2 \
+                                   OR (old_secrets <> '[]' AND substr(old_secrets, 1, length(?2)) <> ?2) \
+                                   OR (headers <> '{}' AND substr(headers, 1, length(?2)) <> ?2)) \
+                                 ORDER BY id LIMIT ?3",
+                            )
+                            .map_err(map_err)?;
+                        rows(&mut stmt, params![a, k, RESEAL_BATCH as i64], |r| {
+                            Ok(SecretRow {
+                                id: get(r, "id")?,
+                                secret: get(r, "secret")?,
+                                old_secrets: get(r, "old_secrets")?,
+                                headers: get(r, "headers")?,
+                            })
+                        })
+                    })
+                    .await?;
+                let Some(last) = batch.last() else { break };
+                after = last.id.clone();
+                let mut writes = Vec::with_capacity(batch.len());
+                for row in &batch {
+                    if let Some(new) = row.resealed(&self.keys, &keep)? {
+                        writes.push((row.clone(), new));
+                    }
+                }
+                let wanted = writes.len() as u64;
+                let done = self
+                    .write(move |c| {
+                        let mut stmt = c
+                            .prepare_cached(
+                                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3 \
+                                 WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7",
+                            )
+                            .map_err(map_err)?;
+                        let mut n = 0u64;
+                        for (old, new) in &writes {
+                            n += stmt
+                                .execute(params![
+                                    new.secret,
+                                    new.old_secrets,
+                                    new.headers,
+                                    old.id,
+                                    old.secret,
+                                    old.old_secrets,
+                                    old.headers
+                                ])
+                                .map_err(map_err)? as u64;
+                        }
+                        Ok(n)
+                    })
+                    .await?;
+                total += done;
+                missed += wanted - done;
+            }
+            if missed == 0 {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}

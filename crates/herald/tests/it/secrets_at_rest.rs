@@ -1,0 +1,405 @@
+//! Secrets at rest: endpoint secrets (current and rotated-out) and header
+//! values are AES-256-GCM ciphertext in the SQLite file and the PostgreSQL
+//! table, delivered signed all the same; plain rows are encrypted at the
+//! first start with a key; a wrong or missing key stops the start; `herald
+//! rotate-encryption-key` (the real binary) moves everything to the first
+//! key while Herald serves.
+
+use axum::http::StatusCode;
+use base64::Engine as _;
+use serde_json::json;
+
+use herald::config::Config;
+use herald::server::{self, Role};
+
+use crate::helpers::*;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const NEW_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const AUTH: &str = "Bearer customer-credential-7f3a";
+
+fn key(seed: u8) -> String {
+    base64::engine::general_purpose::STANDARD.encode([seed; 32])
+}
+
+fn key_id(seed: u8) -> String {
+    herald::crypto::key_id(&[seed; 32])
+}
+
+/// Where the data lives across restarts.
+enum Db {
+    Sqlite(tempfile::TempDir),
+    Postgres(PgSchema),
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        Db::Sqlite(tempfile::tempdir().expect("tempdir"))
+    }
+
+    fn postgres(test: &str) -> Option<Db> {
+        PgSchema::new(test).map(Db::Postgres)
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Db::Sqlite(dir) => format!("sqlite://{}", dir.path().join("herald.db").display()),
+            Db::Postgres(pg) => pg.url.clone(),
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("HERALD_DATABASE_URL".to_owned(), self.url())];
+        if let Db::Postgres(pg) = self {
+            env.push(("HERALD_DATABASE_SCHEMA".to_owned(), pg.schema.clone()));
+        }
+        env
+    }
+
+    fn config(&self, keys: Option<&str>) -> Config {
+        let env = self.env();
+        let mut overrides: Vec<(&str, &str)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        if let Some(k) = keys {
+            overrides.push(("HERALD_ENCRYPTION_KEY", k));
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        test_config(dir.path(), &overrides)
+    }
+
+    async fn try_start(&self, keys: Option<&str>) -> anyhow::Result<TestApp> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let running = server::start(self.config(keys), Some(listener), Role::Api).await?;
+        let base = format!("http://{}", running.addr.expect("the API listens"));
+        Ok(TestApp {
+            running: Some(running),
+            base,
+            client: reqwest::Client::new(),
+            _dir: tempfile::tempdir().expect("tempdir"),
+        })
+    }
+
+    async fn start(&self, keys: Option<&str>) -> TestApp {
+        self.try_start(keys).await.expect("herald starts")
+    }
+
+    async fn start_fails(&self, keys: Option<&str>) -> String {
+        match self.try_start(keys).await {
+            Ok(app) => {
+                app.shutdown().await;
+                panic!("herald must not start with keys {keys:?}");
+            }
+            Err(e) => format!("{e:#}"),
+        }
+    }
+
+    /// The endpoint's `secret`, `old_secrets` and `headers` as stored.
+    async fn raw(&self, ep: &str) -> (String, String, String) {
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
+                conn.query_row(
+                    "SELECT secret, old_secrets, headers FROM endpoints WHERE id = ?1",
+                    [ep],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .expect("row")
+            }
+            Db::Postgres(pg) => {
+                use sqlx::Row;
+                let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
+                let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT secret, old_secrets, headers FROM \"{}\".endpoints WHERE id = $1",
+                    pg.schema
+                )))
+                .bind(ep)
+                .fetch_one(&pool)
+                .await
+                .expect("row");
+                pool.close().await;
+                (row.get(0), row.get(1), row.get(2))
+            }
+        }
+    }
+
+    async fn done(self) {
+        if let Db::Postgres(pg) = self {
+            pg.drop_schema().await;
+        }
+    }
+}
+
+fn verifies_with(secret: &str, r: &Recorded) -> bool {
+    let wh = standardwebhooks::Webhook::new(secret).expect("secret");
+    let mut headers = http::HeaderMap::new();
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        headers.insert(name, r.header(name).parse().expect("header value"));
+    }
+    wh.verify(&r.body, &headers).is_ok()
+}
+
+/// An endpoint with [`SECRET`] and an `Authorization` header.
+async fn endpoint(app: &TestApp, rx: &Receiver) -> (String, String) {
+    let app_id = app.create_app().await;
+    let ep = app
+        .create_endpoint(
+            &app_id,
+            &rx.url("/hook"),
+            json!({"secret": SECRET, "headers": {"Authorization": AUTH}}),
+        )
+        .await;
+    (app_id, ep["id"].as_str().expect("id").to_owned())
+}
+
+fn assert_sealed(value: &str, key: u8, plain: &[&str]) {
+    assert!(
+        value.starts_with(&format!("enc:v1:{}:", key_id(key))),
+        "sealed with key {key}: {value}"
+    );
+    for p in plain {
+        assert!(!value.contains(p), "no plain text in {value}");
+    }
+}
+
+async fn sealed_and_delivered(db: Db) {
+    let k1 = key(1);
+    let app = db.start(Some(&k1)).await;
+    let rx = Receiver::start().await;
+    let (app_id, ep) = endpoint(&app, &rx).await;
+
+    let (secret, old, headers) = db.raw(&ep).await;
+    assert_sealed(&secret, 1, &[SECRET, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]);
+    assert_sealed(&headers, 1, &[AUTH, "customer-credential"]);
+    assert_eq!(old, "[]", "no rotated secrets: nothing to hide");
+
+    // The API shows what it always showed.
+    let (status, got) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(got["key"], SECRET);
+    let (_, got) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/headers"))
+        .await;
+    assert_eq!(got["headers"]["Authorization"], AUTH, "{got}");
+
+    app.send_message(&app_id, "a.b", json!({"n": 1})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    assert!(
+        verifies_with(SECRET, &got[0]),
+        "signed with the plain secret"
+    );
+    assert_eq!(got[0].header("authorization"), AUTH);
+
+    // A rotation keeps the old secret, encrypted too.
+    let (status, body) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep}/secret/rotate"),
+            json!({"key": NEW_SECRET, "gracePeriodSeconds": 3600}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (secret, old, _) = db.raw(&ep).await;
+    assert_sealed(&secret, 1, &[NEW_SECRET, SECRET]);
+    assert_sealed(&old, 1, &[SECRET, "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]);
+    app.send_message(&app_id, "a.b", json!({"n": 2})).await;
+    app.step().await;
+    let got = rx.wait_for(2).await;
+    assert!(verifies_with(NEW_SECRET, &got[1]));
+    assert!(
+        verifies_with(SECRET, &got[1]),
+        "the old one during the grace"
+    );
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_secrets_are_ciphertext_in_the_file_and_delivered_signed() {
+    sealed_and_delivered(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_secrets_are_ciphertext_in_the_table_and_delivered_signed() {
+    let Some(db) =
+        Db::postgres("postgres_secrets_are_ciphertext_in_the_table_and_delivered_signed")
+    else {
+        return;
+    };
+    sealed_and_delivered(db).await;
+}
+
+async fn plain_rows_then_keys(db: Db) {
+    let rx = Receiver::start().await;
+    let app = db.start(None).await;
+    let (app_id, ep) = endpoint(&app, &rx).await;
+    let (secret, _, headers) = db.raw(&ep).await;
+    assert_eq!(secret, SECRET, "without a key: plain text");
+    assert!(headers.contains(AUTH));
+    app.shutdown().await;
+
+    // The first start with a key encrypts what was plain.
+    let app = db.start(Some(&key(1))).await;
+    let (secret, _, headers) = db.raw(&ep).await;
+    assert_sealed(&secret, 1, &[SECRET]);
+    assert_sealed(&headers, 1, &[AUTH]);
+    app.shutdown().await;
+
+    // Without the key, or with another: no start, and the message says why.
+    for keys in [None, Some(key(2))] {
+        let err = db.start_fails(keys.as_deref()).await;
+        assert!(err.contains("HERALD_ENCRYPTION_KEY"), "{err}");
+        assert!(err.contains(&key_id(1)), "names the key id: {err}");
+        assert!(!err.contains(SECRET) && !err.contains(&key(1)), "{err}");
+    }
+
+    // A new key first, the old one after: starts, reads, delivers.
+    let app = db.start(Some(&format!("{},{}", key(2), key(1)))).await;
+    let (_, got) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
+        .await;
+    assert_eq!(got["key"], SECRET);
+    app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    assert!(verifies_with(SECRET, &got[0]));
+    assert_eq!(got[0].header("authorization"), AUTH);
+    // Reading does not re-encrypt: that is rotate-encryption-key's job.
+    assert_sealed(&db.raw(&ep).await.0, 1, &[SECRET]);
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_plain_rows_are_encrypted_at_the_first_start_with_a_key() {
+    plain_rows_then_keys(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_plain_rows_are_encrypted_at_the_first_start_with_a_key() {
+    let Some(db) = Db::postgres("postgres_plain_rows_are_encrypted_at_the_first_start_with_a_key")
+    else {
+        return;
+    };
+    plain_rows_then_keys(db).await;
+}
+
+async fn rotate_with_the_binary(db: Db) {
+    let rx = Receiver::start().await;
+    let app = db.start(Some(&key(1))).await;
+    let (app_id, ep) = endpoint(&app, &rx).await;
+    // A second endpoint with a rotated-out secret, so all three columns move.
+    let (_, ep2) = endpoint(&app, &rx).await;
+    let (status, _) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep}/secret/rotate"),
+            json!({"key": NEW_SECRET, "gracePeriodSeconds": 3600}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    app.shutdown().await;
+
+    // Rolled: new key first, old kept; the command runs while it serves.
+    let both = format!("{},{}", key(2), key(1));
+    let app = db.start(Some(&both)).await;
+    let mut cmd = crate::binary::herald();
+    cmd.arg("rotate-encryption-key")
+        .env("HERALD_ENCRYPTION_KEY", &both);
+    for (k, v) in db.env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("re-encrypted 2 endpoint rows"), "{stdout}");
+    for id in [&ep, &ep2] {
+        let (secret, old, headers) = db.raw(id).await;
+        assert_sealed(&secret, 2, &[SECRET, NEW_SECRET]);
+        assert_sealed(&headers, 2, &[AUTH]);
+        if *id == ep {
+            assert_sealed(&old, 2, &[SECRET]);
+        }
+    }
+    // The serving process goes on reading and sending.
+    app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    assert_eq!(got[0].header("authorization"), AUTH);
+    assert!(verifies_with(NEW_SECRET, &got[0]));
+    assert!(verifies_with(SECRET, &got[0]), "the rotated-out one too");
+    app.shutdown().await;
+
+    // Run again: nothing left to do.
+    let mut cmd = crate::binary::herald();
+    cmd.arg("rotate-encryption-key")
+        .env("HERALD_ENCRYPTION_KEY", &both);
+    for (k, v) in db.env() {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("runs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("re-encrypted 0 endpoint rows"));
+
+    // The old key alone no longer opens anything; the new one alone does.
+    let err = db.start_fails(Some(&key(1))).await;
+    assert!(err.contains("HERALD_ENCRYPTION_KEY"), "{err}");
+    let app = db.start(Some(&key(2))).await;
+    let (_, got) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
+        .await;
+    assert_eq!(got["key"], NEW_SECRET);
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_rotate_encryption_key_moves_everything_to_the_first_key() {
+    rotate_with_the_binary(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rotate_encryption_key_moves_everything_to_the_first_key() {
+    let Some(db) = Db::postgres("postgres_rotate_encryption_key_moves_everything_to_the_first_key")
+    else {
+        return;
+    };
+    rotate_with_the_binary(db).await;
+}
+
+/// A secret this process cannot decrypt (written by one with another key)
+/// is never sent: the attempt fails as a network error saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_that_does_not_decrypt_is_never_sent() {
+    let db = Db::sqlite();
+    let app = db.start(Some(&key(1))).await;
+    let rx = Receiver::start().await;
+    let (app_id, ep) = endpoint(&app, &rx).await;
+    // Another process, with only key 3, rotated the secret meanwhile.
+    let other = herald::crypto::Keyring::from_keys(&[[3; 32]]);
+    let sealed =
+        herald::store::seal_column(&other, &ep, herald::store::SecretColumn::Secret, NEW_SECRET);
+    let Db::Sqlite(dir) = &db else { unreachable!() };
+    let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
+    conn.busy_timeout(PATIENCE).expect("busy timeout");
+    conn.execute(
+        "UPDATE endpoints SET secret = ?1 WHERE id = ?2",
+        [&sealed, &ep],
+    )
+    .expect("update");
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let attempts = app.attempts_of_msg(&app_id, &msg).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    let text = attempts[0].to_string();
+    assert!(text.contains("HERALD_ENCRYPTION_KEY"), "{text}");
+    assert!(text.contains("not sent"), "{text}");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(rx.requests().is_empty(), "nothing reached the receiver");
+    app.shutdown().await;
+}
