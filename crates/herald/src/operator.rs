@@ -197,11 +197,14 @@ impl Operator {
             }
             tracing::warn!(app = %app, endpoint = %ep, reason, auto, "endpoint disabled");
             if !self.is_operator_app(app) {
+                let (app_uid, ep_uid) = self.uids(app, ep).await;
                 self.emit(
                     "endpoint.disabled",
                     json!({
                         "appId": app.as_str(),
+                        "appUid": app_uid,
                         "endpointId": ep.as_str(),
+                        "endpointUid": ep_uid,
                         "reason": reason,
                         "trigger": if auto { "automatic" } else { "manual" },
                         "failSince": streak_started_at.map(crate::api::rfc3339),
@@ -227,11 +230,14 @@ impl Operator {
                 self.wake.notify_one();
                 tracing::info!(app = %app, endpoint = %ep, expired = r.expired, "endpoint enabled");
                 if !self.is_operator_app(app) {
+                    let (app_uid, ep_uid) = self.uids(app, ep).await;
                     self.emit(
                         "endpoint.enabled",
                         json!({
                             "appId": app.as_str(),
+                            "appUid": app_uid,
                             "endpointId": ep.as_str(),
+                            "endpointUid": ep_uid,
                             "expiredDeliveries": r.expired,
                         }),
                     )
@@ -242,45 +248,131 @@ impl Operator {
         Ok(report)
     }
 
-    /// Reports the deliveries that went dead among `moved`: completions
-    /// recorded as having moved their delivery on ([`crate::store::Completed`]).
-    /// A stale one, whose delivery was resent or re-claimed meanwhile, did
-    /// not make it dead and must not be passed here.
-    pub async fn report_dead(&self, moved: &[&Completion]) {
+    /// Reports, among `moved` (completions recorded as having moved their
+    /// delivery on, [`crate::store::Completed`]), as Svix does:
+    /// `message.attempt.exhausted` for each that went dead,
+    /// `message.attempt.failing` for the fourth failed attempt of a
+    /// retry cycle that will be retried, and `message.attempt.recovered`
+    /// for a success after that (the fifth attempt of the cycle or later).
+    /// A stale completion, whose delivery was resent or re-claimed
+    /// meanwhile, moved nothing and must not be passed here.
+    pub async fn report_attempts(&self, moved: &[&Completion]) {
         if self.events_app.is_none() {
             return;
         }
-        let events = moved
+        let chosen: Vec<(&Completion, &str, Option<&str>)> = moved
             .iter()
+            .filter(|c| !self.is_operator_app(&c.attempt.app_id))
             .filter_map(|&c| match c.next {
-                NextState::Dead(reason) if !self.is_operator_app(&c.attempt.app_id) => {
-                    Some((c, reason))
+                NextState::Dead(reason) => {
+                    Some((c, "message.attempt.exhausted", Some(reason.as_str())))
+                }
+                NextState::Retry { .. } if c.cycle_attempt == FAILING_AFTER => {
+                    Some((c, "message.attempt.failing", None))
+                }
+                NextState::Delivered if c.cycle_attempt > FAILING_AFTER => {
+                    Some((c, "message.attempt.recovered", None))
                 }
                 _ => None,
             })
-            .map(|(c, reason)| {
-                let a = &c.attempt;
-                (
-                    "message.attempt.exhausted",
-                    json!({
-                        "appId": a.app_id.as_str(),
-                        "msgId": a.msg_id.as_str(),
-                        "endpointId": a.endpoint_id.as_str(),
-                        "deliveryId": a.delivery_id.as_str(),
-                        "reason": reason.as_str(),
-                        "lastAttempt": {
-                            "id": a.id.as_str(),
-                            "timestamp": crate::api::rfc3339(a.started_at),
-                            "responseStatusCode": a.status_code,
-                            "error": a.error,
-                        },
-                    }),
-                )
-            })
             .collect();
+        if chosen.is_empty() {
+            return;
+        }
+        // Rare (a handful per failing endpoint), so the uids Svix's shape
+        // carries are looked up here rather than carried on the hot path.
+        let mut events = Vec::with_capacity(chosen.len());
+        for (c, event_type, reason) in chosen {
+            let a = &c.attempt;
+            let app_uid = self.app_uid(&a.app_id).await;
+            let event_id = match self.store.get_message(&a.app_id, a.msg_id.as_str()).await {
+                Ok(m) => m.and_then(|m| m.event_id),
+                Err(_) => None,
+            };
+            let mut data = json!({
+                "appId": a.app_id.as_str(),
+                "appUid": app_uid,
+                "msgId": a.msg_id.as_str(),
+                "msgEventId": event_id,
+                "endpointId": a.endpoint_id.as_str(),
+                "deliveryId": a.delivery_id.as_str(),
+                "lastAttempt": {
+                    "id": a.id.as_str(),
+                    "timestamp": crate::api::rfc3339(a.started_at),
+                    "responseStatusCode": a.status_code.unwrap_or(0),
+                    "error": a.error,
+                },
+            });
+            if let (Some(reason), Some(obj)) = (reason, data.as_object_mut()) {
+                obj.insert("reason".into(), json!(reason));
+            }
+            events.push((event_type, data));
+        }
         self.emit_all(events).await;
     }
+
+    /// `endpoint.created`, `endpoint.updated` or `endpoint.deleted` (Svix's
+    /// shape: app and endpoint ids and uids), for a change made through
+    /// the API.
+    pub async fn endpoint_changed(
+        &self,
+        event_type: EndpointEvent,
+        app: &AppId,
+        ep: &EndpointId,
+        ep_uid: Option<&str>,
+    ) {
+        if self.events_app.is_none() || self.is_operator_app(app) {
+            return;
+        }
+        let app_uid = self.app_uid(app).await;
+        self.emit(
+            event_type.name(),
+            json!({
+                "appId": app.as_str(),
+                "appUid": app_uid,
+                "endpointId": ep.as_str(),
+                "endpointUid": ep_uid,
+            }),
+        )
+        .await;
+    }
+
+    async fn uids(&self, app: &AppId, ep: &EndpointId) -> (Option<String>, Option<String>) {
+        let ep_uid = match self.store.get_endpoint(app, ep.as_str()).await {
+            Ok(found) => found.and_then(|e| e.uid),
+            Err(_) => None,
+        };
+        (self.app_uid(app).await, ep_uid)
+    }
+
+    async fn app_uid(&self, app: &AppId) -> Option<String> {
+        match self.store.get_app(app.as_str()).await {
+            Ok(found) => found.and_then(|a| a.uid),
+            Err(_) => None,
+        }
+    }
 }
+
+/// Which endpoint change [`Operator::endpoint_changed`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointEvent {
+    Created,
+    Updated,
+    Deleted,
+}
+
+impl EndpointEvent {
+    pub fn name(self) -> &'static str {
+        match self {
+            EndpointEvent::Created => "endpoint.created",
+            EndpointEvent::Updated => "endpoint.updated",
+            EndpointEvent::Deleted => "endpoint.deleted",
+        }
+    }
+}
+
+/// Svix sends `message.attempt.failing` after this many failed attempts.
+const FAILING_AFTER: u32 = 4;
 
 /// The operator application's id: the one recorded in the settings, or at
 /// the first start with operator webhooks, a new one (several processes

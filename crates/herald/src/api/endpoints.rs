@@ -22,6 +22,7 @@ use super::{
 use crate::audit::Actor;
 use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
+use crate::operator::EndpointEvent;
 use crate::store::{now_millis, Endpoint, EndpointChanges};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -393,6 +394,15 @@ async fn insert_endpoint(
         updated_at: now,
     };
     state.store.create_endpoint(&ep).await?;
+    state
+        .operator
+        .endpoint_changed(
+            EndpointEvent::Created,
+            &ep.app_id,
+            &ep.id,
+            ep.uid.as_deref(),
+        )
+        .await;
     actor
         .record(
             &*state.store,
@@ -518,6 +528,15 @@ async fn save(
         )
         .await;
     let saved = find_endpoint(state, &ep.app_id, ep.id.as_str()).await?;
+    state
+        .operator
+        .endpoint_changed(
+            EndpointEvent::Updated,
+            &saved.app_id,
+            &saved.id,
+            saved.uid.as_deref(),
+        )
+        .await;
     Ok(Json(saved.into()))
 }
 
@@ -656,6 +675,10 @@ pub async fn delete_endpoint(
     if !state.store.delete_endpoint(&app.id, &ep.id).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
+    state
+        .operator
+        .endpoint_changed(EndpointEvent::Deleted, &app.id, &ep.id, ep.uid.as_deref())
+        .await;
     actor
         .record(
             &*state.store,
@@ -893,6 +916,11 @@ pub async fn rotate_endpoint_secret(
     }
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     rotate_secret(&state, &ep, &secret, grace).await?;
+    // Svix reports a rotation as an update of the endpoint.
+    state
+        .operator
+        .endpoint_changed(EndpointEvent::Updated, &app.id, &ep.id, ep.uid.as_deref())
+        .await;
     actor
         .record(
             &*state.store,
@@ -998,6 +1026,15 @@ async fn save_headers(
     {
         return Err(ApiError::NotFound("endpoint"));
     }
+    state
+        .operator
+        .endpoint_changed(
+            EndpointEvent::Updated,
+            &ep.app_id,
+            &ep.id,
+            ep.uid.as_deref(),
+        )
+        .await;
     // The names of the headers now set, never their values.
     let names: Vec<&String> = headers.keys().collect();
     actor

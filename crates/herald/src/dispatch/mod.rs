@@ -486,6 +486,7 @@ impl Dispatcher {
             lease_token: d.lease_token,
             next,
             now,
+            cycle_attempt: in_cycle,
         }
     }
 
@@ -657,7 +658,7 @@ impl Dispatcher {
             .zip(&done.moved)
             .filter_map(|(c, moved)| moved.then_some(c))
             .collect();
-        self.operator.report_dead(&changed).await;
+        self.operator.report_attempts(&changed).await;
     }
 
     /// The background loop. Returns after `shutdown` once every request in

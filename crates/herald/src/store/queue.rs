@@ -235,6 +235,10 @@ pub struct Completion {
     pub lease_token: String,
     pub next: NextState,
     pub now: Millis,
+    /// The attempt's number within its retry cycle (1 for the first after
+    /// the message was created or replayed): what the operator events
+    /// `message.attempt.failing` and `…recovered` count, as Svix does.
+    pub cycle_attempt: u32,
 }
 
 /// What [`Queue::complete`] wrote.

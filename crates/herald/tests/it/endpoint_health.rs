@@ -284,6 +284,27 @@ fn verify_operator(secret: &str, r: &Recorded) -> Value {
     serde_json::from_slice(&r.body).expect("JSON event")
 }
 
+/// The operator events received so far, verified, once every one of
+/// `types` is among them (bounded wait).
+async fn operator_events(ops: &Receiver, secret: &str, types: &[&str]) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let events: Vec<Value> = ops
+            .requests()
+            .iter()
+            .map(|r| verify_operator(secret, r))
+            .collect();
+        if types.iter().all(|t| events.iter().any(|e| e["type"] == *t)) {
+            return events;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never got all of {types:?}: {events:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn operator_webhooks_report_disable_enable_and_exhaustion() {
     let ops = Receiver::start().await;
@@ -302,8 +323,12 @@ async fn operator_webhooks_report_disable_enable_and_exhaustion() {
     assert_eq!(app.step().await.dead, 1);
     // The events travel the durable path: the next step delivers them.
     app.step().await;
-    let got = ops.wait_for(2).await;
-    let events: Vec<Value> = got.iter().map(|r| verify_operator(secret, r)).collect();
+    let events = operator_events(
+        &ops,
+        secret,
+        &["endpoint.disabled", "message.attempt.exhausted"],
+    )
+    .await;
     let of_type = |t: &str| {
         events
             .iter()
@@ -328,9 +353,12 @@ async fn operator_webhooks_report_disable_enable_and_exhaustion() {
         .await;
     assert_eq!(status, StatusCode::OK);
     app.step().await;
-    let got = ops.wait_for(3).await;
-    let enabled = verify_operator(secret, &got[2]);
-    assert_eq!(enabled["type"], "endpoint.enabled");
+    let events = operator_events(&ops, secret, &["endpoint.enabled"]).await;
+    let enabled = events
+        .iter()
+        .find(|e| e["type"] == "endpoint.enabled")
+        .expect("enabled")
+        .clone();
     assert_eq!(enabled["data"]["endpointId"], ep_id.as_str());
     app.shutdown().await;
 }
@@ -429,5 +457,105 @@ async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
         customer.requests().is_empty(),
         "the customer's loopback URL got nothing"
     );
+    app.shutdown().await;
+}
+
+#[tokio::test]
+async fn operator_webhooks_report_endpoint_changes_and_failing_then_recovered_as_svix_does() {
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let app = spawn_app(&[
+        ("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms,0ms,0ms,0ms"),
+        ("HERALD_OPERATOR_WEBHOOK_URL", &ops.url("/ops")),
+        ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    // Four failures, then a success: failing after the fourth, recovered
+    // on the fifth.
+    rx.script((0..4).map(|_| Reply::status(503)));
+    let (s, a) = app
+        .post(
+            "/api/v1/app",
+            json!({"name": "ops-test", "uid": "ops-test"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{a}");
+    let app_id = a["id"].as_str().expect("id").to_owned();
+    let ep = app
+        .create_endpoint(&app_id, &rx.url("/"), json!({"uid": "ep-one"}))
+        .await;
+    let ep_id = ep["id"].as_str().expect("id").to_owned();
+    let (s, _) = app
+        .request(
+            reqwest::Method::PATCH,
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
+            Some(json!({"description": "changed"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            json!({"eventType": "a.b", "eventId": "evt-7", "payload": {}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{out}");
+    let msg_id = out["id"].as_str().expect("id").to_owned();
+    app.wait_for_state(&app_id, &msg_id, "delivered").await;
+    let events = operator_events(
+        &ops,
+        secret,
+        &[
+            "endpoint.created",
+            "endpoint.updated",
+            "message.attempt.failing",
+            "message.attempt.recovered",
+        ],
+    )
+    .await;
+    let of_type =
+        |t: &str| -> Vec<Value> { events.iter().filter(|e| e["type"] == t).cloned().collect() };
+    for t in ["endpoint.created", "endpoint.updated"] {
+        let e = of_type(t);
+        assert_eq!(e.len(), 1, "{t}: {events:?}");
+        assert_eq!(
+            e[0]["data"],
+            json!({"appId": app_id, "appUid": "ops-test", "endpointId": ep_id, "endpointUid": "ep-one"})
+        );
+    }
+    let failing = of_type("message.attempt.failing");
+    assert_eq!(failing.len(), 1, "only the fourth failure: {events:?}");
+    let recovered = of_type("message.attempt.recovered");
+    assert_eq!(recovered.len(), 1);
+    for (e, status) in [(&failing[0], 503), (&recovered[0], 200)] {
+        let d = &e["data"];
+        assert_eq!(d["appId"], app_id.as_str());
+        assert_eq!(d["appUid"], "ops-test");
+        assert_eq!(d["msgId"], msg_id.as_str());
+        assert_eq!(d["msgEventId"], "evt-7");
+        assert_eq!(d["endpointId"], ep_id.as_str());
+        assert_eq!(d["lastAttempt"]["responseStatusCode"], status);
+        assert!(d["lastAttempt"]["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("atmpt_")));
+        assert!(d["lastAttempt"]["timestamp"].is_string());
+    }
+    assert!(of_type("message.attempt.exhausted").is_empty());
+
+    let (s, _) = app
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let events = operator_events(&ops, secret, &["endpoint.deleted"]).await;
+    let deleted = events
+        .iter()
+        .find(|e| e["type"] == "endpoint.deleted")
+        .expect("deleted");
+    assert_eq!(deleted["data"]["endpointUid"], "ep-one");
     app.shutdown().await;
 }

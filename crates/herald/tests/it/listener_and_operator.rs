@@ -819,9 +819,16 @@ async fn the_operator_app_an_earlier_herald_made_is_adopted_and_gets_no_token() 
         .await;
     assert_eq!(status, StatusCode::OK);
     app.step().await;
-    let got = ops.wait_for(1).await;
-    assert_eq!(verify_operator(&got[0])["type"], "endpoint.disabled");
+    let got = ops.wait_for(2).await;
+    let types: Vec<Value> = got
+        .iter()
+        .map(|r| verify_operator(r)["type"].clone())
+        .collect();
+    assert_eq!(
+        types,
+        vec![json!("endpoint.created"), json!("endpoint.disabled")]
+    );
     let (_, msgs) = app.get(&format!("/api/v1/app/{}/msg", old.id)).await;
-    assert_eq!(msgs["data"].as_array().map(Vec::len), Some(1), "{msgs}");
+    assert_eq!(msgs["data"].as_array().map(Vec::len), Some(2), "{msgs}");
     app.shutdown().await;
 }

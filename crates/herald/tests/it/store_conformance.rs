@@ -321,6 +321,7 @@ fn completion(d: &ClaimedDelivery, next: NextState, now: Millis) -> Completion {
         lease_token: d.lease_token.clone(),
         next,
         now,
+        cycle_attempt: d.attempts + 1,
     }
 }
 
