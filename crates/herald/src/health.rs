@@ -112,12 +112,12 @@ pub struct EndpointHealth {
 
 // Times are Unix ms inside Herald and RFC 3339 in the API, as everywhere.
 fn as_rfc3339<S: serde::Serializer>(ms: &Millis, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::api::rfc3339(*ms))
+    s.serialize_str(&crate::store::rfc3339(*ms))
 }
 
 fn opt_rfc3339<S: serde::Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
     match ms {
-        Some(ms) => s.serialize_str(&crate::api::rfc3339(*ms)),
+        Some(ms) => s.serialize_str(&crate::store::rfc3339(*ms)),
         None => s.serialize_none(),
     }
 }

@@ -158,7 +158,7 @@ impl Operator {
                 event_id: None,
                 payload: json!({
                     "type": event_type,
-                    "timestamp": crate::api::rfc3339(now),
+                    "timestamp": crate::store::rfc3339(now),
                     "data": data,
                 })
                 .to_string(),
@@ -207,7 +207,7 @@ impl Operator {
                         "endpointUid": ep_uid,
                         "reason": reason,
                         "trigger": if auto { "automatic" } else { "manual" },
-                        "failSince": streak_started_at.map(crate::api::rfc3339),
+                        "failSince": streak_started_at.map(crate::store::rfc3339),
                     }),
                 )
                 .await;
@@ -298,7 +298,7 @@ impl Operator {
                 "deliveryId": a.delivery_id.as_str(),
                 "lastAttempt": {
                     "id": a.id.as_str(),
-                    "timestamp": crate::api::rfc3339(a.started_at),
+                    "timestamp": crate::store::rfc3339(a.started_at),
                     "responseStatusCode": a.status_code.unwrap_or(0),
                     "error": a.error,
                 },

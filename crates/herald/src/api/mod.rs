@@ -734,11 +734,8 @@ pub fn millis_of_rfc3339(text: &str) -> Option<Millis> {
         .map(|t| t.timestamp_millis())
 }
 
-pub fn rfc3339(ms: Millis) -> String {
-    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
+/// Svix's time format; it lives in the store, below every module using it.
+pub use crate::store::rfc3339;
 
 /// Ids and uids: Svix's pattern, so they are safe in paths and logs.
 pub fn valid_uid(s: &str) -> bool {

@@ -78,6 +78,13 @@ pub fn now_millis() -> Millis {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// Svix's time format: RFC 3339 in UTC with milliseconds (`…T12:00:00.000Z`).
+pub fn rfc3339(ms: Millis) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 #[derive(Debug, thiserror::Error, Clone)]
 pub enum StoreError {
     /// A uniqueness rule was broken (a `uid` already taken, …).
