@@ -427,7 +427,7 @@ pub struct RecoverOut {
     pub id: String,
     /// Always `running` (Svix's schema); the replays are already made.
     pub status: &'static str,
-    /// Always `endpoint.recover`.
+    /// `endpoint.recover`, or `endpoint.replay` for replay-missing.
     pub task: &'static str,
     pub updated_at: String,
 }
@@ -492,12 +492,107 @@ pub async fn recover(
     Ok((
         StatusCode::ACCEPTED,
         Json(RecoverOut {
-            id: format!(
-                "qtask_{}",
-                ulid::Ulid::new().to_string().to_ascii_lowercase()
-            ),
+            id: task_id(),
             status: "running",
             task: "endpoint.recover",
+            updated_at: rfc3339(now_millis()),
+        }),
+    )
+        .into_response())
+}
+
+/// A task id as Svix shapes them: `qtask_` and 27 letters and digits.
+fn task_id() -> String {
+    use rand::distributions::{Alphanumeric, DistString};
+    format!(
+        "qtask_{}",
+        Alphanumeric.sample_string(&mut rand::thread_rng(), 27)
+    )
+}
+
+/// Messages one replay-missing batch looks at.
+const MISSING_BATCH: usize = 500;
+
+/// `POST /app/{app}/endpoint/{ep}/replay-missing` (Svix): every message of
+/// the application created in `[since, until)` that the endpoint has no
+/// delivery of and would receive now (created before it was, sent while it
+/// was disabled by a person, or filtered otherwise then) gets one, due
+/// now. Done before answering, in batches of [`MISSING_BATCH`] messages,
+/// each its own transaction; a repeat makes none twice.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/replay-missing",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = RecoverIn,
+    responses(
+        (status = 202, description = "The missing deliveries were made", body = RecoverOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
+pub async fn replay_missing(
+    State(state): State<ApiState>,
+    actor: Actor,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<RecoverIn>,
+) -> ApiResult<Response> {
+    let parse = |field: &str, v: &str| {
+        super::millis_of_rfc3339(v)
+            .ok_or_else(|| ApiError::field(field, "must be an RFC 3339 time"))
+    };
+    let since = parse("since", &body.since)?;
+    let now = now_millis();
+    let until = body
+        .until
+        .as_deref()
+        .map(|u| parse("until", u))
+        .transpose()?
+        .unwrap_or(now + 1);
+    if until <= since {
+        return Err(ApiError::field("until", "must be after since"));
+    }
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    // Message ids begin with their creation time: the walk starts at the
+    // first id `since` can have (a minute early, for ids made just before
+    // their time was taken), not at the application's oldest message.
+    let start_ms = u64::try_from(since.saturating_sub(60_000)).unwrap_or(0);
+    let mut after =
+        crate::ids::MsgId::from_trusted(format!("msg_{}", ulid::Ulid::from_parts(start_ms, 0)));
+    let mut made = 0u64;
+    loop {
+        let Some(batch) = state
+            .store
+            .deliver_missing(&app.id, &ep.id, (since, until), &after, MISSING_BATCH, now)
+            .await?
+        else {
+            return Err(ApiError::NotFound("endpoint"));
+        };
+        made += batch.delivered;
+        match batch.last {
+            Some(last) => after = last,
+            None => break,
+        }
+    }
+    if made > 0 {
+        state.wake.notify_one();
+    }
+    actor
+        .record(
+            &*state.store,
+            "endpoint.replayed_missing",
+            Some(&app.id),
+            ep.id.as_str(),
+            serde_json::json!({ "delivered": made, "since": body.since, "until": body.until }),
+        )
+        .await;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(RecoverOut {
+            id: task_id(),
+            status: "running",
+            task: "endpoint.replay",
             updated_at: rfc3339(now_millis()),
         }),
     )

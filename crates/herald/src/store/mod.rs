@@ -54,7 +54,7 @@ pub use queue::{
     FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage, NextState, Queue,
     Room, SendTo, StreakUpdate, Subscriber,
 };
-pub use replay::{DeadFilter, Replay, ResendOutcome, REPLAY_BATCH};
+pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};
 pub use secrets::{
     open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,

@@ -69,6 +69,57 @@ pub trait Replay: Send + Sync {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<ResendOutcome>;
+    /// One batch of Svix's replay-missing: of the messages of `app`
+    /// created in `window` with ids after `after` (at most `limit` of
+    /// them, in id order), those `ep` has no delivery of and would receive
+    /// now (its filter and channels) get one, pending and due now in a
+    /// fresh cycle. None if the endpoint does not exist. Serialised with
+    /// resends and other replays of the endpoint, so a repeat makes none
+    /// twice.
+    async fn deliver_missing(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        window: (Millis, Millis),
+        after: &MsgId,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<Option<MissingBatch>>;
+}
+
+/// What one [`Replay::deliver_missing`] batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingBatch {
+    /// Deliveries made.
+    pub delivered: u64,
+    /// The last message looked at: the next batch starts after it. None
+    /// when the window holds no more.
+    pub last: Option<MsgId>,
+}
+
+/// Of `(id, event type, channels JSON)` rows, those `sub` would receive.
+pub fn wanted_by(
+    sub: &Subscriber,
+    rows: Vec<(String, String, Option<String>)>,
+) -> StoreResult<Vec<String>> {
+    let mut out = Vec::new();
+    for (id, event_type, channels) in rows {
+        let channels: Option<Vec<String>> = channels.as_deref().map(from_json).transpose()?;
+        let probe = NewMessage {
+            id: MsgId::from_trusted(id),
+            app_id: AppId::from_trusted(String::new()),
+            event_type,
+            event_id: None,
+            payload: String::new(),
+            channels,
+            created_at: 0,
+            traceparent: None,
+        };
+        if sub.wants(&probe) {
+            out.push(probe.id.into_string());
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,6 +21,7 @@ mod openapi;
 mod outbox;
 mod parsers_fuzzed;
 mod readme;
+mod replay_missing;
 mod scale_out;
 mod sdk;
 mod secrets_at_rest;

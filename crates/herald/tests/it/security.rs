@@ -16,7 +16,7 @@ use crate::helpers::*;
 
 /// Runs `test` against a fresh Herald on SQLite, then on PostgreSQL in a
 /// throw-away schema (SKIPPED without `HERALD_TEST_POSTGRES_URL`).
-async fn on_each_store<F, Fut>(name: &str, overrides: &[(&str, &str)], test: F)
+pub(crate) async fn on_each_store<F, Fut>(name: &str, overrides: &[(&str, &str)], test: F)
 where
     F: Fn(TestApp) -> Fut,
     Fut: Future<Output = ()>,

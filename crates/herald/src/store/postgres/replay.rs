@@ -91,6 +91,103 @@ impl Replay for PostgresStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
+    async fn deliver_missing(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        window: (Millis, Millis),
+        after: &MsgId,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<Option<MissingBatch>> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // NO KEY UPDATE on the endpoint serialises replay-missing of one
+        // endpoint (ingest's KEY SHARE is not held up); SHARE on the
+        // messages serialises it with resends of them (NO KEY UPDATE).
+        // Endpoint, then messages, then deliveries: the store's lock order.
+        let routing = sqlx::query(
+            "SELECT filter_types::text AS filter_types, channels FROM endpoints \
+             WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(ep.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(routing) = routing else {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(None);
+        };
+        let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
+            get::<Option<String>>(&routing, column)?
+                .as_deref()
+                .map(from_json)
+                .transpose()
+        };
+        let sub = Subscriber {
+            endpoint_id: ep.as_str().to_owned(),
+            filter_types: json("filter_types")?,
+            channels: json("channels")?,
+        };
+        let looked: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM messages WHERE app_id = $1 AND id > $2 \
+               AND created_at >= $3 AND created_at < $4 ORDER BY id LIMIT $5 FOR SHARE",
+        )
+        .bind(app.as_str())
+        .bind(after.as_str())
+        .bind(window.0)
+        .bind(window.1)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        // A statement of its own, so its snapshot sees every delivery
+        // committed before the locks above were granted.
+        let missing = sqlx::query(
+            "SELECT m.id, m.event_type, m.channels FROM messages m WHERE m.id = ANY($1::text[]) \
+               AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.endpoint_id = $2 AND d.msg_id = m.id)",
+        )
+        .bind(&looked)
+        .bind(ep.as_str())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .iter()
+        .map(|r| Ok((get(r, "id")?, get(r, "event_type")?, get(r, "channels")?)))
+        .collect::<StoreResult<Vec<_>>>()?;
+        let wanted = wanted_by(&sub, missing)?;
+        if !wanted.is_empty() {
+            let ids: Vec<String> = wanted
+                .iter()
+                .map(|_| DeliveryId::generate().into_string())
+                .collect();
+            sqlx::query(
+                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                 cycle_started_at, manual, created_at, updated_at) \
+                 SELECT id, msg_id, $3, $4, 0, $5, $5, TRUE, $5, $5 \
+                 FROM UNNEST($1::text[], $2::text[]) AS u(id, msg_id)",
+            )
+            .bind(&ids)
+            .bind(&wanted)
+            .bind(ep.as_str())
+            .bind(app.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(&self.wake_channel)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(MissingBatch {
+            delivered: wanted.len() as u64,
+            last: looked.last().cloned().map(MsgId::from_trusted),
+        }))
+    }
+
     async fn resend(
         &self,
         app: &AppId,

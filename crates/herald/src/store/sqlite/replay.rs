@@ -121,6 +121,80 @@ impl Replay for SqliteStore {
         })
         .await
     }
+
+    async fn deliver_missing(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        window: (Millis, Millis),
+        after: &MsgId,
+        limit: usize,
+        now: Millis,
+    ) -> StoreResult<Option<MissingBatch>> {
+        let (app, ep, after) = (
+            app.as_str().to_owned(),
+            ep.as_str().to_owned(),
+            after.as_str().to_owned(),
+        );
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // One writer: nothing else makes deliveries while this runs.
+        self.write(move |c| {
+            let routing = c
+                .query_row(
+                    "SELECT filter_types, channels FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, app],
+                    |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some((filter_types, channels)) = routing else {
+                return Ok(None);
+            };
+            let sub = Subscriber {
+                endpoint_id: ep.clone(),
+                filter_types: json_opt(filter_types)?,
+                channels: json_opt(channels)?,
+            };
+            let mut looked = c
+                .prepare_cached(
+                    "SELECT id, event_type, channels, EXISTS ( \
+                       SELECT 1 FROM deliveries d WHERE d.endpoint_id = ?1 AND d.msg_id = m.id) \
+                     FROM messages m WHERE m.app_id = ?2 AND m.id > ?3 \
+                       AND m.created_at >= ?4 AND m.created_at < ?5 ORDER BY m.id LIMIT ?6",
+                )
+                .map_err(map_err)?;
+            let mut last = None;
+            let mut missing = Vec::new();
+            let mut rows = looked
+                .query(params![ep, app, after, window.0, window.1, limit])
+                .map_err(map_err)?;
+            while let Some(r) = rows.next().map_err(map_err)? {
+                let id: String = r.get(0).map_err(map_err)?;
+                last = Some(id.clone());
+                if !r.get::<_, bool>(3).map_err(map_err)? {
+                    missing.push((id, r.get(1).map_err(map_err)?, r.get(2).map_err(map_err)?));
+                }
+            }
+            drop(rows);
+            let wanted = wanted_by(&sub, missing)?;
+            let mut insert = c
+                .prepare_cached(
+                    "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                     cycle_started_at, manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
+                )
+                .map_err(map_err)?;
+            for msg in &wanted {
+                insert
+                    .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])
+                    .map_err(map_err)?;
+            }
+            Ok(Some(MissingBatch {
+                delivered: wanted.len() as u64,
+                last: last.map(MsgId::from_trusted),
+            }))
+        })
+        .await
+    }
 }
 
 /// Numbers a fragment's bare `?` parameters from `first` on, so that it
