@@ -135,6 +135,9 @@ pub enum DeadReason {
     PermanentStatus,
     /// The message outlived the age cap while still failing.
     TooOld,
+    /// The message's payload was erased before the delivery was sent
+    /// (nothing is ever sent in its place).
+    Expunged,
 }
 
 impl DeadReason {
@@ -143,6 +146,7 @@ impl DeadReason {
             DeadReason::Exhausted => "exhausted",
             DeadReason::PermanentStatus => "permanent_status",
             DeadReason::TooOld => "too_old",
+            DeadReason::Expunged => "expunged",
         }
     }
 
@@ -151,6 +155,7 @@ impl DeadReason {
             "exhausted" => Some(DeadReason::Exhausted),
             "permanent_status" => Some(DeadReason::PermanentStatus),
             "too_old" => Some(DeadReason::TooOld),
+            "expunged" => Some(DeadReason::Expunged),
             _ => None,
         }
     }

@@ -246,13 +246,13 @@ proptest! {
         prop_assert_eq!(Jitter::None.apply(delay, sample), delay);
     }
 
-    /// Dead reasons: the three names and nothing else (stored text, and a
+    /// Dead reasons: the four names and nothing else (stored text, and a
     /// query parameter of the API).
     #[test]
     fn dead_reasons_parse_only_their_names(s in any::<String>()) {
         match DeadReason::parse(&s) {
             Some(r) => prop_assert_eq!(r.as_str(), s.as_str()),
-            None => prop_assert!(!["exhausted", "permanent_status", "too_old"].contains(&s.as_str())),
+            None => prop_assert!(!["exhausted", "permanent_status", "too_old", "expunged"].contains(&s.as_str())),
         }
     }
 }

@@ -40,6 +40,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),
     ("HERALD_AUDIT_RETENTION", "365d", "Audit log entries are pruned after this."),
     ("HERALD_ENCRYPTION_KEY", "", "Comma-separated base64 AES-256 keys (32 bytes each, e.g. `openssl rand -base64 32`) that encrypt endpoint secrets and header values at rest; the first encrypts, all decrypt. Empty: stored in plain text (warned at start)."),
+    ("HERALD_PAYLOAD_RETENTION", "", "Payloads of messages older than this are erased (the message and its history stay; what was not sent by then is dead, `expunged`). Empty: kept as long as the message."),
     ("HERALD_MAX_HEADERS_PER_ENDPOINT", "20", "Custom request headers one endpoint may have at most."),
     ("HERALD_MAX_ENDPOINTS_PER_APP", "1000", "Endpoints one application may have at most; creating one more answers 422."),
     ("HERALD_AUTH_FAILURE_LIMIT", "10", "Failed API authentications per client address in a burst; then one more per second (429 meanwhile)."),
@@ -96,6 +97,8 @@ pub struct Config {
     pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
     pub max_headers_per_endpoint: usize,
     pub max_endpoints_per_app: usize,
+    /// `HERALD_PAYLOAD_RETENTION`, when set.
+    pub payload_retention: Option<Duration>,
     /// Failed API authentications one address may make in a burst.
     pub auth_failure_limit: u32,
     /// Egress proxy for customer requests (validated: http, socks5 or socks5h).
@@ -156,6 +159,7 @@ impl std::fmt::Debug for Config {
             .field("encryption_keys", &self.encryption_keys)
             .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
             .field("max_endpoints_per_app", &self.max_endpoints_per_app)
+            .field("payload_retention", &self.payload_retention)
             .field("auth_failure_limit", &self.auth_failure_limit)
             .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
             .field("no_proxy", &self.no_proxy)
@@ -356,6 +360,18 @@ impl Config {
             "HERALD_MAX_HEADERS_PER_ENDPOINT",
             number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
         )?;
+        let payload_retention = match get("HERALD_PAYLOAD_RETENTION").trim() {
+            "" => None,
+            _ => match duration("HERALD_PAYLOAD_RETENTION")? {
+                d if d.is_zero() => {
+                    return Err(invalid(
+                        "HERALD_PAYLOAD_RETENTION",
+                        "must be greater than zero (leave it empty to keep payloads)".into(),
+                    ))
+                }
+                d => Some(d),
+            },
+        };
         let max_endpoints_per_app = usize_of(
             "HERALD_MAX_ENDPOINTS_PER_APP",
             positive("HERALD_MAX_ENDPOINTS_PER_APP")?,
@@ -481,6 +497,7 @@ impl Config {
             encryption_keys,
             max_headers_per_endpoint,
             max_endpoints_per_app,
+            payload_retention,
             auth_failure_limit,
             proxy_url,
             no_proxy,

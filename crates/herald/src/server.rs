@@ -687,6 +687,31 @@ pub async fn retention_pass(
         shutdown,
     )
     .await;
+    if let Some(keep) = config.payload_retention {
+        let before = now.saturating_sub(ms(keep));
+        loop {
+            match store.expunge_payloads(before, now, RETENTION_BATCH).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(
+                            messages = n,
+                            "payloads past HERALD_PAYLOAD_RETENTION erased"
+                        );
+                    }
+                    if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
+                        || shutdown.is_cancelled()
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "erasing old payloads failed; will try again later");
+                    break;
+                }
+            }
+        }
+    }
     // The age cap, for deliveries held by an endpoint nobody enables:
     // dead ("too old") as enabling it would make them, so that they do
     // not pile up, and then pruned like any dead delivery.

@@ -168,9 +168,9 @@ pub struct DeadFilterParams {
     pub endpoint_id: Option<String>,
     #[serde(alias = "eventType")]
     pub event_type: Option<String>,
-    /// `exhausted`, `permanent_status` or `too_old`.
-    #[param(pattern = "^(exhausted|permanent_status|too_old)?$")]
-    #[schema(pattern = "^(exhausted|permanent_status|too_old)?$")]
+    /// `exhausted`, `permanent_status`, `too_old` or `expunged`.
+    #[param(pattern = "^(exhausted|permanent_status|too_old|expunged)?$")]
+    #[schema(pattern = "^(exhausted|permanent_status|too_old|expunged)?$")]
     pub reason: Option<String>,
     /// Dead since this time (RFC 3339).
     #[param(format = DateTime)]

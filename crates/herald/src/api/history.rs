@@ -202,6 +202,84 @@ pub async fn get_attempt(
     }
 }
 
+/// `DELETE /app/{app}/msg/{msg}/content` (Svix): erases the message's
+/// payload. The message, its deliveries and attempts stay (the payload
+/// shows as `{}` with `payloadExpunged`); its pending deliveries die
+/// (`expunged`), and nothing is sent for it again.
+#[utoipa::path(
+    delete,
+    path = "/app/{app_id}/msg/{msg_id}/content",
+    tag = "Message",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
+    responses(
+        (status = 204, description = "The payload is erased"),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
+pub async fn expunge_message_content(
+    State(state): State<ApiState>,
+    actor: Actor,
+    app: ResolvedApp,
+    Path((_app_id, msg_id)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let msg = find_message(&state, &app.id, &msg_id).await?;
+    let dead = state
+        .store
+        .expunge_message(&app.id, &msg.id, now_millis())
+        .await?
+        .ok_or(ApiError::NotFound("message"))?;
+    actor
+        .record(
+            &*state.store,
+            "message.expunged",
+            Some(&app.id),
+            msg.id.as_str(),
+            serde_json::json!({ "pendingDeliveriesDead": dead }),
+        )
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /app/{app}/msg/{msg}/attempt/{attempt}/content` (Svix): erases
+/// the response excerpt an attempt recorded (a receiver that answered
+/// with something sensitive).
+#[utoipa::path(
+    delete,
+    path = "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
+    tag = "Attempt",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("attempt_id" = String, Path, description = "The attempt's id (atmpt_…)")),
+    responses(
+        (status = 204, description = "The response excerpt is erased"),
+        UnauthorizedResponse, NotFoundResponse,
+    )
+)]
+pub async fn expunge_attempt_content(
+    State(state): State<ApiState>,
+    actor: Actor,
+    app: ResolvedApp,
+    Path((_app_id, msg_id, attempt_id)): Path<(String, String, String)>,
+) -> ApiResult<StatusCode> {
+    let msg = find_message(&state, &app.id, &msg_id).await?;
+    let id = AttemptId::parse(&attempt_id).ok_or(ApiError::NotFound("attempt"))?;
+    match state.store.get_attempt(&app.id, &id).await? {
+        Some(a) if a.msg_id == msg.id => {}
+        _ => return Err(ApiError::NotFound("attempt")),
+    }
+    if !state.store.expunge_attempt(&app.id, &id).await? {
+        return Err(ApiError::NotFound("attempt"));
+    }
+    actor
+        .record(
+            &*state.store,
+            "attempt.expunged",
+            Some(&app.id),
+            id.as_str(),
+            serde_json::Value::Null,
+        )
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Svix's `MessageEndpointOut`: an endpoint a message went to, with the
 /// delivery's state.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -311,6 +389,8 @@ pub struct EndpointMessageOut {
     pub payload: Box<RawValue>,
     pub channels: Option<Vec<String>>,
     pub timestamp: String,
+    /// The payload was expunged (it shows as `{}`).
+    pub payload_expunged: bool,
     pub status: u8,
     pub status_text: &'static str,
     pub next_attempt: Option<String>,
@@ -318,15 +398,14 @@ pub struct EndpointMessageOut {
 
 fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
     let (status, status_text) = svix_status(d.state);
+    let (payload, payload_expunged) = super::messages::shown_payload(m.payload)?;
     Ok(EndpointMessageOut {
+        payload_expunged,
         next_attempt: next_attempt(&d),
         id: m.id.into_string(),
         event_type: m.event_type,
         event_id: m.event_id,
-        payload: RawValue::from_string(m.payload).map_err(|e| {
-            tracing::error!(error = %e, "stored payload is not JSON");
-            ApiError::Internal
-        })?,
+        payload,
         channels: m.channels,
         timestamp: rfc3339(m.created_at),
         status,

@@ -48,20 +48,38 @@ pub struct MessageOut {
     pub id: String,
     pub event_type: String,
     pub event_id: Option<String>,
+    /// `{}` once the payload was expunged.
     #[schema(value_type = Value)]
     pub payload: Box<RawValue>,
     pub channels: Option<Vec<String>>,
     pub timestamp: String,
+    /// The payload was erased (`DELETE …/msg/{msg}/content` or payload
+    /// retention); the message, its deliveries and attempts stay.
+    pub payload_expunged: bool,
+}
+
+/// A stored payload as the API shows it: as it is, or `{}` when it was
+/// expunged (stored as the empty text, which no JSON payload can be).
+pub fn shown_payload(payload: String) -> ApiResult<(Box<RawValue>, bool)> {
+    if payload.is_empty() {
+        return RawValue::from_string("{}".to_owned())
+            .map(|p| (p, true))
+            .map_err(|_| ApiError::Internal);
+    }
+    RawValue::from_string(payload)
+        .map(|p| (p, false))
+        .map_err(|e| {
+            tracing::error!(error = %e, "stored payload is not JSON");
+            ApiError::Internal
+        })
 }
 
 impl TryFrom<Message> for MessageOut {
     type Error = ApiError;
     fn try_from(m: Message) -> ApiResult<Self> {
-        let payload = RawValue::from_string(m.payload).map_err(|e| {
-            tracing::error!(error = %e, msg = %m.id, "stored payload is not JSON");
-            ApiError::Internal
-        })?;
+        let (payload, payload_expunged) = shown_payload(m.payload)?;
         Ok(MessageOut {
+            payload_expunged,
             id: m.id.into_string(),
             event_type: m.event_type,
             event_id: m.event_id,
@@ -141,6 +159,7 @@ pub async fn create_message(
         payload: body.payload,
         channels,
         timestamp: rfc3339(created_at),
+        payload_expunged: false,
     };
     // Returns only after the transaction holding the message has committed.
     match state.ingest.submit(message).await? {
@@ -337,6 +356,9 @@ pub async fn resend(
             Ok(accepted_empty())
         }
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
+        ResendOutcome::Expunged => Err(ApiError::Conflict(
+            "the message's payload was expunged: there is nothing to send".into(),
+        )),
         ResendOutcome::NoSuchEndpoint => Err(ApiError::NotFound("endpoint")),
     }
 }

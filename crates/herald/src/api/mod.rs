@@ -217,6 +217,14 @@ pub fn router(state: ApiState) -> Router {
             get(history::get_attempt),
         )
         .route(
+            "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
+            axum::routing::delete(history::expunge_attempt_content),
+        )
+        .route(
+            "/app/{app_id}/msg/{msg_id}/content",
+            axum::routing::delete(history::expunge_message_content),
+        )
+        .route(
             "/app/{app_id}/msg/{msg_id}/endpoint",
             get(history::list_attempted_destinations),
         )

@@ -434,11 +434,23 @@ impl Dispatcher {
         );
         crate::telemetry::set_parent(&span, d.traceparent.as_deref());
         let traceparent = crate::telemetry::traceparent_of(&span).or_else(|| d.traceparent.clone());
-        let observed = self
-            .sender
-            .send(&d, attempt_number, trusted, traceparent.as_deref())
-            .instrument(span.clone())
-            .await;
+        // An expunged message (stored as the empty payload) is never sent,
+        // neither empty nor in any other form: the delivery dies.
+        let expunged = d.payload.is_empty();
+        let observed = if expunged {
+            sender::Observed {
+                outcome: herald_policy::Outcome::NetworkError,
+                status: None,
+                excerpt: String::new(),
+                error: Some("not sent: the message's payload was expunged".to_owned()),
+                duration: Duration::ZERO,
+            }
+        } else {
+            self.sender
+                .send(&d, attempt_number, trusted, traceparent.as_deref())
+                .instrument(span.clone())
+                .await
+        };
         if !span.is_disabled() {
             if let Some(status) = observed.status {
                 span.record("http.response.status_code", i64::from(status));
@@ -454,6 +466,7 @@ impl Dispatcher {
         let in_cycle = attempt_number.saturating_sub(d.cycle_base);
         let jitter_unit: f64 = rand::thread_rng().gen();
         let next = match decide(&self.policy, &observed.outcome, in_cycle, age, jitter_unit) {
+            _ if expunged => NextState::Dead(herald_policy::DeadReason::Expunged),
             Decision::Delivered => NextState::Delivered,
             Decision::Retry { delay } => NextState::Retry {
                 at: now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),

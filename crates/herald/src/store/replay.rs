@@ -125,6 +125,8 @@ pub fn wanted_by(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResendOutcome {
     Queued,
+    /// The message's payload was expunged: nothing is sent.
+    Expunged,
     NoSuchMessage,
     NoSuchEndpoint,
 }

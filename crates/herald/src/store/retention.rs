@@ -38,6 +38,27 @@ pub trait Retention: Send + Sync {
     /// oldest first; returns how many (the caller repeats while a batch
     /// was full).
     async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64>;
+    /// Erases a message's payload (stored as the empty text from then on;
+    /// the message, its deliveries and attempts stay) and, in the same
+    /// transaction, makes its pending deliveries dead (`expunged`): none is
+    /// ever sent without its payload. One in flight finishes the request
+    /// it began; if that fails, the claim that would retry it finds the
+    /// payload gone and the dispatcher makes it dead too. None if there is
+    /// no such message; else how many deliveries it made dead.
+    async fn expunge_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        now: Millis,
+    ) -> StoreResult<Option<u64>>;
+    /// Erases an attempt's response excerpt. False if there is no such
+    /// attempt.
+    async fn expunge_attempt(&self, app: &AppId, attempt: &AttemptId) -> StoreResult<bool>;
+    /// Payload retention: erases, as [`Retention::expunge_message`] does,
+    /// the payloads of at most `batch` messages created before `before`
+    /// (oldest first); returns how many.
+    async fn expunge_payloads(&self, before: Millis, now: Millis, batch: usize)
+        -> StoreResult<u64>;
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -12,6 +12,7 @@ mod egress;
 mod egress_parts;
 mod endpoint_health;
 mod endpoint_writes;
+mod expunge;
 mod gates;
 mod helpers;
 mod listener_and_operator;

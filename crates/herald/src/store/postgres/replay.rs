@@ -56,6 +56,8 @@ impl Replay for PostgresStore {
         // $1 is REPLAY_SET's time, the filter's follow, then the id list,
         // then the channel.
         let (mut cond, args) = dead_filter_sql(filter, 2);
+        // Nothing is sent for an expunged message: its dead stay dead.
+        cond.push_str(" AND m.payload <> ''");
         let mut next = args.len() + 2;
         if ids.is_some() {
             cond.push_str(&format!(" AND d.id = ANY(${next}::text[])"));
@@ -208,14 +210,21 @@ impl Replay for PostgresStore {
                 .await
                 .map_err(map_err)?
                 .is_some();
-        let has_msg =
-            sqlx::query("SELECT 1 FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE")
-                .bind(msg.as_str())
-                .bind(app.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?
-                .is_some();
+        let msg_row = sqlx::query(
+            "SELECT payload = '' AS expunged FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
+        )
+        .bind(msg.as_str())
+        .bind(app.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let has_msg = msg_row.is_some();
+        if let Some(row) = &msg_row {
+            if get::<bool>(row, "expunged")? {
+                tx.rollback().await.map_err(map_err)?;
+                return Ok(ResendOutcome::Expunged);
+            }
+        }
         if !has_msg || !has_ep {
             tx.rollback().await.map_err(map_err)?;
             return Ok(if has_msg {

@@ -212,4 +212,85 @@ impl Retention for PostgresStore {
         .map_err(map_err)?;
         Ok(done.rows_affected())
     }
+
+    async fn expunge_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        now: Millis,
+    ) -> StoreResult<Option<u64>> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // The message first, then its deliveries: the store's lock order.
+        let found = sqlx::query(
+            "UPDATE messages SET payload = '', expunged_at = COALESCE(expunged_at, $3) \
+             WHERE id = $1 AND app_id = $2",
+        )
+        .bind(msg.as_str())
+        .bind(app.as_str())
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if found.rows_affected() == 0 {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(None);
+        }
+        let dead = kill_pending_of(&mut tx, &[msg.as_str().to_owned()], now).await?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(dead))
+    }
+
+    async fn expunge_attempt(&self, app: &AppId, attempt: &AttemptId) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE attempts SET response = '' WHERE id = $1 AND app_id = $2")
+            .bind(attempt.as_str())
+            .bind(app.as_str())
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn expunge_payloads(
+        &self,
+        before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let ids: Vec<String> = sqlx::query_scalar(
+            "UPDATE messages SET payload = '', expunged_at = $2 WHERE id IN ( \
+                 SELECT id FROM messages WHERE created_at < $1 AND expunged_at IS NULL \
+                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             RETURNING id",
+        )
+        .bind(before)
+        .bind(now)
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if !ids.is_empty() {
+            kill_pending_of(&mut tx, &ids, now).await?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(ids.len() as u64)
+    }
+}
+
+/// Makes the pending deliveries of `msgs` dead (`expunged`).
+async fn kill_pending_of(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    msgs: &[String],
+    now: Millis,
+) -> StoreResult<u64> {
+    let done = sqlx::query(
+        "UPDATE deliveries SET state = 3, dead_reason = 'expunged', lease_token = NULL, \
+         held = FALSE, updated_at = $2 WHERE msg_id = ANY($1::text[]) AND state = 0",
+    )
+    .bind(msgs)
+    .bind(now)
+    .execute(&mut **tx)
+    .await
+    .map_err(map_err)?;
+    Ok(done.rows_affected())
 }

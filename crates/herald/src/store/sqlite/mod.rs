@@ -56,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0008_held.sql"),
     include_str!("../../../migrations/sqlite/0009_audit.sql"),
     include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
+    include_str!("../../../migrations/sqlite/0012_expunge.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
@@ -145,6 +146,13 @@ fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Conne
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(map_err)?;
         conn.pragma_update(None, "wal_autocheckpoint", 4000)
+            .map_err(map_err)?;
+        // An erased payload (expunge, payload retention) or pruned row is
+        // overwritten with zeros, not left readable in the file; large
+        // payloads' freed overflow pages too (the extra writes happen only
+        // when rows are erased or pruned, never on the hot path's updates
+        // in place). The WAL holds older page images until a checkpoint.
+        conn.pragma_update(None, "secure_delete", "ON")
             .map_err(map_err)?;
     }
     conn.pragma_update(None, "foreign_keys", "ON")

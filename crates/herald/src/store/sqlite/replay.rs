@@ -56,6 +56,8 @@ impl Replay for SqliteStore {
         now: Millis,
     ) -> StoreResult<u64> {
         let (mut cond, filter_args) = dead_filter_sql(filter);
+        // Nothing is sent for an expunged message: its dead stay dead.
+        cond.push_str(" AND m.payload <> ''");
         let mut args: Vec<Value> = vec![now.into()];
         args.extend(filter_args);
         if let Some(ids) = ids {
@@ -96,6 +98,9 @@ impl Replay for SqliteStore {
             };
             if !exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2", &msg)? {
                 return Ok(ResendOutcome::NoSuchMessage);
+            }
+            if exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2 AND payload = ''", &msg)? {
+                return Ok(ResendOutcome::Expunged);
             }
             if !exists("SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2", &ep)? {
                 return Ok(ResendOutcome::NoSuchEndpoint);

@@ -201,4 +201,89 @@ impl Retention for SqliteStore {
         })
         .await
     }
+
+    async fn expunge_message(
+        &self,
+        app: &AppId,
+        msg: &MsgId,
+        now: Millis,
+    ) -> StoreResult<Option<u64>> {
+        let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
+        self.write(move |c| {
+            let found = c
+                .query_row(
+                    "SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2",
+                    params![msg, app],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(map_err)?;
+            if found.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(expunge_tx(c, &msg, now)?))
+        })
+        .await
+    }
+
+    async fn expunge_attempt(&self, app: &AppId, attempt: &AttemptId) -> StoreResult<bool> {
+        let (app, attempt) = (app.as_str().to_owned(), attempt.as_str().to_owned());
+        self.write(move |c| {
+            let n = c
+                .execute(
+                    "UPDATE attempts SET response = '' WHERE id = ?1 AND app_id = ?2",
+                    params![attempt, app],
+                )
+                .map_err(map_err)?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn expunge_payloads(
+        &self,
+        before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            let ids: Vec<String> = {
+                let mut stmt = c
+                    .prepare_cached(
+                        "SELECT id FROM messages WHERE created_at < ?1 AND expunged_at IS NULL \
+                         ORDER BY created_at LIMIT ?2",
+                    )
+                    .map_err(map_err)?;
+                let found = stmt
+                    .query_map(params![before, limit], |r| r.get(0))
+                    .map_err(map_err)?
+                    .collect::<Result<Vec<String>, _>>()
+                    .map_err(map_err)?;
+                found
+            };
+            for id in &ids {
+                expunge_tx(c, id, now)?;
+            }
+            Ok(ids.len() as u64)
+        })
+        .await
+    }
+}
+
+/// Empties a message's payload and makes its pending deliveries dead.
+fn expunge_tx(c: &Connection, msg: &str, now: Millis) -> StoreResult<u64> {
+    c.execute(
+        "UPDATE messages SET payload = '', expunged_at = COALESCE(expunged_at, ?2) WHERE id = ?1",
+        params![msg, now],
+    )
+    .map_err(map_err)?;
+    let dead = c
+        .execute(
+            "UPDATE deliveries SET state = 3, dead_reason = 'expunged', lease_token = NULL, \
+             parked = 0, updated_at = ?2 WHERE msg_id = ?1 AND state = 0",
+            params![msg, now],
+        )
+        .map_err(map_err)?;
+    Ok(dead as u64)
 }

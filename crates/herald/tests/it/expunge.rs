@@ -1,0 +1,217 @@
+//! Erasing payloads and response excerpts (Svix's expunge routes, and
+//! `HERALD_PAYLOAD_RETENTION`): gone from the API and the store, and a
+//! delivery of an erased message is never sent, on both stores.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+use crate::security::on_each_store;
+
+const MARKER: &str = "secret-card-4242-4242";
+
+#[tokio::test]
+async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it() {
+    on_each_store(
+        "expunge::an_expunged_payload_is_gone_and_its_deliveries_never_send_it",
+        &[("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms")],
+        |app| async move {
+            let rx = Receiver::start().await;
+            rx.always(Reply::status(503).body(&format!("echo {MARKER}")));
+            let app_id = app.create_app().await;
+            app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+            let msg = app
+                .send_message(&app_id, "card.charged", json!({"card": MARKER}))
+                .await;
+            // One failed attempt: pending, to be retried.
+            assert_eq!(app.step().await.retried, 1);
+            let attempts = app.attempts_of_msg(&app_id, &msg).await;
+            assert!(attempts[0]["response"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(MARKER));
+            let attempt_id = attempts[0]["id"].as_str().expect("id").to_owned();
+
+            // The attempt's excerpt first.
+            let (status, _) = app
+                .request(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/app/{app_id}/msg/{msg}/attempt/{attempt_id}/content"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT);
+            let (_, a) = app
+                .get(&format!(
+                    "/api/v1/app/{app_id}/msg/{msg}/attempt/{attempt_id}"
+                ))
+                .await;
+            assert_eq!(a["response"], "", "{a}");
+
+            // Then the payload.
+            let (status, _) = app
+                .request(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT);
+            let (_, m) = app.get(&format!("/api/v1/app/{app_id}/msg/{msg}")).await;
+            assert_eq!(m["payload"], json!({}), "{m}");
+            assert_eq!(m["payloadExpunged"], true);
+            let d = app.deliveries(&app_id, &msg).await;
+            assert_eq!(d[0]["state"], "dead", "{d:?}");
+            assert_eq!(d[0]["deadReason"], "expunged", "{d:?}");
+            assert!(
+                !format!("{m}{d:?}{:?}", app.attempts_of_msg(&app_id, &msg).await).contains(MARKER)
+            );
+
+            // Nothing is sent again, nor can be asked for.
+            app.step().await;
+            assert_eq!(rx.requests().len(), 1);
+            let dlv = d[0]["id"].as_str().expect("id");
+            let ep = d[0]["endpointId"].as_str().expect("ep");
+            let (status, body) = app
+                .post(
+                    &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{ep}/resend"),
+                    json!({}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CONFLICT, "{body}");
+            assert!(body.to_string().contains("expunged"), "{body}");
+            let (_, replayed) = app
+                .post(
+                    &format!("/api/v1/app/{app_id}/dead-letter/{dlv}/replay"),
+                    json!({}),
+                )
+                .await;
+            app.step().await;
+            assert_eq!(rx.requests().len(), 1, "no replay sends it: {replayed}");
+            let d = app.deliveries(&app_id, &msg).await;
+            assert_eq!(d[0]["state"], "dead");
+            // A repeat is harmless; an unknown message is 404.
+            let (status, _) = app
+                .request(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT);
+            let (status, _) = app
+                .request(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/app/{app_id}/msg/msg_01M8RY624CYWDGTSNY6BG0KV0S/content"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NOT_FOUND);
+            app.shutdown().await;
+        },
+    )
+    .await;
+}
+
+/// A delivery in flight when its message is expunged finishes the request
+/// it began; when that fails, the retry is never sent.
+#[tokio::test]
+async fn a_delivery_in_flight_at_expunge_is_not_retried_with_an_empty_body() {
+    on_each_store(
+        "expunge::a_delivery_in_flight_at_expunge_is_not_retried_with_an_empty_body",
+        &[("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms")],
+        |app| async move {
+            let rx = Receiver::start().await;
+            let gate = Arc::new(tokio::sync::Semaphore::new(0));
+            rx.script([Reply::status(503).held(&gate)]);
+            let app_id = app.create_app().await;
+            app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+            let msg = app
+                .send_message(&app_id, "a.b", json!({"card": MARKER}))
+                .await;
+            let dispatcher = app.running().dispatcher.clone();
+            let step = tokio::spawn(async move { dispatcher.process_batch().await });
+            rx.wait_for(1).await;
+            let (status, _) = app
+                .request(
+                    reqwest::Method::DELETE,
+                    &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, StatusCode::NO_CONTENT);
+            gate.add_permits(1);
+            let report = step.await.expect("step").expect("batch");
+            assert_eq!(report.retried, 1, "the request in flight failed: retry due");
+            app.step().await;
+            let d = app.deliveries(&app_id, &msg).await;
+            assert_eq!(d[0]["state"], "dead", "{d:?}");
+            assert_eq!(d[0]["deadReason"], "expunged");
+            let got = rx.requests();
+            assert_eq!(got.len(), 1, "the retry was not sent");
+            let attempts = app.attempts_of_msg(&app_id, &msg).await;
+            let last = attempts.last().expect("attempt");
+            assert_eq!(last["responseStatusCode"], 0, "nothing was sent: {last}");
+            assert!(
+                last.to_string().contains("expunged"),
+                "the attempt log says why: {last}"
+            );
+            app.shutdown().await;
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn payload_retention_erases_old_payloads_and_the_sqlite_file_no_longer_holds_them() {
+    let rx = Receiver::start().await;
+    let app = spawn_stepped(&[("HERALD_PAYLOAD_RETENTION", "1h")]).await;
+    let app_id = app.create_app().await;
+    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let old = app
+        .send_message(&app_id, "a.b", json!({"card": MARKER}))
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let kept = app.send_message(&app_id, "a.b", json!({"n": "kept"})).await;
+    app.step().await;
+    let path = app._dir.path().join("herald.db");
+    let holds_marker = |path: &std::path::Path| {
+        let conn = rusqlite::Connection::open(path).expect("open");
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .expect("checkpoint");
+        let bytes = std::fs::read(path).expect("read the file");
+        bytes.windows(MARKER.len()).any(|w| w == MARKER.as_bytes())
+    };
+    assert!(holds_marker(&path), "the check sees the payload before");
+    let store = app.running().store.clone();
+    // An hour and a millisecond after the old one was made: it is past the
+    // retention, the one made 5 ms later is not.
+    let config = test_config(app._dir.path(), &[("HERALD_PAYLOAD_RETENTION", "1h")]);
+    let created_old = store
+        .get_message(&herald::ids::AppId::parse(&app_id).expect("id"), &old)
+        .await
+        .expect("read")
+        .expect("message")
+        .created_at;
+    herald::server::retention_pass(
+        &*store,
+        &config,
+        created_old + 3_600_000 + 1,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await;
+    let (_, m): (StatusCode, Value) = app.get(&format!("/api/v1/app/{app_id}/msg/{old}")).await;
+    assert_eq!(m["payloadExpunged"], true, "{m}");
+    let (_, k): (StatusCode, Value) = app.get(&format!("/api/v1/app/{app_id}/msg/{kept}")).await;
+    assert_eq!(k["payloadExpunged"], false, "{k}");
+    assert_eq!(k["payload"], json!({"n": "kept"}));
+    // The bytes: after a checkpoint the database file holds no trace of it.
+    assert!(
+        !holds_marker(&path),
+        "the erased payload is still in {}",
+        path.display()
+    );
+    app.shutdown().await;
+}
