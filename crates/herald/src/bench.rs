@@ -569,6 +569,9 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
                     channels: None,
                     created_at: from + step * i64::try_from(i).unwrap_or(0),
                     traceparent: None,
+                    tags: None,
+                    deliver_at: None,
+                    application: None,
                 })
                 .collect();
             for chunk in all.chunks(500) {

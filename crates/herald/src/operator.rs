@@ -165,6 +165,9 @@ impl Operator {
                 channels: None,
                 created_at: now,
                 traceparent: None,
+                tags: None,
+                deliver_at: None,
+                application: None,
             })
             .collect();
         match self.store.insert_messages(&messages).await {

@@ -248,6 +248,7 @@ pub async fn start(
             max_headers_per_endpoint: config.max_headers_per_endpoint,
             max_endpoints_per_app: config.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
+            max_age: config.retry.max_age,
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });
         // Every request's body has its deadline; trailing slashes are

@@ -188,7 +188,7 @@ pub async fn find_app(state: &ApiState, id_or_uid: &str) -> ApiResult<App> {
         .ok_or(ApiError::NotFound("application"))
 }
 
-fn check_app_fields(
+pub(super) fn check_app_fields(
     name: &str,
     uid: &Option<String>,
     metadata: &Option<BTreeMap<String, String>>,
@@ -204,7 +204,7 @@ fn check_app_fields(
 /// 422 for a uid Herald keeps for its own applications (`herald-…`, such
 /// as the operator application's), unless it is the application's
 /// `current` one (given before the prefix was reserved).
-fn check_not_reserved(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
+pub(super) fn check_not_reserved(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
     let prefix = crate::operator::RESERVED_UID_PREFIX;
     match uid {
         Some(uid)

@@ -59,6 +59,8 @@ pub struct MessageListParams {
     /// Comma-separated, as the SDKs send it.
     pub event_types: Option<String>,
     pub channel: Option<String>,
+    /// Only messages carrying this tag (exact match).
+    pub tag: Option<String>,
     /// Created before this time (RFC 3339).
     #[param(format = DateTime)]
     pub before: Option<String>,
@@ -93,6 +95,7 @@ pub async fn list_messages(
     let filter = MessageFilter {
         event_types: event_types.filter(|t| !t.is_empty()),
         channel: params.channel.clone().filter(|c| !c.is_empty()),
+        tag: params.tag.clone().filter(|t| !t.is_empty()),
         before: time_param("before", &params.before)?,
         after: time_param("after", &params.after)?,
     };
@@ -391,6 +394,9 @@ pub struct EndpointMessageOut {
     pub timestamp: String,
     /// The payload was expunged (it shows as `{}`).
     pub payload_expunged: bool,
+    pub tags: Option<Vec<String>>,
+    #[schema(format = DateTime)]
+    pub deliver_at: Option<String>,
     pub status: u8,
     pub status_text: &'static str,
     pub next_attempt: Option<String>,
@@ -408,6 +414,8 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
         payload,
         channels: m.channels,
         timestamp: rfc3339(m.created_at),
+        tags: m.tags,
+        deliver_at: m.deliver_at.map(rfc3339),
         status,
         status_text,
     })

@@ -7,10 +7,11 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::auth::ResolvedApp;
+use super::apps::ApplicationIn;
+use super::auth::{MaybeResolvedApp, ResolvedApp};
 use super::endpoints::find_endpoint;
 use super::error::{
-    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
+    BadRequestResponse, ConflictResponse, FieldError, NotFoundResponse, PayloadTooLargeResponse,
     UnauthorizedResponse, ValidationResponse,
 };
 use super::{
@@ -18,8 +19,10 @@ use super::{
     MAX_PAYLOAD_DEPTH,
 };
 use crate::audit::Actor;
-use crate::ids::MsgId;
-use crate::store::{now_millis, Delivery, InsertOutcome, Message, NewMessage, ResendOutcome};
+use crate::ids::{AppId, MsgId};
+use crate::store::{
+    now_millis, App, Delivery, InsertOutcome, Message, Millis, NewMessage, ResendOutcome,
+};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +43,24 @@ pub struct MessageIn {
     #[serde(default)]
     #[schema(max_items = 10)]
     pub channels: Option<Vec<String>>,
+    /// Svix's inline application: when the path's id or uid names no
+    /// application, this one is created with the message, in the same
+    /// commit (its `uid` must be given and equal the path's). Ignored when
+    /// the application exists. Admin token only (an application token's
+    /// application always exists).
+    #[serde(default)]
+    pub application: Option<ApplicationIn>,
+    /// Free-form tags that `GET /app/{app_id}/msg?tag=` filters by: at most
+    /// 5, each 1-128 of `[a-zA-Z0-9-_./\#]` (Svix's rule); repeats count once.
+    #[serde(default)]
+    #[schema(max_items = 5, example = json!(["my_tag", "other"]))]
+    pub tags: Option<Vec<String>>,
+    /// Scheduled delivery (RFC 3339): no attempt before this time. At most
+    /// `HERALD_MAX_AGE` ahead; the age cap counts from it. A time in the
+    /// past sends at once.
+    #[serde(default)]
+    #[schema(format = DateTime)]
+    pub deliver_at: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -56,6 +77,11 @@ pub struct MessageOut {
     /// The payload was erased (`DELETE …/msg/{msg}/content` or payload
     /// retention); the message, its deliveries and attempts stay.
     pub payload_expunged: bool,
+    /// The message's tags, sorted.
+    pub tags: Option<Vec<String>>,
+    /// The `deliverAt` the message was created with.
+    #[schema(format = DateTime)]
+    pub deliver_at: Option<String>,
 }
 
 /// A stored payload as the API shows it: as it is, or `{}` when it was
@@ -86,8 +112,119 @@ impl TryFrom<Message> for MessageOut {
             payload,
             channels: m.channels,
             timestamp: rfc3339(m.created_at),
+            tags: m.tags,
+            deliver_at: m.deliver_at.map(rfc3339),
         })
     }
+}
+
+/// The most tags a message may carry, and the longest tag (Svix's limits).
+pub const MAX_TAGS: usize = 5;
+pub const MAX_TAG_CHARS: usize = 128;
+
+/// Svix's tag rule: 1-128 of `[a-zA-Z0-9-_./\#]`.
+pub fn valid_tag(tag: &str) -> bool {
+    (1..=MAX_TAG_CHARS).contains(&tag.len())
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./\\#".contains(&b))
+}
+
+/// `tags` checked, sorted and without repeats (`None` for none).
+fn check_tags(tags: &Option<Vec<String>>) -> ApiResult<Option<Vec<String>>> {
+    let Some(list) = tags else {
+        return Ok(None);
+    };
+    let mut list = list.clone();
+    list.sort();
+    list.dedup();
+    if list.len() > MAX_TAGS {
+        return Err(ApiError::field("tags", format!("at most {MAX_TAGS} tags")));
+    }
+    if let Some(bad) = list.iter().find(|t| !valid_tag(t)) {
+        return Err(ApiError::field(
+            "tags",
+            format!(
+                "`{bad}` must be 1-{MAX_TAG_CHARS} characters of letters, digits, '-', '_', '.', '/', '\\' or '#'"
+            ),
+        ));
+    }
+    Ok((!list.is_empty()).then_some(list))
+}
+
+/// `deliverAt` as ms, refused when it is not RFC 3339 or is more than
+/// `max_age` after `now` (the age cap counts from it: nothing could be
+/// sent after that anyway).
+fn check_deliver_at(
+    deliver_at: &Option<String>,
+    now: Millis,
+    max_age: Millis,
+) -> ApiResult<Option<Millis>> {
+    let Some(text) = deliver_at else {
+        return Ok(None);
+    };
+    let at = super::millis_of_rfc3339(text).ok_or_else(|| {
+        ApiError::field(
+            "deliverAt",
+            "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+        )
+    })?;
+    if at > now.saturating_add(max_age) {
+        return Err(ApiError::field(
+            "deliverAt",
+            format!(
+                "must be at most HERALD_MAX_AGE ({} s) ahead",
+                max_age / 1000
+            ),
+        ));
+    }
+    Ok(Some(at))
+}
+
+/// The application a message's `application` creates when the path named
+/// none (Svix: its uid must be given and be the path's), checked as
+/// `POST /app` checks one; errors are placed under `application`.
+fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiResult<App> {
+    let under = |e: ApiError| match e {
+        ApiError::Validation(errors) => ApiError::Validation(
+            errors
+                .into_iter()
+                .map(|mut f| {
+                    if f.loc.first().map(String::as_str) == Some("body") {
+                        f.loc.insert(1, "application".to_owned());
+                    }
+                    f
+                })
+                .collect(),
+        ),
+        other => other,
+    };
+    super::apps::check_app_fields(&body.name, &body.uid, &body.metadata).map_err(under)?;
+    match body.uid.as_deref() {
+        None => {
+            return Err(ApiError::Validation(vec![FieldError::at(
+                &["body", "application", "uid"],
+                "must be given to create the application with the message",
+            )]))
+        }
+        Some(uid) if uid != key => {
+            return Err(ApiError::Validation(vec![FieldError::at(
+                &["body", "application", "uid"],
+                "must be the application uid in the path",
+            )]))
+        }
+        Some(_) => {}
+    }
+    super::apps::check_not_reserved(&body.uid, None).map_err(under)?;
+    Ok(App {
+        id: AppId::generate(),
+        uid: body.uid.clone(),
+        name: body.name.clone(),
+        rate_limit: body.rate_limit,
+        metadata: body.metadata.clone().unwrap_or_default(),
+        created_at: now,
+        updated_at: now,
+    })
 }
 
 #[utoipa::path(
@@ -104,11 +241,23 @@ impl TryFrom<Message> for MessageOut {
 )]
 pub async fn create_message(
     State(state): State<ApiState>,
-    app: ResolvedApp,
+    actor: Actor,
+    Path(key): Path<String>,
+    MaybeResolvedApp(resolved): MaybeResolvedApp,
     headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<MessageIn>,
 ) -> ApiResult<Response> {
-    let app_id = app.id;
+    let created_at = now_millis();
+    // The hot path (the application exists) reads nothing more; only a
+    // missing one with `application` in the body goes on without it.
+    let (app_id, application) = match (resolved, &body.application) {
+        (Some(id), _) => (id, None),
+        (None, None) => return Err(ApiError::NotFound("application")),
+        (None, Some(a)) => {
+            let app = inline_app(&key, a, created_at)?;
+            (app.id.clone(), Some(app))
+        }
+    };
     let app_key = app_id.clone();
     if !valid_uid(&body.event_type) {
         return Err(ApiError::field(
@@ -140,7 +289,10 @@ pub async fn create_message(
         ));
     }
     let channels = super::endpoints::check_channels("channels", &body.channels)?;
-    let created_at = now_millis();
+    let tags = check_tags(&body.tags)?;
+    let max_age = i64::try_from(state.max_age.as_millis()).unwrap_or(i64::MAX);
+    let deliver_at = check_deliver_at(&body.deliver_at, created_at, max_age)?;
+    let creates_app = application.is_some();
     let message = NewMessage {
         id: MsgId::generate(),
         app_id,
@@ -150,6 +302,9 @@ pub async fn create_message(
         channels: channels.clone(),
         created_at,
         traceparent: traceparent_for(&headers),
+        tags: tags.clone(),
+        deliver_at,
+        application,
     };
     // The answer reuses the request's own payload: no copy, no re-parse.
     let out = MessageOut {
@@ -160,10 +315,17 @@ pub async fn create_message(
         channels,
         timestamp: rfc3339(created_at),
         payload_expunged: false,
+        tags,
+        deliver_at: deliver_at.map(rfc3339),
     };
     // Returns only after the transaction holding the message has committed.
     match state.ingest.submit(message).await? {
-        InsertOutcome::Inserted { .. } => Ok((StatusCode::ACCEPTED, Json(out)).into_response()),
+        InsertOutcome::Inserted { .. } => {
+            if creates_app {
+                created_inline(&state, &actor, &key, &app_key).await;
+            }
+            Ok((StatusCode::ACCEPTED, Json(out)).into_response())
+        }
         InsertOutcome::DuplicateEventId => Err(ApiError::Conflict(format!(
             "a message with eventId `{}` already exists in this application",
             out.event_id.unwrap_or_default()
@@ -173,6 +335,30 @@ pub async fn create_message(
             state.app_ids.forget(&app_key);
             Err(ApiError::NotFound("application"))
         }
+    }
+}
+
+/// After a message with an inline application was stored: caches the
+/// application's id and, when it is the one this request made (not a
+/// concurrent request's with the same uid), audits its creation.
+async fn created_inline(state: &ApiState, actor: &Actor, key: &str, made: &AppId) {
+    match state.store.get_app(key).await {
+        Ok(Some(app)) => {
+            state.app_ids.put(key, app.id.clone());
+            if app.id == *made {
+                actor
+                    .record(
+                        &*state.store,
+                        "app.created",
+                        Some(&app.id),
+                        app.id.as_str(),
+                        serde_json::json!({ "inline": true }),
+                    )
+                    .await;
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read back an inline application"),
     }
 }
 

@@ -97,6 +97,8 @@ pub struct ApiShared {
     pub max_endpoints_per_app: usize,
     /// `HERALD_API_RATE_LIMIT`, per caller.
     pub rate_limit: Arc<crate::limits::RateLimit>,
+    /// `HERALD_MAX_AGE`: how far ahead a message's `deliverAt` may be.
+    pub max_age: std::time::Duration,
 }
 
 /// Remembers which application an id or uid names, so that creating a

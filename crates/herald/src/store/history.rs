@@ -90,6 +90,8 @@ pub struct MessageFilter {
     pub event_types: Option<Vec<String>>,
     /// Messages carrying this channel.
     pub channel: Option<String>,
+    /// Messages carrying this tag.
+    pub tag: Option<String>,
     /// Created before (ms).
     pub before: Option<Millis>,
     /// Created after (ms).

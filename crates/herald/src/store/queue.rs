@@ -62,6 +62,25 @@ pub struct NewMessage {
     pub created_at: Millis,
     /// W3C `traceparent` of the creating request, sent with each attempt.
     pub traceparent: Option<String>,
+    /// Svix's message tags (at most 5), for filtering message lists.
+    pub tags: Option<Vec<String>>,
+    /// Svix's `deliverAt`, as asked: no attempt before then (see
+    /// [`NewMessage::due_at`]).
+    pub deliver_at: Option<Millis>,
+    /// Ingest only (reads leave it `None`): Svix's `MessageIn.application`.
+    /// The store creates this application in the message's transaction
+    /// unless one with its uid exists by then, and stores the message
+    /// under whichever it is (`app_id` is then this application's id).
+    pub application: Option<App>,
+}
+
+impl NewMessage {
+    /// When its deliveries are first due and their retry cycle (and so the
+    /// age cap) starts: `deliver_at`, or creation when that is sooner.
+    pub fn due_at(&self) -> Millis {
+        self.deliver_at
+            .map_or(self.created_at, |at| at.max(self.created_at))
+    }
 }
 
 pub type Message = NewMessage;
@@ -495,7 +514,8 @@ impl SendTo {
     }
 }
 
-/// One delivery an ingest batch makes: born pending and due at once, or,
+/// One delivery an ingest batch makes: born pending and due at its
+/// message's [`NewMessage::due_at`] (now, or a scheduled `deliverAt`), or,
 /// when the batch's claim takes it, `delivering` under the claim's lease,
 /// and then `claimed` is what the dispatcher sends.
 pub struct NewDelivery<'a> {
@@ -528,7 +548,7 @@ pub fn fan_out<'a>(
         .map(|ep| {
             let id = DeliveryId::generate();
             let endpoint_id = ep.sub.endpoint_id.as_str();
-            match IngestClaim::taking(claim, ep) {
+            match IngestClaim::taking(claim, ep, m.due_at()) {
                 Some((c, to)) => NewDelivery {
                     state: DeliveryState::Delivering,
                     due: c.lease_until,
@@ -540,7 +560,7 @@ pub fn fan_out<'a>(
                     id,
                     endpoint_id,
                     state: DeliveryState::Pending,
-                    due: m.created_at,
+                    due: m.due_at(),
                     claimed: None,
                 },
             }
@@ -569,13 +589,18 @@ impl IngestClaim {
     }
 
     /// `claim` and what sending to `ep` needs, when there is a claim and it
-    /// takes the next delivery to `ep` (counting it).
+    /// takes the next delivery to `ep` (counting it). A delivery due after
+    /// the claim's `now` (a scheduled message) is never taken.
     fn taking<'a>(
         claim: &'a mut Option<IngestClaim>,
         ep: &'a FanoutTarget,
+        due: Millis,
     ) -> Option<(&'a Self, &'a SendTo)> {
         let to = ep.send.as_ref()?;
         let c = claim.as_mut()?;
+        if due > c.now {
+            return None;
+        }
         c.room.take(&ep.sub.endpoint_id).then_some((&*c, to))
     }
 
@@ -603,7 +628,7 @@ impl IngestClaim {
             payload: m.payload.clone(),
             traceparent: m.traceparent.clone(),
             attempts: 0,
-            cycle_started_at: m.created_at,
+            cycle_started_at: m.due_at(),
             cycle_base: 0,
             manual: false,
         }

@@ -114,6 +114,9 @@ pub fn wanted_by(
             channels,
             created_at: 0,
             traceparent: None,
+            application: None,
+            deliver_at: None,
+            tags: None,
         };
         if sub.wants(&probe) {
             out.push(probe.id.into_string());

@@ -441,6 +441,9 @@ async fn the_age_cap_dead_letters_old_messages_and_caps_the_last_delay() {
         created_at: now - 24 * 3_600_000 - 1_000,
         channels: None,
         traceparent: None,
+        tags: None,
+        deliver_at: None,
+        application: None,
     };
     let nearly = herald::store::NewMessage {
         id: herald::ids::MsgId::generate(),

@@ -102,6 +102,9 @@ async fn deeply_nested_payloads_are_refused_at_ingest_and_kept_small_on_the_dash
                 channels: None,
                 created_at: now_ms(),
                 traceparent: None,
+                tags: None,
+                deliver_at: None,
+                application: None,
             }])
             .await
             .expect("stored");

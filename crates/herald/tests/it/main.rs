@@ -17,6 +17,7 @@ mod gates;
 mod helpers;
 mod listener_and_operator;
 mod listener_tls;
+mod message_fields;
 mod metrics;
 mod openapi;
 mod outbox;

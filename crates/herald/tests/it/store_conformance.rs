@@ -273,6 +273,9 @@ fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage 
         payload: r#"{"a": 1}"#.into(),
         created_at: T0,
         traceparent: None,
+        tags: None,
+        deliver_at: None,
+        application: None,
         channels: None,
     }
 }

@@ -4,7 +4,7 @@ use super::replay::dead_filter_sql;
 use super::*;
 
 const MESSAGE_COLUMNS: &str =
-    "id, app_id, event_type, event_id, payload, created_at, channels, traceparent";
+    "id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at";
 
 fn message_from_row(r: &PgRow) -> StoreResult<Message> {
     Ok(Message {
@@ -19,6 +19,12 @@ fn message_from_row(r: &PgRow) -> StoreResult<Message> {
             .transpose()?,
         created_at: get(r, "created_at")?,
         traceparent: get(r, "traceparent")?,
+        tags: get::<Option<String>>(r, "tags")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
+        deliver_at: get(r, "deliver_at")?,
+        application: None,
     })
 }
 
@@ -202,6 +208,9 @@ impl History for PostgresStore {
                 channel.clone(),
             );
         }
+        if let Some(tag) = &filter.tag {
+            add(&mut sql, " AND jsonb_exists(tags::jsonb, #)", tag.clone());
+        }
         if let Some(before) = filter.before {
             add(&mut sql, " AND created_at < #::int8", before.to_string());
         }
@@ -218,7 +227,8 @@ impl History for PostgresStore {
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent \
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
+             m.tags, m.deliver_at \
              FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = $1 AND d.app_id = $2"
         );
         self.page_of(
@@ -240,6 +250,12 @@ impl History for PostgresStore {
                         .transpose()?,
                     created_at: get(r, "msg_created_at")?,
                     traceparent: get(r, "traceparent")?,
+                    tags: get::<Option<String>>(r, "tags")?
+                        .as_deref()
+                        .map(from_json)
+                        .transpose()?,
+                    deliver_at: get(r, "deliver_at")?,
+                    application: None,
                 };
                 Ok((d, m))
             },

@@ -97,17 +97,101 @@ pub(super) async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> Stor
     Ok(())
 }
 
+/// Svix's inline applications of `batch`, in `tx`: each uid's application
+/// is created unless one has it by now (a concurrent creation of the same
+/// uid waits for the other's commit, then finds its application), and
+/// every message carrying one is returned pointing at whichever it is.
+async fn create_inline_apps(
+    tx: &mut sqlx::PgConnection,
+    batch: &[NewMessage],
+) -> StoreResult<Vec<NewMessage>> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let apps: Vec<&App> = batch
+        .iter()
+        .filter_map(|m| m.application.as_ref())
+        .filter(|a| a.uid.as_deref().is_some_and(|uid| seen.insert(uid)))
+        .collect();
+    let uids: Vec<&str> = apps.iter().filter_map(|a| a.uid.as_deref()).collect();
+    sqlx::query(
+        "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+         SELECT id, uid, name, rate_limit, metadata::jsonb, created_at, updated_at \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[]) \
+              AS u(id, uid, name, rate_limit, metadata, created_at, updated_at) \
+         ORDER BY uid \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(apps.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+    .bind(&uids)
+    .bind(apps.iter().map(|a| a.name.as_str()).collect::<Vec<_>>())
+    .bind(
+        apps.iter()
+            .map(|a| a.rate_limit.map(i32::from))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        apps.iter()
+            .map(|a| to_json(&a.metadata))
+            .collect::<StoreResult<Vec<_>>>()?,
+    )
+    .bind(apps.iter().map(|a| a.created_at).collect::<Vec<_>>())
+    .bind(apps.iter().map(|a| a.updated_at).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    let rows = sqlx::query("SELECT id, uid FROM applications WHERE uid = ANY($1)")
+        .bind(&uids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let mut id_of: HashMap<String, String> = HashMap::new();
+    for r in &rows {
+        id_of.insert(get(r, "uid")?, get(r, "id")?);
+    }
+    Ok(batch
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(app) = m.application.take() {
+                if let Some(id) = app.uid.as_deref().and_then(|uid| id_of.get(uid)) {
+                    m.app_id = AppId::from_trusted(id.clone());
+                }
+            }
+            m
+        })
+        .collect())
+}
+
 impl PostgresStore {
     /// Stores `batch` with its deliveries; claims some of them when
-    /// `claim` is given (see [`Queue::insert_messages_claiming`]).
+    /// `claim` is given (see [`Queue::insert_messages_claiming`]). A batch
+    /// with inline applications (Svix's `MessageIn.application`) creates
+    /// them first, in one transaction with its messages; any other batch
+    /// takes no explicit transaction (see [`PostgresStore::ingest_on`]).
     async fn ingest(
         &self,
         batch: &[NewMessage],
-        mut claim: Option<IngestClaim>,
+        claim: Option<IngestClaim>,
     ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
         if batch.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
+        if batch.iter().any(|m| m.application.is_some()) {
+            let mut tx = self.pool.begin().await.map_err(map_err)?;
+            let resolved = create_inline_apps(&mut tx, batch).await?;
+            let stored = self.ingest_on(&mut tx, &resolved, claim).await?;
+            tx.commit().await.map_err(map_err)?;
+            return Ok(stored);
+        }
+        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        self.ingest_on(&mut conn, batch, claim).await
+    }
+
+    async fn ingest_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch: &[NewMessage],
+        mut claim: Option<IngestClaim>,
+    ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
         // Two round trips, no explicit transaction: under load the API
         // waits on this path, and each BEGIN/COMMIT or extra statement is
         // another wait for a database server that shares the machine.
@@ -122,7 +206,7 @@ impl PostgresStore {
              WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
         )
         .bind(&apps)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *conn)
         .await
         .map_err(map_err)?;
         let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
@@ -150,8 +234,14 @@ impl PostgresStore {
                 .or_default()
                 .push(target);
         }
-        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut d_id, mut d_msg, mut d_ep, mut d_app, mut d_at, mut d_start) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         // Claimed at ingest: born `delivering` under the lease; the store
         // returns them only if their message and endpoint made it in.
         let (mut d_state, mut d_due, mut d_token) = (Vec::new(), Vec::new(), Vec::new());
@@ -171,6 +261,7 @@ impl PostgresStore {
                 d_msg.push(m.id.as_str());
                 d_app.push(m.app_id.as_str());
                 d_at.push(m.created_at);
+                d_start.push(m.due_at());
                 if let Some(c) = d.claimed {
                     claimed.insert(d.id.as_str().to_owned(), c);
                 }
@@ -202,10 +293,13 @@ impl PostgresStore {
                  WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
                  ORDER BY id FOR KEY SHARE), \
              m AS ( \
-                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent) \
-                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[], $19::text[]) \
-                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, traceparent, ord) \
+                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
+                                       tags, deliver_at) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at \
+                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[], $19::text[], \
+                             $20::text[], $21::int8[]) \
+                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
+                                           tags, deliver_at, ord) \
                  WHERE u.app_id IN (SELECT id FROM a) \
                  ORDER BY ord \
                  ON CONFLICT DO NOTHING \
@@ -215,11 +309,11 @@ impl PostgresStore {
                                          lease_token, cycle_started_at, created_at, updated_at) \
                  SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
                         CASE WHEN e.disabled THEN 0 ELSE v.state END, \
-                        CASE WHEN e.disabled THEN v.at ELSE v.due END, \
-                        CASE WHEN e.disabled THEN NULL ELSE v.token END, v.at, v.at, v.at \
+                        CASE WHEN e.disabled THEN v.start ELSE v.due END, \
+                        CASE WHEN e.disabled THEN NULL ELSE v.token END, v.start, v.at, v.at \
                  FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], \
-                             $16::int2[], $17::int8[], $18::text[]) \
-                      AS v(id, msg_id, endpoint_id, app_id, at, state, due, token) \
+                             $16::int2[], $17::int8[], $18::text[], $22::int8[]) \
+                      AS v(id, msg_id, endpoint_id, app_id, at, state, due, token, start) \
                       JOIN e ON e.id = v.endpoint_id \
                  WHERE v.msg_id IN (SELECT id FROM m) \
                    AND (NOT e.disabled OR e.disabled_by = 'auto') \
@@ -269,7 +363,15 @@ impl PostgresStore {
                 .map(|m| m.traceparent.as_deref())
                 .collect::<Vec<_>>(),
         )
-        .fetch_all(&self.pool)
+        .bind(
+            batch
+                .iter()
+                .map(|m| m.tags.as_ref().map(to_json).transpose())
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
+        .bind(batch.iter().map(|m| m.deliver_at).collect::<Vec<_>>())
+        .bind(&d_start)
+        .fetch_all(&mut *conn)
         .await
         .map_err(map_err)?;
         let (mut existing, mut stored) = (HashSet::new(), HashSet::new());

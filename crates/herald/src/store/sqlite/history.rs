@@ -13,6 +13,9 @@ fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
         channels: json_opt(get(r, "channels")?)?,
         created_at: get(r, "created_at")?,
         traceparent: get(r, "traceparent")?,
+        tags: json_opt(get(r, "tags")?)?,
+        deliver_at: get(r, "deliver_at")?,
+        application: None,
     })
 }
 
@@ -181,6 +184,10 @@ impl History for SqliteStore {
             sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = ?)");
             args.push(channel.clone().into());
         }
+        if let Some(tag) = &filter.tag {
+            sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(tags) WHERE value = ?)");
+            args.push(tag.clone().into());
+        }
         if let Some(before) = filter.before {
             sql.push_str(" AND created_at < ?");
             args.push(before.into());
@@ -205,7 +212,8 @@ impl History for SqliteStore {
             app.as_str().to_owned().into(),
         ];
         let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent \
+            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
+             m.tags, m.deliver_at \
              FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
         );
         let page = page.clone();
@@ -221,6 +229,9 @@ impl History for SqliteStore {
                     channels: json_opt(get(r, "channels")?)?,
                     created_at: get(r, "msg_created_at")?,
                     traceparent: get(r, "traceparent")?,
+                    tags: json_opt(get(r, "tags")?)?,
+                    deliver_at: get(r, "deliver_at")?,
+                    application: None,
                 };
                 Ok((d, m))
             })

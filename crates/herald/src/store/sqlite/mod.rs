@@ -56,6 +56,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0008_held.sql"),
     include_str!("../../../migrations/sqlite/0009_audit.sql"),
     include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
+    include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
 ];
 

@@ -24,8 +24,8 @@ fn insert_messages_tx(
 ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)> {
     let mut insert_msg = conn
         .prepare_cached(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
+             tags, deliver_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
         )
         .map_err(map_err)?;
     let mut endpoints_q = conn
@@ -35,21 +35,39 @@ fn insert_messages_tx(
         )
         .map_err(map_err)?;
     // A delivery claimed at ingest is born `delivering` under a lease, just
-    // as `claim_tx` would leave it; the others are born pending.
+    // as `claim_tx` would leave it; the others are born pending. A
+    // scheduled message's cycle starts at its `deliverAt` (the age cap
+    // counts from there).
     let mut insert_delivery = conn
         .prepare_cached(
             "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, lease_token, \
-             cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?8)",
+             cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9, ?8, ?8)",
         )
         .map_err(map_err)?;
     let mut app_exists = conn
         .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
         .map_err(map_err)?;
     let mut claimed = Vec::new();
-    let mut apps_known: HashMap<&str, bool> = HashMap::new();
+    let mut apps_known: HashMap<String, bool> = HashMap::new();
     let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batch.len());
     for m in batch {
+        // Svix's inline application: the message goes to the app with its
+        // uid, created first (here, in this transaction) if there is none.
+        let inline;
+        let m = match &m.application {
+            None => m,
+            Some(app) => {
+                let app_id = create_app_unless_uid_taken(conn, app)?;
+                apps_known.insert(app_id.as_str().to_owned(), true);
+                inline = NewMessage {
+                    app_id,
+                    application: None,
+                    ..m.clone()
+                };
+                &inline
+            }
+        };
         // An app deleted after the API looked it up: refuse that message
         // alone rather than fail the batch on the foreign key.
         let known = match apps_known.get(m.app_id.as_str()) {
@@ -58,7 +76,7 @@ fn insert_messages_tx(
                 let k = app_exists
                     .exists(params![m.app_id.as_str()])
                     .map_err(map_err)?;
-                apps_known.insert(m.app_id.as_str(), k);
+                apps_known.insert(m.app_id.as_str().to_owned(), k);
                 k
             }
         };
@@ -75,7 +93,9 @@ fn insert_messages_tx(
                 m.payload,
                 m.created_at,
                 m.channels.as_ref().map(to_json).transpose()?,
-                m.traceparent
+                m.traceparent,
+                m.tags.as_ref().map(to_json).transpose()?,
+                m.deliver_at
             ])
             .map_err(map_err)?;
         if inserted == 0 {
@@ -121,7 +141,8 @@ fn insert_messages_tx(
                     d.state as i64,
                     d.due,
                     d.lease_token(),
-                    m.created_at
+                    m.created_at,
+                    m.due_at()
                 ])
                 .map_err(map_err)?;
             claimed.extend(d.claimed);
@@ -129,6 +150,40 @@ fn insert_messages_tx(
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
     }
     Ok((outcomes, claimed))
+}
+
+/// The id of the application named by `app`'s uid (as an id or a uid, as
+/// the API resolves a path), creating `app` when there is none. On the
+/// writer, inside the ingest transaction: nothing can come in between.
+fn create_app_unless_uid_taken(conn: &Connection, app: &App) -> StoreResult<AppId> {
+    let key = app.uid.as_deref().unwrap_or(app.id.as_str());
+    let existing: Option<String> = conn
+        .prepare_cached(
+            "SELECT id FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1",
+        )
+        .map_err(map_err)?
+        .query_row(params![key], |r| r.get(0))
+        .optional()
+        .map_err(map_err)?;
+    if let Some(id) = existing {
+        return Ok(AppId::from_trusted(id));
+    }
+    conn.prepare_cached(
+        "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .map_err(map_err)?
+    .execute(params![
+        app.id.as_str(),
+        app.uid,
+        app.name,
+        app.rate_limit,
+        to_json(&app.metadata)?,
+        app.created_at,
+        app.updated_at
+    ])
+    .map_err(map_err)?;
+    Ok(app.id.clone())
 }
 
 fn claim_tx(
