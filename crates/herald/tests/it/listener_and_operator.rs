@@ -406,12 +406,13 @@ async fn the_binary_logs_failed_logins_with_the_address_and_never_the_token() {
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_LOG", "info")
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
+        // Logs go to stderr (stdout is for what Herald prints to people).
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("herald starts");
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let mut reader = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut reader = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let kept = lines.clone();
     tokio::spawn(async move {
         while let Ok(Some(line)) = reader.next_line().await {
