@@ -148,13 +148,6 @@ fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Conne
             .map_err(map_err)?;
         conn.pragma_update(None, "wal_autocheckpoint", 4000)
             .map_err(map_err)?;
-        // An erased payload (expunge, payload retention) or pruned row is
-        // overwritten with zeros, not left readable in the file; large
-        // payloads' freed overflow pages too (the extra writes happen only
-        // when rows are erased or pruned, never on the hot path's updates
-        // in place). The WAL holds older page images until a checkpoint.
-        conn.pragma_update(None, "secure_delete", "ON")
-            .map_err(map_err)?;
     }
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(map_err)?;
@@ -411,4 +404,18 @@ fn page_of<T>(
         items.reverse();
     }
     Ok(Page { items, has_more })
+}
+
+/// Runs `erase` with `secure_delete` on, so what it deletes or overwrites
+/// (an expunged payload, pruned history, large payloads' overflow pages)
+/// is zeroed in the file rather than left readable in free space. Only
+/// here: on for every statement it costs the hot path's updates ≈ 4 %
+/// (BENCHMARKS.md). The WAL holds older page images until a checkpoint.
+fn securely<T>(c: &Connection, erase: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
+    c.pragma_update(None, "secure_delete", "ON")
+        .map_err(map_err)?;
+    let result = erase();
+    c.pragma_update(None, "secure_delete", "OFF")
+        .map_err(map_err)?;
+    result
 }

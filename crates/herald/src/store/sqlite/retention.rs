@@ -123,7 +123,7 @@ impl Retention for SqliteStore {
         if batch == 0 {
             return Ok(PruneReport::default());
         }
-        self.write(move |c| prune_tx(c, finished_before, dead_before, batch))
+        self.write(move |c| securely(c, || prune_tx(c, finished_before, dead_before, batch)))
             .await
     }
 
@@ -221,7 +221,7 @@ impl Retention for SqliteStore {
             if found.is_none() {
                 return Ok(None);
             }
-            Ok(Some(expunge_tx(c, &msg, now)?))
+            Ok(Some(securely(c, || expunge_tx(c, &msg, now))?))
         })
         .await
     }
@@ -229,12 +229,13 @@ impl Retention for SqliteStore {
     async fn expunge_attempt(&self, app: &AppId, attempt: &AttemptId) -> StoreResult<bool> {
         let (app, attempt) = (app.as_str().to_owned(), attempt.as_str().to_owned());
         self.write(move |c| {
-            let n = c
-                .execute(
+            let n = securely(c, || {
+                c.execute(
                     "UPDATE attempts SET response = '' WHERE id = ?1 AND app_id = ?2",
                     params![attempt, app],
                 )
-                .map_err(map_err)?;
+                .map_err(map_err)
+            })?;
             Ok(n == 1)
         })
         .await
@@ -262,9 +263,12 @@ impl Retention for SqliteStore {
                     .map_err(map_err)?;
                 found
             };
-            for id in &ids {
-                expunge_tx(c, id, now)?;
-            }
+            securely(c, || {
+                for id in &ids {
+                    expunge_tx(c, id, now)?;
+                }
+                Ok(())
+            })?;
             Ok(ids.len() as u64)
         })
         .await
