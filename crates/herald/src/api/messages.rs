@@ -549,6 +549,100 @@ pub async fn resend(
     }
 }
 
+/// Svix's `EventExampleIn`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EventExampleIn {
+    /// `svix.ping`, or an event type whose schema version `"1"` has an
+    /// example.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
+    pub event_type: String,
+    /// Which of the schema's examples (default: the first).
+    #[serde(default)]
+    pub example_index: Option<u64>,
+}
+
+/// What `svix.ping` sends.
+const PING_PAYLOAD: &str = r#"{"success": true}"#;
+
+/// `POST /app/{app}/endpoint/{ep}/send-example` (Svix): a real message of
+/// `eventType` with its schema's first example (`schemas["1"].examples[0]`;
+/// `svix.ping`: `{"success": true}`), delivered to this endpoint alone
+/// whatever its filter or channels, signed, retried and logged like any.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/endpoint/{endpoint_id}/send-example",
+    tag = "Endpoint",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
+    request_body = EventExampleIn,
+    responses(
+        (status = 200, description = "Stored (committed); delivery to this endpoint follows", body = MessageOut),
+        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
+        ValidationResponse,
+    )
+)]
+pub async fn send_example(
+    State(state): State<ApiState>,
+    app: ResolvedApp,
+    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<EventExampleIn>,
+) -> ApiResult<Response> {
+    if !valid_uid(&body.event_type) {
+        return Err(ApiError::field(
+            "eventType",
+            "must be 1-256 characters of letters, digits, '-', '_' or '.'",
+        ));
+    }
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let payload = if body.event_type == "svix.ping" {
+        PING_PAYLOAD.to_owned()
+    } else {
+        let et = state
+            .store
+            .get_event_type(&body.event_type)
+            .await?
+            .ok_or(ApiError::NotFound("event type"))?;
+        let example = et
+            .schemas
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .and_then(|s| {
+                let index = usize::try_from(body.example_index.unwrap_or(0)).ok()?;
+                s.get("1")?.get("examples")?.get(index).cloned()
+            });
+        match example {
+            Some(e) => e.to_string(),
+            None => {
+                return Err(ApiError::BadRequest(format!(
+                    "event type `{}` has no example {} to send: its schema version \"1\" needs \
+                     `examples` with that many",
+                    body.event_type,
+                    body.example_index.unwrap_or(0)
+                )))
+            }
+        }
+    };
+    let message = NewMessage {
+        id: MsgId::generate(),
+        app_id: app.id.clone(),
+        event_type: body.event_type,
+        event_id: None,
+        payload,
+        channels: None,
+        created_at: now_millis(),
+        traceparent: None,
+        application: None,
+        deliver_at: None,
+        tags: None,
+    };
+    if !state.store.insert_example(&message, &ep.id).await? {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    state.wake.notify_one();
+    let out = MessageOut::try_from(message)?;
+    Ok((StatusCode::OK, Json(out)).into_response())
+}
+
 /// The trace a message's attempts join: this request's span when Herald
 /// traces (itself a child of the caller's `traceparent`), else the
 /// caller's `traceparent` as it came, if well formed.

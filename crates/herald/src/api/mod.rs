@@ -246,6 +246,10 @@ pub fn router(state: ApiState) -> Router {
             "/app/{app_id}/endpoint/{endpoint_id}/replay-missing",
             post(history::replay_missing),
         )
+        .route(
+            "/app/{app_id}/endpoint/{endpoint_id}/send-example",
+            post(send_example),
+        )
         .route("/app/{app_id}/msg/{msg_id}", get(get_message))
         .route(
             "/app/{app_id}/msg/{msg_id}/delivery",

@@ -24,6 +24,11 @@ pub trait Queue: Send + Sync {
         batch: &[NewMessage],
         req: &ClaimRequest<'_>,
     ) -> StoreResult<(Vec<InsertOutcome>, Vec<ClaimedDelivery>)>;
+    /// Svix's send-example: stores `m` with one delivery, to `ep` alone
+    /// (whatever its filter or channels), pending and due now, in one
+    /// transaction. False (nothing stored) if `ep` is not an endpoint of
+    /// `m`'s application.
+    async fn insert_example(&self, m: &NewMessage, ep: &EndpointId) -> StoreResult<bool>;
     /// Claims due deliveries: marks them delivering until `lease_until`.
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>>;
     /// The earliest `next_attempt_at` of any live delivery a claim could

@@ -28,6 +28,7 @@ mod scale_out;
 mod sdk;
 mod secrets_at_rest;
 mod security;
+mod send_example;
 mod store_conformance;
 mod tenancy;
 mod tracing_otlp;

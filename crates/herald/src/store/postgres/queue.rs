@@ -431,6 +431,53 @@ impl Queue for PostgresStore {
         self.ingest(batch, Some(IngestClaim::new(req))).await
     }
 
+    async fn insert_example(&self, m: &NewMessage, ep: &EndpointId) -> StoreResult<bool> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        // KEY SHARE keeps the endpoint (and so its application) from being
+        // deleted under the new rows; the lock order is ingest's.
+        let found =
+            sqlx::query("SELECT 1 FROM endpoints WHERE id = $1 AND app_id = $2 FOR KEY SHARE")
+                .bind(ep.as_str())
+                .bind(m.app_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        if found.is_none() {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO messages (id, app_id, event_type, payload, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(m.id.as_str())
+        .bind(m.app_id.as_str())
+        .bind(&m.event_type)
+        .bind(&m.payload)
+        .bind(m.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+             cycle_started_at, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, $5, $5, $5, $5)",
+        )
+        .bind(DeliveryId::generate().as_str())
+        .bind(m.id.as_str())
+        .bind(ep.as_str())
+        .bind(m.app_id.as_str())
+        .bind(m.created_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(&self.wake_channel)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(true)
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
         if req.limit == 0 {
             return Ok(Vec::new());

@@ -616,6 +616,42 @@ impl Queue for SqliteStore {
             .await
     }
 
+    async fn insert_example(&self, m: &NewMessage, ep: &EndpointId) -> StoreResult<bool> {
+        let (m, ep) = (m.clone(), ep.as_str().to_owned());
+        self.write(move |c| {
+            let found = c
+                .query_row(
+                    "SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                    params![ep, m.app_id.as_str()],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(map_err)?;
+            if found.is_none() {
+                return Ok(false);
+            }
+            c.execute(
+                "INSERT INTO messages (id, app_id, event_type, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![m.id.as_str(), m.app_id.as_str(), m.event_type, m.payload, m.created_at],
+            )
+            .map_err(map_err)?;
+            c.execute(
+                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                 cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?5, ?5)",
+                params![
+                    DeliveryId::generate().as_str(),
+                    m.id.as_str(),
+                    ep,
+                    m.app_id.as_str(),
+                    m.created_at
+                ],
+            )
+            .map_err(map_err)?;
+            Ok(true)
+        })
+        .await
+    }
+
     async fn claim(&self, req: &ClaimRequest<'_>) -> StoreResult<Vec<ClaimedDelivery>> {
         if req.limit == 0 {
             return Ok(Vec::new());
