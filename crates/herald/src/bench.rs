@@ -571,6 +571,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
                     traceparent: None,
                     tags: None,
                     deliver_at: None,
+                    payload_expires_at: None,
                     application: None,
                 })
                 .collect();

@@ -167,6 +167,7 @@ impl Operator {
                 traceparent: None,
                 tags: None,
                 deliver_at: None,
+                payload_expires_at: None,
                 application: None,
             })
             .collect();

@@ -691,6 +691,29 @@ pub async fn retention_pass(
         shutdown,
     )
     .await;
+    // Each message's own payloadRetentionPeriod, then the setting's.
+    loop {
+        match store.expunge_expired_payloads(now, RETENTION_BATCH).await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(
+                        messages = n,
+                        "payloads past their payloadRetentionPeriod erased"
+                    );
+                }
+                if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
+                    || shutdown.is_cancelled()
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "erasing expired payloads failed; will try again later");
+                break;
+            }
+        }
+    }
     if let Some(keep) = config.payload_retention {
         let before = now.saturating_sub(ms(keep));
         loop {

@@ -61,6 +61,11 @@ pub struct MessageIn {
     #[serde(default)]
     #[schema(format = DateTime)]
     pub deliver_at: Option<String>,
+    /// Days the payload is kept (Svix: 5–90); then it is erased as
+    /// `DELETE …/content` does. Absent: `HERALD_PAYLOAD_RETENTION` applies.
+    #[serde(default)]
+    #[schema(minimum = 5, maximum = 90)]
+    pub payload_retention_period: Option<i64>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -292,6 +297,16 @@ pub async fn create_message(
     let tags = check_tags(&body.tags)?;
     let max_age = i64::try_from(state.max_age.as_millis()).unwrap_or(i64::MAX);
     let deliver_at = check_deliver_at(&body.deliver_at, created_at, max_age)?;
+    let payload_expires_at = match body.payload_retention_period {
+        None => None,
+        Some(days @ 5..=90) => Some(created_at.saturating_add(days * 86_400_000)),
+        Some(_) => {
+            return Err(ApiError::field(
+                "payloadRetentionPeriod",
+                "must be a number of days from 5 to 90",
+            ))
+        }
+    };
     let creates_app = application.is_some();
     let message = NewMessage {
         id: MsgId::generate(),
@@ -304,6 +319,7 @@ pub async fn create_message(
         traceparent: traceparent_for(&headers),
         tags: tags.clone(),
         deliver_at,
+        payload_expires_at,
         application,
     };
     // The answer reuses the request's own payload: no copy, no re-parse.
@@ -633,6 +649,7 @@ pub async fn send_example(
         traceparent: None,
         application: None,
         deliver_at: None,
+        payload_expires_at: None,
         tags: None,
     };
     if !state.store.insert_example(&message, &ep.id).await? {

@@ -72,6 +72,9 @@ pub struct NewMessage {
     /// Svix's `deliverAt`, as asked: no attempt before then (see
     /// [`NewMessage::due_at`]).
     pub deliver_at: Option<Millis>,
+    /// When the payload is erased (`payloadRetentionPeriod`); None: only
+    /// `HERALD_PAYLOAD_RETENTION` applies. Reads leave it `None`.
+    pub payload_expires_at: Option<Millis>,
     /// Ingest only (reads leave it `None`): Svix's `MessageIn.application`.
     /// The store creates this application in the message's transaction
     /// unless one with its uid exists by then, and stores the message

@@ -116,6 +116,7 @@ pub fn wanted_by(
             traceparent: None,
             application: None,
             deliver_at: None,
+            payload_expires_at: None,
             tags: None,
         };
         if sub.wants(&probe) {

@@ -59,6 +59,9 @@ pub trait Retention: Send + Sync {
     /// (oldest first); returns how many.
     async fn expunge_payloads(&self, before: Millis, now: Millis, batch: usize)
         -> StoreResult<u64>;
+    /// The same for messages whose own `payloadRetentionPeriod` has ended
+    /// by `now` (at most `batch`, soonest first).
+    async fn expunge_expired_payloads(&self, now: Millis, batch: usize) -> StoreResult<u64>;
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -443,6 +443,7 @@ async fn the_age_cap_dead_letters_old_messages_and_caps_the_last_delay() {
         traceparent: None,
         tags: None,
         deliver_at: None,
+        payload_expires_at: None,
         application: None,
     };
     let nearly = herald::store::NewMessage {

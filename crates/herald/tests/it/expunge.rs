@@ -215,3 +215,66 @@ async fn payload_retention_erases_old_payloads_and_the_sqlite_file_no_longer_hol
     );
     app.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_messages_payload_retention_period_erases_it_when_it_ends() {
+    on_each_store(
+        "expunge::a_messages_payload_retention_period_erases_it_when_it_ends",
+        &[],
+        |app| async move {
+            let app_id = app.create_app().await;
+            let path = format!("/api/v1/app/{app_id}/msg");
+            let (status, short) = app
+                .post(
+                    &path,
+                    json!({"eventType": "a.b", "payload": {"card": MARKER}, "payloadRetentionPeriod": 5}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::ACCEPTED, "{short}");
+            let (status, long) = app
+                .post(&path, json!({"eventType": "a.b", "payload": {"n": 1}}))
+                .await;
+            assert_eq!(status, StatusCode::ACCEPTED);
+            for bad in [4, 91] {
+                let (status, body) = app
+                    .post(
+                        &path,
+                        json!({"eventType": "a.b", "payload": {}, "payloadRetentionPeriod": bad}),
+                    )
+                    .await;
+                assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+                assert!(body.to_string().contains("payloadRetentionPeriod"), "{body}");
+            }
+            let short_id = short["id"].as_str().expect("id").to_owned();
+            let long_id = long["id"].as_str().expect("id").to_owned();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let config = test_config(dir.path(), &[]);
+            let store = app.running().store.clone();
+            let day = 86_400_000;
+            let now = herald::store::now_millis();
+            let pass = |at| {
+                let store = store.clone();
+                let config = config.clone();
+                async move {
+                    herald::server::retention_pass(
+                        &*store,
+                        &config,
+                        at,
+                        &tokio_util::sync::CancellationToken::new(),
+                    )
+                    .await
+                }
+            };
+            pass(now + 5 * day - 60_000).await;
+            let (_, m) = app.get(&format!("{path}/{short_id}")).await;
+            assert_eq!(m["payloadExpunged"], false, "not yet: {m}");
+            pass(now + 5 * day + 60_000).await;
+            let (_, m) = app.get(&format!("{path}/{short_id}")).await;
+            assert_eq!(m["payloadExpunged"], true, "{m}");
+            let (_, m) = app.get(&format!("{path}/{long_id}")).await;
+            assert_eq!(m["payloadExpunged"], false, "{m}");
+            app.shutdown().await;
+        },
+    )
+    .await;
+}

@@ -104,6 +104,7 @@ async fn deeply_nested_payloads_are_refused_at_ingest_and_kept_small_on_the_dash
                 traceparent: None,
                 tags: None,
                 deliver_at: None,
+                payload_expires_at: None,
                 application: None,
             }])
             .await

@@ -565,6 +565,7 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
         tags: None,
         deliver_at: Some(now - 4_000),
         application: None,
+        payload_expires_at: None,
     };
     store
         .insert_messages(std::slice::from_ref(&m))

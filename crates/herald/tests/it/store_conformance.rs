@@ -275,6 +275,7 @@ fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage 
         traceparent: None,
         tags: None,
         deliver_at: None,
+        payload_expires_at: None,
         application: None,
         channels: None,
     }

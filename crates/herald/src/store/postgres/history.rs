@@ -25,6 +25,7 @@ fn message_from_row(r: &PgRow) -> StoreResult<Message> {
             .transpose()?,
         deliver_at: get(r, "deliver_at")?,
         application: None,
+        payload_expires_at: None,
     })
 }
 
@@ -256,6 +257,7 @@ impl History for PostgresStore {
                         .transpose()?,
                     deliver_at: get(r, "deliver_at")?,
                     application: None,
+                    payload_expires_at: None,
                 };
                 Ok((d, m))
             },

@@ -294,12 +294,13 @@ impl PostgresStore {
                  ORDER BY id FOR KEY SHARE), \
              m AS ( \
                  INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
-                                       tags, deliver_at) \
-                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at \
+                                       tags, deliver_at, payload_expires_at) \
+                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at, \
+                        payload_expires_at \
                  FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[], $19::text[], \
-                             $20::text[], $21::int8[]) \
+                             $20::text[], $21::int8[], $23::int8[]) \
                       WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
-                                           tags, deliver_at, ord) \
+                                           tags, deliver_at, payload_expires_at, ord) \
                  WHERE u.app_id IN (SELECT id FROM a) \
                  ORDER BY ord \
                  ON CONFLICT DO NOTHING \
@@ -371,6 +372,7 @@ impl PostgresStore {
         )
         .bind(batch.iter().map(|m| m.deliver_at).collect::<Vec<_>>())
         .bind(&d_start)
+        .bind(batch.iter().map(|m| m.payload_expires_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await
         .map_err(map_err)?;

@@ -256,24 +256,25 @@ impl Retention for PostgresStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
-        let ids: Vec<String> = sqlx::query_scalar(
-            "UPDATE messages SET payload = '', expunged_at = $2 WHERE id IN ( \
-                 SELECT id FROM messages WHERE created_at < $1 AND expunged_at IS NULL \
-                 ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) \
-             RETURNING id",
+        self.expunge_picked(
+            "SELECT id FROM messages WHERE created_at < $1 AND expunged_at IS NULL \
+             ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+            before,
+            now,
+            batch,
         )
-        .bind(before)
-        .bind(now)
-        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
-        .fetch_all(&mut *tx)
         .await
-        .map_err(map_err)?;
-        if !ids.is_empty() {
-            kill_pending_of(&mut tx, &ids, now).await?;
-        }
-        tx.commit().await.map_err(map_err)?;
-        Ok(ids.len() as u64)
+    }
+
+    async fn expunge_expired_payloads(&self, now: Millis, batch: usize) -> StoreResult<u64> {
+        self.expunge_picked(
+            "SELECT id FROM messages WHERE payload_expires_at <= $1 AND expunged_at IS NULL \
+             ORDER BY payload_expires_at LIMIT $3 FOR UPDATE SKIP LOCKED",
+            now,
+            now,
+            batch,
+        )
+        .await
     }
 }
 
@@ -293,4 +294,32 @@ async fn kill_pending_of(
     .await
     .map_err(map_err)?;
     Ok(done.rows_affected())
+}
+
+impl PostgresStore {
+    /// Expunges the messages `select` picks (`$1`: `bound`, `$3`: `batch`;
+    /// `$2`, the time, is the update's).
+    async fn expunge_picked(
+        &self,
+        select: &'static str,
+        bound: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "UPDATE messages SET payload = '', expunged_at = $2 WHERE id IN ({select}) RETURNING id"
+        )))
+        .bind(bound)
+        .bind(now)
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if !ids.is_empty() {
+            kill_pending_of(&mut tx, &ids, now).await?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(ids.len() as u64)
+    }
 }

@@ -16,6 +16,7 @@ fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
         tags: json_opt(get(r, "tags")?)?,
         deliver_at: get(r, "deliver_at")?,
         application: None,
+        payload_expires_at: None,
     })
 }
 
@@ -232,6 +233,7 @@ impl History for SqliteStore {
                     tags: json_opt(get(r, "tags")?)?,
                     deliver_at: get(r, "deliver_at")?,
                     application: None,
+                    payload_expires_at: None,
                 };
                 Ok((d, m))
             })

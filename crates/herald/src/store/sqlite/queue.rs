@@ -25,7 +25,8 @@ fn insert_messages_tx(
     let mut insert_msg = conn
         .prepare_cached(
             "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
-             tags, deliver_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+             tags, deliver_at, payload_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT DO NOTHING",
         )
         .map_err(map_err)?;
     let mut endpoints_q = conn
@@ -95,7 +96,8 @@ fn insert_messages_tx(
                 m.channels.as_ref().map(to_json).transpose()?,
                 m.traceparent,
                 m.tags.as_ref().map(to_json).transpose()?,
-                m.deliver_at
+                m.deliver_at,
+                m.payload_expires_at
             ])
             .map_err(map_err)?;
         if inserted == 0 {

@@ -249,27 +249,29 @@ impl Retention for SqliteStore {
     ) -> StoreResult<u64> {
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         self.write(move |c| {
-            let ids: Vec<String> = {
-                let mut stmt = c
-                    .prepare_cached(
-                        "SELECT id FROM messages WHERE created_at < ?1 AND expunged_at IS NULL \
-                         ORDER BY created_at LIMIT ?2",
-                    )
-                    .map_err(map_err)?;
-                let found = stmt
-                    .query_map(params![before, limit], |r| r.get(0))
-                    .map_err(map_err)?
-                    .collect::<Result<Vec<String>, _>>()
-                    .map_err(map_err)?;
-                found
-            };
-            securely(c, || {
-                for id in &ids {
-                    expunge_tx(c, id, now)?;
-                }
-                Ok(())
-            })?;
-            Ok(ids.len() as u64)
+            expunge_picked(
+                c,
+                "SELECT id FROM messages WHERE created_at < ?1 AND expunged_at IS NULL \
+                 ORDER BY created_at LIMIT ?2",
+                before,
+                limit,
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn expunge_expired_payloads(&self, now: Millis, batch: usize) -> StoreResult<u64> {
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.write(move |c| {
+            expunge_picked(
+                c,
+                "SELECT id FROM messages WHERE payload_expires_at <= ?1 AND expunged_at IS NULL \
+                 ORDER BY payload_expires_at LIMIT ?2",
+                now,
+                limit,
+                now,
+            )
         })
         .await
     }
@@ -290,4 +292,30 @@ fn expunge_tx(c: &Connection, msg: &str, now: Millis) -> StoreResult<u64> {
         )
         .map_err(map_err)?;
     Ok(dead as u64)
+}
+
+/// Expunges the messages `select` picks (`?1`: `bound`, `?2`: `limit`).
+fn expunge_picked(
+    c: &Connection,
+    select: &str,
+    bound: Millis,
+    limit: i64,
+    now: Millis,
+) -> StoreResult<u64> {
+    let ids: Vec<String> = {
+        let mut stmt = c.prepare_cached(select).map_err(map_err)?;
+        let found = stmt
+            .query_map(params![bound, limit], |r| r.get(0))
+            .map_err(map_err)?
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(map_err)?;
+        found
+    };
+    securely(c, || {
+        for id in &ids {
+            expunge_tx(c, id, now)?;
+        }
+        Ok(())
+    })?;
+    Ok(ids.len() as u64)
 }
