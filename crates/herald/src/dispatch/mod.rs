@@ -126,6 +126,12 @@ struct Slots {
     reserved: usize,
     /// Shutting down: no more reservations.
     closed: bool,
+    /// Endpoints that answered 410 here whose disabling the completer has
+    /// not recorded yet: until it has, the store still offers their
+    /// deliveries to claims, so none of them is sent, whenever claimed.
+    /// Kept apart from `per_endpoint`, whose entries go with their last
+    /// delivery.
+    gone_unrecorded: std::collections::HashSet<EndpointId>,
 }
 
 /// One endpoint's registered deliveries, while it has any.
@@ -241,11 +247,25 @@ impl Claimed {
     }
 
     fn is_stopped(&self, ep: &EndpointId, claimed_at: crate::store::Millis) -> bool {
-        self.slots()
-            .per_endpoint
-            .get(ep)
-            .and_then(|e| e.stopped_at)
-            .is_some_and(|at| claimed_at <= at)
+        let slots = self.slots();
+        slots.gone_unrecorded.contains(ep)
+            || slots
+                .per_endpoint
+                .get(ep)
+                .and_then(|e| e.stopped_at)
+                .is_some_and(|at| claimed_at <= at)
+    }
+
+    /// `ep` answered 410: nothing of it is sent until the completer has
+    /// recorded that (and so disabled it in the store).
+    fn hold_until_recorded(&self, ep: &EndpointId) {
+        self.slots().gone_unrecorded.insert(ep.clone());
+    }
+
+    /// The 410 of `ep` is recorded (it is disabled in the store): claims
+    /// from now on see that, and the stop mark covers those made before.
+    fn gone_recorded(&self, ep: &EndpointId) {
+        self.slots().gone_unrecorded.remove(ep);
     }
 }
 
@@ -666,6 +686,11 @@ impl Dispatcher {
                 tracing::warn!(error = %e, endpoint = %s.endpoint_id, "could not disable endpoint");
             }
         }
+        // Their 410s are recorded and the endpoints disabled (above): the
+        // stop marks hold what was claimed before, the store the rest.
+        for c in batch.iter().filter(|c| is_gone(c.attempt.status_code)) {
+            self.claimed.gone_recorded(&c.attempt.endpoint_id);
+        }
         let changed: Vec<&Completion> = batch
             .iter()
             .zip(&done.moved)
@@ -800,6 +825,7 @@ impl Dispatcher {
                         // Disabled at once once recorded: the deliveries
                         // waiting behind this one must not be sent meanwhile.
                         this.claimed.stop(&endpoint, completion.now);
+                        this.claimed.hold_until_recorded(&endpoint);
                     }
                     // Fails only when the completer is gone (it stopped
                     // waiting at shutdown); the lease then brings the
