@@ -242,7 +242,6 @@ const FORBIDDEN_HEADERS: &[&str] = &[
     "x-event-type",
     "user-agent",
     // The body's framing and form.
-    "content-type",
     "content-length",
     "content-encoding",
     "transfer-encoding",

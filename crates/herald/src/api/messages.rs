@@ -66,6 +66,21 @@ pub struct MessageIn {
     #[serde(default)]
     #[schema(minimum = 5, maximum = 90)]
     pub payload_retention_period: Option<i64>,
+    /// Svix's `transformationsParams`: `rawPayload` is sent as the request
+    /// body exactly (form-encoded, XML, …) instead of `payload`.
+    #[serde(default)]
+    pub transformations_params: Option<TransformationsParams>,
+}
+
+/// Svix's `MessageIn.transformationsParams`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TransformationsParams {
+    /// The body each attempt sends, byte for byte (1 B to 1 MiB); the
+    /// signature covers exactly these bytes. Set `Content-Type` through
+    /// the endpoint's headers (Herald sends `application/json` otherwise).
+    #[serde(default)]
+    pub raw_payload: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -97,12 +112,17 @@ pub fn shown_payload(payload: String) -> ApiResult<(Box<RawValue>, bool)> {
             .map(|p| (p, true))
             .map_err(|_| ApiError::Internal);
     }
-    RawValue::from_string(payload)
-        .map(|p| (p, false))
-        .map_err(|e| {
-            tracing::error!(error = %e, "stored payload is not JSON");
-            ApiError::Internal
-        })
+    // Not JSON: a raw payload (`transformationsParams.rawPayload`), shown
+    // as a JSON string of its text.
+    match serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+        Ok(_) => RawValue::from_string(payload),
+        Err(_) => RawValue::from_string(serde_json::Value::from(payload).to_string()),
+    }
+    .map(|p| (p, false))
+    .map_err(|e| {
+        tracing::error!(error = %e, "a stored payload cannot be shown");
+        ApiError::Internal
+    })
 }
 
 impl TryFrom<Message> for MessageOut {
@@ -280,14 +300,32 @@ pub async fn create_message(
             ));
         }
     }
-    let payload = body.payload.get();
+    let raw = body
+        .transformations_params
+        .as_ref()
+        .and_then(|t| t.raw_payload.as_deref());
+    if let Some(raw) = raw {
+        if raw.is_empty() {
+            return Err(ApiError::field(
+                "transformationsParams.rawPayload",
+                "must not be empty",
+            ));
+        }
+        if raw.len() > MAX_PAYLOAD_BYTES {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "transformationsParams.rawPayload is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",
+                raw.len()
+            )));
+        }
+    }
+    let payload = raw.unwrap_or(body.payload.get());
     if payload.len() > MAX_PAYLOAD_BYTES {
         return Err(ApiError::PayloadTooLarge(format!(
             "payload is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",
             payload.len()
         )));
     }
-    if nests_deeper_than(payload, MAX_PAYLOAD_DEPTH) {
+    if raw.is_none() && nests_deeper_than(payload, MAX_PAYLOAD_DEPTH) {
         return Err(ApiError::field(
             "payload",
             format!("must not nest arrays and objects more than {MAX_PAYLOAD_DEPTH} deep"),
@@ -322,12 +360,18 @@ pub async fn create_message(
         payload_expires_at,
         application,
     };
-    // The answer reuses the request's own payload: no copy, no re-parse.
+    // The answer reuses the request's own payload: no copy, no re-parse
+    // (a raw payload shows as a JSON string, as reads show it).
+    let shown = match raw {
+        Some(raw) => RawValue::from_string(serde_json::Value::from(raw).to_string())
+            .map_err(|_| ApiError::Internal)?,
+        None => body.payload,
+    };
     let out = MessageOut {
         id: message.id.to_string(),
         event_type: body.event_type,
         event_id: body.event_id,
-        payload: body.payload,
+        payload: shown,
         channels,
         timestamp: rfc3339(created_at),
         payload_expunged: false,

@@ -264,8 +264,15 @@ impl Sender {
                 request = request.header("traceparent", traceparent);
             }
         }
+        // The endpoint's own Content-Type (for raw payloads) wins.
+        if !d
+            .headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
         let request = request
-            .header(http::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", d.msg_id.as_str())
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)

@@ -597,3 +597,54 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
     assert_eq!(claimed[0].cycle_started_at, now - 4_000);
     app.shutdown().await;
 }
+
+/// Svix's `transformationsParams.rawPayload`: the body is that text byte
+/// for byte, signed over those bytes, with the endpoint's Content-Type.
+#[tokio::test]
+async fn a_raw_payload_is_sent_byte_for_byte_with_the_endpoints_content_type() {
+    let app = spawn_app(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    app.create_endpoint(
+        &app_id,
+        &rx.url("/form"),
+        serde_json::json!({"secret": secret, "headers": {"Content-Type": "application/x-www-form-urlencoded"}}),
+    )
+    .await;
+    let raw = "amount=4200&currency=EUR&note=caf%C3%A9";
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            serde_json::json!({"eventType": "invoice.paid", "payload": {},
+                               "transformationsParams": {"rawPayload": raw}}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{out}");
+    assert_eq!(out["payload"], raw, "shown as a JSON string");
+    let got = rx.wait_for(1).await;
+    assert_eq!(got[0].body.as_ref(), raw.as_bytes());
+    assert_eq!(
+        got[0].header("content-type"),
+        "application/x-www-form-urlencoded"
+    );
+    let wh = standardwebhooks::Webhook::new(secret).expect("secret");
+    let mut headers = http::HeaderMap::new();
+    for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+        headers.insert(name, got[0].header(name).parse().expect("header"));
+    }
+    wh.verify(raw.as_bytes(), &headers)
+        .expect("signed over the exact bytes");
+    let msg = out["id"].as_str().expect("id");
+    let (_, read) = app.get(&format!("/api/v1/app/{app_id}/msg/{msg}")).await;
+    assert_eq!(read["payload"], raw);
+    let (status, body) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            serde_json::json!({"eventType": "a.b", "payload": {}, "transformationsParams": {"rawPayload": ""}}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(body.to_string().contains("rawPayload"), "{body}");
+    app.shutdown().await;
+}
