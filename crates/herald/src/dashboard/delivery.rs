@@ -135,6 +135,8 @@ pub async fn page(
             small { "as sent, re-indented" }
         }
         @match &payload {
+            // Stored as the empty text once erased (no JSON is empty).
+            Some((_, 0)) => p.muted { "The payload was expunged (erased on request or by payload retention); nothing is sent for this message any more." },
             Some((shown, sent_len)) => {
                 pre { (shown.text) }
                 @if shown.cut {

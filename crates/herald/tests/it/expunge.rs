@@ -278,3 +278,87 @@ async fn a_messages_payload_retention_period_erases_it_when_it_ends() {
     )
     .await;
 }
+
+/// Through the official Rust SDK, as the issue asks: `expunge_content` and
+/// `replay_missing`; the dashboard's delivery page and the PostgreSQL
+/// table no longer hold the payload either.
+#[tokio::test]
+async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_payload() {
+    use svix::api::{Svix, SvixOptions};
+    on_each_store(
+        "expunge::the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_payload",
+        &[],
+        |app| async move {
+            let rx = Receiver::start().await;
+            rx.always(Reply::status(503));
+            let svix = Svix::new(
+                TOKEN.to_owned(),
+                Some(SvixOptions {
+                    server_url: Some(app.base.clone()),
+                    ..SvixOptions::default()
+                }),
+            );
+            let app_id = app.create_app().await;
+            let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+            let ep = ep["id"].as_str().expect("id").to_owned();
+            let msg = app
+                .send_message(&app_id, "a.b", json!({"card": MARKER}))
+                .await;
+            app.step().await;
+            svix.message()
+                .expunge_content(app_id.clone(), msg.clone())
+                .await
+                .expect("expunge_content through the SDK");
+            let replay =
+                svix::models::ReplayIn::new(chrono::Utc::now() - chrono::Duration::hours(1));
+            let out = svix
+                .endpoint()
+                .replay_missing(app_id.clone(), ep.clone(), replay, None)
+                .await
+                .expect("replay_missing through the SDK");
+            assert_eq!(
+                format!("{:?}", out.task).to_lowercase().contains("replay"),
+                true,
+                "{out:?}"
+            );
+
+            // The dashboard's page of the delivery.
+            let browser = reqwest::Client::builder()
+                .cookie_store(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("client");
+            let resp = browser
+                .post(app.url("/dashboard/login"))
+                .form(&[("token", TOKEN)])
+                .send()
+                .await
+                .expect("log in");
+            assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+            let d = app.deliveries(&app_id, &msg).await;
+            let dlv = d[0]["id"].as_str().expect("id");
+            let page = browser
+                .get(app.url(&format!("/dashboard/app/{app_id}/delivery/{dlv}")))
+                .send()
+                .await
+                .expect("page")
+                .text()
+                .await
+                .expect("html");
+            assert!(page.contains("payload was expunged"), "{page}");
+            assert!(!page.contains(MARKER));
+
+            // The store's own rows.
+            let store = app.running().store.clone();
+            let app_key = herald::ids::AppId::parse(&app_id).expect("id");
+            let m = store
+                .get_message(&app_key, &msg)
+                .await
+                .expect("read")
+                .expect("message");
+            assert_eq!(m.payload, "", "the row holds nothing of it");
+            app.shutdown().await;
+        },
+    )
+    .await;
+}
