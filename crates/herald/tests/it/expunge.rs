@@ -316,9 +316,8 @@ async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_paylo
                 .replay_missing(app_id.clone(), ep.clone(), replay, None)
                 .await
                 .expect("replay_missing through the SDK");
-            assert_eq!(
+            assert!(
                 format!("{:?}", out.task).to_lowercase().contains("replay"),
-                true,
                 "{out:?}"
             );
 
