@@ -23,7 +23,7 @@ use super::{
 use crate::audit::Actor;
 use crate::ids::AttemptId;
 use crate::store::{
-    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Message, MessageFilter,
+    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Message, MessageFilter, Millis,
 };
 
 /// Svix's message status for a delivery: 0 success, 1 pending, 2 fail,
@@ -505,6 +505,26 @@ pub struct RecoverIn {
     pub until: Option<String>,
 }
 
+impl RecoverIn {
+    /// `since` and `until` as times, `until` after `since` when given.
+    fn window(&self) -> ApiResult<(Millis, Option<Millis>)> {
+        let parse = |field: &str, v: &str| {
+            super::millis_of_rfc3339(v)
+                .ok_or_else(|| ApiError::field(field, "must be an RFC 3339 time"))
+        };
+        let since = parse("since", &self.since)?;
+        let until = self
+            .until
+            .as_deref()
+            .map(|u| parse("until", u))
+            .transpose()?;
+        if until.is_some_and(|u| u <= since) {
+            return Err(ApiError::field("until", "must be after since"));
+        }
+        Ok((since, until))
+    }
+}
+
 /// Svix's `RecoverOut`. The work is done when Herald answers, but Svix's
 /// schema allows `running` only, so that is what is said.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -541,19 +561,7 @@ pub async fn recover(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
-    let parse = |field: &str, v: &str| {
-        super::millis_of_rfc3339(v)
-            .ok_or_else(|| ApiError::field(field, "must be an RFC 3339 time"))
-    };
-    let since = parse("since", &body.since)?;
-    let until = body
-        .until
-        .as_deref()
-        .map(|u| parse("until", u))
-        .transpose()?;
-    if until.is_some_and(|u| u <= since) {
-        return Err(ApiError::field("until", "must be after since"));
-    }
+    let (since, until) = body.window()?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let now = now_millis();
     let filter = DeadFilter {
@@ -576,25 +584,28 @@ pub async fn recover(
             serde_json::json!({ "replayed": replayed, "since": body.since, "until": body.until }),
         )
         .await;
-    Ok((
+    Ok(task_answer("endpoint.recover"))
+}
+
+/// Svix's answer for a background task, already done when Herald
+/// answers (202): a task id as Svix shapes them, `qtask_` and 27 letters
+/// and digits.
+fn task_answer(task: &'static str) -> Response {
+    use rand::distributions::{Alphanumeric, DistString};
+    let id = format!(
+        "qtask_{}",
+        Alphanumeric.sample_string(&mut rand::thread_rng(), 27)
+    );
+    (
         StatusCode::ACCEPTED,
         Json(RecoverOut {
-            id: task_id(),
+            id,
             status: "running",
-            task: "endpoint.recover",
+            task,
             updated_at: rfc3339(now_millis()),
         }),
     )
-        .into_response())
-}
-
-/// A task id as Svix shapes them: `qtask_` and 27 letters and digits.
-fn task_id() -> String {
-    use rand::distributions::{Alphanumeric, DistString};
-    format!(
-        "qtask_{}",
-        Alphanumeric.sample_string(&mut rand::thread_rng(), 27)
-    )
+        .into_response()
 }
 
 /// Messages one replay-missing batch looks at.
@@ -625,18 +636,10 @@ pub async fn replay_missing(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
-    let parse = |field: &str, v: &str| {
-        super::millis_of_rfc3339(v)
-            .ok_or_else(|| ApiError::field(field, "must be an RFC 3339 time"))
-    };
-    let since = parse("since", &body.since)?;
+    let (since, until) = body.window()?;
     let now = now_millis();
-    let until = body
-        .until
-        .as_deref()
-        .map(|u| parse("until", u))
-        .transpose()?
-        .unwrap_or(now + 1);
+    // Up to now, without `until`: a `since` in the future is as wrong.
+    let until = until.unwrap_or(now + 1);
     if until <= since {
         return Err(ApiError::field("until", "must be after since"));
     }
@@ -674,14 +677,5 @@ pub async fn replay_missing(
             serde_json::json!({ "delivered": made, "since": body.since, "until": body.until }),
         )
         .await;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(RecoverOut {
-            id: task_id(),
-            status: "running",
-            task: "endpoint.replay",
-            updated_at: rfc3339(now_millis()),
-        }),
-    )
-        .into_response())
+    Ok(task_answer("endpoint.replay"))
 }
