@@ -14,29 +14,6 @@ use herald::store::*;
 
 use crate::helpers::*;
 
-/// `method path` with `token`; returns status and JSON.
-async fn call(
-    app: &TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("herald answers");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
-    let text = resp.text().await.expect("body");
-    let value = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).expect("JSON body")
-    };
-    (status, value)
-}
-
 /// Every entry the query matches, page by page (`limit` a page), with
 /// the raw text of every page.
 async fn audit_all(app: &TestApp, query: &str, limit: usize) -> (Vec<Value>, String) {

@@ -97,22 +97,7 @@ impl TestApp {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut req = self
-            .client
-            .request(method, self.url(path))
-            .bearer_auth(TOKEN);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request reaches herald");
-        let status = StatusCode::from_u16(resp.status().as_u16()).expect("valid status");
-        let text = resp.text().await.expect("body");
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).expect("every body is JSON")
-        };
-        (status, value)
+        call(self, TOKEN, method, path, body).await
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
@@ -211,6 +196,30 @@ impl TestApp {
             r.shutdown().await.expect("clean shutdown");
         }
     }
+}
+
+/// `method path` with `token` (any bearer token); status and JSON body
+/// (`Null` when empty).
+pub async fn call(
+    app: &TestApp,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.expect("request reaches herald");
+    let status = StatusCode::from_u16(resp.status().as_u16()).expect("valid status");
+    let text = resp.text().await.expect("body");
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}"))
+    };
+    (status, value)
 }
 
 /// One scripted answer of the receiver.

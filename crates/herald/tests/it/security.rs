@@ -60,29 +60,6 @@ async fn drop_schema(url: &str, schema: &str) {
     }
 }
 
-/// `method path` with `token`; status and JSON body.
-async fn call(
-    app: &TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("herald answers");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
-    let text = resp.text().await.expect("body");
-    let value = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}"))
-    };
-    (status, value)
-}
-
 /// A request whose headers are sent and whose body is held back. It is
 /// made once Herald has begun to read the body (it answers `100 Continue`
 /// to `Expect: 100-continue` then), so everything that runs before the

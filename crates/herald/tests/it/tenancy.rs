@@ -6,29 +6,6 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
-/// Sends `method path` with `token` and `body`; returns status and JSON.
-async fn call(
-    app: &TestApp,
-    token: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("herald answers");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
-    let text = resp.text().await.expect("body");
-    let value = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).expect("JSON body")
-    };
-    (status, value)
-}
-
 #[tokio::test]
 async fn an_application_token_reaches_its_own_application_and_nothing_else() {
     let app = spawn_stepped(&[]).await;
