@@ -633,11 +633,33 @@ pub async fn prune_audit(
     before: crate::store::Millis,
     shutdown: &CancellationToken,
 ) {
+    in_batches(
+        shutdown,
+        || store.prune_audit(before, RETENTION_BATCH),
+        |n| tracing::info!(entries = n, "pruned old audit log entries"),
+        "pruning the audit log failed; will try again later",
+    )
+    .await;
+}
+
+/// Runs `batch` (one batch of [`RETENTION_BATCH`] rows at most, answering
+/// how many it changed) until one is not full or `shutdown`, pausing
+/// between them so claims and ingest are never held up for long; `done`
+/// logs each batch that changed rows, a failure is logged as `failed` and
+/// left to the next pass.
+async fn in_batches<Fut>(
+    shutdown: &CancellationToken,
+    mut batch: impl FnMut() -> Fut,
+    done: impl Fn(u64),
+    failed: &str,
+) where
+    Fut: Future<Output = crate::store::StoreResult<u64>>,
+{
     loop {
-        match store.prune_audit(before, RETENTION_BATCH).await {
+        match batch().await {
             Ok(n) => {
                 if n > 0 {
-                    tracing::info!(entries = n, "pruned old audit log entries");
+                    done(n);
                 }
                 if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
                     || shutdown.is_cancelled()
@@ -647,7 +669,7 @@ pub async fn prune_audit(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "pruning the audit log failed; will try again later");
+                tracing::warn!(error = %e, "{failed}");
                 break;
             }
         }
@@ -692,82 +714,49 @@ pub async fn retention_pass(
     )
     .await;
     // Each message's own payloadRetentionPeriod, then the setting's.
-    loop {
-        match store.expunge_expired_payloads(now, RETENTION_BATCH).await {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::info!(
-                        messages = n,
-                        "payloads past their payloadRetentionPeriod erased"
-                    );
-                }
-                if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
-                    || shutdown.is_cancelled()
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "erasing expired payloads failed; will try again later");
-                break;
-            }
-        }
-    }
+    in_batches(
+        shutdown,
+        || store.expunge_expired_payloads(now, RETENTION_BATCH),
+        |n| {
+            tracing::info!(
+                messages = n,
+                "payloads past their payloadRetentionPeriod erased"
+            )
+        },
+        "erasing expired payloads failed; will try again later",
+    )
+    .await;
     if let Some(keep) = config.payload_retention {
         let before = now.saturating_sub(ms(keep));
-        loop {
-            match store.expunge_payloads(before, now, RETENTION_BATCH).await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(
-                            messages = n,
-                            "payloads past HERALD_PAYLOAD_RETENTION erased"
-                        );
-                    }
-                    if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
-                        || shutdown.is_cancelled()
-                    {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "erasing old payloads failed; will try again later");
-                    break;
-                }
-            }
-        }
+        in_batches(
+            shutdown,
+            || store.expunge_payloads(before, now, RETENTION_BATCH),
+            |n| {
+                tracing::info!(
+                    messages = n,
+                    "payloads past HERALD_PAYLOAD_RETENTION erased"
+                )
+            },
+            "erasing old payloads failed; will try again later",
+        )
+        .await;
     }
     // The age cap, for deliveries held by an endpoint nobody enables:
     // dead ("too old") as enabling it would make them, so that they do
     // not pile up, and then pruned like any dead delivery.
     let too_old_before = now.saturating_sub(ms(config.retry.max_age));
-    loop {
-        match store
-            .expire_held(too_old_before, now, RETENTION_BATCH)
-            .await
-        {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::info!(
-                        deliveries = n,
-                        "held deliveries past the age cap are now dead (too_old)"
-                    );
-                }
-                if usize::try_from(n).unwrap_or(usize::MAX) < RETENTION_BATCH
-                    || shutdown.is_cancelled()
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "expiring held deliveries failed; will try again later");
-                break;
-            }
-        }
-    }
+    in_batches(
+        shutdown,
+        || store.expire_held(too_old_before, now, RETENTION_BATCH),
+        |n| {
+            tracing::info!(
+                deliveries = n,
+                "held deliveries past the age cap are now dead (too_old)"
+            )
+        },
+        "expiring held deliveries failed; will try again later",
+    )
+    .await;
     loop {
         let result = store
             .prune(
