@@ -96,11 +96,18 @@ impl Replay for SqliteStore {
             let exists = |sql: &str, id: &str| -> StoreResult<bool> {
                 c.query_row(sql, params![id, app], |_| Ok(())).optional().map(|o| o.is_some()).map_err(map_err)
             };
-            if !exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2", &msg)? {
-                return Ok(ResendOutcome::NoSuchMessage);
-            }
-            if exists("SELECT 1 FROM messages WHERE id = ?1 AND app_id = ?2 AND payload = ''", &msg)? {
-                return Ok(ResendOutcome::Expunged);
+            let expunged: Option<bool> = c
+                .query_row(
+                    "SELECT payload = '' FROM messages WHERE id = ?1 AND app_id = ?2",
+                    params![msg, app],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            match expunged {
+                None => return Ok(ResendOutcome::NoSuchMessage),
+                Some(true) => return Ok(ResendOutcome::Expunged),
+                Some(false) => {}
             }
             if !exists("SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2", &ep)? {
                 return Ok(ResendOutcome::NoSuchEndpoint);
