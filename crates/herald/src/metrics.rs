@@ -11,8 +11,9 @@
 //! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
 //! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
-//! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
-//! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
+//! | `herald_due_backlog` | gauge | | pending deliveries due now for enabled endpoints (busy ones included; held deliveries are not counted) |
+//! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery (not held) has been waiting; 0 when none is due |
+//! | `herald_deliveries_held` | gauge | | pending deliveries held for disabled endpoints: they wait for the endpoint's enabling, not for a slot |
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
 //!
 //! The counters and the histogram are per process (they restart at zero);
@@ -58,6 +59,7 @@ pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
+pub const DELIVERIES_HELD: &str = "herald_deliveries_held";
 pub const ENDPOINTS_DISABLED: &str = "herald_endpoints_disabled";
 
 /// The `endpoint` label of every endpoint past the cardinality bound.
@@ -148,7 +150,12 @@ fn describe() {
     describe_gauge!(
         DUE_BACKLOG,
         Unit::Count,
-        "Pending deliveries due now, including those held for busy or disabled endpoints."
+        "Pending deliveries due now for enabled endpoints (held ones are not counted)."
+    );
+    describe_gauge!(
+        DELIVERIES_HELD,
+        Unit::Count,
+        "Pending deliveries held for disabled endpoints."
     );
     describe_gauge!(
         OLDEST_DUE_AGE,
@@ -273,6 +280,7 @@ fn set_queue_gauges(stats: &QueueStats, now: Millis) {
     ::metrics::gauge!(DELIVERIES, "state" => "delivering").set(n(stats.delivering));
     ::metrics::gauge!(DELIVERIES, "state" => "dead").set(n(stats.dead));
     ::metrics::gauge!(DUE_BACKLOG).set(n(stats.due));
+    ::metrics::gauge!(DELIVERIES_HELD).set(n(stats.held));
     let oldest_ms = stats
         .oldest_due_at
         .map_or(0, |at| now.saturating_sub(at).max(0));

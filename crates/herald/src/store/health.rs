@@ -61,10 +61,14 @@ pub struct QueueStats {
     pub pending: u64,
     pub delivering: u64,
     pub dead: u64,
-    /// Pending deliveries due now (including those held for disabled or
-    /// busy endpoints).
+    /// Pending deliveries due now that a claim may take: those of enabled
+    /// endpoints (busy ones included). Held deliveries are not counted.
     pub due: u64,
+    /// The earliest `next_attempt_at` among the `due` ones.
     pub oldest_due_at: Option<Millis>,
+    /// Pending deliveries held for disabled endpoints (due or not): they
+    /// wait for the endpoint's enabling, not for a sending slot.
+    pub held: u64,
     pub disabled_endpoints: u64,
 }
 

@@ -28,6 +28,7 @@ mod apps;
 mod audit;
 mod endpoints;
 mod event_types;
+mod finder;
 mod health;
 mod history;
 pub mod postgres;
@@ -46,6 +47,7 @@ pub use endpoints::{
     EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
+pub use finder::{FindFilter, Finder, FoundMessage};
 pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
@@ -67,8 +69,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Secrets,
-        Settings, Store, Tokens,
+        Apps, Audit, Endpoints, EventTypes, Finder, Health, History, Queue, Replay, Retention,
+        Secrets, Settings, Store, Tokens,
     };
 }
 
@@ -179,6 +181,7 @@ pub trait Store:
     + Queue
     + Replay
     + History
+    + Finder
     + Health
     + Tokens
     + Audit
@@ -198,6 +201,7 @@ impl<T> Store for T where
         + Queue
         + Replay
         + History
+        + Finder
         + Health
         + Tokens
         + Audit

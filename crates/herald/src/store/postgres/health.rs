@@ -90,7 +90,8 @@ impl Health for PostgresStore {
 
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
         // Each count walks a partial index, never the history.
-        // (Held deliveries are pending, and due once their time has come.)
+        // (Held deliveries are pending, but counted apart from due ones:
+        // they wait for their endpoint's enabling, not for a slot.)
         let row = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
@@ -98,12 +99,10 @@ impl Health for PostgresStore {
                (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
                (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
                (SELECT count(*) FROM deliveries \
-                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
-                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
-               LEAST((SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
-                     (SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) AS due, \
+               (SELECT min(next_attempt_at) FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+               (SELECT count(*) FROM deliveries WHERE held) AS held, \
                (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
         )
         .bind(now)
@@ -119,6 +118,7 @@ impl Health for PostgresStore {
             dead: u("dead")?,
             due: u("due")?,
             oldest_due_at: get(&row, "oldest")?,
+            held: u("held")?,
             disabled_endpoints: u("disabled")?,
         })
     }

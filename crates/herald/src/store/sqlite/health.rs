@@ -121,11 +121,6 @@ impl Health for SqliteStore {
                 "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_held WHERE parked = 2",
                 &[],
             )?;
-            let (held_due, oldest_held) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_held \
-                 WHERE parked = 2 AND next_attempt_at <= ?1",
-                &[&now],
-            )?;
             let (dead, _) = count(
                 "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_dead_all WHERE state = 3",
                 &[],
@@ -134,7 +129,7 @@ impl Health for SqliteStore {
                 "SELECT COUNT(*), NULL FROM endpoints WHERE disabled = 1",
                 &[],
             )?;
-            let oldest_due_at = [oldest_live, oldest_parked, oldest_held]
+            let oldest_due_at = [oldest_live, oldest_parked]
                 .into_iter()
                 .flatten()
                 .min();
@@ -142,8 +137,9 @@ impl Health for SqliteStore {
                 pending: u(pending_live + parked + held),
                 delivering: u(delivering),
                 dead: u(dead),
-                due: u(due_live + parked + held_due),
+                due: u(due_live + parked),
                 oldest_due_at,
+                held: u(held),
                 disabled_endpoints: u(disabled),
             })
         })

@@ -34,6 +34,7 @@ mod apps;
 mod audit;
 mod endpoints;
 mod event_types;
+mod finder;
 mod health;
 mod history;
 mod queue;
@@ -59,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
+    include_str!("../../../migrations/sqlite/0016_finder.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
