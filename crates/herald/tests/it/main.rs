@@ -13,6 +13,7 @@ mod egress_parts;
 mod endpoint_health;
 mod endpoint_writes;
 mod expunge;
+mod finder;
 mod gates;
 mod helpers;
 mod listener_and_operator;
