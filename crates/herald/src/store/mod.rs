@@ -48,7 +48,9 @@ pub use endpoints::{
 };
 pub use event_types::{EventType, EventTypes};
 pub use finder::{FindFilter, Finder, FoundMessage};
-pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
+pub use health::{
+    DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket, DUE_COUNT_CAP,
+};
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, saturated, storable, storable_batch,

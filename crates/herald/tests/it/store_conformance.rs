@@ -183,6 +183,7 @@ backends!(
     queue_stats_count_held_deliveries_apart_from_due_ones,
     find_messages_filters_by_each_field_within_the_scope,
     find_apps_by_name_uid_or_id,
+    delivery_counts_stay_exact_through_every_state_change,
     overview_lists_failing_endpoints_first,
     rotated_secrets_sign_until_their_grace_ends,
     event_types_are_created_listed_updated_and_deleted,
@@ -2545,6 +2546,188 @@ async fn find_apps_by_name_uid_or_id(store: Arc<dyn Store>) {
     assert_eq!(find(Some("acme-uid")).await, vec![acme.id.clone()]);
     assert_eq!(find(Some(acme.id.as_str())).await, vec![acme.id.clone()]);
     assert!(find(Some("globex")).await.is_empty());
+}
+
+/// The kept counters (an endpoint's stats, the queue's totals) against a
+/// full count of every delivery of `msgs` read back one by one.
+async fn assert_counts_exact(
+    store: &Arc<dyn Store>,
+    msgs: &[(AppId, MsgId)],
+    endpoints: &[EndpointId],
+    disabled: &[EndpointId],
+    step: &str,
+) {
+    let mut full: HashMap<EndpointId, DeliveryCounts> = HashMap::new();
+    for (app, msg) in msgs {
+        for d in store
+            .list_deliveries_of_message(app, msg)
+            .await
+            .expect("deliveries")
+        {
+            let c = full.entry(d.endpoint_id.clone()).or_default();
+            match d.state {
+                DeliveryState::Pending => c.pending += 1,
+                DeliveryState::Delivering => c.delivering += 1,
+                DeliveryState::Delivered => c.delivered += 1,
+                DeliveryState::Dead => c.dead += 1,
+            }
+        }
+    }
+    for ep in endpoints {
+        let kept = store.endpoint_delivery_counts(ep).await.expect("counts");
+        let want = full.get(ep).copied().unwrap_or_default();
+        assert_eq!(kept, want, "{step}: endpoint {ep}");
+    }
+    let total = |f: fn(&DeliveryCounts) -> u64| full.values().map(f).sum::<u64>();
+    let held: u64 = disabled
+        .iter()
+        .filter_map(|ep| full.get(ep))
+        .map(|c| c.pending)
+        .sum();
+    let stats = store.queue_stats(T0).await.expect("stats");
+    assert_eq!(
+        (stats.pending, stats.delivering, stats.dead, stats.held),
+        (
+            total(|c| c.pending),
+            total(|c| c.delivering),
+            total(|c| c.dead),
+            held
+        ),
+        "{step}: queue totals"
+    );
+}
+
+async fn delivery_counts_stay_exact_through_every_state_change(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let b = app(&store, None).await;
+    let e1 = endpoint(&store, &a.id, None, false).await;
+    let e2 = endpoint(&store, &a.id, None, false).await;
+    let e3 = endpoint(&store, &a.id, None, false).await;
+    let e4 = endpoint(&store, &b.id, None, false).await;
+    let mut eps = vec![e1.id.clone(), e2.id.clone(), e3.id.clone(), e4.id.clone()];
+    let mut disabled: Vec<EndpointId> = Vec::new();
+    let mut msgs: Vec<(AppId, MsgId)> = Vec::new();
+    let mut batch: Vec<NewMessage> = (0..5).map(|_| message(&a.id, "x", None)).collect();
+    batch.extend((0..2).map(|_| message(&b.id, "x", None)));
+    msgs.extend(batch.iter().map(|m| (m.app_id.clone(), m.id.clone())));
+    store.insert_messages(&batch).await.expect("insert");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "ingest").await;
+
+    let handoff: Vec<NewMessage> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    msgs.extend(handoff.iter().map(|m| (m.app_id.clone(), m.id.clone())));
+    let (_, handed) = store
+        .insert_messages_claiming(
+            &handoff,
+            &ClaimRequest {
+                now: T0,
+                lease_until: T0 + 30_000,
+                limit: 3,
+                in_flight: &HashMap::new(),
+                endpoint_cap: 10,
+            },
+        )
+        .await
+        .expect("insert claiming");
+    assert_eq!(handed.len(), 3);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "handoff").await;
+
+    let got = claim(&store, T0, 8, &HashMap::new(), 10).await;
+    assert_eq!(got.len(), 8);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "claim").await;
+
+    store
+        .complete(&[
+            completion(&got[0], NextState::Delivered, T0 + 1),
+            completion(&got[1], NextState::Delivered, T0 + 1),
+            completion(&got[2], NextState::Retry { at: T0 + 60_000 }, T0 + 1),
+            completion(&got[3], NextState::Dead(DeadReason::Exhausted), T0 + 1),
+            completion(&got[4], NextState::Dead(DeadReason::Exhausted), T0 + 1),
+            completion(&handed[0], NextState::Delivered, T0 + 1),
+        ])
+        .await
+        .expect("complete");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "complete").await;
+
+    store
+        .release(&got[5].id, &got[5].lease_token, T0 + 2)
+        .await
+        .expect("release");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "release").await;
+
+    assert!(store
+        .replay_dead(&got[3].app_id, &got[3].id, T0 + 3)
+        .await
+        .expect("replay"));
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "replay").await;
+    store
+        .resend(&got[0].app_id, &got[0].msg_id, &got[0].endpoint_id, T0 + 3)
+        .await
+        .expect("resend");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "resend").await;
+
+    for ep in [&e2, &e3] {
+        assert!(store
+            .disable_endpoint(&ep.id, "down", false, None, T0 + 4)
+            .await
+            .expect("disable"));
+        disabled.push(ep.id.clone());
+    }
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "disable (hold)").await;
+    store
+        .enable_endpoint(&a.id, &e2.id, T0 + 5, 0)
+        .await
+        .expect("enable")
+        .expect("exists");
+    disabled.retain(|ep| *ep != e2.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "enable (unhold)").await;
+    while store
+        .expire_held(T0 + 1_000_000, T0 + 6, 1)
+        .await
+        .expect("expire held")
+        > 0
+    {}
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "held past the age cap").await;
+
+    // Everything of e1 finished, then retention.
+    let rest = claim(&store, T0 + 100_000, 100, &HashMap::new(), 100).await;
+    let done: Vec<Completion> = rest
+        .iter()
+        .map(|d| completion(d, NextState::Delivered, T0 + 100_001))
+        .collect();
+    store.complete(&done).await.expect("complete");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "complete the rest").await;
+    while store
+        .prune(T0 + 200_000, T0 + 200_000, 3)
+        .await
+        .expect("prune")
+        .more
+    {}
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "retention").await;
+
+    // Deletions cascade: an endpoint, then an application.
+    let more: Vec<NewMessage> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    let more_b: Vec<NewMessage> = (0..2).map(|_| message(&b.id, "x", None)).collect();
+    msgs.extend(
+        more.iter()
+            .chain(&more_b)
+            .map(|m| (m.app_id.clone(), m.id.clone())),
+    );
+    store.insert_messages(&more).await.expect("insert");
+    store.insert_messages(&more_b).await.expect("insert");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "ingest again").await;
+    assert!(store.delete_endpoint(&a.id, &e1.id).await.expect("delete"));
+    eps.retain(|ep| *ep != e1.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "endpoint deleted").await;
+    assert_eq!(
+        store
+            .endpoint_delivery_counts(&e1.id)
+            .await
+            .expect("counts"),
+        DeliveryCounts::default()
+    );
+    assert!(store.delete_app(&b.id).await.expect("delete app"));
+    eps.retain(|ep| *ep != e4.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "application deleted").await;
 }
 
 async fn overview_lists_failing_endpoints_first(store: Arc<dyn Store>) {

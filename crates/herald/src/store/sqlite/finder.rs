@@ -26,7 +26,13 @@ pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<Value>) {
     let mut cond = String::from("1 = 1");
     let mut args: Vec<Value> = Vec::new();
     if let Some(app) = &filter.app {
-        cond.push_str(" AND m.app_id = ?");
+        // With an id to look up, the id's indexes answer in one step: the
+        // `+` keeps the planner from walking the whole application instead.
+        cond.push_str(if filter.id_or_event_id.is_some() {
+            " AND +m.app_id = ?"
+        } else {
+            " AND m.app_id = ?"
+        });
         args.push(app.as_str().to_owned().into());
     }
     if let Some(key) = &filter.id_or_event_id {
