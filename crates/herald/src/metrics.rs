@@ -11,7 +11,7 @@
 //! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
 //! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
-//! | `herald_due_backlog` | gauge | | pending deliveries due now for enabled endpoints (busy ones included; held deliveries are not counted) |
+//! | `herald_due_backlog` | gauge | | pending deliveries due now for enabled endpoints (busy ones included; held deliveries are not counted), counted up to `DUE_COUNT_CAP` (10,000; that value means "at least") |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery (not held) has been waiting; 0 when none is due |
 //! | `herald_deliveries_held` | gauge | | pending deliveries held for disabled endpoints: they wait for the endpoint's enabling, not for a slot |
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |

@@ -109,7 +109,11 @@ fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {
             div.card { div.label { "Pending" } div.value { (stats.pending) } }
             div.card { div.label { "Delivering" } div.value { (stats.delivering) } }
             div.card title="Pending deliveries of enabled endpoints whose time has come" {
-                div.label { "Due now" } div.value { (stats.due) }
+                div.label { "Due now" }
+                div.value {
+                    // Counted up to the cap (a bounded walk): past it, "at least".
+                    @if stats.due >= crate::store::DUE_COUNT_CAP { "≥ " } (stats.due)
+                }
             }
             div.card { div.label { "Oldest due" } div.value { (oldest) } }
             div.card title="Pending deliveries held for disabled endpoints: they wait for the endpoint to be enabled" {
