@@ -44,7 +44,9 @@ use crate::store::{
     Store, StoreError, StoreResult,
 };
 
+pub mod lanes;
 pub mod sender;
+pub use lanes::Lanes;
 pub use sender::Sender;
 
 /// After a finished request wakes the idle loop, how long to let others
@@ -288,6 +290,8 @@ pub struct Dispatcher {
     metrics: crate::metrics::AttemptMetrics,
     /// Set while [`Dispatcher::run`] runs: where ingest's handoffs go.
     running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
+    /// Each endpoint's share of the slots, sized by how it answers.
+    lanes: Lanes,
 }
 
 /// Sending slots reserved for one ingest batch's handoff (see
@@ -348,6 +352,7 @@ impl Dispatcher {
             claimed,
             wake,
             running: OnceLock::new(),
+            lanes: Lanes::new(config.endpoint_concurrency),
         })
     }
 
@@ -393,10 +398,14 @@ impl Dispatcher {
     /// process, is shutting down, or has no free slot.
     pub fn reserve_handoff(&self, want: usize) -> Option<HandoffTicket> {
         self.running.get()?;
-        let (reserved, in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        let (reserved, mut in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        if reserved < want {
+            self.lanes.contended();
+        }
         if reserved == 0 {
             return None;
         }
+        self.lanes.narrow(&mut in_flight, 2);
         let now = now_millis();
         Some(HandoffTicket {
             reserved,
@@ -495,6 +504,7 @@ impl Dispatcher {
         };
         self.metrics
             .record_attempt(&d.endpoint_id, &next, observed.duration);
+        self.lanes.finished(&d.endpoint_id, observed.duration);
         tracing::debug!(
             delivery = %d.id, endpoint = %d.endpoint_id, attempt = attempt_number,
             status = ?observed.status, error = ?observed.error, next = ?next, "attempt finished"
@@ -528,10 +538,14 @@ impl Dispatcher {
     /// background loop does the same work pipelined; tests call this to
     /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
-        let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        self.lanes.narrow(&mut in_flight, 1);
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
         self.claimed.unreserve(free, None);
         let (claimed, _lease) = claimed?;
+        for d in &claimed {
+            self.lanes.claimed(&d.endpoint_id);
+        }
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
@@ -719,14 +733,16 @@ impl Dispatcher {
         let mut backoff = Duration::from_millis(50);
         let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
-            let (free, in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
+            let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
             if free == 0 {
+                self.lanes.contended();
                 tokio::select! {
                     _ = self.claimed.freed.notified() => {}
                     _ = shutdown.cancelled() => break,
                 }
                 continue;
             }
+            self.lanes.narrow(&mut in_flight, 2);
             let claimed =
                 self.claim(free, per_endpoint, &in_flight)
                     .await
@@ -744,6 +760,7 @@ impl Dispatcher {
                     backoff = Duration::from_millis(50);
                     let full = n == free;
                     if full {
+                        self.lanes.contended();
                         continue; // there may be more due right now
                     }
                     // Everything claimable is under way: sleep until that
@@ -810,6 +827,7 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) {
         let gate = self.claimed.add(&d.endpoint_id, self.endpoint_cap);
+        self.lanes.claimed(&d.endpoint_id);
         let (this, done_tx, shutdown) = (self.clone(), done_tx.clone(), shutdown.clone());
         tokio::spawn(async move {
             let endpoint = d.endpoint_id.clone();
