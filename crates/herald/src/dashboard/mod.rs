@@ -24,11 +24,9 @@ mod audit;
 mod dead;
 mod delivery;
 mod endpoint;
-mod layout;
+pub(crate) mod layout;
 mod overview;
-mod session;
-
-pub use session::Sessions;
+pub(crate) mod session;
 
 /// Rows per page on every list.
 const PAGE_SIZE: usize = 50;
