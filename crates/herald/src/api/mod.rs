@@ -321,6 +321,8 @@ pub fn router(state: ApiState) -> Router {
         .nest("/api/v1", api)
         // Not behind the bearer token: the dashboard has its own log-in.
         .nest("/dashboard", crate::dashboard::router())
+        // The customer portal: its own sessions, opened by a link.
+        .nest("/portal", crate::portal::router(&state))
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

@@ -190,6 +190,7 @@ impl FromRequestParts<ApiState> for Authed {
 
 /// An `application/x-www-form-urlencoded` body, keeping repeated fields
 /// (one `id` per ticked checkbox).
+#[derive(Default)]
 pub struct FormFields(Vec<(String, String)>);
 
 impl FormFields {

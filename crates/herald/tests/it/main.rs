@@ -22,6 +22,7 @@ mod metrics;
 mod openapi;
 mod outbox;
 mod parsers_fuzzed;
+mod portal;
 mod readme;
 mod replay_missing;
 mod scale_out;
