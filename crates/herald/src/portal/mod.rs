@@ -91,8 +91,10 @@ pub fn router(state: &ApiState) -> Router<ApiState> {
 
 /// Headers on every portal response: the CSP (set by the page when it
 /// carries a theme style; the shared one otherwise) with the configured
-/// `frame-ancestors`; no `Referer` ever (the link's code must not leak);
-/// nothing cached.
+/// `frame-ancestors`; `Referer` to this origin only (the log-in answer,
+/// whose request URL held the code, says `no-referrer` instead: set by
+/// [`login`]; not on every page, since browsers then send `Origin: null`
+/// with forms, which the Origin check refuses); nothing cached.
 async fn security_headers(
     State(frame_ancestors): State<String>,
     request: Request,
@@ -110,10 +112,12 @@ async fn security_headers(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
+    if !headers.contains_key(header::REFERRER_POLICY) {
+        headers.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("same-origin"),
+        );
+    }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -352,6 +356,16 @@ fn theme_of(base: &Theme, stored: &str) -> Theme {
 /// "This link has expired": a used, unknown or expired link, or a session
 /// that ended.
 fn expired_page(status: StatusCode) -> Response {
+    let mut response = expired_markup(status);
+    // It may answer a URL holding a code.
+    response.headers_mut().insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    response
+}
+
+fn expired_markup(status: StatusCode) -> Response {
     let theme = Theme::default();
     let body = html! {
         div.login {
@@ -452,6 +466,11 @@ pub async fn login(
     )
     .await;
     let mut response = see_other(HOME);
+    // The request's URL held the code: no `Referer` of it, ever.
+    response.headers_mut().insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     if let Some(cookie) = session_cookie(&state, &id, (expires_at - now) / 1000) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
