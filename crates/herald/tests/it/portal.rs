@@ -807,3 +807,76 @@ async fn a_session_made_by_one_process_works_in_another_on_postgres() {
         pg.drop_schema().await;
     }
 }
+
+/// Portal and dashboard sessions are in the store: they survive a restart
+/// of the real binary (SQLite).
+#[tokio::test]
+async fn sessions_survive_a_restart_of_the_binary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("sessions.db");
+    let envs = [("HERALD_ADMIN_TOKEN", TOKEN)];
+    let mut first = crate::binary::serve(&db, &envs).await;
+    let base = format!("http://{}", first.addr);
+    let client = browser();
+    let created: Value = client
+        .post(format!("{base}/api/v1/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "Acme"}))
+        .send()
+        .await
+        .expect("create app")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("id");
+    let out: Value = client
+        .post(format!("{base}/api/v1/auth/app-portal-access/{id}"))
+        .bearer_auth(TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("mint")
+        .json()
+        .await
+        .expect("json");
+    let link = out["url"].as_str().expect("url");
+    assert!(
+        link.starts_with(&base),
+        "HERALD_PUBLIC_URL defaults to the listen address: {link}"
+    );
+    let response = client.get(link).send().await.expect("open link");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let portal = response.headers()["set-cookie"]
+        .to_str()
+        .expect("text")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    let response = client
+        .post(format!("{base}/dashboard/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .expect("log in");
+    let dash = response.headers()["set-cookie"]
+        .to_str()
+        .expect("text")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+
+    first.child.kill().await.expect("stop");
+    let second = crate::binary::serve(&db, &envs).await;
+    let base = format!("http://{}", second.addr);
+    for (cookie, path) in [(&portal, "/portal"), (&dash, "/dashboard")] {
+        let response = client
+            .get(format!("{base}{path}"))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .expect("GET after restart");
+        assert_eq!(response.status(), StatusCode::OK, "{path} after a restart");
+    }
+}
