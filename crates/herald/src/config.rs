@@ -827,6 +827,42 @@ mod tests {
     }
 
     #[test]
+    fn portal_settings_are_checked_and_name_their_key() {
+        for (key, value) in [
+            ("HERALD_PORTAL_PRIMARY_COLOR", "red"),
+            ("HERALD_PORTAL_PRIMARY_COLOR", "#12345"),
+            ("HERALD_PORTAL_FRAME_ANCESTORS", "javascript:alert(1)"),
+            ("HERALD_PORTAL_FRAME_ANCESTORS", "'none' https://a.example"),
+            (
+                "HERALD_PORTAL_FRAME_ANCESTORS",
+                "https://a.example; script-src *",
+            ),
+            ("HERALD_PORTAL_PRODUCT_NAME", ""),
+            ("HERALD_PORTAL_DARK_MODE", "dim"),
+            ("HERALD_PUBLIC_URL", "ftp://x.example"),
+            ("HERALD_PUBLIC_URL", "https://x.example/?a=1"),
+        ] {
+            let err = Config::from_values(&env(&[(key, value)])).expect_err(value);
+            assert!(err.to_string().starts_with(key), "{key}={value}: {err}");
+        }
+        let c = Config::from_values(&env(&[
+            (
+                "HERALD_PORTAL_FRAME_ANCESTORS",
+                "'self'  https://app.example.com",
+            ),
+            ("HERALD_PUBLIC_URL", "https://hooks.example.com/"),
+        ]))
+        .expect("valid");
+        assert_eq!(c.portal.frame_ancestors, "'self' https://app.example.com");
+        assert!(c.portal.embeddable_cross_site());
+        assert_eq!(
+            c.portal.public_url.as_deref(),
+            Some("https://hooks.example.com")
+        );
+        assert!(!Config::default().portal.embeddable_cross_site());
+    }
+
+    #[test]
     fn the_example_file_parses_to_the_defaults() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
