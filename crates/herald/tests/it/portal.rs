@@ -880,3 +880,116 @@ async fn sessions_survive_a_restart_of_the_binary() {
         assert_eq!(response.status(), StatusCode::OK, "{path} after a restart");
     }
 }
+
+/// Capabilities in the API: each call needs its capability, and a portal
+/// token never creates messages; the per-caller rate limit applies to
+/// portal sessions.
+#[tokio::test]
+async fn portal_tokens_need_their_capability_for_each_api_call() {
+    let app = spawn_app(&[]).await;
+    let rx = Receiver::start().await;
+    let id = app.create_app().await;
+    let ep = app.create_endpoint(&id, &rx.url("/hook"), json!({})).await;
+    let ep_id = ep["id"].as_str().expect("id");
+    let token = |caps: Value| {
+        let app = &app;
+        let id = id.clone();
+        async move {
+            let (status, out) = access(app, &id, json!({ "capabilities": caps })).await;
+            assert_eq!(status, StatusCode::OK, "{out}");
+            out["token"].as_str().expect("token").to_owned()
+        }
+    };
+    let secret_path = format!("/api/v1/app/{id}/endpoint/{ep_id}/secret");
+    let rotate_path = format!("/api/v1/app/{id}/endpoint/{ep_id}/secret/rotate");
+    let example_path = format!("/api/v1/app/{id}/endpoint/{ep_id}/send-example");
+    let base = token(json!(["ViewBase"])).await;
+    assert_eq!(
+        call(&app, &base, Method::GET, &secret_path, None).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        call(
+            &app,
+            &base,
+            Method::POST,
+            &example_path,
+            Some(json!({"eventType": "svix.ping"}))
+        )
+        .await
+        .0,
+        StatusCode::FORBIDDEN
+    );
+    let secrets = token(json!(["ManageEndpointSecret"])).await;
+    assert_eq!(
+        call(&app, &secrets, Method::GET, &secret_path, None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, &secrets, Method::POST, &rotate_path, Some(json!({})))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(
+            &app,
+            &secrets,
+            Method::PATCH,
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            Some(json!({"description": "x"}))
+        )
+        .await
+        .0,
+        StatusCode::FORBIDDEN
+    );
+    let attempts = token(json!(["CreateAttempts"])).await;
+    assert_eq!(
+        call(
+            &app,
+            &attempts,
+            Method::POST,
+            &example_path,
+            Some(json!({"eventType": "svix.ping"}))
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    let all = token(json!([
+        "ViewBase",
+        "ViewEndpointSecret",
+        "ManageEndpointSecret",
+        "ManageEndpoint",
+        "CreateAttempts"
+    ]))
+    .await;
+    let (status, err) = call(
+        &app,
+        &all,
+        Method::POST,
+        &format!("/api/v1/app/{id}/msg"),
+        Some(json!({"eventType": "a.b", "payload": {}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
+    assert_eq!(err["code"], "forbidden", "a JSON error: {err}");
+
+    // A portal session is one caller of HERALD_API_RATE_LIMIT.
+    let limited_app = spawn_app(&[("HERALD_API_RATE_LIMIT", "2")]).await;
+    let id = limited_app.create_app().await;
+    let (_, out) = access(&limited_app, &id, json!({})).await;
+    let cookie = open_link(&limited_app, out["url"].as_str().expect("url")).await;
+    let mut limited = false;
+    for _ in 0..20 {
+        if page(&limited_app, &cookie, "/portal/event-types").await.0
+            == StatusCode::TOO_MANY_REQUESTS
+        {
+            limited = true;
+            break;
+        }
+    }
+    assert!(limited, "the session met the rate limit");
+}
