@@ -993,3 +993,25 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
     }
     assert!(limited, "the session met the rate limit");
 }
+
+/// Failed link exchanges count against the address like failed log-ins.
+#[tokio::test]
+async fn failed_link_exchanges_are_limited_per_address() {
+    let app = spawn_app(&[("HERALD_LOGIN_FAILURE_LIMIT", "2")]).await;
+    let id = app.create_app().await;
+    let (_, out) = access(&app, &id, json!({})).await;
+    for _ in 0..2 {
+        assert_eq!(
+            page(&app, "", "/portal/login?code=guess").await.0,
+            StatusCode::GONE
+        );
+    }
+    let (status, text) = page(&app, "", "/portal/login?code=guess").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    // Even a right code waits: guessing gains nothing.
+    let right = path_of(out["url"].as_str().expect("url"));
+    assert_eq!(
+        page(&app, "", &right).await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
