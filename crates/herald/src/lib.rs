@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net;
 pub mod operator;
 pub mod outbox;
+pub mod portal;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -227,6 +227,17 @@ pub async fn start(
         // The queue gauges are refreshed where /metrics is served.
         let metrics = Arc::new(crate::metrics::Exporter::new(store.clone()));
         background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
+        let local = listener.local_addr()?;
+        // Unset: the address this listener is bound to (its real port
+        // when the configured one is 0).
+        let public_url = config.portal.public_url.clone().unwrap_or_else(|| {
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{local}")
+        });
         let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
@@ -239,7 +250,8 @@ pub async fn start(
             tokens: Default::default(),
             operator,
             metrics,
-            dashboard: Default::default(),
+            public_url,
+            portal: config.portal.clone(),
             auth_failures: crate::limits::LoginLimiter::new(
                 config.auth_failure_limit,
                 Duration::from_secs(1),
@@ -270,7 +282,6 @@ pub async fn start(
             &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
             router,
         );
-        let local = listener.local_addr()?;
         addr = Some(local);
         let tls = match &config.tls {
             None => None,
@@ -700,6 +711,9 @@ pub async fn retention_pass(
     // Health needs the last 24 h of stats buckets; a day more is slack.
     if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
         tracing::warn!(error = %e, "pruning endpoint stats failed");
+    }
+    if let Err(e) = store.prune_sessions(now).await {
+        tracing::warn!(error = %e, "pruning expired sessions failed");
     }
     if let Err(e) = store
         .prune_idempotency(now - crate::api::idempotency::KEY_LIFETIME_MS)

@@ -291,7 +291,8 @@ pub async fn enable(
             (true, n) => {
                 format!("Enabled; {n} held deliveries were past the age cap and are now dead.")
             }
-        });
+        })
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
 }
 
@@ -327,11 +328,14 @@ pub async fn disable(
             json!({ "changed": changed }),
         )
         .await;
-    posted.session.flash(if changed {
-        "Disabled: nothing is sent to it until it is enabled."
-    } else {
-        "It was already disabled."
-    });
+    posted
+        .session
+        .flash(if changed {
+            "Disabled: nothing is sent to it until it is enabled."
+        } else {
+            "It was already disabled."
+        })
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
 }
 
@@ -367,6 +371,7 @@ pub async fn rotate(
         .await;
     posted
         .session
-        .flash("Secret rotated: the previous one signs too for 24 hours.");
+        .flash("Secret rotated: the previous one signs too for 24 hours.")
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
 }

@@ -35,6 +35,7 @@ mod queue;
 mod replay;
 mod retention;
 pub mod secrets;
+mod sessions;
 mod settings;
 pub mod sqlite;
 mod tokens;
@@ -60,6 +61,7 @@ pub use secrets::{
     open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,
     Secrets, RESEAL_BATCH,
 };
+pub use sessions::{Session, SessionKind, Sessions};
 pub use settings::Settings;
 pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 
@@ -68,7 +70,7 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 pub mod prelude {
     pub use super::{
         Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Secrets,
-        Settings, Store, Tokens,
+        Sessions, Settings, Store, Tokens,
     };
 }
 
@@ -184,6 +186,7 @@ pub trait Store:
     + Audit
     + Retention
     + Secrets
+    + Sessions
     + Send
     + Sync
     + 'static
@@ -203,6 +206,7 @@ impl<T> Store for T where
         + Audit
         + Retention
         + Secrets
+        + Sessions
         + Send
         + Sync
         + 'static

@@ -420,17 +420,17 @@ async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
 
 /// chromedriver on a free local port, in its own process group so that
 /// the browsers it starts end with it.
-struct Chromedriver {
+pub(crate) struct Chromedriver {
     child: std::process::Child,
     url: String,
     profile: tempfile::TempDir,
 }
 
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 impl Chromedriver {
-    async fn start() -> Chromedriver {
+    pub(crate) async fn start() -> Chromedriver {
         use std::os::unix::process::CommandExt;
         let port = closed_port().await;
         let child = std::process::Command::new(CHROMEDRIVER)
@@ -458,7 +458,7 @@ impl Chromedriver {
         }
     }
 
-    async fn browser(&self) -> Client {
+    pub(crate) async fn browser(&self) -> Client {
         let args = [
             "--headless",
             "--no-sandbox",
@@ -518,7 +518,7 @@ async fn save_screenshot(browser: &Client, name: &str) {
 }
 
 /// Waits (bounded) until the element's text contains `text`.
-async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
+pub(crate) async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Ok(el) = browser.find(Locator::Css(css)).await {

@@ -23,6 +23,8 @@ mod metrics;
 mod openapi;
 mod outbox;
 mod parsers_fuzzed;
+mod portal;
+mod portal_browser;
 mod readme;
 mod replay_missing;
 mod scale_out;

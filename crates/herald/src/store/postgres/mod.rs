@@ -50,6 +50,7 @@ mod queue;
 mod replay;
 mod retention;
 mod secrets;
+mod sessions;
 mod settings;
 mod tokens;
 

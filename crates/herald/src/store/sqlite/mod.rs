@@ -40,6 +40,7 @@ mod queue;
 mod replay;
 mod retention;
 mod secrets;
+mod sessions;
 mod settings;
 mod tokens;
 
@@ -59,6 +60,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
+    include_str!("../../../migrations/sqlite/0014_portal.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
