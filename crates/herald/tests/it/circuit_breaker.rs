@@ -1,0 +1,215 @@
+//! The per-endpoint circuit breaker (issue 13, item 3), stepped with
+//! `process_batch` against a real receiver that fails and then recovers:
+//! it opens, holds deliveries without spending attempts, sends one probe
+//! when half-open, reopens with a doubled cooldown, and closes. The clock
+//! is the wall clock (the store's times are Unix ms taken by the engine),
+//! so the cooldowns are short and every wait is a bounded loop. Also: one
+//! probe only from two dispatchers sharing a PostgreSQL database.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::helpers::{Backend, Receiver, Reply, TestApp, PATIENCE};
+
+/// Four attempts at 50 % open it; a 300 ms first cooldown (600 ms after
+/// one failed probe).
+const BREAKER: &[(&str, &str)] = &[
+    ("HERALD_BREAKER_MIN_ATTEMPTS", "4"),
+    ("HERALD_BREAKER_WINDOW", "1m"),
+    ("HERALD_BREAKER_FAILURE_RATE", "50%"),
+    ("HERALD_BREAKER_COOLDOWN", "300ms"),
+];
+
+async fn circuit(app: &TestApp, app_id: &str, ep: &str) -> Value {
+    let (status, health) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/health"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{health}");
+    health["circuit"].clone()
+}
+
+fn ms_of(rfc3339: &Value) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(rfc3339.as_str().expect("a time"))
+        .expect("RFC 3339")
+        .timestamp_millis()
+}
+
+/// Steps until a batch claims something (the cooldown ended and this
+/// process won the probe), bounded; returns that batch and how many
+/// empty batches came first.
+async fn step_until_claimed(app: &TestApp) -> (herald::dispatch::BatchReport, usize) {
+    let deadline = Instant::now() + PATIENCE;
+    let mut empty = 0;
+    loop {
+        let r = app.step().await;
+        if r.claimed > 0 {
+            return (r, empty);
+        }
+        empty += 1;
+        assert!(
+            Instant::now() < deadline,
+            "the breaker never let a probe go"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn x_attempts(rx: &Receiver) -> Vec<String> {
+    rx.requests()
+        .iter()
+        .map(|r| r.header("x-attempt"))
+        .collect()
+}
+
+async fn open_hold_probe_reopen_close(backend: &Backend) {
+    let app = backend.spawn_stepped(BREAKER).await;
+    let rx = Receiver::start().await;
+    // Four failures open it; the first probe fails too; then it recovers.
+    rx.script((0..5).map(|_| Reply::status(500)));
+    let app_id = app.create_app().await;
+    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+    assert_eq!(circuit(&app, &app_id, &ep).await["state"], "closed");
+
+    let mut msgs = Vec::new();
+    for n in 0..4 {
+        msgs.push(app.send_message(&app_id, "t.x", json!({ "n": n })).await);
+    }
+    let r = app.step().await;
+    assert_eq!((r.claimed, r.retried), (4, 4));
+    let opened = circuit(&app, &app_id, &ep).await;
+    assert_eq!(opened["state"], "open", "{opened}");
+    assert_eq!(opened["recentFailureRate"], 1.0);
+    assert_eq!(opened["recentAttempts"], 4);
+    let cooldown = ms_of(&opened["until"]) - ms_of(&opened["since"]);
+    assert_eq!(cooldown, 300, "{opened}");
+
+    // Held: due retries and new messages alike stay pending, unclaimed,
+    // with no attempt spent, while it is open.
+    for n in 4..6 {
+        msgs.push(app.send_message(&app_id, "t.x", json!({ "n": n })).await);
+    }
+    let r = app.step().await;
+    assert_eq!(r.claimed, 0, "nothing is claimed while the breaker is open");
+    assert_eq!(rx.requests().len(), 4);
+    for m in &msgs[4..] {
+        let ds = app.deliveries(&app_id, m).await;
+        assert_eq!(ds[0]["state"], "pending");
+    }
+
+    // Half-open: exactly one probe, the oldest due delivery's second try.
+    let (r, held_steps) = step_until_claimed(&app).await;
+    assert_eq!(r.claimed, 1, "one probe");
+    assert!(held_steps > 0, "the cooldown held it for a while");
+    assert_eq!(x_attempts(&rx), ["1", "1", "1", "1", "2"]);
+    // It failed: open again, for twice the cooldown.
+    let reopened = circuit(&app, &app_id, &ep).await;
+    assert_eq!(reopened["state"], "open", "{reopened}");
+    assert_eq!(
+        ms_of(&reopened["until"]) - ms_of(&reopened["since"]),
+        600,
+        "{reopened}"
+    );
+    assert_eq!(app.step().await.claimed, 0);
+
+    // The next probe succeeds: closed, and the rest flows.
+    let (r, _) = step_until_claimed(&app).await;
+    assert_eq!((r.claimed, r.delivered), (1, 1));
+    let closed = circuit(&app, &app_id, &ep).await;
+    assert_eq!(closed["state"], "closed", "{closed}");
+    assert!(closed["until"].is_null());
+    let r = app.step().await;
+    assert_eq!((r.claimed, r.delivered), (5, 5));
+    assert_eq!(app.step().await.claimed, 0);
+
+    // 4 first tries, the failed probe, the good probe, then the five
+    // held: every message delivered, each attempt number as counted.
+    let mut seen = x_attempts(&rx);
+    assert_eq!(seen.len(), 11, "{seen:?}");
+    seen.sort();
+    let expected = [
+        vec!["1"; 6], // four first tries + the two held new messages
+        vec!["2"; 4], // the failed probe + three held retries
+        vec!["3"; 1], // the failed probe's delivery, delivered
+    ]
+    .concat();
+    assert_eq!(seen, expected);
+    for m in &msgs {
+        let ds = app.deliveries(&app_id, m).await;
+        assert_eq!(ds[0]["state"], "delivered", "{ds:?}");
+    }
+    app.shutdown().await;
+}
+
+crate::on_both_stores!(open_hold_probe_reopen_close);
+
+/// Off: `HERALD_BREAKER_MIN_ATTEMPTS=0` never opens, whatever fails.
+#[tokio::test]
+async fn min_attempts_zero_turns_the_breaker_off() {
+    let app = crate::helpers::spawn_stepped(&[("HERALD_BREAKER_MIN_ATTEMPTS", "0")]).await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(500));
+    let app_id = app.create_app().await;
+    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+    for n in 0..30 {
+        app.send_message(&app_id, "t.x", json!({ "n": n })).await;
+    }
+    assert_eq!(app.step().await.claimed, 30);
+    assert_eq!(app.step().await.claimed, 30, "retried at once: no breaker");
+    assert_eq!(circuit(&app, &app_id, &ep).await["state"], "closed");
+    app.shutdown().await;
+}
+
+/// Two dispatchers on one PostgreSQL database, both stepping when the
+/// cooldown ends: one probe reaches the receiver, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_two_dispatchers_send_one_probe() {
+    let Some(pg) =
+        crate::helpers::PgSchema::new("circuit_breaker::postgres_two_dispatchers_send_one_probe")
+    else {
+        return;
+    };
+    let backend = Backend::Postgres(pg);
+    let first = backend.spawn_stepped(BREAKER).await;
+    let second = backend.spawn_stepped(BREAKER).await;
+    let rx = Receiver::start().await;
+    rx.script((0..4).map(|_| Reply::status(500)));
+    let app_id = first.create_app().await;
+    let ep = first
+        .create_endpoint(&app_id, &rx.url("/"), json!({}))
+        .await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+    for n in 0..8 {
+        first.send_message(&app_id, "t.x", json!({ "n": n })).await;
+    }
+    // Four claimed by each, all failing: open (by whichever batch tipped it).
+    let (a, b) = tokio::join!(first.step(), second.step());
+    assert_eq!(a.claimed + b.claimed, 8);
+    assert_eq!(circuit(&second, &app_id, &ep).await["state"], "open");
+    let before = rx.requests().len();
+    assert_eq!(before, 8);
+    // Both step together until the probe has gone, and a while after.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (a, b) = tokio::join!(first.step(), second.step());
+        assert!(
+            a.claimed + b.claimed <= 1,
+            "two probes at once: {a:?} {b:?}"
+        );
+        if a.claimed + b.claimed == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no probe went");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rx.requests().len(), before + 1, "exactly one probe");
+    assert_eq!(circuit(&first, &app_id, &ep).await["state"], "closed");
+    first.shutdown().await;
+    second.shutdown().await;
+    if let Backend::Postgres(pg) = &backend {
+        pg.drop_schema().await;
+    }
+}
