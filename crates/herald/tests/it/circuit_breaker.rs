@@ -213,3 +213,153 @@ async fn postgres_two_dispatchers_send_one_probe() {
         pg.drop_schema().await;
     }
 }
+
+/// The health API's `circuit.state` of `ep`, through `remote`.
+async fn remote_state(remote: &crate::helpers::Remote, app_id: &str, ep: &str) -> Value {
+    let resp = remote
+        .client
+        .get(format!("{}/app/{app_id}/endpoint/{ep}/health", remote.base))
+        .bearer_auth(crate::helpers::TOKEN)
+        .send()
+        .await
+        .expect("herald answers");
+    assert_eq!(resp.status(), 200);
+    let health: Value = resp.json().await.expect("json");
+    health["circuit"].clone()
+}
+
+async fn wait_for_state(
+    remote: &crate::helpers::Remote,
+    app_id: &str,
+    ep: &str,
+    want: &str,
+) -> Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let c = remote_state(remote, app_id, ep).await;
+        if c["state"] == want {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the circuit never became {want}: {c}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// End to end with the real binary: a failing receiver opens the breaker
+/// (health API `open`, operator event `endpoint.circuit_opened`), nothing
+/// reaches it while open, and once it recovers the probe closes it
+/// (`endpoint.circuit_closed`) and every message is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_opens_and_closes_the_breaker_and_tells_operators() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(503));
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let ops_url = ops.url("/ops");
+    let herald = crate::binary::serve(
+        &dir.path().join("herald.db"),
+        &[
+            ("HERALD_ADMIN_TOKEN", crate::helpers::TOKEN),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+            (
+                "HERALD_RETRY_SCHEDULE",
+                "50ms,50ms,50ms,50ms,50ms,50ms,50ms,50ms",
+            ),
+            ("HERALD_JITTER", "none"),
+            ("HERALD_REQUEST_TIMEOUT", "2s"),
+            ("HERALD_LEASE", "6s"),
+            ("HERALD_POLL_INTERVAL", "200ms"),
+            ("HERALD_BREAKER_MIN_ATTEMPTS", "5"),
+            ("HERALD_BREAKER_WINDOW", "1m"),
+            ("HERALD_BREAKER_FAILURE_RATE", "0.5"),
+            ("HERALD_BREAKER_COOLDOWN", "3s"),
+            ("HERALD_OPERATOR_WEBHOOK_URL", &ops_url),
+            ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+        ],
+    )
+    .await;
+    let remote = crate::helpers::Remote::new(herald.addr);
+    let app_id = remote.app_with_endpoint(&rx.url("/hook")).await;
+    let resp = remote
+        .client
+        .get(format!("{}/app/{app_id}/endpoint", remote.base))
+        .bearer_auth(crate::helpers::TOKEN)
+        .send()
+        .await
+        .expect("list endpoints");
+    let listed: Value = resp.json().await.expect("json");
+    let ep = listed["data"][0]["id"]
+        .as_str()
+        .expect("endpoint id")
+        .to_owned();
+    let msgs = remote.send_all(&app_id, "order.paid", 5, 5).await;
+
+    let open = wait_for_state(&remote, &app_id, &ep, "open").await;
+    assert!(open["until"].is_string(), "{open}");
+    assert!(open["recentFailureRate"].as_f64().expect("rate") >= 0.5);
+    // Held while open: what reached the receiver by now (what was in
+    // flight at the opening has finished within a request timeout) is all
+    // it gets until the cooldown ends.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_open = rx.requests().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(rx.requests().len(), at_open, "nothing is sent while open");
+    assert_eq!(remote_state(&remote, &app_id, &ep).await["state"], "open");
+    let events =
+        crate::endpoint_health::operator_events(&ops, secret, &["endpoint.circuit_opened"]).await;
+    let opened = events
+        .iter()
+        .find(|e| e["type"] == "endpoint.circuit_opened")
+        .expect("opened");
+    assert_eq!(opened["data"]["endpointId"], ep.as_str());
+    assert_eq!(opened["data"]["appId"], app_id.as_str());
+    assert!(opened["data"]["failures"].as_u64().expect("failures") >= 5);
+    assert_eq!(opened["data"]["failureRate"], 1.0);
+    assert!(opened["data"]["openUntil"].is_string());
+
+    // The receiver recovers: the next probe closes it, the rest goes.
+    rx.always(Reply::status(200));
+    wait_for_state(&remote, &app_id, &ep, "closed").await;
+    let events =
+        crate::endpoint_health::operator_events(&ops, secret, &["endpoint.circuit_closed"]).await;
+    let closed: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "endpoint.circuit_closed")
+        .collect();
+    assert_eq!(closed.len(), 1, "once per transition: {events:?}");
+    assert_eq!(closed[0]["data"]["endpointId"], ep.as_str());
+    let opened_count = events
+        .iter()
+        .filter(|e| e["type"] == "endpoint.circuit_opened")
+        .count();
+    assert_eq!(opened_count, 1, "{events:?}");
+    // Every message is delivered in the end.
+    let deadline = Instant::now() + PATIENCE;
+    for m in &msgs {
+        loop {
+            let resp = remote
+                .client
+                .get(format!("{}/app/{app_id}/msg/{m}/delivery", remote.base))
+                .bearer_auth(crate::helpers::TOKEN)
+                .send()
+                .await
+                .expect("herald answers");
+            let ds: Value = resp.json().await.expect("json");
+            if ds["data"][0]["state"] == "delivered" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{m} never delivered: {ds}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(rx
+        .requests()
+        .iter()
+        .skip(at_open)
+        .all(|r| msgs.contains(&r.header("webhook-id"))));
+    drop(herald);
+}
