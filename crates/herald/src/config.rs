@@ -708,6 +708,25 @@ mod tests {
     }
 
     #[test]
+    fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
+        for rate in ["25%", "0.25", " 25 % "] {
+            let c = Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", rate)]))
+                .expect(rate);
+            assert_eq!(c.breaker.failure_rate, 0.25, "{rate}");
+        }
+        let c = Config::load_from(
+            None,
+            &env(&[
+                ("HERALD_BREAKER_MIN_ATTEMPTS", "0"),
+                ("HERALD_BREAKER_COOLDOWN", "20m"),
+            ]),
+        )
+        .expect("valid");
+        assert!(c.breaker.is_off());
+        assert_eq!(c.breaker.max_cooldown, Duration::from_secs(1200));
+    }
+
+    #[test]
     fn encryption_keys_parse_and_are_redacted() {
         let k1 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
         let k2 = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";

@@ -56,6 +56,41 @@ async fn step_until_claimed(app: &TestApp) -> (herald::dispatch::BatchReport, us
     }
 }
 
+/// The dashboard page of `ep`, logged in as an operator.
+async fn dashboard_page(app: &TestApp, app_id: &str, ep: &str) -> String {
+    let browser = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client builds");
+    browser
+        .post(app.url("/dashboard/login"))
+        .form(&[("token", crate::helpers::TOKEN)])
+        .send()
+        .await
+        .expect("log in");
+    let resp = browser
+        .get(app.url(&format!("/dashboard/app/{app_id}/endpoint/{ep}")))
+        .send()
+        .await
+        .expect("herald answers");
+    assert_eq!(resp.status(), 200);
+    resp.text().await.expect("page")
+}
+
+/// `/metrics`' value of `herald_endpoint_circuit_open` for `ep`.
+async fn open_gauge(app: &TestApp, ep: &str) -> Option<String> {
+    let text = reqwest::get(app.url("/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let series = format!("herald_endpoint_circuit_open{{endpoint=\"{ep}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_owned))
+}
+
 fn x_attempts(rx: &Receiver) -> Vec<String> {
     rx.requests()
         .iter()
@@ -85,6 +120,13 @@ async fn open_hold_probe_reopen_close(backend: &Backend) {
     assert_eq!(opened["recentAttempts"], 4);
     let cooldown = ms_of(&opened["until"]) - ms_of(&opened["since"]);
     assert_eq!(cooldown, 300, "{opened}");
+    let page = dashboard_page(&app, &app_id, &ep).await;
+    let until = opened["until"].as_str().expect("until");
+    assert!(
+        page.contains(&format!("circuit open until {until}")),
+        "the endpoint page shows the open breaker"
+    );
+    assert_eq!(open_gauge(&app, &ep).await.as_deref(), Some("1"));
 
     // Held: due retries and new messages alike stay pending, unclaimed,
     // with no attempt spent, while it is open.
@@ -120,6 +162,10 @@ async fn open_hold_probe_reopen_close(backend: &Backend) {
     let closed = circuit(&app, &app_id, &ep).await;
     assert_eq!(closed["state"], "closed", "{closed}");
     assert!(closed["until"].is_null());
+    assert_eq!(open_gauge(&app, &ep).await.as_deref(), Some("0"));
+    assert!(!dashboard_page(&app, &app_id, &ep)
+        .await
+        .contains("circuit open"));
     let r = app.step().await;
     assert_eq!((r.claimed, r.delivered), (5, 5));
     assert_eq!(app.step().await.claimed, 0);
