@@ -747,6 +747,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
         let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
         let d = Config::default();
+        assert_eq!(c.breaker, d.breaker);
         assert_eq!(c.listen, d.listen);
         assert_eq!(c.database_url, d.database_url);
         assert_eq!(c.retry, d.retry);
