@@ -41,6 +41,10 @@ struct View {
     broken: HashMap<EndpointId, Entry>,
     /// `endpoint` label values whose open gauge this process set to 1.
     gauged: HashSet<String>,
+    /// Bumped by each [`Breakers::note`]: a refresh whose read began
+    /// before one may hold a state older than the noted one, and is
+    /// dropped rather than undo it.
+    noted: u64,
 }
 
 struct Entry {
@@ -88,16 +92,37 @@ impl Breakers {
         {
             return Ok(());
         }
+        let noted_before = self.view().noted;
         let mut read = store.broken_circuits().await?;
+        let mut won_here = Vec::new();
         for e in &mut read {
             if let Some(won) = probe(&e.circuit, now, self.probe_timeout, &self.me) {
                 if store.swap_circuit(&e.endpoint_id, &e.circuit, &won).await? {
                     tracing::info!(endpoint = %e.endpoint_id, "circuit half-open: this process sends the probe");
-                    e.circuit = won;
+                    e.circuit = won.clone();
+                    won_here.push((e.endpoint_id.clone(), won));
                 }
             }
         }
         let mut view = self.view();
+        if view.noted != noted_before {
+            // The completer moved a breaker meanwhile: the rest of this
+            // read may be older than what it noted, so only the probes won
+            // just now (the store's word, after any such write) are kept;
+            // the next claim reads the rest again.
+            for (ep, circuit) in won_here {
+                view.broken.insert(
+                    ep,
+                    Entry {
+                        circuit,
+                        probe_taken: false,
+                    },
+                );
+            }
+            view.refreshed_at = None;
+            set_gauges(&mut view, metrics);
+            return Ok(());
+        }
         let before = std::mem::take(&mut view.broken);
         for e in read {
             // The same probe as before keeps its "taken" mark.
@@ -191,6 +216,7 @@ impl Breakers {
             return;
         }
         let mut view = self.view();
+        view.noted = view.noted.wrapping_add(1);
         for c in changes {
             match c.transition {
                 Transition::Closed => {
