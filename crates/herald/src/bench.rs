@@ -38,6 +38,14 @@ pub struct BenchArgs {
     /// How long the slow endpoint takes to answer in the fairness rows.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub slow_delay: Duration,
+    /// Endpoints in the fairness rows, the stuck ones included: one row has
+    /// the healthy ones alone, the other adds `--stuck` endpoints that
+    /// answer after `--slow-delay` (default: 3 healthy + 1 stuck).
+    #[arg(long, default_value_t = 4)]
+    pub fairness_endpoints: usize,
+    /// How many of the fairness rows' endpoints are stuck.
+    #[arg(long, default_value_t = 1)]
+    pub stuck: usize,
     /// Give up waiting for deliveries after this long.
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -263,16 +271,16 @@ fn cpu_cell(cpu: Option<Duration>) -> String {
         .unwrap_or_default()
 }
 
-/// One run on a fresh Herald: `fast` healthy endpoints (each gets every
-/// message) and optionally one slow endpoint.
-async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result<RunResult> {
+/// One run on a fresh Herald: `fast` healthy endpoints and `slow` ones that
+/// answer after `--slow-delay` (each endpoint gets every message).
+async fn herald_run(args: &BenchArgs, fast: usize, slow: usize) -> anyhow::Result<RunResult> {
     herald_run_on(args, fast, slow, &Target::Sqlite).await
 }
 
 async fn herald_run_on(
     args: &BenchArgs,
     fast: usize,
-    slow: bool,
+    slow: usize,
     target: &Target,
 ) -> anyhow::Result<RunResult> {
     let epoch = Instant::now();
@@ -345,9 +353,7 @@ async fn herald_run_on(
     let mut urls: Vec<String> = (0..fast)
         .map(|i| format!("http://{rx_addr}/fast/{i}"))
         .collect();
-    if slow {
-        urls.push(format!("http://{rx_addr}/slow/0"));
-    }
+    urls.extend((0..slow).map(|i| format!("http://{rx_addr}/slow/{i}")));
     for url in urls {
         client
             .post(format!("{base}/app/{app_id}/endpoint"))
@@ -722,7 +728,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "| HTTP ceiling (client → receiver) | | {ceiling:.0} | | | 100 % | {} |",
         cpu_cell(Some(ceiling_cpu))
     );
-    let r = herald_run(&args, 1, false).await?;
+    let r = herald_run(&args, 1, 0).await?;
     println!("{}", row("Herald, SQLite, 1 endpoint", &r, Some(ceiling)));
     if let Some(url) = &args.postgres {
         for &workers in &args.worker_processes {
@@ -730,7 +736,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 url: url.clone(),
                 workers,
             };
-            let r = herald_run_on(&args, 1, false, &target).await?;
+            let r = herald_run_on(&args, 1, 0, &target).await?;
             let processes = if workers == 0 {
                 "1 process (API + dispatcher)".to_owned()
             } else {
@@ -741,16 +747,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     if args.fairness {
-        let base = herald_run(&args, 3, false).await?;
-        println!("{}", row("fairness: 3 healthy endpoints", &base, None));
-        let with_slow = herald_run(&args, 3, true).await?;
+        let all = args.fairness_endpoints.max(2);
+        let stuck = args.stuck.clamp(1, all - 1);
+        // The baseline is the same healthy endpoints without the stuck ones.
+        let base = herald_run(&args, all - stuck, 0).await?;
+        println!(
+            "{}",
+            row(
+                &format!("fairness: {} healthy endpoints", all - stuck),
+                &base,
+                None
+            )
+        );
+        let with_slow = herald_run(&args, all - stuck, stuck).await?;
         let label = format!(
-            "fairness: 3 healthy + 1 answering after {:?}",
+            "fairness: {} healthy + {stuck} answering after {:?}",
+            all - stuck,
             args.slow_delay
         );
         println!("{}", row(&label, &with_slow, None));
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
-        println!("healthy endpoints' p99 with the slow one / without: {ratio:.2}×");
+        println!("healthy endpoints' p99 with the stuck ones / without: {ratio:.2}×");
     }
     Ok(())
 }

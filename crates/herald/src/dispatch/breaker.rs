@@ -148,13 +148,17 @@ impl Breakers {
     /// Shapes a claim's per-endpoint counts (`in_flight`, against `cap`)
     /// so that each broken endpoint gets the room its breaker allows: none
     /// when open, one when half-open with this process's untaken probe
-    /// and `probe` (the loop's claim, not a handoff). Returns the
-    /// endpoints given their probe, marked taken (see [`Breakers::settle`]).
+    /// and `probe` (the loop's claim, not a handoff), while `registered`
+    /// (deliveries this process holds for an endpoint; `in_flight` may
+    /// count more, as lanes narrow it) says none is already here. Returns
+    /// the endpoints given their probe, marked taken (see
+    /// [`Breakers::settle`]).
     pub fn shape(
         &self,
         in_flight: &mut HashMap<EndpointId, usize>,
         cap: usize,
         probe: bool,
+        registered: impl Fn(&EndpointId) -> usize,
     ) -> Vec<EndpointId> {
         if self.rule.is_off() {
             return Vec::new();
@@ -164,7 +168,7 @@ impl Breakers {
         for (ep, e) in view.broken.iter_mut() {
             let now_in = in_flight.get(ep).copied().unwrap_or(0);
             // A probe still waiting or in flight here is one already.
-            let taken = e.probe_taken || !probe || now_in > 0;
+            let taken = e.probe_taken || !probe || registered(ep) > 0;
             let allowed = room(&e.circuit, &self.me, taken, cap.saturating_sub(now_in));
             if allowed > 0 && e.circuit.state == CircuitState::HalfOpen {
                 e.probe_taken = true;
@@ -268,4 +272,91 @@ fn set_gauges(view: &mut View, metrics: &AttemptMetrics) {
         crate::metrics::circuit_open(label, *n);
     }
     view.gauged = counts.into_keys().collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn half_open_here(b: &Breakers, ep: &EndpointId, since: Millis) {
+        let circuit = Circuit {
+            state: CircuitState::HalfOpen,
+            since: Some(since),
+            probe_by: Some(b.me.clone()),
+            ..Circuit::default()
+        };
+        b.view().broken.insert(
+            ep.clone(),
+            Entry {
+                circuit,
+                probe_taken: false,
+            },
+        );
+    }
+
+    #[test]
+    fn a_won_probe_is_given_to_one_claim_whatever_lanes_withhold() {
+        let b = Breakers::new(BreakerRule::default(), Duration::from_secs(60));
+        let ep = EndpointId::generate();
+        half_open_here(&b, &ep, 1_000);
+        // A narrowed lane counts 100 of 128 as taken; nothing is registered.
+        let mut in_flight = HashMap::from([(ep.clone(), 100)]);
+        let probing = b.shape(&mut in_flight, 128, true, |_| 0);
+        assert_eq!(probing, vec![ep.clone()]);
+        assert_eq!(in_flight[&ep], 127, "room for one");
+        // Taken: the next claim, and any handoff, get none.
+        let mut next = HashMap::new();
+        assert!(b.shape(&mut next, 128, true, |_| 0).is_empty());
+        assert_eq!(next[&ep], 128);
+        // The claim found nothing due: the probe is there for the next one.
+        b.settle(&probing, |_| false);
+        let mut handoff = HashMap::new();
+        assert!(b.shape(&mut handoff, 128, false, |_| 0).is_empty());
+        assert_eq!(handoff[&ep], 128, "never in a handoff");
+        let mut busy = HashMap::new();
+        assert!(
+            b.shape(&mut busy, 128, true, |_| 1).is_empty(),
+            "one already registered here"
+        );
+        let mut again = HashMap::new();
+        assert_eq!(b.shape(&mut again, 128, true, |_| 0), vec![ep.clone()]);
+        // At the gate: only what was claimed since the probe was won goes.
+        assert!(b.holds(&ep, 999));
+        assert!(!b.holds(&ep, 1_000));
+        assert!(!b.holds(&EndpointId::generate(), 0));
+    }
+
+    #[test]
+    fn open_gets_no_room_and_off_shapes_nothing() {
+        let b = Breakers::new(BreakerRule::default(), Duration::from_secs(60));
+        let ep = EndpointId::generate();
+        let metrics = AttemptMetrics::new(10);
+        b.note(
+            &[CircuitChange {
+                endpoint_id: ep.clone(),
+                app_id: crate::ids::AppId::generate(),
+                transition: Transition::Reopened,
+                circuit: Circuit {
+                    state: CircuitState::Open,
+                    since: Some(0),
+                    until: Some(60_000),
+                    cooldown_ms: 60_000,
+                    ..Circuit::default()
+                },
+            }],
+            &metrics,
+        );
+        let mut in_flight = HashMap::new();
+        assert!(b.shape(&mut in_flight, 64, true, |_| 0).is_empty());
+        assert_eq!(in_flight[&ep], 64);
+        assert!(b.holds(&ep, 10_000));
+        assert_eq!(b.next_change(5), Some(60_000));
+
+        let off = Breakers::new(BreakerRule::OFF, Duration::from_secs(60));
+        half_open_here(&off, &ep, 0);
+        let mut untouched = HashMap::new();
+        assert!(off.shape(&mut untouched, 64, true, |_| 0).is_empty());
+        assert!(untouched.is_empty());
+        assert!(!off.holds(&ep, 0));
+    }
 }

@@ -45,7 +45,9 @@ use crate::store::{
 };
 
 pub mod breaker;
+pub mod lanes;
 pub mod sender;
+pub use lanes::Lanes;
 pub use sender::Sender;
 
 /// After a finished request wakes the idle loop, how long to let others
@@ -196,6 +198,14 @@ impl Claimed {
         }
     }
 
+    /// Deliveries registered for `ep` (claimed, not finished).
+    fn registered(&self, ep: &EndpointId) -> usize {
+        self.slots()
+            .per_endpoint
+            .get(ep)
+            .map_or(0, |e| e.registered)
+    }
+
     /// Claimed or reserved, in all.
     fn busy(&self) -> usize {
         let slots = self.slots();
@@ -291,6 +301,8 @@ pub struct Dispatcher {
     breakers: breaker::Breakers,
     /// Set while [`Dispatcher::run`] runs: where ingest's handoffs go.
     running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
+    /// Each endpoint's share of the slots, sized by how it answers.
+    lanes: Lanes,
 }
 
 /// Sending slots reserved for one ingest batch's handoff (see
@@ -352,6 +364,7 @@ impl Dispatcher {
             claimed,
             wake,
             running: OnceLock::new(),
+            lanes: Lanes::new(config.endpoint_concurrency),
         })
     }
 
@@ -377,7 +390,9 @@ impl Dispatcher {
         // Broken circuits: no room when open, the probe when half-open.
         self.refresh_breakers(now, false).await;
         let mut shaped = in_flight.clone();
-        let probing = self.breakers.shape(&mut shaped, per_endpoint, true);
+        let probing = self.breakers.shape(&mut shaped, per_endpoint, true, |ep| {
+            self.claimed.registered(ep)
+        });
         let claimed = self
             .store
             .claim(&ClaimRequest {
@@ -421,14 +436,21 @@ impl Dispatcher {
     pub fn reserve_handoff(&self, want: usize) -> Option<HandoffTicket> {
         self.running.get()?;
         let (reserved, mut in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        if reserved < want {
+            self.lanes.contended();
+        }
         if reserved == 0 {
             return None;
         }
+        self.lanes.narrow(&mut in_flight, 2);
         // No room for a broken circuit's endpoint (not even a half-open
         // probe: that is the loop's claim's alone).
-        let _ = self
-            .breakers
-            .shape(&mut in_flight, self.endpoint_cap.saturating_mul(2), false);
+        let _ = self.breakers.shape(
+            &mut in_flight,
+            self.endpoint_cap.saturating_mul(2),
+            false,
+            |ep| self.claimed.registered(ep),
+        );
         let now = now_millis();
         Some(HandoffTicket {
             reserved,
@@ -527,6 +549,7 @@ impl Dispatcher {
         };
         self.metrics
             .record_attempt(&d.endpoint_id, &next, observed.duration);
+        self.lanes.finished(&d.endpoint_id, observed.duration);
         tracing::debug!(
             delivery = %d.id, endpoint = %d.endpoint_id, attempt = attempt_number,
             status = ?observed.status, error = ?observed.error, next = ?next, "attempt finished"
@@ -560,12 +583,16 @@ impl Dispatcher {
     /// background loop does the same work pipelined; tests call this to
     /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
-        let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        self.lanes.narrow(&mut in_flight, 1);
         // Stepping sees the breakers as stored now, not as of 250 ms ago.
         self.refresh_breakers(now_millis(), true).await;
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
         self.claimed.unreserve(free, None);
         let (claimed, _lease) = claimed?;
+        for d in &claimed {
+            self.lanes.claimed(&d.endpoint_id);
+        }
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
@@ -759,14 +786,16 @@ impl Dispatcher {
         let mut backoff = Duration::from_millis(50);
         let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
-            let (free, in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
+            let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
             if free == 0 {
+                self.lanes.contended();
                 tokio::select! {
                     _ = self.claimed.freed.notified() => {}
                     _ = shutdown.cancelled() => break,
                 }
                 continue;
             }
+            self.lanes.narrow(&mut in_flight, 2);
             let claimed =
                 self.claim(free, per_endpoint, &in_flight)
                     .await
@@ -784,6 +813,7 @@ impl Dispatcher {
                     backoff = Duration::from_millis(50);
                     let full = n == free;
                     if full {
+                        self.lanes.contended();
                         continue; // there may be more due right now
                     }
                     // Everything claimable is under way: sleep until that
@@ -850,6 +880,7 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) {
         let gate = self.claimed.add(&d.endpoint_id, self.endpoint_cap);
+        self.lanes.claimed(&d.endpoint_id);
         let (this, done_tx, shutdown) = (self.clone(), done_tx.clone(), shutdown.clone());
         tokio::spawn(async move {
             let endpoint = d.endpoint_id.clone();

@@ -16,6 +16,7 @@ mod endpoint_writes;
 mod expunge;
 mod gates;
 mod helpers;
+mod lanes;
 mod listener_and_operator;
 mod listener_tls;
 mod message_fields;
