@@ -8,6 +8,8 @@
 
 use std::time::{Duration, SystemTime};
 
+pub mod breaker;
+
 /// How the observed outcome of one HTTP attempt is classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusClass {
@@ -379,6 +381,8 @@ pub fn parse_schedule(s: &str) -> Result<Vec<Duration>, String> {
     s.split(',').map(parse_duration).collect()
 }
 
+#[cfg(test)]
+mod breaker_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

@@ -34,6 +34,10 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_ALLOW_PRIVATE_NETWORKS", "false", "Allow endpoints on loopback, private and other non-global addresses."),
     ("HERALD_DISABLE_AFTER", "50", "Consecutive failed attempts after which an endpoint is disabled (see HERALD_DISABLE_MIN_WINDOW)."),
     ("HERALD_DISABLE_MIN_WINDOW", "1h", "The failing streak must also have lasted this long; `0s` disables on the count alone."),
+    ("HERALD_BREAKER_MIN_ATTEMPTS", "20", "Circuit breaker: attempts within HERALD_BREAKER_WINDOW needed before its failure rate counts; 0 turns the breaker off."),
+    ("HERALD_BREAKER_WINDOW", "1m", "Circuit breaker: the sliding window its attempts and failures are counted in."),
+    ("HERALD_BREAKER_FAILURE_RATE", "50%", "Circuit breaker: failed share of the window's attempts that opens it (`50%` or `0.5`)."),
+    ("HERALD_BREAKER_COOLDOWN", "30s", "Circuit breaker: how long it stays open before one probe goes; doubled on each reopening, at most 10m."),
     ("HERALD_OPERATOR_WEBHOOK_URL", "", "When set, Herald sends endpoint.disabled, endpoint.enabled and message.attempt.exhausted events here."),
     ("HERALD_OPERATOR_WEBHOOK_SECRET", "", "`whsec_…` secret signing the operator webhooks; required with HERALD_OPERATOR_WEBHOOK_URL."),
     ("HERALD_METRICS_MAX_ENDPOINTS", "500", "Endpoints labelled by id in /metrics at most; the rest share endpoint=\"other\"."),
@@ -89,6 +93,8 @@ pub struct Config {
     pub allow_private_networks: bool,
     pub disable_after: u32,
     pub disable_min_window: Duration,
+    /// `HERALD_BREAKER_*`: the per-endpoint circuit breaker.
+    pub breaker: herald_policy::breaker::BreakerRule,
     /// Where operator events go, with their signing secret (`whsec_…`).
     pub operator_webhook: Option<(String, String)>,
     pub metrics_max_endpoints: usize,
@@ -250,6 +256,7 @@ impl std::fmt::Debug for Config {
             .field("allow_private_networks", &self.allow_private_networks)
             .field("disable_after", &self.disable_after)
             .field("disable_min_window", &self.disable_min_window)
+            .field("breaker", &self.breaker)
             .field(
                 "operator_webhook",
                 &self.operator_webhook.as_ref().map(|(url, _)| url),
@@ -503,6 +510,36 @@ impl Config {
             number("HERALD_METRICS_MAX_ENDPOINTS")?,
         )?;
         let disable_min_window = duration("HERALD_DISABLE_MIN_WINDOW")?;
+        let breaker = {
+            let min_attempts = u32::try_from(number("HERALD_BREAKER_MIN_ATTEMPTS")?)
+                .map_err(|_| invalid("HERALD_BREAKER_MIN_ATTEMPTS", "too large".into()))?;
+            let window = duration("HERALD_BREAKER_WINDOW")?;
+            if window.is_zero() {
+                return Err(invalid(
+                    "HERALD_BREAKER_WINDOW",
+                    "must be longer than 0".into(),
+                ));
+            }
+            let failure_rate =
+                herald_policy::breaker::parse_rate(&get("HERALD_BREAKER_FAILURE_RATE"))
+                    .map_err(|m| invalid("HERALD_BREAKER_FAILURE_RATE", m))?;
+            let cooldown = duration("HERALD_BREAKER_COOLDOWN")?;
+            if cooldown.is_zero() {
+                return Err(invalid(
+                    "HERALD_BREAKER_COOLDOWN",
+                    "must be longer than 0".into(),
+                ));
+            }
+            herald_policy::breaker::BreakerRule {
+                min_attempts,
+                window,
+                failure_rate,
+                cooldown,
+                // Doubling stops at 10 minutes (issue 13), or at the first
+                // cooldown when that is longer.
+                max_cooldown: cooldown.max(Duration::from_secs(600)),
+            }
+        };
         let max_headers_per_endpoint = usize_of(
             "HERALD_MAX_HEADERS_PER_ENDPOINT",
             number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
@@ -633,6 +670,7 @@ impl Config {
             allow_private_networks: boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
             disable_after,
             disable_min_window,
+            breaker,
             operator_webhook,
             metrics_max_endpoints,
             endpoint_concurrency,
@@ -749,6 +787,7 @@ mod tests {
         assert!(!c.allow_private_networks);
         assert_eq!(c.disable_after, 50);
         assert_eq!(c.disable_min_window, Duration::from_secs(3600));
+        assert_eq!(c.breaker, herald_policy::breaker::BreakerRule::default());
         assert!(c.operator_webhook.is_none());
         assert_eq!(c.metrics_max_endpoints, 500);
         assert_eq!(c.max_headers_per_endpoint, 20);
@@ -805,10 +844,34 @@ mod tests {
             ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
             ("HERALD_ENCRYPTION_KEY", "not-base64!"),
             ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
+            ("HERALD_BREAKER_MIN_ATTEMPTS", "some"),
+            ("HERALD_BREAKER_WINDOW", "0s"),
+            ("HERALD_BREAKER_FAILURE_RATE", "150%"),
+            ("HERALD_BREAKER_FAILURE_RATE", "half"),
+            ("HERALD_BREAKER_COOLDOWN", "soon"),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
+        for rate in ["25%", "0.25", " 25 % "] {
+            let c = Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", rate)]))
+                .expect(rate);
+            assert_eq!(c.breaker.failure_rate, 0.25, "{rate}");
+        }
+        let c = Config::load_from(
+            None,
+            &env(&[
+                ("HERALD_BREAKER_MIN_ATTEMPTS", "0"),
+                ("HERALD_BREAKER_COOLDOWN", "20m"),
+            ]),
+        )
+        .expect("valid");
+        assert!(c.breaker.is_off());
+        assert_eq!(c.breaker.max_cooldown, Duration::from_secs(1200));
     }
 
     #[test]
@@ -868,6 +931,7 @@ mod tests {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
         let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
         let d = Config::default();
+        assert_eq!(c.breaker, d.breaker);
         assert_eq!(c.listen, d.listen);
         assert_eq!(c.database_url, d.database_url);
         assert_eq!(c.retry, d.retry);

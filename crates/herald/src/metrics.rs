@@ -8,12 +8,14 @@
 //! | `herald_attempt_duration_seconds` | histogram | `endpoint` | time of one attempt: connect, send, response headers, excerpt |
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
 //! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
-//! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
+//! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `circuit` (its circuit breaker opened while it waited, or it is half-open and this was not the probe), `shutdown` |
 //! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
+//! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
+//! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
 //! the gauges describe the whole store, so with several processes on one
@@ -59,6 +61,8 @@ pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
 pub const ENDPOINTS_DISABLED: &str = "herald_endpoints_disabled";
+pub const CIRCUIT_OPEN: &str = "herald_endpoint_circuit_open";
+pub const CIRCUIT_OPENINGS: &str = "herald_endpoint_circuit_openings_total";
 
 /// The `endpoint` label of every endpoint past the cardinality bound.
 pub const OTHER_ENDPOINT: &str = "other";
@@ -160,6 +164,26 @@ fn describe() {
         Unit::Count,
         "Endpoints currently disabled."
     );
+    describe_gauge!(
+        CIRCUIT_OPEN,
+        Unit::Count,
+        "Endpoints whose circuit breaker is open or half-open (by endpoint, bounded)."
+    );
+    describe_counter!(
+        CIRCUIT_OPENINGS,
+        Unit::Count,
+        "Circuit breakers opened (or reopened after a failed probe) by this process."
+    );
+}
+
+/// Sets `herald_endpoint_circuit_open` for one `endpoint` label value.
+pub fn circuit_open(label: &str, value: f64) {
+    ::metrics::gauge!(CIRCUIT_OPEN, "endpoint" => label.to_owned()).set(value);
+}
+
+/// Counts one opening of a circuit breaker.
+pub fn circuit_opened() {
+    ::metrics::counter!(CIRCUIT_OPENINGS).increment(1);
 }
 
 /// Counts messages that an ingest batch committed. Without a recorder

@@ -261,6 +261,7 @@ pub async fn start(
             max_endpoints_per_app: config.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             max_age: config.retry.max_age,
+            breaker: config.breaker,
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });
         // Every request's body has its deadline; trailing slashes are
@@ -769,6 +770,20 @@ pub async fn retention_pass(
             )
         },
         "expiring held deliveries failed; will try again later",
+    )
+    .await;
+    // The same age cap on what an open circuit breaker holds back (pending,
+    // unclaimed): no attempt would judge those either while it stays open.
+    in_batches(
+        shutdown,
+        || store.expire_circuit_held(too_old_before, now, RETENTION_BATCH),
+        |n| {
+            tracing::info!(
+                deliveries = n,
+                "deliveries held by an open circuit breaker past the age cap are now dead (too_old)"
+            )
+        },
+        "expiring deliveries held by circuit breakers failed; will try again later",
     )
     .await;
     loop {

@@ -728,7 +728,7 @@ pub async fn get_endpoint_secret(
     tag = "Endpoint",
     params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
-        (status = 200, description = "Attempt figures of the last hour and day", body = crate::health::EndpointHealth),
+        (status = 200, description = "Attempt figures of the last hour and day, and the circuit breaker's state", body = crate::health::EndpointHealth),
         UnauthorizedResponse, NotFoundResponse,
     )
 )]
@@ -738,13 +738,17 @@ pub async fn get_endpoint_health(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<crate::health::EndpointHealth>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    Ok(Json(endpoint_health(&state.store, &ep.id).await?))
+    Ok(Json(
+        endpoint_health(&state.store, &ep.id, &state.breaker).await?,
+    ))
 }
 
-/// Reads one endpoint's health (two small reads).
+/// Reads one endpoint's health (three small reads: its row, its buckets,
+/// its circuit breaker).
 pub async fn endpoint_health(
     store: &std::sync::Arc<dyn crate::store::Store>,
     ep: &EndpointId,
+    breaker: &herald_policy::breaker::BreakerRule,
 ) -> ApiResult<crate::health::EndpointHealth> {
     let now = now_millis();
     let status = store
@@ -754,7 +758,11 @@ pub async fn endpoint_health(
     let buckets = store
         .endpoint_stats(ep, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
         .await?;
-    Ok(crate::health::compute(&status, &buckets, now))
+    let mut health = crate::health::compute(&status, &buckets, now);
+    if let Some(circuit) = store.circuit_of(ep).await? {
+        health.circuit = crate::health::CircuitHealth::of(&circuit, breaker, now);
+    }
+    Ok(health)
 }
 
 /// The longest disable reason kept (API and dashboard).

@@ -102,6 +102,9 @@ pub struct ApiShared {
     pub rate_limit: Arc<crate::limits::RateLimit>,
     /// `HERALD_MAX_AGE`: how far ahead a message's `deliverAt` may be.
     pub max_age: std::time::Duration,
+    /// `HERALD_BREAKER_*`: the window the health API's circuit figures
+    /// are estimated over.
+    pub breaker: herald_policy::breaker::BreakerRule,
 }
 
 /// Remembers which application an id or uid names, so that creating a

@@ -44,6 +44,7 @@ use crate::store::{
     Store, StoreError, StoreResult,
 };
 
+pub mod breaker;
 pub mod lanes;
 pub mod sender;
 pub use lanes::Lanes;
@@ -197,6 +198,14 @@ impl Claimed {
         }
     }
 
+    /// Deliveries registered for `ep` (claimed, not finished).
+    fn registered(&self, ep: &EndpointId) -> usize {
+        self.slots()
+            .per_endpoint
+            .get(ep)
+            .map_or(0, |e| e.registered)
+    }
+
     /// Claimed or reserved, in all.
     fn busy(&self) -> usize {
         let slots = self.slots();
@@ -288,6 +297,8 @@ pub struct Dispatcher {
     operator: Operator,
     /// Attempt counters and durations, labelled by endpoint (bounded).
     metrics: crate::metrics::AttemptMetrics,
+    /// The circuit breakers that are not closed, as this process sees them.
+    breakers: breaker::Breakers,
     /// Set while [`Dispatcher::run`] runs: where ingest's handoffs go.
     running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
     /// Each endpoint's share of the slots, sized by how it answers.
@@ -341,6 +352,7 @@ impl Dispatcher {
             },
             operator,
             metrics: crate::metrics::AttemptMetrics::new(config.metrics_max_endpoints),
+            breakers: breaker::Breakers::new(config.breaker, config.lease),
             store,
             sender: Sender::new(config)?,
             policy: config.retry.clone(),
@@ -375,20 +387,45 @@ impl Dispatcher {
             target: crate::telemetry::TARGET, "dispatch.claim",
             limit, claimed = tracing::field::Empty,
         );
+        // Broken circuits: no room when open, the probe when half-open.
+        self.refresh_breakers(now, false).await;
+        let mut shaped = in_flight.clone();
+        let probing = self.breakers.shape(&mut shaped, per_endpoint, true, |ep| {
+            self.claimed.registered(ep)
+        });
         let claimed = self
             .store
             .claim(&ClaimRequest {
                 now,
                 lease_until: lease.until,
                 limit,
-                in_flight,
+                in_flight: &shaped,
                 endpoint_cap: per_endpoint,
             })
             .instrument(span.clone())
-            .await?;
+            .await;
+        self.breakers.settle(&probing, |ep| {
+            claimed
+                .as_ref()
+                .is_ok_and(|c| c.iter().any(|d| d.endpoint_id == *ep))
+        });
+        let claimed = claimed?;
         span.record("claimed", claimed.len());
         crate::metrics::claimed(claimed.len());
         Ok((claimed, lease))
+    }
+
+    /// Re-reads the broken circuit breakers when the view is stale (or
+    /// `force`) and tries to win the probes that are due (see
+    /// [`breaker::Breakers::refresh`]). A failure leaves the view as it was.
+    async fn refresh_breakers(&self, now: crate::store::Millis, force: bool) {
+        if let Err(e) = self
+            .breakers
+            .refresh(&*self.store, now, force, &self.metrics)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot read the circuit breakers; keeping the last view");
+        }
     }
 
     /// Reserves free sending slots (at most `want`) so that an ingest batch
@@ -406,6 +443,14 @@ impl Dispatcher {
             return None;
         }
         self.lanes.narrow(&mut in_flight, 2);
+        // No room for a broken circuit's endpoint (not even a half-open
+        // probe: that is the loop's claim's alone).
+        let _ = self.breakers.shape(
+            &mut in_flight,
+            self.endpoint_cap.saturating_mul(2),
+            false,
+            |ep| self.claimed.registered(ep),
+        );
         let now = now_millis();
         Some(HandoffTicket {
             reserved,
@@ -540,6 +585,8 @@ impl Dispatcher {
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
         let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
         self.lanes.narrow(&mut in_flight, 1);
+        // Stepping sees the breakers as stored now, not as of 250 ms ago.
+        self.refresh_breakers(now_millis(), true).await;
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
         self.claimed.unreserve(free, None);
         let (claimed, _lease) = claimed?;
@@ -638,7 +685,7 @@ impl Dispatcher {
                 biased;
                 _ = give_up.cancelled() => Err(StoreError::Unavailable("shutting down: no more time to write outcomes".into())),
                 _ = tokio::time::sleep_until(until) => Err(StoreError::Unavailable("the store did not take the outcomes within a lease".into())),
-                written = self.store.complete(part) => written,
+                written = self.store.complete_with_circuits(part, self.breakers.rule()) => written,
             };
             match written {
                 Ok(done) => return Ok(done),
@@ -671,6 +718,12 @@ impl Dispatcher {
     /// the streak's start.
     async fn after_recorded(&self, batch: &[Completion], done: &Completed) {
         let now = now_millis();
+        // Breakers this batch opened or closed: the view knows at once, and
+        // so do the operators (once per transition: this batch made it).
+        self.breakers.note(&done.circuits, &self.metrics);
+        for change in &done.circuits {
+            self.operator.circuit_changed(change).await;
+        }
         // Disabled elsewhere (another process, or meanwhile): what waits at
         // its gate here is not sent.
         for s in done.streaks.iter().filter(|s| s.disabled) {
@@ -870,6 +923,9 @@ impl Dispatcher {
         if self.claimed.is_stopped(&d.endpoint_id, lease.claimed_at) {
             return Err("disabled");
         }
+        if self.breakers.holds(&d.endpoint_id, lease.claimed_at) {
+            return Err("circuit");
+        }
         let needed = self.request_timeout.saturating_add(LEASE_MARGIN);
         let needed = i64::try_from(needed.as_millis()).unwrap_or(i64::MAX);
         if now_millis().saturating_add(needed) > lease.until {
@@ -912,6 +968,12 @@ impl Dispatcher {
                 if until > 0 {
                     wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
                     held_back = false;
+                } else if self.breakers.next_change(now_millis()).is_some() {
+                    // Due work may be what an open breaker holds back:
+                    // claiming again at once would find it again. Look
+                    // again once the view may have changed (a cooldown
+                    // ending is seen by the next refresh).
+                    wait = wait.min(breaker::REFRESH);
                 } else if self.claimed.slots().claimed == 0 {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.

@@ -26,6 +26,7 @@ use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 
 mod apps;
 mod audit;
+mod circuits;
 mod endpoints;
 mod event_types;
 mod health;
@@ -42,6 +43,10 @@ mod tokens;
 
 pub use apps::{App, Apps};
 pub use audit::{ActorKind, Audit, AuditEntry, AuditFilter};
+pub use circuits::{
+    circuit_from_columns, fold_seen, step_circuits, BreakerRule, Circuit, CircuitChange,
+    CircuitState, Circuits, EndpointCircuit, Seen, Transition, WindowCounts, CIRCUIT_COLUMNS,
+};
 pub use endpoints::{
     headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
     EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
@@ -69,8 +74,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Audit, Endpoints, EventTypes, Health, History, Queue, Replay, Retention, Secrets,
-        Sessions, Settings, Store, Tokens,
+        Apps, Audit, Circuits, Endpoints, EventTypes, Health, History, Queue, Replay, Retention,
+        Secrets, Sessions, Settings, Store, Tokens,
     };
 }
 
@@ -187,6 +192,7 @@ pub trait Store:
     + Retention
     + Secrets
     + Sessions
+    + Circuits
     + Send
     + Sync
     + 'static
@@ -207,6 +213,7 @@ impl<T> Store for T where
         + Retention
         + Secrets
         + Sessions
+        + Circuits
         + Send
         + Sync
         + 'static

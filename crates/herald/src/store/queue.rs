@@ -40,7 +40,19 @@ pub trait Queue: Send + Sync {
     /// longer matched) and the streak of every endpoint with a failure in
     /// the batch. Text is stored as [`storable_batch`] makes it, so nothing
     /// a receiver can send fails the batch.
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed>;
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+        self.complete_with_circuits(batch, &BreakerRule::OFF).await
+    }
+    /// [`Queue::complete`], stepping each endpoint's circuit breaker with
+    /// the batch by `breaker` (`herald_policy::breaker::step`) in the same
+    /// transaction: read where the endpoint rows are locked, written with
+    /// the streak (no statement per delivery). [`Completed::circuits`]
+    /// lists the transitions made.
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed>;
     /// Gives back a claimed delivery that was not sent (shutdown): due
     /// again now, as if never claimed. Only the current holder may.
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()>;
@@ -269,7 +281,7 @@ pub struct Completion {
 }
 
 /// What [`Queue::complete`] wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completed {
     /// One per completion of the batch, in order: whether it moved its
     /// delivery on (its lease token was still the delivery's). A stale one
@@ -278,6 +290,8 @@ pub struct Completed {
     pub moved: Vec<bool>,
     /// The streak of every endpoint with a failure in the batch.
     pub streaks: Vec<StreakUpdate>,
+    /// The circuit breakers this batch opened, reopened or closed.
+    pub circuits: Vec<CircuitChange>,
 }
 
 /// `text` as both stores keep it: NUL (which PostgreSQL refuses in `text`)

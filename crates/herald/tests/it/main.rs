@@ -5,6 +5,7 @@
 mod api;
 mod audit;
 mod binary;
+mod circuit_breaker;
 mod completions;
 mod dashboard;
 mod delivery;

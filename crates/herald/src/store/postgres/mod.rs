@@ -40,6 +40,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 
+mod circuits;
+use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
 mod endpoints;

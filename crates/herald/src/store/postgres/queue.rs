@@ -608,7 +608,11 @@ impl Queue for PostgresStore {
         .map_err(map_err)
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed> {
         if batch.is_empty() {
             return Ok(Completed::default());
         }
@@ -640,11 +644,44 @@ impl Queue for PostgresStore {
         // which PostgreSQL runs its parts is not ours to choose: hence a
         // statement of its own.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-            .bind(&ep_ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+        // The lock also reads each circuit breaker, which the batch steps
+        // (`herald_policy::breaker::step`) and the statement below writes
+        // with the streak: no other process can move it in between.
+        let locked = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, app_id, {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ANY($1) \
+             ORDER BY id FOR NO KEY UPDATE"
+        )))
+        .bind(&ep_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let stored = locked
+            .iter()
+            .map(|r| {
+                Ok(EndpointCircuit {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    circuit: circuit_of_pg_row(r)?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
+        let (stepped, circuits) = step_circuits(breaker, stored, &fold_seen(batch), now);
+        // In `eps`' order (a deleted endpoint keeps the default: its row is
+        // gone, the UPDATE finds nothing).
+        let by_ep: HashMap<&str, &Circuit> = stepped
+            .iter()
+            .map(|e| (e.endpoint_id.as_str(), &e.circuit))
+            .collect();
+        let default_circuit = Circuit::default();
+        let cs: Vec<&Circuit> = eps
+            .iter()
+            .map(|e| {
+                *by_ep
+                    .get(e.endpoint_id.as_str())
+                    .unwrap_or(&&default_circuit)
+            })
+            .collect();
         // Then the rest in one statement: the attempt log, the deliveries'
         // next states, each endpoint's failing streak and its stats
         // buckets. The lease token guard leaves a re-claimed delivery to its
@@ -687,9 +724,18 @@ impl Queue for PostgresStore {
                fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
                streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
                last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
-               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
-             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[]) \
-                  AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
+               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at), \
+               circuit_state = v.c_state, circuit_since = v.c_since, circuit_until = v.c_until, \
+               circuit_cooldown_ms = v.c_cooldown, circuit_probe_by = v.c_probe_by, \
+               circuit_window_at = v.c_window_at, circuit_attempts = v.c_attempts, \
+               circuit_failures = v.c_failures, circuit_prev_attempts = v.c_prev_attempts, \
+               circuit_prev_failures = v.c_prev_failures \
+             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[], \
+                         $49::int2[], $50::int8[], $51::int8[], $52::int8[], $53::text[], $54::int8[], \
+                         $55::int4[], $56::int4[], $57::int4[], $58::int4[]) \
+                  AS v(id, reset, failures, first_fail, last_ok, err, err_at, \
+                       c_state, c_since, c_until, c_cooldown, c_probe_by, c_window_at, \
+                       c_attempts, c_failures, c_prev_attempts, c_prev_failures) \
              WHERE e.id = v.id \
              RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures) \
              SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok \
@@ -754,6 +800,34 @@ impl Queue for PostgresStore {
         for i in 0..crate::health::HISTOGRAM_LEN {
             query = query.bind(column(&|b| b.histogram[i]));
         }
+        let count = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        query = query
+            .bind(cs.iter().map(|c| c.state.code()).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.since).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.until).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.cooldown_ms).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.probe_by.as_deref()).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.window.started_at).collect::<Vec<_>>())
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.failures))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.prev_attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.prev_failures))
+                    .collect::<Vec<_>>(),
+            );
         let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
         // The moved deliveries' rows carry the token that moved them; the
@@ -785,7 +859,11 @@ impl Queue for PostgresStore {
                 ))
             })
             .collect();
-        Ok(Completed { moved, streaks })
+        Ok(Completed {
+            moved,
+            streaks,
+            circuits,
+        })
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {

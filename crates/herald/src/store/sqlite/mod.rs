@@ -32,6 +32,7 @@ use super::*;
 
 mod apps;
 mod audit;
+mod circuits;
 mod endpoints;
 mod event_types;
 mod health;
@@ -43,6 +44,8 @@ mod secrets;
 mod sessions;
 mod settings;
 mod tokens;
+
+use circuits::circuit_of_row;
 
 /// The schema, in order. A database records how many it has applied in
 /// `PRAGMA user_version`; at open the rest are applied in a transaction.
@@ -61,6 +64,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
     include_str!("../../../migrations/sqlite/0014_portal.sql"),
+    include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.

@@ -446,7 +446,11 @@ pub(super) fn unhold(conn: &Connection, endpoint_id: &str) -> StoreResult<()> {
     Ok(())
 }
 
-fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Completed> {
+fn complete_tx(
+    conn: &Connection,
+    batch: &[Completion],
+    breaker: &BreakerRule,
+) -> StoreResult<Completed> {
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
@@ -503,32 +507,68 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Completed
             .map_err(map_err)?;
         moved.push(changed == 1);
     }
-    let streaks = record_endpoint_health(conn, batch)?;
-    Ok(Completed { moved, streaks })
+    let (streaks, circuits) = record_endpoint_health(conn, batch, breaker)?;
+    Ok(Completed {
+        moved,
+        streaks,
+        circuits,
+    })
 }
 
-/// Moves each endpoint's failing streak on and adds the batch to its stats
-/// buckets: one write per endpoint and per bucket, whatever the batch size.
+/// Moves each endpoint's failing streak and circuit breaker on and adds
+/// the batch to its stats buckets: one read and one write per endpoint and
+/// one write per bucket, whatever the batch size.
 fn record_endpoint_health(
     conn: &Connection,
     batch: &[Completion],
-) -> StoreResult<Vec<StreakUpdate>> {
+    breaker: &BreakerRule,
+) -> StoreResult<(Vec<StreakUpdate>, Vec<CircuitChange>)> {
+    let mut read_circuit = conn
+        .prepare_cached(&format!(
+            "SELECT {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ?1"
+        ))
+        .map_err(map_err)?;
     let mut streak = conn
         .prepare_cached(
             "UPDATE endpoints SET \
                fail_streak = CASE WHEN ?1 THEN ?2 ELSE fail_streak + ?2 END, \
                streak_started_at = CASE WHEN ?1 THEN ?3 ELSE COALESCE(streak_started_at, ?3) END, \
                last_success_at = CASE WHEN ?1 THEN MAX(COALESCE(last_success_at, 0), ?4) ELSE last_success_at END, \
-               last_error = COALESCE(?5, last_error), last_error_at = COALESCE(?6, last_error_at) \
+               last_error = COALESCE(?5, last_error), last_error_at = COALESCE(?6, last_error_at), \
+               circuit_state = ?8, circuit_since = ?9, circuit_until = ?10, circuit_cooldown_ms = ?11, \
+               circuit_probe_by = ?12, circuit_window_at = ?13, circuit_attempts = ?14, \
+               circuit_failures = ?15, circuit_prev_attempts = ?16, circuit_prev_failures = ?17 \
              WHERE id = ?7 RETURNING fail_streak, streak_started_at, disabled",
         )
         .map_err(map_err)?;
+    let seen = fold_seen(batch);
+    // The store reads no clock: the batch's latest "now" is its time.
+    let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
     let mut out = Vec::new();
+    let mut changes = Vec::new();
     for e in fold_endpoint_batches(batch) {
         let (error, error_at) = match &e.last_error {
             Some((text, at)) => (Some(text.as_str()), Some(*at)),
             None => (None, None),
         };
+        let stored = read_circuit
+            .query_row(params![e.endpoint_id.as_str()], circuit_of_row)
+            .optional()
+            .map_err(map_err)?;
+        // (None: the endpoint was deleted while its attempt was in flight.)
+        let Some(stored) = stored else { continue };
+        let (mut next, changed) = step_circuits(
+            breaker,
+            vec![EndpointCircuit {
+                endpoint_id: e.endpoint_id.clone(),
+                app_id: e.app_id.clone(),
+                circuit: stored,
+            }],
+            &seen,
+            now,
+        );
+        changes.extend(changed);
+        let c = next.pop().map(|n| n.circuit).unwrap_or_default();
         let row = streak
             .query_row(
                 params![
@@ -538,7 +578,17 @@ fn record_endpoint_health(
                     e.last_success_at,
                     error,
                     error_at,
-                    e.endpoint_id.as_str()
+                    e.endpoint_id.as_str(),
+                    i64::from(c.state.code()),
+                    c.since,
+                    c.until,
+                    c.cooldown_ms,
+                    c.probe_by,
+                    c.window.started_at,
+                    i64::from(c.window.attempts),
+                    i64::from(c.window.failures),
+                    i64::from(c.window.prev_attempts),
+                    i64::from(c.window.prev_failures),
                 ],
                 |r| {
                     Ok((
@@ -550,7 +600,6 @@ fn record_endpoint_health(
             )
             .optional()
             .map_err(map_err)?;
-        // (None: the endpoint was deleted while its attempt was in flight.)
         if let Some((fail_streak, started, disabled)) = row {
             if e.failures > 0 {
                 out.push(StreakUpdate {
@@ -590,7 +639,7 @@ fn record_endpoint_health(
         add.execute(rusqlite::params_from_iter(values))
             .map_err(map_err)?;
     }
-    Ok(out)
+    Ok((out, changes))
 }
 
 #[async_trait]
@@ -690,14 +739,19 @@ impl Queue for SqliteStore {
         .await
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed> {
         if batch.is_empty() {
             return Ok(Completed::default());
         }
         // SQLite would keep a NUL, and PostgreSQL refuses it: both store it
         // alike.
         let batch = storable_batch(batch).into_owned();
-        self.write(move |c| complete_tx(c, &batch)).await
+        let breaker = *breaker;
+        self.write(move |c| complete_tx(c, &batch, &breaker)).await
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
