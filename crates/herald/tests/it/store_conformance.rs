@@ -3018,6 +3018,8 @@ async fn sessions_are_found_by_digest_expire_and_end_with_their_token(store: Arc
         .expect("create");
     assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 1);
     assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 0);
+}
+
 /// A breaker that opens on four attempts at 50 %, with a 30 s cooldown.
 fn breaker_rule() -> BreakerRule {
     BreakerRule {
