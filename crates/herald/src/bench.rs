@@ -546,6 +546,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),

@@ -43,7 +43,8 @@ pub use apps::{App, Apps};
 pub use audit::{ActorKind, Audit, AuditEntry, AuditFilter};
 pub use endpoints::{
     headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
-    EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
+    EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
+    throttled_rate,
 };
 pub use event_types::{EventType, EventTypes};
 pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
@@ -52,7 +53,8 @@ pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, saturated, storable, storable_batch,
     AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion, EndpointBatch,
     FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage, NextState, Queue,
-    Room, SendTo, StreakUpdate, Subscriber,
+    Room, SendTo, StreakUpdate, Subscriber, may_hand_off, ThrottleSlots, ThrottleWaiting,
+    THROTTLE_HORIZON_MS,
 };
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};

@@ -59,6 +59,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
+    include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
