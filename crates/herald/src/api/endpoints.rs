@@ -753,23 +753,35 @@ pub async fn get_endpoint_health(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<crate::health::EndpointHealth>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    Ok(Json(endpoint_health(&state.store, &ep.id).await?))
+    Ok(Json(endpoint_health(&state.store, &ep).await?))
 }
 
-/// Reads one endpoint's health (two small reads).
+/// Reads one endpoint's health (two small reads; a third, of the few
+/// throttled endpoints' backlogs, when it has a `throttleRate`).
 pub async fn endpoint_health(
     store: &std::sync::Arc<dyn crate::store::Store>,
-    ep: &EndpointId,
+    ep: &Endpoint,
 ) -> ApiResult<crate::health::EndpointHealth> {
     let now = now_millis();
     let status = store
-        .endpoint_status(ep)
+        .endpoint_status(&ep.id)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
     let buckets = store
-        .endpoint_stats(ep, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
+        .endpoint_stats(&ep.id, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
         .await?;
-    Ok(crate::health::compute(&status, &buckets, now))
+    let mut health = crate::health::compute(&status, &buckets, now);
+    if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
+        health.throttled = Some(crate::health::throttled_text(rate));
+        let waiting = store.throttle_waiting().await?;
+        health.throttle_waiting = Some(
+            waiting
+                .iter()
+                .find(|w| w.endpoint_id == ep.id)
+                .map_or(0, |w| w.waiting),
+        );
+    }
+    Ok(health)
 }
 
 /// The longest disable reason kept (API and dashboard).

@@ -138,7 +138,7 @@ pub struct EndpointChanges {
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
 )]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum EndpointOrdering {
     /// Whatever is due goes, up to the concurrency cap (the default).
     #[default]
@@ -149,6 +149,20 @@ pub enum EndpointOrdering {
     /// schedule while the others wait; once it is delivered or dead the
     /// next one goes.
     Fifo,
+}
+
+/// From the API's text (a string, so that any other JSON type is a
+/// field error naming `ordering`, as a wrong string is).
+impl TryFrom<String> for EndpointOrdering {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        match s.as_str() {
+            "none" => Ok(EndpointOrdering::None),
+            "fifo" => Ok(EndpointOrdering::Fifo),
+            other => Err(format!("unknown ordering `{other}`: expected `none` or `fifo`")),
+        }
+    }
 }
 
 impl EndpointOrdering {

@@ -11,6 +11,7 @@ mod delivery;
 mod egress;
 mod egress_parts;
 mod endpoint_health;
+mod engine;
 mod endpoint_writes;
 mod expunge;
 mod gates;

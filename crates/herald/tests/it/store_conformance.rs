@@ -253,6 +253,7 @@ pub(crate) async fn endpoint(
         filter_types: filter.map(|f| f.into_iter().map(str::to_owned).collect()),
         disabled,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),

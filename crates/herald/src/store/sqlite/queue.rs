@@ -888,8 +888,8 @@ impl Queue for SqliteStore {
                 .prepare_cached(
                     "SELECT e.id, e.rate_limit, \
                             (SELECT COUNT(*) FROM deliveries d INDEXED BY deliveries_fifo \
-                              WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state = 0 \
-                                AND d.parked < 2) AS waiting \
+                              WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
+                                AND d.state = 0 AND d.parked < 2) AS waiting \
                      FROM endpoints e INDEXED BY endpoints_throttled \
                      WHERE e.rate_limit > 0 AND e.disabled = 0 ORDER BY e.id",
                 )
