@@ -277,6 +277,25 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
     api.endpoint(&app, format!("{rx}/fast"), json!({})).await;
     let sent_at = Instant::now();
     api.send(&app, N).await;
+    // While they wait, the metric counts them.
+    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 2).await;
+    let ep_id = ep["id"].as_str().expect("id");
+    let scrape = reqwest::get(format!("{}/metrics", app_under_test.base))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    let waiting: f64 = scrape
+        .lines()
+        .find(|l| l.starts_with("herald_throttle_waiting") && l.contains(ep_id))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no herald_throttle_waiting for {ep_id}: {scrape}"));
+    assert!(
+        (10.0..=22.0).contains(&waiting),
+        "{waiting} waiting for a slot after two of {N} were sent"
+    );
     p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= N as usize && p.arrivals("/fast").len() >= N as usize)
         .await;
     assert_throttled_beside_free_neighbour(&p, sent_at, N as usize, 4);
@@ -291,6 +310,7 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
         .await;
     assert_eq!(status, 200, "{health}");
     assert_eq!(health["throttled"], "throttled at 4/s", "{health}");
+    assert_eq!(health["throttleWaiting"], 0, "all sent: {health}");
     app_under_test.shutdown().await;
 }
 
