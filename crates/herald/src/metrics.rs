@@ -48,7 +48,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::EndpointId;
-use crate::store::{now_millis, Millis, NextState, QueueStats, Store, StoreResult, ThrottleWaiting};
+use crate::store::{
+    now_millis, Millis, NextState, QueueStats, Store, StoreResult, ThrottleWaiting,
+};
 
 pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
@@ -301,7 +303,10 @@ fn set_throttle_gauges(waiting: &[ThrottleWaiting]) {
         .map(|w| (w.endpoint_id.to_string(), w.waiting))
         .collect();
     if waiting.len() > MAX_THROTTLE_LABELS {
-        let rest = waiting[MAX_THROTTLE_LABELS..].iter().map(|w| w.waiting).sum();
+        let rest = waiting[MAX_THROTTLE_LABELS..]
+            .iter()
+            .map(|w| w.waiting)
+            .sum();
         values.push((OTHER_ENDPOINT.to_owned(), rest));
     }
     let mut last = THROTTLE_LABELS.lock().unwrap_or_else(|p| p.into_inner());

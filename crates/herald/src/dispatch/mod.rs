@@ -67,7 +67,9 @@ const BLOCKED_RECHECK: Duration = Duration::from_millis(25);
 /// horizon, whatever the clock says).
 async fn wait_for_slot(d: &ClaimedDelivery) {
     let Some(at) = d.send_at else { return };
-    let ahead = at.saturating_sub(now_millis()).clamp(0, crate::store::THROTTLE_HORIZON_MS + 1);
+    let ahead = at
+        .saturating_sub(now_millis())
+        .clamp(0, crate::store::THROTTLE_HORIZON_MS + 1);
     if ahead > 0 {
         tokio::time::sleep(Duration::from_millis(u64::try_from(ahead).unwrap_or(0))).await;
     }

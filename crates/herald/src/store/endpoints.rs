@@ -136,7 +136,15 @@ pub struct EndpointChanges {
 /// How an endpoint's deliveries are ordered (the endpoint field
 /// `ordering`).
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum EndpointOrdering {
@@ -160,7 +168,9 @@ impl TryFrom<String> for EndpointOrdering {
         match s.as_str() {
             "none" => Ok(EndpointOrdering::None),
             "fifo" => Ok(EndpointOrdering::Fifo),
-            other => Err(format!("unknown ordering `{other}`: expected `none` or `fifo`")),
+            other => Err(format!(
+                "unknown ordering `{other}`: expected `none` or `fifo`"
+            )),
         }
     }
 }

@@ -42,18 +42,18 @@ mod tokens;
 pub use apps::{App, Apps};
 pub use audit::{ActorKind, Audit, AuditEntry, AuditFilter};
 pub use endpoints::{
-    headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
-    EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
-    throttled_rate,
+    headers_of, rotated_old_secrets, throttled_rate, valid_old_secrets, EnableReport, Endpoint,
+    EndpointChanges, EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret,
+    MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
 pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
-    claim_window, fan_out, fold_endpoint_batches, fold_stats, saturated, storable, storable_batch,
-    AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion, EndpointBatch,
-    FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage, NextState, Queue,
-    Room, SendTo, StreakUpdate, Subscriber, may_hand_off, ThrottleSlots, ThrottleWaiting,
+    claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
+    storable, storable_batch, AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion,
+    EndpointBatch, FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage,
+    NextState, Queue, Room, SendTo, StreakUpdate, Subscriber, ThrottleSlots, ThrottleWaiting,
     THROTTLE_HORIZON_MS,
 };
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};

@@ -139,6 +139,15 @@ pub fn claim_window(limit: usize) -> usize {
     limit.saturating_mul(4).max(64)
 }
 
+/// Of a claim's `limit` slots, how many retries (deliveries with an
+/// attempt behind them) may take while first attempts are due too: half,
+/// rounded up. So after an outage, when a busy endpoint's retries fall due
+/// together, first attempts to every other endpoint still get half the
+/// slots; with no first attempt waiting the retries get them all.
+pub fn retry_share(limit: usize) -> usize {
+    limit.div_ceil(2)
+}
+
 /// The endpoints with no room left under `cap`: a claim passes them by.
 pub fn saturated(in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Vec<&str> {
     in_flight
@@ -169,6 +178,11 @@ impl Room {
                 .collect(),
             taken: 0,
         }
+    }
+
+    /// How many more may be taken in all.
+    pub fn remaining(&self) -> usize {
+        self.limit.saturating_sub(self.taken)
     }
 
     /// `limit` is reached: nothing more can be taken.

@@ -44,9 +44,7 @@ struct Probe {
 impl Probe {
     async fn start() -> (Arc<Probe>, String) {
         let p = Arc::new(Probe::default());
-        let app = axum::Router::new()
-            .fallback(probe)
-            .with_state(p.clone());
+        let app = axum::Router::new().fallback(probe).with_state(p.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -76,8 +74,7 @@ impl Probe {
         *self.overlaps.lock().expect("lock")
     }
 
-    /// Waits (bounded) until `path` has had `n` requests answered 2xx... or
-    /// at least `n` arrivals, whichever `done` says.
+    /// Waits (bounded by `within`) until `done` holds of what arrived.
     async fn wait_until(&self, within: Duration, done: impl Fn(&Probe) -> bool) {
         let deadline = tokio::time::Instant::now() + within;
         loop {
@@ -100,7 +97,12 @@ impl Probe {
     }
 }
 
-async fn probe(State(p): State<Arc<Probe>>, uri: Uri, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn probe(
+    State(p): State<Arc<Probe>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
     let path = uri.path().to_owned();
     let i = serde_json::from_slice::<Value>(&body)
         .ok()
@@ -239,14 +241,21 @@ impl Api {
 fn assert_throttled_beside_free_neighbour(p: &Probe, sent_at: Instant, n: usize, rate: usize) {
     let slow = p.arrivals("/slow");
     let fast = p.arrivals("/fast");
-    assert_eq!((slow.len(), fast.len()), (n, n), "each message arrived once at each endpoint");
+    assert_eq!(
+        (slow.len(), fast.len()),
+        (n, n),
+        "each message arrived once at each endpoint"
+    );
     assert!(
         slow.iter().chain(&fast).all(|a| a.attempt == 1),
         "waiting for a slot spends no attempt: {:?}",
         slow.iter().map(|a| a.attempt).collect::<Vec<_>>()
     );
     let busiest = busiest_second(&slow);
-    assert!(busiest <= rate + 1, "{busiest} requests in one second at {rate}/s");
+    assert!(
+        busiest <= rate + 1,
+        "{busiest} requests in one second at {rate}/s"
+    );
     let first = slow.iter().map(|a| a.at).min().expect("arrivals");
     let last = slow.iter().map(|a| a.at).max().expect("arrivals");
     let needed = Duration::from_millis(((n - rate - 1) * 1000 / rate) as u64);
@@ -278,7 +287,8 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
     let sent_at = Instant::now();
     api.send(&app, N).await;
     // While they wait, the metric counts them.
-    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 2).await;
+    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 2)
+        .await;
     let ep_id = ep["id"].as_str().expect("id");
     let scrape = reqwest::get(format!("{}/metrics", app_under_test.base))
         .await
@@ -296,15 +306,20 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
         (10.0..=22.0).contains(&waiting),
         "{waiting} waiting for a slot after two of {N} were sent"
     );
-    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= N as usize && p.arrivals("/fast").len() >= N as usize)
-        .await;
+    p.wait_until(PATIENCE, |p| {
+        p.arrivals("/slow").len() >= N as usize && p.arrivals("/fast").len() >= N as usize
+    })
+    .await;
     assert_throttled_beside_free_neighbour(&p, sent_at, N as usize, 4);
 
     // The waiting shows in the health API while it lasts; here, the rate.
     let (status, health) = api
         .call(
             reqwest::Method::GET,
-            &format!("/app/{app}/endpoint/{}/health", ep["id"].as_str().expect("id")),
+            &format!(
+                "/app/{app}/endpoint/{}/health",
+                ep["id"].as_str().expect("id")
+            ),
             Value::Null,
         )
         .await;
@@ -325,7 +340,8 @@ async fn changing_throttle_rate_takes_effect_at_once() {
         .await;
     api.endpoint(&app, format!("{rx}/fast"), json!({})).await;
     api.send(&app, 6).await;
-    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 1).await;
+    p.wait_until(PATIENCE, |p| !p.arrivals("/slow").is_empty())
+        .await;
     // At 1/s the six would take five seconds; lifted, the rest go at once.
     let (status, out) = api
         .call(
@@ -336,8 +352,14 @@ async fn changing_throttle_rate_takes_effect_at_once() {
         .await;
     assert_eq!(status, 200, "{out}");
     let lifted = Instant::now();
-    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 6).await;
-    let last = p.arrivals("/slow").iter().map(|a| a.at).max().expect("arrivals");
+    p.wait_until(PATIENCE, |p| p.arrivals("/slow").len() >= 6)
+        .await;
+    let last = p
+        .arrivals("/slow")
+        .iter()
+        .map(|a| a.at)
+        .max()
+        .expect("arrivals");
     assert!(
         last.duration_since(lifted) < Duration::from_secs(2),
         "the lifted limit took {:?} to show",
@@ -395,7 +417,10 @@ async fn ordering_is_validated_and_kept_by_put_and_patch() {
         )
         .await;
     assert_eq!(status, 422, "{body}");
-    assert!(body.to_string().contains("ordering"), "the error names the field: {body}");
+    assert!(
+        body.to_string().contains("ordering"),
+        "the error names the field: {body}"
+    );
     let ep = api
         .endpoint(&app, "http://127.0.0.1:9/x".to_owned(), json!({}))
         .await;
@@ -404,19 +429,35 @@ async fn ordering_is_validated_and_kept_by_put_and_patch() {
     let (status, out) = api
         .call(reqwest::Method::PATCH, &path, json!({"ordering": "fifo"}))
         .await;
-    assert_eq!((status, out["ordering"].clone()), (200, json!("fifo")), "{out}");
+    assert_eq!(
+        (status, out["ordering"].clone()),
+        (200, json!("fifo")),
+        "{out}"
+    );
     let (status, out) = api
         .call(reqwest::Method::PATCH, &path, json!({"description": "d"}))
         .await;
-    assert_eq!((status, out["ordering"].clone()), (200, json!("fifo")), "a PATCH without it keeps it");
+    assert_eq!(
+        (status, out["ordering"].clone()),
+        (200, json!("fifo")),
+        "a PATCH without it keeps it"
+    );
     let (status, out) = api
         .call(reqwest::Method::PATCH, &path, json!({"ordering": 7}))
         .await;
     assert_eq!(status, 422, "{out}");
     let (status, out) = api
-        .call(reqwest::Method::PUT, &path, json!({"url": "http://127.0.0.1:9/x"}))
+        .call(
+            reqwest::Method::PUT,
+            &path,
+            json!({"url": "http://127.0.0.1:9/x"}),
+        )
         .await;
-    assert_eq!((status, out["ordering"].clone()), (200, json!("none")), "PUT replaces: default");
+    assert_eq!(
+        (status, out["ordering"].clone()),
+        (200, json!("none")),
+        "PUT replaces: default"
+    );
     let (_, read) = api.call(reqwest::Method::GET, &path, Value::Null).await;
     assert_eq!(read["ordering"], "none");
     app_under_test.shutdown().await;
@@ -469,12 +510,17 @@ async fn fifo_order_holds_across_a_sigkill_of_the_binary() {
     api.endpoint(&app, format!("{rx}/ordered"), json!({"ordering": "fifo"}))
         .await;
     api.send(&app, N).await;
-    p.wait_until(PATIENCE, |p| p.arrivals("/ordered").len() >= 4).await;
+    p.wait_until(PATIENCE, |p| p.arrivals("/ordered").len() >= 4)
+        .await;
     first.kill().await.expect("SIGKILL");
     let (_second, _) = serve_sqlite(&db).await;
     p.wait_until(PATIENCE, |p| {
         let got = p.arrivals("/ordered");
-        got.iter().any(|a| a.i == N - 1) && p.open.lock().map(|o| o.values().all(|n| *n == 0)).unwrap_or(false)
+        got.iter().any(|a| a.i == N - 1)
+            && p.open
+                .lock()
+                .map(|o| o.values().all(|n| *n == 0))
+                .unwrap_or(false)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -483,8 +529,15 @@ async fn fifo_order_holds_across_a_sigkill_of_the_binary() {
     // after itself; nothing else repeats and nothing overtakes.
     let mut distinct = got.clone();
     distinct.dedup();
-    assert_eq!(distinct, (0..N).collect::<Vec<_>>(), "arrivals in order: {got:?}");
-    assert!(got.len() <= N as usize + 1, "at most the open request again: {got:?}");
+    assert_eq!(
+        distinct,
+        (0..N).collect::<Vec<_>>(),
+        "arrivals in order: {got:?}"
+    );
+    assert!(
+        got.len() <= N as usize + 1,
+        "at most the open request again: {got:?}"
+    );
     assert_eq!(p.overlaps(), 0, "never two requests open at once: {got:?}");
 }
 
@@ -512,7 +565,11 @@ async fn on_postgres_with_two_workers(
         .output()
         .await
         .expect("migrate runs");
-    assert!(out.status.success(), "migrate: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let port = closed_port().await;
     let spawn = |role: &str| {
         herald()

@@ -526,9 +526,17 @@ impl Queue for PostgresStore {
         // throttled one only as many as its slots, which this claim
         // reserves by moving its `endpoint_throttle` row on, locked with
         // SKIP LOCKED (another claim moving it: none this time).
+        //
+        // Retries take at most `retry_share` of the slots while first
+        // attempts wait too (issue 13, item 4): when the due head holds
+        // more retries than that, `fresh` also reads the newest due first
+        // attempts (the other end of `deliveries_due`; a one-time filter,
+        // so nothing is read otherwise), and `picked` takes retries past
+        // their share last.
         let rows = sqlx::query(
             "WITH full_thr AS MATERIALIZED ( \
-                 SELECT endpoint_id FROM endpoint_throttle WHERE tat_us >= $10), \
+                 SELECT t.endpoint_id FROM endpoint_throttle t JOIN endpoints e ON e.id = t.endpoint_id \
+                 WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
              fifo AS MATERIALIZED ( \
                  SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
              fifo_heads AS MATERIALIZED ( \
@@ -536,8 +544,9 @@ impl Queue for PostgresStore {
                      SELECT x.id, x.queued_at, x.msg_id FROM deliveries x \
                      WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
                      ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
-             due AS MATERIALIZED ( \
-                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at \
+             due_head AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                        d.attempts \
                  FROM deliveries d \
                  WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
                    AND d.endpoint_id <> ALL($2::text[]) \
@@ -546,6 +555,18 @@ impl Queue for PostgresStore {
                         OR d.id IN (SELECT id FROM fifo_heads)) \
                  ORDER BY d.next_attempt_at LIMIT $3 \
                  FOR UPDATE OF d SKIP LOCKED), \
+             fresh AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                        d.attempts \
+                 FROM deliveries d \
+                 WHERE (SELECT COUNT(*) FROM due_head WHERE attempts > 0) > $12 \
+                   AND d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 AND d.state = 0 \
+                   AND d.attempts = 0 AND d.endpoint_id <> ALL($2::text[]) \
+                   AND d.endpoint_id NOT IN (SELECT id FROM fifo) \
+                   AND d.endpoint_id NOT IN (SELECT endpoint_id FROM endpoint_throttle) \
+                 ORDER BY d.next_attempt_at DESC LIMIT $3 \
+                 FOR UPDATE OF d SKIP LOCKED), \
+             due AS MATERIALIZED (SELECT * FROM due_head UNION SELECT * FROM fresh), \
              eps AS MATERIALIZED ( \
                  SELECT e.id, e.disabled, e.ordering = 'fifo' AS fifo, \
                         CASE WHEN e.rate_limit > 0 THEN e.rate_limit::int8 END AS rate \
@@ -573,7 +594,9 @@ impl Queue for PostgresStore {
              ranked AS ( \
                  SELECT due.id, due.next_attempt_at, due.endpoint_id, due.updated_at, \
                         (eps.fifo OR eps.rate IS NOT NULL) AS queues, eps.fifo, \
-                        row_number() OVER (PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id) AS nth \
+                        (due.attempts > 0 AND NOT eps.fifo AND eps.rate IS NULL) AS retry, \
+                        row_number() OVER (PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id) AS nth, \
+                        row_number() OVER (PARTITION BY (due.attempts > 0) ORDER BY due.next_attempt_at, due.id) AS kth \
                  FROM due JOIN eps ON eps.id = due.endpoint_id \
                  WHERE NOT eps.disabled \
                    AND (NOT eps.fifo OR due.id IN (SELECT id FROM heads)) \
@@ -586,7 +609,7 @@ impl Queue for PostgresStore {
                  WHERE r.nth <= $6 - COALESCE(b.n, 0) \
                    AND (NOT r.fifo OR r.nth <= 1 - COALESCE(b.n, 0)) \
                    AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
-                 ORDER BY r.next_attempt_at, r.id LIMIT $7), \
+                 ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
              queued AS ( \
                  UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
                  WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
@@ -617,6 +640,7 @@ impl Queue for PostgresStore {
         .bind(&token)
         .bind(horizon_us)
         .bind(now_us)
+        .bind(i64_of(retry_share(req.limit)))
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;

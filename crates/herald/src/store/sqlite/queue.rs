@@ -204,7 +204,18 @@ fn claim_tx(
     let saturated: HashSet<&str> = saturated(in_flight, endpoint_cap).into_iter().collect();
     unpark(conn, now, in_flight, endpoint_cap)?;
     let mut room = Room::new(limit, in_flight, endpoint_cap);
-    let head = walk_due_head(conn, now, claim_window(limit), &mut room, &saturated)?;
+    let mut head = walk_due_head(conn, now, claim_window(limit), &mut room, &saturated)?;
+    if !head.spare.is_empty() && !room.is_full() {
+        fresh_from_the_top(conn, now, &mut room, &saturated, &mut head)?;
+        for (id, endpoint) in std::mem::take(&mut head.spare) {
+            if room.is_full() {
+                break;
+            }
+            if room.take(&endpoint) {
+                head.picked.push((id, None));
+            }
+        }
+    }
     set_aside(conn, &head)?;
     let picked = head.picked;
     if picked.is_empty() {
@@ -306,6 +317,9 @@ struct DueHead {
     queue: Vec<(String, Millis)>,
     /// (endpoint, theoretical arrival time): throttles moved on.
     throttles: Vec<(String, i64)>,
+    /// (delivery, endpoint): claimable retries met after the retries'
+    /// share of the slots was taken, in due order.
+    spare: Vec<(String, String)>,
 }
 
 /// A FIFO endpoint's head as far as the walk knows it: (key, msg id,
@@ -357,7 +371,7 @@ fn walk_due_head(
     // primary key, per row read.
     let mut due = conn
         .prepare_cached(
-            "SELECT d.id, d.endpoint_id, d.state, d.next_attempt_at, d.msg_id, d.queued_at, d.updated_at, \
+            "SELECT d.id, d.endpoint_id, d.state, d.next_attempt_at, d.msg_id, d.queued_at, d.updated_at, d.attempts, \
                     e.disabled AS off, e.rate_limit, e.ordering, e.throttle_tat \
              FROM deliveries d INDEXED BY deliveries_due JOIN endpoints e ON e.id = d.endpoint_id \
              WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 \
@@ -369,7 +383,9 @@ fn walk_due_head(
     let overdue = now.saturating_sub(PARK_AFTER_MS);
     let mut head = DueHead::default();
     let mut rules: HashMap<String, EndpointRule> = HashMap::new();
-    let (mut claimable, mut passed) = (0, 0);
+    let (mut claimable, mut passed, mut retries) = (0, 0, 0);
+    let limit = room.remaining();
+    let retry_share = retry_share(limit);
     let mut rs = due.query(params![now]).map_err(map_err)?;
     while let Some(r) = rs.next().map_err(map_err)? {
         let id: String = get(r, "id")?;
@@ -397,23 +413,26 @@ fn walk_due_head(
                     fifo,
                     throttle: throttled_rate(get(r, "rate_limit")?)
                         .map(|rate| ThrottleSlots::new(rate, tat, now)),
-                    head: if fifo { fifo_head(conn, &endpoint)? } else { None },
+                    head: if fifo {
+                        fifo_head(conn, &endpoint)?
+                    } else {
+                        None
+                    },
                 };
                 rules.insert(endpoint.clone(), rule);
             }
             let Some(rule) = rules.get_mut(&endpoint) else {
                 continue;
             };
-            if rule.fifo || rule.throttle.is_some() {
-                if get::<Option<Millis>>(r, "queued_at")?.is_none() {
-                    let key: Millis = get(r, "updated_at")?;
-                    head.queue.push((id.clone(), key));
-                    // Not yet in the index `fifo_head` read: it may be
-                    // the head itself.
-                    let me = (key, get::<String>(r, "msg_id")?, id.clone());
-                    if rule.fifo && rule.head.as_ref().is_none_or(|h| me < *h) {
-                        rule.head = Some(me);
-                    }
+            let special = rule.fifo || rule.throttle.is_some();
+            if special && get::<Option<Millis>>(r, "queued_at")?.is_none() {
+                let key: Millis = get(r, "updated_at")?;
+                head.queue.push((id.clone(), key));
+                // Not yet in the index `fifo_head` read: it may be the
+                // head itself.
+                let me = (key, get::<String>(r, "msg_id")?, id.clone());
+                if rule.fifo && rule.head.as_ref().is_none_or(|h| me < *h) {
+                    rule.head = Some(me);
                 }
             }
             let blocked = (rule.fifo && rule.head.as_ref().is_some_and(|h| h.2 != id))
@@ -425,10 +444,20 @@ fn walk_due_head(
                 }
             } else {
                 claimable += 1;
-                let cap = if rule.fifo { 1 } else { usize::MAX };
-                if room.take_under(&endpoint, cap) {
-                    let slot = rule.throttle.as_mut().and_then(ThrottleSlots::take);
-                    head.picked.push((id, slot));
+                let retry = get::<i64>(r, "attempts")? > 0;
+                if retry && !special && retries >= retry_share {
+                    // Over the retries' share: taken only if first
+                    // attempts leave slots over (see `fresh_from_the_top`).
+                    if head.spare.len() < limit {
+                        head.spare.push((id, endpoint));
+                    }
+                } else {
+                    let cap = if rule.fifo { 1 } else { usize::MAX };
+                    if room.take_under(&endpoint, cap) {
+                        let slot = rule.throttle.as_mut().and_then(ThrottleSlots::take);
+                        head.picked.push((id, slot));
+                        retries += usize::from(retry);
+                    }
                 }
                 if room.is_full() || claimable >= window {
                     break;
@@ -447,6 +476,49 @@ fn walk_due_head(
         })
         .collect();
     Ok(head)
+}
+
+/// Retries beyond their share left slots free (a retry storm at the head
+/// of the due index): fills them with first attempts, newest due first
+/// from the other end of `deliveries_due` (fresh deliveries are the most
+/// recently due), of endpoints with room and no throttle or FIFO rule
+/// (those are the walk's); at most a window of rows is read.
+fn fresh_from_the_top(
+    conn: &Connection,
+    now: Millis,
+    room: &mut Room,
+    saturated: &HashSet<&str>,
+    head: &mut DueHead,
+) -> StoreResult<()> {
+    let mut top = conn
+        .prepare_cached(
+            "SELECT d.id, d.endpoint_id FROM deliveries d INDEXED BY deliveries_due \
+               JOIN endpoints e ON e.id = d.endpoint_id \
+             WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 AND d.state = 0 \
+               AND d.attempts = 0 AND e.disabled = 0 AND e.ordering = 'none' \
+               AND COALESCE(e.rate_limit, 0) <= 0 \
+             ORDER BY d.next_attempt_at DESC LIMIT ?2",
+        )
+        .map_err(map_err)?;
+    let window = claim_window(room.remaining());
+    let picked: HashSet<String> = head.picked.iter().map(|(id, _)| id.clone()).collect();
+    let mut rs = top
+        .query(params![now, i64::try_from(window).unwrap_or(i64::MAX)])
+        .map_err(map_err)?;
+    while let Some(r) = rs.next().map_err(map_err)? {
+        if room.is_full() {
+            break;
+        }
+        let id: String = get(r, "id")?;
+        let endpoint: String = get(r, "endpoint_id")?;
+        if picked.contains(&id) || saturated.contains(endpoint.as_str()) {
+            continue;
+        }
+        if room.take(&endpoint) {
+            head.picked.push((id, None));
+        }
+    }
+    Ok(())
 }
 
 /// Writes what a walk found: the rows to park or hold out of the claim
