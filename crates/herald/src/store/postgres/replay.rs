@@ -3,6 +3,8 @@
 use super::*;
 
 /// A fresh retry cycle, due now (`$1`), asked for by an operator.
+/// A new cycle; `queued_at` cleared, so a FIFO endpoint's claim queues it
+/// again at its `updated_at`: the back of the queue.
 const REPLAY_SET: &str =
     "state = 0, next_attempt_at = $1, cycle_started_at = $1, cycle_base = attempts, \
      manual = TRUE, lease_token = NULL, dead_reason = NULL, updated_at = $1, \
