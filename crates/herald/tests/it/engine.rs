@@ -326,6 +326,31 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
     assert_eq!(status, 200, "{health}");
     assert_eq!(health["throttled"], "throttled at 4/s", "{health}");
     assert_eq!(health["throttleWaiting"], 0, "all sent: {health}");
+    // The dashboard's endpoint page says it too.
+    let browser = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = browser
+        .post(format!("{}/dashboard/login", app_under_test.base))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .expect("log-in");
+    assert_eq!(login.status(), 303);
+    let page = browser
+        .get(format!(
+            "{}/dashboard/app/{app}/endpoint/{ep_id}",
+            app_under_test.base
+        ))
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(page.contains("throttled at 4/s"), "{page}");
     app_under_test.shutdown().await;
 }
 
