@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// claimable work due after them.
     #[arg(long)]
     pub claim_cost: Option<usize>,
+    /// Instead of the delivery runs, one of issue 13's claim-rule runs
+    /// (`throttle`, `fifo`, `backlog`, `storm`; see `bench_engine`).
+    #[arg(long)]
+    pub engine: Option<String>,
 }
 
 /// Where a run keeps its data.
@@ -552,6 +556,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),
@@ -711,6 +716,9 @@ async fn claim_cost(args: &BenchArgs, overdue: usize) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(mode) = &args.engine {
+        return crate::bench_engine::run(&args, mode).await;
+    }
     if let Some(overdue) = args.claim_cost {
         return claim_cost(&args, overdue).await;
     }

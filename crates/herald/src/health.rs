@@ -108,8 +108,17 @@ pub struct EndpointHealth {
     pub disabled_at: Option<Millis>,
     /// The last 24 hours, oldest first, one point per hour.
     pub hourly: Vec<HourPoint>,
+    /// `"throttled at N/s"` when the endpoint has a `throttleRate`.
+    pub throttled: Option<String>,
+    /// Deliveries waiting for a throttle slot now (with a `throttleRate`).
+    pub throttle_waiting: Option<u64>,
     /// The endpoint's circuit breaker.
     pub circuit: CircuitHealth,
+}
+
+/// How the health API and the dashboard say an endpoint is throttled.
+pub fn throttled_text(rate: u32) -> String {
+    format!("throttled at {rate}/s")
 }
 
 /// An endpoint's circuit breaker as the health API shows it.
@@ -239,6 +248,8 @@ pub fn compute(status: &EndpointStatus, buckets: &[StatsBucket], now: Millis) ->
         last_error_at: status.last_error_at,
         disabled: status.disabled,
         disabled_reason: status.disabled_reason.clone(),
+        throttled: None,
+        throttle_waiting: None,
         disabled_at: status.disabled_at,
         hourly,
         circuit: CircuitHealth::default(),

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod audit;
 pub mod bench;
+pub mod bench_engine;
 pub mod cli;
 pub mod config;
 pub mod crypto;

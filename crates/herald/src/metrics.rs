@@ -16,6 +16,7 @@
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
 //! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
 //! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
+//! | `herald_throttle_waiting` | gauge | `endpoint` | per endpoint with a `throttleRate`: pending deliveries a claim found waiting for a send slot (the first [`MAX_THROTTLE_LABELS`] such endpoints by id; the rest summed under `endpoint="other"`) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
 //! the gauges describe the whole store, so with several processes on one
@@ -49,7 +50,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::EndpointId;
-use crate::store::{now_millis, Millis, NextState, QueueStats, Store, StoreResult};
+use crate::store::{
+    now_millis, Millis, NextState, QueueStats, Store, StoreResult, ThrottleWaiting,
+};
 
 pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
@@ -60,6 +63,10 @@ pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
+pub const THROTTLE_WAITING: &str = "herald_throttle_waiting";
+/// Throttled endpoints with a `herald_throttle_waiting` series of their
+/// own; any tenant may set a rate, so the labels are bounded.
+pub const MAX_THROTTLE_LABELS: usize = 100;
 pub const ENDPOINTS_DISABLED: &str = "herald_endpoints_disabled";
 pub const CIRCUIT_OPEN: &str = "herald_endpoint_circuit_open";
 pub const CIRCUIT_OPENINGS: &str = "herald_endpoint_circuit_openings_total";
@@ -158,6 +165,11 @@ fn describe() {
         OLDEST_DUE_AGE,
         Unit::Seconds,
         "How long the oldest due delivery has been waiting (0 when none is due)."
+    );
+    describe_gauge!(
+        THROTTLE_WAITING,
+        Unit::Count,
+        "Pending deliveries waiting for a send slot of their throttled endpoint, by endpoint."
     );
     describe_gauge!(
         ENDPOINTS_DISABLED,
@@ -304,6 +316,33 @@ fn set_queue_gauges(stats: &QueueStats, now: Millis) {
     ::metrics::gauge!(ENDPOINTS_DISABLED).set(n(stats.disabled_endpoints));
 }
 
+/// The `herald_throttle_waiting` series set last, so that an endpoint no
+/// longer throttled (or no longer listed) goes back to 0.
+static THROTTLE_LABELS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn set_throttle_gauges(waiting: &[ThrottleWaiting]) {
+    let mut values: Vec<(String, u64)> = waiting
+        .iter()
+        .take(MAX_THROTTLE_LABELS)
+        .map(|w| (w.endpoint_id.to_string(), w.waiting))
+        .collect();
+    if waiting.len() > MAX_THROTTLE_LABELS {
+        let rest = waiting[MAX_THROTTLE_LABELS..]
+            .iter()
+            .map(|w| w.waiting)
+            .sum();
+        values.push((OTHER_ENDPOINT.to_owned(), rest));
+    }
+    let mut last = THROTTLE_LABELS.lock().unwrap_or_else(|p| p.into_inner());
+    for gone in last.iter().filter(|l| !values.iter().any(|(v, _)| v == *l)) {
+        ::metrics::gauge!(THROTTLE_WAITING, "endpoint" => gone.clone()).set(0.0);
+    }
+    for (label, n) in &values {
+        ::metrics::gauge!(THROTTLE_WAITING, "endpoint" => label.clone()).set(*n as f64);
+    }
+    *last = values.into_iter().map(|(l, _)| l).collect();
+}
+
 /// One Herald instance's `/metrics`: renders the process's metrics with
 /// the queue gauges read from this instance's store.
 pub struct Exporter {
@@ -329,8 +368,10 @@ impl Exporter {
         let changes = CHANGES.load(Ordering::Relaxed);
         let now = now_millis();
         let stats = self.store.queue_stats(now).await?;
+        let throttled = self.store.throttle_waiting().await?;
         let mut written = gauges_written();
         set_queue_gauges(&stats, now);
+        set_throttle_gauges(&throttled);
         *written = Some(Written {
             exporter: self.id,
             at: Instant::now(),

@@ -50,7 +50,7 @@ pub async fn page(
     let now = now_millis();
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let health = endpoint_health(&state.store, &ep.id, &state.breaker).await?;
+    let health = endpoint_health(&state.store, &ep, &state.breaker).await?;
     let cursor = Cursor::new(&query.after, &query.before);
     let page = state
         .store
@@ -106,9 +106,18 @@ pub async fn page(
                             }
                         }
                     }
-                    @if let Some(rate) = ep.rate_limit {
-                        dt { "Rate limit" }
-                        dd { (rate) " / s" }
+                    @if let Some(throttled) = &health.throttled {
+                        dt { "Throttle" }
+                        dd {
+                            (throttled)
+                            @if let Some(n) = health.throttle_waiting.filter(|n| *n > 0) {
+                                span.muted { " (" (n) " waiting)" }
+                            }
+                        }
+                    }
+                    @if ep.ordering == crate::store::EndpointOrdering::Fifo {
+                        dt { "Ordering" }
+                        dd { "FIFO: one request at a time, in creation order" }
                     }
                     @if let Some(channels) = &ep.channels {
                         dt { "Channels" }

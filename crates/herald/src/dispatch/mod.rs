@@ -61,6 +61,23 @@ const CLAIM_GATHER: Duration = Duration::from_millis(1);
 /// that waited at its gate no longer than one request is always sent.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// While due work is held back by the store's rules (a throttle's next
+/// slot, a FIFO queue) or by busy endpoints, how long the idle loop waits
+/// at most before claiming again.
+const BLOCKED_RECHECK: Duration = Duration::from_millis(25);
+
+/// Until `d`'s throttle slot, if it has one (never longer than the claim's
+/// horizon, whatever the clock says).
+async fn wait_for_slot(d: &ClaimedDelivery) {
+    let Some(at) = d.send_at else { return };
+    let ahead = at
+        .saturating_sub(now_millis())
+        .clamp(0, crate::store::THROTTLE_HORIZON_MS + 1);
+    if ahead > 0 {
+        tokio::time::sleep(Duration::from_millis(u64::try_from(ahead).unwrap_or(0))).await;
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Woke {
     SlotFreed,
@@ -597,8 +614,11 @@ impl Dispatcher {
             claimed: claimed.len(),
             ..BatchReport::default()
         };
-        let completions =
-            futures::future::join_all(claimed.into_iter().map(|d| self.attempt(d))).await;
+        let completions = futures::future::join_all(claimed.into_iter().map(|d| async move {
+            wait_for_slot(&d).await;
+            self.attempt(d).await
+        }))
+        .await;
         for c in &completions {
             match c.next {
                 NextState::Delivered => report.delivered += 1,
@@ -820,7 +840,7 @@ impl Dispatcher {
                     // changes. When a finished request is what woke us, let
                     // others finish too, so the next claim is a batch
                     // rather than one row per finished request.
-                    if self.idle_wait(&shutdown).await == Woke::SlotFreed {
+                    if self.idle_wait(&shutdown, n == 0).await == Woke::SlotFreed {
                         tokio::select! {
                             _ = tokio::time::sleep(CLAIM_GATHER) => {}
                             _ = shutdown.cancelled() => break,
@@ -884,10 +904,22 @@ impl Dispatcher {
         let (this, done_tx, shutdown) = (self.clone(), done_tx.clone(), shutdown.clone());
         tokio::spawn(async move {
             let endpoint = d.endpoint_id.clone();
-            let permit = tokio::select! {
+            // A throttled endpoint's delivery goes at its slot (at most
+            // THROTTLE_HORIZON_MS after its claim), then through the gate
+            // like any other.
+            let slot = tokio::select! {
                 biased;
-                p = gate.acquire_owned() => p.ok(),
-                _ = shutdown.cancelled() => None,
+                _ = shutdown.cancelled() => false,
+                _ = wait_for_slot(&d) => true,
+            };
+            let permit = if slot {
+                tokio::select! {
+                    biased;
+                    p = gate.acquire_owned() => p.ok(),
+                    _ = shutdown.cancelled() => None,
+                }
+            } else {
+                None
             };
             match permit.map(|p| (p, this.may_send(&d, lease))) {
                 Some((_permit, Ok(()))) => {
@@ -956,7 +988,7 @@ impl Dispatcher {
     /// Nothing claimable now: sleep until new work, the next known due
     /// time, the poll, or, when due work is held back by busy endpoints, a
     /// freed slot (such an endpoint may have room again).
-    async fn idle_wait(&self, shutdown: &CancellationToken) -> Woke {
+    async fn idle_wait(&self, shutdown: &CancellationToken, last_found_none: bool) -> Woke {
         let mut wait = self.poll_interval;
         // With nothing due yet, a finished request frees a slot that no due
         // delivery waits for: claiming then would find nothing. (New work
@@ -974,10 +1006,18 @@ impl Dispatcher {
                     // again once the view may have changed (a cooldown
                     // ending is seen by the next refresh).
                     wait = wait.min(breaker::REFRESH);
-                } else if self.claimed.slots().claimed == 0 {
+                } else if self.claimed.slots().claimed == 0 && !last_found_none {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.
                     return Woke::Other;
+                } else {
+                    // Due work the store holds back (a throttle without a
+                    // slot yet, a FIFO endpoint's queue behind its head) or
+                    // a busy endpoint: look again soon, whether or not a
+                    // request finishes, rather than at once (a spin) or
+                    // after a whole poll (a throttle's next slot is never
+                    // further than 1/rate away).
+                    wait = wait.min(BLOCKED_RECHECK);
                 }
             }
             Ok(None) => held_back = false,

@@ -67,7 +67,7 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
         .await?;
     let mut rows = Vec::with_capacity(listed.len());
     for o in listed {
-        let health = endpoint_health(&state.store, &o.endpoint.id, &state.breaker).await?;
+        let health = endpoint_health(&state.store, &o.endpoint, &state.breaker).await?;
         rows.push((o.endpoint, health));
     }
     let body = html! {
@@ -312,7 +312,7 @@ pub async fn page(
 ) -> PortalResult {
     let now = now_millis();
     let ep = endpoint_of(&state, &session, &endpoint_id).await?;
-    let health = endpoint_health(&state.store, &ep.id, &state.breaker).await?;
+    let health = endpoint_health(&state.store, &ep, &state.breaker).await?;
     let attempts = state
         .store
         .list_attempts_of_endpoint(

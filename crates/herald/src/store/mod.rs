@@ -48,17 +48,19 @@ pub use circuits::{
     CircuitState, Circuits, EndpointCircuit, Seen, Transition, WindowCounts, CIRCUIT_COLUMNS,
 };
 pub use endpoints::{
-    headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
-    EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
+    headers_of, rotated_old_secrets, throttled_rate, valid_old_secrets, EnableReport, Endpoint,
+    EndpointChanges, EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret,
+    MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
 pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
-    claim_window, fan_out, fold_endpoint_batches, fold_stats, saturated, storable, storable_batch,
-    AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion, EndpointBatch,
-    FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage, NextState, Queue,
-    Room, SendTo, StreakUpdate, Subscriber,
+    claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
+    storable, storable_batch, AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion,
+    EndpointBatch, FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage,
+    NextState, Queue, Room, SendTo, StreakUpdate, Subscriber, ThrottleSlots, ThrottleWaiting,
+    THROTTLE_HORIZON_MS,
 };
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};

@@ -437,6 +437,7 @@ async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
             filter_types: None,
             disabled: false,
             rate_limit: None,
+            ordering: Default::default(),
             metadata: Default::default(),
             channels: None,
             headers: Default::default(),

@@ -513,6 +513,7 @@ fn endpoint(app: &AppId, uid: &str, url: &str, secret: &str) -> Endpoint {
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),

@@ -13,6 +13,7 @@ mod egress;
 mod egress_parts;
 mod endpoint_health;
 mod endpoint_writes;
+mod engine;
 mod expunge;
 mod gates;
 mod helpers;

@@ -191,6 +191,10 @@ backends!(
     circuit_breakers_are_stepped_by_completions_and_stored,
     only_one_of_two_concurrent_probers_wins,
     retention_expires_deliveries_held_by_an_open_breaker,
+    claim_reserves_throttle_slots_within_the_horizon,
+    claim_takes_only_a_fifo_endpoints_head_one_at_a_time,
+    throttled_and_fifo_endpoints_are_never_handed_off_at_ingest,
+    first_attempts_get_their_share_of_a_claim_during_a_retry_storm,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -258,6 +262,7 @@ pub(crate) async fn endpoint(
         filter_types: filter.map(|f| f.into_iter().map(str::to_owned).collect()),
         disabled,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),
@@ -3244,4 +3249,272 @@ async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Sto
         .all(|d| d.dead_reason == Some(DeadReason::TooOld)));
     assert_eq!(history(&store, &live).await.1, vec![DeliveryState::Pending]);
     let _ = healthy;
+}
+
+/// An endpoint of `app` with `throttleRate` `rate` and `ordering`.
+async fn endpoint_with(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    rate: Option<u16>,
+    ordering: EndpointOrdering,
+) -> Endpoint {
+    let e = endpoint(store, app, None, false).await;
+    let changes = EndpointChanges {
+        rate_limit: Some(rate),
+        ordering: Some(ordering),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(app, &e.id, &changes, T0)
+        .await
+        .expect("update"));
+    e
+}
+
+/// `n` messages of `app`, created 1 ms apart (so in this order).
+async fn messages_in_order(store: &Arc<dyn Store>, app: &AppId, n: i64) -> Vec<NewMessage> {
+    let ms: Vec<_> = (0..n)
+        .map(|i| NewMessage {
+            created_at: T0 - 10_000 + i,
+            ..message(app, "x", None)
+        })
+        .collect();
+    store.insert_messages(&ms).await.expect("insert");
+    ms
+}
+
+/// Issue 13, throttle: a claim takes a throttled endpoint's slots within
+/// `THROTTLE_HORIZON_MS`, each delivery with its slot, `1/rate` apart and
+/// moving on from where the last claim left off; other endpoints are not
+/// held up; a rate lifted shows at the next claim.
+async fn claim_reserves_throttle_slots_within_the_horizon(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    // 50/s: a slot every 20 ms, five within the 100 ms horizon.
+    let fast = endpoint_with(&store, &a.id, Some(50), EndpointOrdering::None).await;
+    messages_in_order(&store, &a.id, 12).await;
+    let none = HashMap::new();
+    let got = claim(&store, T0, 100, &none, 100).await;
+    let slots: Vec<_> = got.iter().map(|d| d.send_at).collect();
+    assert_eq!(
+        slots,
+        vec![
+            Some(T0),
+            Some(T0 + 20),
+            Some(T0 + 40),
+            Some(T0 + 60),
+            Some(T0 + 80)
+        ],
+        "five slots 20 ms apart from now"
+    );
+    assert!(got
+        .iter()
+        .all(|d| d.attempts == 0 && d.endpoint_id == fast.id));
+    assert!(
+        claim(&store, T0, 100, &none, 100).await.is_empty(),
+        "the horizon's slots are taken"
+    );
+    // 30 ms later the horizon reaches T0 + 130: slots T0 + 100 and + 120.
+    let next = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(
+        next.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        vec![Some(T0 + 100), Some(T0 + 120)],
+        "the next slots follow the last one, not the clock"
+    );
+    let waiting = store.throttle_waiting().await.expect("waiting");
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].rate, waiting[0].waiting),
+        (50, 5),
+        "{waiting:?}"
+    );
+
+    // An unthrottled neighbour in the same claim goes at once, all of it.
+    let b = app(&store, None).await;
+    let free = endpoint(&store, &b.id, None, false).await;
+    messages_in_order(&store, &b.id, 4).await;
+    let mixed = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(mixed.len(), 4, "{mixed:?}");
+    assert!(mixed
+        .iter()
+        .all(|d| d.endpoint_id == free.id && d.send_at.is_none()));
+
+    // Lifted: the rest go at the next claim, with no slot.
+    let lift = EndpointChanges {
+        rate_limit: Some(None),
+        ..EndpointChanges::default()
+    };
+    store
+        .update_endpoint(&a.id, &fast.id, &lift, T0)
+        .await
+        .expect("update");
+    let rest = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(rest.len(), 5, "{rest:?}");
+    assert!(rest.iter().all(|d| d.send_at.is_none()));
+}
+
+/// Issue 13, ordering: of a FIFO endpoint a claim takes only the first
+/// live delivery in creation order, and nothing while it is in flight or
+/// waiting for its retry; once it is delivered the next one goes; a
+/// replayed dead one goes to the back of the queue.
+async fn claim_takes_only_a_fifo_endpoints_head_one_at_a_time(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let ms = messages_in_order(&store, &a.id, 4).await;
+    let none = HashMap::new();
+    let first = claim(&store, T0, 100, &none, 100).await;
+    assert_eq!(first.len(), 1, "one at a time: {first:?}");
+    assert_eq!(first[0].msg_id, ms[0].id, "the oldest first");
+    assert!(
+        claim(&store, T0, 100, &none, 100).await.is_empty(),
+        "head in flight"
+    );
+    // The head fails and waits for its retry: the others wait with it.
+    let retry = completion(&first[0], NextState::Retry { at: T0 + 5_000 }, T0);
+    store.complete(&[retry]).await.expect("complete");
+    assert!(
+        claim(&store, T0 + 1_000, 100, &none, 100).await.is_empty(),
+        "behind the head"
+    );
+    // Its lease expiring (a crashed worker) gives it back, not the next.
+    let again = claim(&store, T0 + 5_000, 100, &none, 100).await;
+    assert_eq!(
+        again.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[0].id]
+    );
+    let retaken = claim(&store, T0 + 5_000 + 60_001, 100, &none, 100).await;
+    assert_eq!(
+        retaken.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[0].id],
+        "expired lease: the head again"
+    );
+    // Dead: the next one goes.
+    let dead = completion(
+        &retaken[0],
+        NextState::Dead(DeadReason::Exhausted),
+        T0 + 70_000,
+    );
+    store.complete(&[dead]).await.expect("complete");
+    let second = claim(&store, T0 + 70_000, 100, &none, 100).await;
+    assert_eq!(
+        second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[1].id]
+    );
+    // Something of it in flight here (room 0): nothing, even the head.
+    store
+        .release(&second[0].id, &second[0].lease_token, T0 + 70_000)
+        .await
+        .expect("release");
+    let busy: HashMap<EndpointId, usize> = [(ep.id.clone(), 1)].into();
+    assert!(
+        claim(&store, T0 + 70_000, 100, &busy, 100).await.is_empty(),
+        "room 0"
+    );
+    let second = claim(&store, T0 + 70_000, 100, &none, 100).await;
+    assert_eq!(
+        second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[1].id],
+        "released: still the head"
+    );
+    let done = completion(&second[0], NextState::Delivered, T0 + 70_001);
+    store.complete(&[done]).await.expect("complete");
+    // The dead first message replayed: behind messages 2 and 3.
+    let replayed = store
+        .replay_dead_matching(&dead_of(&a.id, Some(&ep.id)), None, 100, T0 + 70_002)
+        .await
+        .expect("replay");
+    assert_eq!(replayed, 1);
+    let mut order = Vec::new();
+    for step in 0..3 {
+        let now = T0 + 80_000 + step;
+        let got = claim(&store, now, 100, &none, 100).await;
+        assert_eq!(got.len(), 1, "one at a time: {got:?}");
+        order.push(got[0].msg_id.clone());
+        let ok = completion(&got[0], NextState::Delivered, now);
+        store.complete(&[ok]).await.expect("complete");
+    }
+    assert_eq!(
+        order,
+        vec![ms[2].id.clone(), ms[3].id.clone(), ms[0].id.clone()]
+    );
+}
+
+/// Issue 13: an ingest batch's handoff never takes a throttled or FIFO
+/// endpoint's deliveries (the claim's statement reserves the throttle's
+/// slots and finds the queue's head); an ordinary one's it does.
+async fn throttled_and_fifo_endpoints_are_never_handed_off_at_ingest(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let throttled = endpoint_with(&store, &a.id, Some(1000), EndpointOrdering::None).await;
+    let fifo = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let plain = endpoint(&store, &a.id, None, false).await;
+    let none = HashMap::new();
+    let req = ClaimRequest {
+        now: T0,
+        lease_until: T0 + 60_000,
+        limit: 100,
+        in_flight: &none,
+        endpoint_cap: 100,
+    };
+    let (outcomes, handed) = store
+        .insert_messages_claiming(&[message(&a.id, "x", None)], &req)
+        .await
+        .expect("insert");
+    assert_eq!(outcomes, vec![InsertOutcome::Inserted { deliveries: 3 }]);
+    assert_eq!(
+        handed.iter().map(|d| &d.endpoint_id).collect::<Vec<_>>(),
+        vec![&plain.id]
+    );
+    let claimed = claim(&store, T0, 100, &none, 100).await;
+    let mut eps: Vec<_> = claimed.iter().map(|d| d.endpoint_id.clone()).collect();
+    eps.sort();
+    let mut want = vec![throttled.id.clone(), fifo.id.clone()];
+    want.sort();
+    assert_eq!(eps, want, "the loop's claim takes them");
+}
+
+/// Issue 13, item 4: two hundred retries of one endpoint fall due together,
+/// before ten first attempts to another: a claim of ten gives the first
+/// attempts half, the retries half (not all ten to the older retries);
+/// with no first attempt waiting, the retries take every slot.
+async fn first_attempts_get_their_share_of_a_claim_during_a_retry_storm(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let stormy = endpoint(&store, &a.id, None, false).await;
+    // More than a claim's window (64 rows): the first attempts lie beyond
+    // what the walk of the due head reads.
+    let claimed = claim_n(&store, &a.id, 200, T0).await;
+    assert_eq!(claimed.len(), 200);
+    let retries: Vec<_> = claimed
+        .iter()
+        .map(|d| completion(d, NextState::Retry { at: T0 + 1 }, T0))
+        .collect();
+    store.complete(&retries).await.expect("complete");
+    let b = app(&store, None).await;
+    let healthy = endpoint(&store, &b.id, None, false).await;
+    let fresh: Vec<_> = (0..10)
+        .map(|_| NewMessage {
+            created_at: T0 + 2,
+            ..message(&b.id, "x", None)
+        })
+        .collect();
+    store.insert_messages(&fresh).await.expect("insert");
+    let none = HashMap::new();
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    let firsts = got.iter().filter(|d| d.endpoint_id == healthy.id).count();
+    let again = got.iter().filter(|d| d.endpoint_id == stormy.id).count();
+    assert_eq!((firsts, again), (5, 5), "half the slots each");
+    assert!(got
+        .iter()
+        .filter(|d| d.endpoint_id == stormy.id)
+        .all(|d| d.attempts == 1));
+    // The other five first attempts next, beside five more retries.
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    assert_eq!(
+        got.iter().filter(|d| d.endpoint_id == healthy.id).count(),
+        5
+    );
+    // No first attempt left: retries take all the slots.
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    assert_eq!(
+        got.iter().filter(|d| d.endpoint_id == stormy.id).count(),
+        10
+    );
 }

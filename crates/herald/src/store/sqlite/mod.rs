@@ -64,6 +64,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0012_expunge.sql"),
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
     include_str!("../../../migrations/sqlite/0014_portal.sql"),
+    include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
     include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
 ];
 
