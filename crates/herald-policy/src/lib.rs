@@ -8,6 +8,8 @@
 
 use std::time::{Duration, SystemTime};
 
+pub mod breaker;
+
 /// How the observed outcome of one HTTP attempt is classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusClass {
@@ -277,6 +279,47 @@ pub fn should_disable(
     None
 }
 
+/// How the dispatcher sizes each endpoint's lane: how many of its requests
+/// may be under way (and as many more claimed, waiting) at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneRule {
+    /// The most, whatever the endpoint does (`HERALD_ENDPOINT_CONCURRENCY`).
+    pub cap: usize,
+    /// A lane's size before the endpoint has answered anything.
+    pub start: usize,
+    /// An answer that took longer than this (a timeout too) is slow.
+    pub prompt_within: Duration,
+}
+
+impl LaneRule {
+    /// The rule for `cap`: lanes start at 4 (or `cap`, if smaller), and an
+    /// answer within a second is prompt.
+    pub fn for_cap(cap: usize) -> Self {
+        let cap = cap.max(1);
+        LaneRule {
+            cap,
+            start: cap.min(4),
+            prompt_within: Duration::from_secs(1),
+        }
+    }
+}
+
+/// An endpoint's lane after one of its requests took `took`. A prompt
+/// answer widens the lane by one (so it doubles per round trip, up to the
+/// cap). A slow one narrows it by half when `contended` (other endpoints'
+/// deliveries wanted slots lately): a stuck endpoint then holds a few
+/// slots instead of its cap, and the rest go where requests finish. When
+/// nothing else wants them, a slow endpoint widens like a prompt one: its
+/// requests are the only work there is.
+pub fn next_lane(rule: &LaneRule, lane: usize, took: Duration, contended: bool) -> usize {
+    let lane = lane.clamp(1, rule.cap);
+    if took <= rule.prompt_within || !contended {
+        (lane + 1).min(rule.cap)
+    } else {
+        (lane / 2).max(1)
+    }
+}
+
 /// 410 Gone: the receiver asks to be disabled at once.
 pub fn is_gone(status: Option<u16>) -> bool {
     status == Some(410)
@@ -338,6 +381,8 @@ pub fn parse_schedule(s: &str) -> Result<Vec<Duration>, String> {
     s.split(',').map(parse_duration).collect()
 }
 
+#[cfg(test)]
+mod breaker_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

@@ -270,3 +270,21 @@ fn regression_full_jitter_of_a_huge_step_is_not_longer_than_the_step() {
     let longest = Duration::from_millis(u64::MAX);
     assert!(Jitter::Full.apply(longest, 1.0) <= longest);
 }
+
+proptest! {
+    /// Whatever the answers, a lane stays between one and the cap, and it
+    /// moves by one up or by half down.
+    #[test]
+    fn a_lane_stays_within_one_and_the_cap(
+        cap in 0usize..200,
+        lane in 0usize..400,
+        took_ms in 0u64..100_000,
+        contended in any::<bool>(),
+    ) {
+        let rule = LaneRule::for_cap(cap);
+        let next = next_lane(&rule, lane, Duration::from_millis(took_ms), contended);
+        prop_assert!((1..=rule.cap).contains(&next), "{next} outside 1..={}", rule.cap);
+        let was = lane.clamp(1, rule.cap);
+        prop_assert!(next == (was + 1).min(rule.cap) || next == (was / 2).max(1));
+    }
+}

@@ -475,3 +475,39 @@ fn gone_disables_at_once_and_is_only_410() {
         "50 consecutive failed attempts over 3600s"
     );
 }
+
+#[test]
+fn a_prompt_endpoint_widens_its_lane_to_the_cap_and_no_further() {
+    let rule = LaneRule::for_cap(64);
+    assert_eq!(rule.start, 4);
+    let mut lane = rule.start;
+    for _ in 0..100 {
+        lane = next_lane(&rule, lane, Duration::from_millis(3), true);
+    }
+    assert_eq!(lane, 64);
+    assert_eq!(
+        next_lane(&LaneRule::for_cap(2), 2, Duration::ZERO, false),
+        2
+    );
+    assert_eq!(LaneRule::for_cap(2).start, 2, "never more than the cap");
+}
+
+#[test]
+fn a_slow_endpoint_narrows_only_while_others_want_slots() {
+    let rule = LaneRule::for_cap(64);
+    let slow = Duration::from_secs(5);
+    assert_eq!(next_lane(&rule, 64, slow, true), 32);
+    assert_eq!(next_lane(&rule, 1, slow, true), 1, "never below one");
+    assert_eq!(next_lane(&rule, 32, slow, false), 33, "slack is used");
+    // The boundary: exactly the prompt time is prompt.
+    assert_eq!(next_lane(&rule, 8, rule.prompt_within, true), 9);
+    assert_eq!(
+        next_lane(
+            &rule,
+            8,
+            rule.prompt_within + Duration::from_millis(1),
+            true
+        ),
+        4
+    );
+}

@@ -38,6 +38,14 @@ pub struct BenchArgs {
     /// How long the slow endpoint takes to answer in the fairness rows.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub slow_delay: Duration,
+    /// Endpoints in the fairness rows, the stuck ones included: one row has
+    /// the healthy ones alone, the other adds `--stuck` endpoints that
+    /// answer after `--slow-delay` (default: 3 healthy + 1 stuck).
+    #[arg(long, default_value_t = 4)]
+    pub fairness_endpoints: usize,
+    /// How many of the fairness rows' endpoints are stuck.
+    #[arg(long, default_value_t = 1)]
+    pub stuck: usize,
     /// Give up waiting for deliveries after this long.
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -67,6 +75,10 @@ pub struct BenchArgs {
     /// Deliveries (one per message, over 100 endpoints) for `--reads`.
     #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
+    /// Instead of the delivery runs, one of issue 13's claim-rule runs
+    /// (`throttle`, `fifo`, `backlog`, `storm`; see `bench_engine`).
+    #[arg(long)]
+    pub engine: Option<String>,
 }
 
 /// Where a run keeps its data.
@@ -273,16 +285,16 @@ fn cpu_cell(cpu: Option<Duration>) -> String {
         .unwrap_or_default()
 }
 
-/// One run on a fresh Herald: `fast` healthy endpoints (each gets every
-/// message) and optionally one slow endpoint.
-async fn herald_run(args: &BenchArgs, fast: usize, slow: bool) -> anyhow::Result<RunResult> {
+/// One run on a fresh Herald: `fast` healthy endpoints and `slow` ones that
+/// answer after `--slow-delay` (each endpoint gets every message).
+async fn herald_run(args: &BenchArgs, fast: usize, slow: usize) -> anyhow::Result<RunResult> {
     herald_run_on(args, fast, slow, &Target::Sqlite).await
 }
 
 async fn herald_run_on(
     args: &BenchArgs,
     fast: usize,
-    slow: bool,
+    slow: usize,
     target: &Target,
 ) -> anyhow::Result<RunResult> {
     let epoch = Instant::now();
@@ -355,9 +367,7 @@ async fn herald_run_on(
     let mut urls: Vec<String> = (0..fast)
         .map(|i| format!("http://{rx_addr}/fast/{i}"))
         .collect();
-    if slow {
-        urls.push(format!("http://{rx_addr}/slow/0"));
-    }
+    urls.extend((0..slow).map(|i| format!("http://{rx_addr}/slow/{i}")));
     for url in urls {
         client
             .post(format!("{base}/app/{app_id}/endpoint"))
@@ -556,6 +566,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),
@@ -718,6 +729,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.reads {
         return reads(&args).await;
     }
+    if let Some(mode) = &args.engine {
+        return crate::bench_engine::run(&args, mode).await;
+    }
     if let Some(overdue) = args.claim_cost {
         return claim_cost(&args, overdue).await;
     }
@@ -735,7 +749,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "| HTTP ceiling (client → receiver) | | {ceiling:.0} | | | 100 % | {} |",
         cpu_cell(Some(ceiling_cpu))
     );
-    let r = herald_run(&args, 1, false).await?;
+    let r = herald_run(&args, 1, 0).await?;
     println!("{}", row("Herald, SQLite, 1 endpoint", &r, Some(ceiling)));
     if let Some(url) = &args.postgres {
         for &workers in &args.worker_processes {
@@ -743,7 +757,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 url: url.clone(),
                 workers,
             };
-            let r = herald_run_on(&args, 1, false, &target).await?;
+            let r = herald_run_on(&args, 1, 0, &target).await?;
             let processes = if workers == 0 {
                 "1 process (API + dispatcher)".to_owned()
             } else {
@@ -754,16 +768,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     if args.fairness {
-        let base = herald_run(&args, 3, false).await?;
-        println!("{}", row("fairness: 3 healthy endpoints", &base, None));
-        let with_slow = herald_run(&args, 3, true).await?;
+        let all = args.fairness_endpoints.max(2);
+        let stuck = args.stuck.clamp(1, all - 1);
+        // The baseline is the same healthy endpoints without the stuck ones.
+        let base = herald_run(&args, all - stuck, 0).await?;
+        println!(
+            "{}",
+            row(
+                &format!("fairness: {} healthy endpoints", all - stuck),
+                &base,
+                None
+            )
+        );
+        let with_slow = herald_run(&args, all - stuck, stuck).await?;
         let label = format!(
-            "fairness: 3 healthy + 1 answering after {:?}",
+            "fairness: {} healthy + {stuck} answering after {:?}",
+            all - stuck,
             args.slow_delay
         );
         println!("{}", row(&label, &with_slow, None));
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
-        println!("healthy endpoints' p99 with the slow one / without: {ratio:.2}×");
+        println!("healthy endpoints' p99 with the stuck ones / without: {ratio:.2}×");
     }
     Ok(())
 }
@@ -887,6 +912,7 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
             rate_limit: None,
             metadata: Default::default(),
             channels: None,
+            ordering: Default::default(),
             headers: Default::default(),
             secret: herald_signing::Secret::generate().expose(),
             created_at: now,

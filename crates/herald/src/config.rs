@@ -14,6 +14,11 @@ use herald_policy::{parse_duration, parse_schedule, Jitter, RetryPolicy};
 /// `HERALD_` prefix (e.g. `retry_schedule`).
 pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LISTEN", "127.0.0.1:8080", "Address the API and dashboard listen on."),
+    ("HERALD_PUBLIC_URL", "", "Base URL browsers reach Herald at, e.g. `https://webhooks.example.com`: portal links point there. Empty: `http://` + the listen address."),
+    ("HERALD_PORTAL_FRAME_ANCESTORS", "'self'", "CSP `frame-ancestors` of the customer portal: who may embed it in an iframe (`'self'`, `'none'`, or origins such as `https://app.example.com`, space-separated). Another origin makes the portal cookie `SameSite=None; Secure; Partitioned`."),
+    ("HERALD_PORTAL_PRIMARY_COLOR", "#0969da", "The portal's primary colour (`#rgb` or `#rrggbb`); a link's `primaryColor` overrides it."),
+    ("HERALD_PORTAL_DARK_MODE", "false", "The portal in dark colours; a link's `darkMode` overrides it."),
+    ("HERALD_PORTAL_PRODUCT_NAME", "Webhooks", "The name in the portal's header; a link's `productName` overrides it."),
     ("HERALD_HEADER_TIMEOUT", "10s", "A request's headers must arrive within this, counted from the connection's opening or the previous answer (so it also ends idle kept-alive connections); else the connection is closed."),
     ("HERALD_BODY_TIMEOUT", "30s", "A request's body must arrive within this once its headers have; else 408 and the connection is closed."),
     ("HERALD_MAX_CONNECTIONS_PER_IP", "256", "Open connections from one client address at most; more are closed as soon as they are accepted."),
@@ -29,6 +34,10 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_ALLOW_PRIVATE_NETWORKS", "false", "Allow endpoints on loopback, private and other non-global addresses."),
     ("HERALD_DISABLE_AFTER", "50", "Consecutive failed attempts after which an endpoint is disabled (see HERALD_DISABLE_MIN_WINDOW)."),
     ("HERALD_DISABLE_MIN_WINDOW", "1h", "The failing streak must also have lasted this long; `0s` disables on the count alone."),
+    ("HERALD_BREAKER_MIN_ATTEMPTS", "20", "Circuit breaker: attempts within HERALD_BREAKER_WINDOW needed before its failure rate counts; 0 turns the breaker off."),
+    ("HERALD_BREAKER_WINDOW", "1m", "Circuit breaker: the sliding window its attempts and failures are counted in."),
+    ("HERALD_BREAKER_FAILURE_RATE", "50%", "Circuit breaker: failed share of the window's attempts that opens it (`50%` or `0.5`)."),
+    ("HERALD_BREAKER_COOLDOWN", "30s", "Circuit breaker: how long it stays open before one probe goes; doubled on each reopening, at most 10m."),
     ("HERALD_OPERATOR_WEBHOOK_URL", "", "When set, Herald sends endpoint.disabled, endpoint.enabled and message.attempt.exhausted events here."),
     ("HERALD_OPERATOR_WEBHOOK_SECRET", "", "`whsec_…` secret signing the operator webhooks; required with HERALD_OPERATOR_WEBHOOK_URL."),
     ("HERALD_METRICS_MAX_ENDPOINTS", "500", "Endpoints labelled by id in /metrics at most; the rest share endpoint=\"other\"."),
@@ -69,6 +78,8 @@ pub enum ConfigError {
 #[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// `HERALD_PUBLIC_URL` and `HERALD_PORTAL_*`.
+    pub portal: PortalConfig,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub max_connections_per_ip: usize,
@@ -82,6 +93,8 @@ pub struct Config {
     pub allow_private_networks: bool,
     pub disable_after: u32,
     pub disable_min_window: Duration,
+    /// `HERALD_BREAKER_*`: the per-endpoint circuit breaker.
+    pub breaker: herald_policy::breaker::BreakerRule,
     /// Where operator events go, with their signing secret (`whsec_…`).
     pub operator_webhook: Option<(String, String)>,
     pub metrics_max_endpoints: usize,
@@ -117,6 +130,103 @@ pub struct Config {
     pub log: String,
 }
 
+/// The customer portal's settings.
+#[derive(Debug, Clone)]
+pub struct PortalConfig {
+    /// `HERALD_PUBLIC_URL`, without a trailing slash; None: derived from
+    /// the listen address.
+    pub public_url: Option<String>,
+    /// `HERALD_PORTAL_FRAME_ANCESTORS`, checked.
+    pub frame_ancestors: String,
+    /// The theme when a link sets none.
+    pub theme: Theme,
+}
+
+impl PortalConfig {
+    /// Whether another site may frame the portal (the cookie must then
+    /// cross sites).
+    pub fn embeddable_cross_site(&self) -> bool {
+        self.frame_ancestors
+            .split_ascii_whitespace()
+            .any(|source| source != "'self'" && source != "'none'")
+    }
+}
+
+impl Default for PortalConfig {
+    fn default() -> Self {
+        PortalConfig {
+            public_url: None,
+            frame_ancestors: "'self'".to_owned(),
+            theme: Theme::default(),
+        }
+    }
+}
+
+/// The portal's look: configuration, overridden by a link's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Theme {
+    /// `#rgb` or `#rrggbb` ([`Theme::valid_color`]).
+    pub primary_color: String,
+    pub dark_mode: bool,
+    pub product_name: String,
+}
+
+impl Default for Theme {
+    fn default() -> Self {
+        Theme {
+            primary_color: "#0969da".to_owned(),
+            dark_mode: false,
+            product_name: "Webhooks".to_owned(),
+        }
+    }
+}
+
+impl Theme {
+    /// `#rgb` or `#rrggbb`: all a colour needs, and safe inside a style.
+    pub fn valid_color(text: &str) -> bool {
+        text.strip_prefix('#').is_some_and(|hex| {
+            (hex.len() == 3 || hex.len() == 6) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        })
+    }
+
+    /// A product name: 1..=64 characters, no control characters.
+    pub fn valid_product_name(text: &str) -> bool {
+        let n = text.chars().count();
+        (1..=64).contains(&n) && !text.chars().any(char::is_control)
+    }
+}
+
+/// `HERALD_PORTAL_FRAME_ANCESTORS`: `'self'`, `'none'`, or origins
+/// (`scheme://host[:port]`, `*.` allowed at the host's start).
+fn frame_ancestors_of(text: &str) -> Result<String, String> {
+    let sources: Vec<&str> = text.split_ascii_whitespace().collect();
+    if sources.is_empty() {
+        return Err("must name at least one source ('self', 'none' or an origin)".into());
+    }
+    for source in &sources {
+        if *source == "'self'" || *source == "'none'" {
+            continue;
+        }
+        let ok = source.split_once("://").is_some_and(|(scheme, rest)| {
+            matches!(scheme, "http" | "https")
+                && !rest.is_empty()
+                && rest.bytes().all(|b| {
+                    b.is_ascii_alphanumeric()
+                        || matches!(b, b'.' | b'-' | b':' | b'*' | b'[' | b']')
+                })
+        });
+        if !ok {
+            return Err(format!(
+                "`{source}` is not 'self', 'none' or an origin like https://app.example.com"
+            ));
+        }
+    }
+    if sources.len() > 1 && sources.contains(&"'none'") {
+        return Err("'none' cannot be combined with other sources".into());
+    }
+    Ok(sources.join(" "))
+}
+
 /// Where and how spans are exported (`HERALD_OTLP_*`).
 #[derive(Debug, Clone)]
 pub struct Otlp {
@@ -129,6 +239,7 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("listen", &self.listen)
+            .field("portal", &self.portal)
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
             .field("max_connections_per_ip", &self.max_connections_per_ip)
@@ -145,6 +256,7 @@ impl std::fmt::Debug for Config {
             .field("allow_private_networks", &self.allow_private_networks)
             .field("disable_after", &self.disable_after)
             .field("disable_min_window", &self.disable_min_window)
+            .field("breaker", &self.breaker)
             .field(
                 "operator_webhook",
                 &self.operator_webhook.as_ref().map(|(url, _)| url),
@@ -250,6 +362,48 @@ impl Config {
                 ),
             )
         })?;
+        let public_url = match get("HERALD_PUBLIC_URL").trim() {
+            "" => None,
+            text => {
+                let parsed = url::Url::parse(text).map_err(|e| {
+                    invalid("HERALD_PUBLIC_URL", format!("`{text}` is not a URL: {e}"))
+                })?;
+                if !matches!(parsed.scheme(), "http" | "https")
+                    || parsed.host_str().is_none()
+                    || parsed.query().is_some()
+                {
+                    return Err(invalid(
+                        "HERALD_PUBLIC_URL",
+                        format!("`{text}` must be an http(s) URL without a query"),
+                    ));
+                }
+                Some(text.trim_end_matches('/').to_owned())
+            }
+        };
+        let primary_color = get("HERALD_PORTAL_PRIMARY_COLOR");
+        if !Theme::valid_color(&primary_color) {
+            return Err(invalid(
+                "HERALD_PORTAL_PRIMARY_COLOR",
+                format!("`{primary_color}` is not a colour like #0969da"),
+            ));
+        }
+        let product_name = get("HERALD_PORTAL_PRODUCT_NAME");
+        if !Theme::valid_product_name(&product_name) {
+            return Err(invalid(
+                "HERALD_PORTAL_PRODUCT_NAME",
+                "must be 1-64 characters without control characters".into(),
+            ));
+        }
+        let portal = PortalConfig {
+            public_url,
+            frame_ancestors: frame_ancestors_of(&get("HERALD_PORTAL_FRAME_ANCESTORS"))
+                .map_err(|m| invalid("HERALD_PORTAL_FRAME_ANCESTORS", m))?,
+            theme: Theme {
+                primary_color,
+                dark_mode: boolean("HERALD_PORTAL_DARK_MODE")?,
+                product_name,
+            },
+        };
         let database_url = get("HERALD_DATABASE_URL");
         if !(database_url.starts_with("sqlite:")
             || database_url.starts_with("postgres://")
@@ -356,6 +510,36 @@ impl Config {
             number("HERALD_METRICS_MAX_ENDPOINTS")?,
         )?;
         let disable_min_window = duration("HERALD_DISABLE_MIN_WINDOW")?;
+        let breaker = {
+            let min_attempts = u32::try_from(number("HERALD_BREAKER_MIN_ATTEMPTS")?)
+                .map_err(|_| invalid("HERALD_BREAKER_MIN_ATTEMPTS", "too large".into()))?;
+            let window = duration("HERALD_BREAKER_WINDOW")?;
+            if window.is_zero() {
+                return Err(invalid(
+                    "HERALD_BREAKER_WINDOW",
+                    "must be longer than 0".into(),
+                ));
+            }
+            let failure_rate =
+                herald_policy::breaker::parse_rate(&get("HERALD_BREAKER_FAILURE_RATE"))
+                    .map_err(|m| invalid("HERALD_BREAKER_FAILURE_RATE", m))?;
+            let cooldown = duration("HERALD_BREAKER_COOLDOWN")?;
+            if cooldown.is_zero() {
+                return Err(invalid(
+                    "HERALD_BREAKER_COOLDOWN",
+                    "must be longer than 0".into(),
+                ));
+            }
+            herald_policy::breaker::BreakerRule {
+                min_attempts,
+                window,
+                failure_rate,
+                cooldown,
+                // Doubling stops at 10 minutes (issue 13), or at the first
+                // cooldown when that is longer.
+                max_cooldown: cooldown.max(Duration::from_secs(600)),
+            }
+        };
         let max_headers_per_endpoint = usize_of(
             "HERALD_MAX_HEADERS_PER_ENDPOINT",
             number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
@@ -468,6 +652,7 @@ impl Config {
 
         Ok(Config {
             listen,
+            portal,
             header_timeout,
             body_timeout,
             max_connections_per_ip,
@@ -485,6 +670,7 @@ impl Config {
             allow_private_networks: boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
             disable_after,
             disable_min_window,
+            breaker,
             operator_webhook,
             metrics_max_endpoints,
             endpoint_concurrency,
@@ -601,6 +787,7 @@ mod tests {
         assert!(!c.allow_private_networks);
         assert_eq!(c.disable_after, 50);
         assert_eq!(c.disable_min_window, Duration::from_secs(3600));
+        assert_eq!(c.breaker, herald_policy::breaker::BreakerRule::default());
         assert!(c.operator_webhook.is_none());
         assert_eq!(c.metrics_max_endpoints, 500);
         assert_eq!(c.max_headers_per_endpoint, 20);
@@ -657,10 +844,34 @@ mod tests {
             ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
             ("HERALD_ENCRYPTION_KEY", "not-base64!"),
             ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
+            ("HERALD_BREAKER_MIN_ATTEMPTS", "some"),
+            ("HERALD_BREAKER_WINDOW", "0s"),
+            ("HERALD_BREAKER_FAILURE_RATE", "150%"),
+            ("HERALD_BREAKER_FAILURE_RATE", "half"),
+            ("HERALD_BREAKER_COOLDOWN", "soon"),
         ] {
             let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
             assert!(err.to_string().starts_with(key), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
+        for rate in ["25%", "0.25", " 25 % "] {
+            let c = Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", rate)]))
+                .expect(rate);
+            assert_eq!(c.breaker.failure_rate, 0.25, "{rate}");
+        }
+        let c = Config::load_from(
+            None,
+            &env(&[
+                ("HERALD_BREAKER_MIN_ATTEMPTS", "0"),
+                ("HERALD_BREAKER_COOLDOWN", "20m"),
+            ]),
+        )
+        .expect("valid");
+        assert!(c.breaker.is_off());
+        assert_eq!(c.breaker.max_cooldown, Duration::from_secs(1200));
     }
 
     #[test]
@@ -679,11 +890,48 @@ mod tests {
     }
 
     #[test]
+    fn portal_settings_are_checked_and_name_their_key() {
+        for (key, value) in [
+            ("HERALD_PORTAL_PRIMARY_COLOR", "red"),
+            ("HERALD_PORTAL_PRIMARY_COLOR", "#12345"),
+            ("HERALD_PORTAL_FRAME_ANCESTORS", "javascript:alert(1)"),
+            ("HERALD_PORTAL_FRAME_ANCESTORS", "'none' https://a.example"),
+            (
+                "HERALD_PORTAL_FRAME_ANCESTORS",
+                "https://a.example; script-src *",
+            ),
+            ("HERALD_PORTAL_PRODUCT_NAME", ""),
+            ("HERALD_PORTAL_DARK_MODE", "dim"),
+            ("HERALD_PUBLIC_URL", "ftp://x.example"),
+            ("HERALD_PUBLIC_URL", "https://x.example/?a=1"),
+        ] {
+            let err = Config::from_values(&env(&[(key, value)])).expect_err(value);
+            assert!(err.to_string().starts_with(key), "{key}={value}: {err}");
+        }
+        let c = Config::from_values(&env(&[
+            (
+                "HERALD_PORTAL_FRAME_ANCESTORS",
+                "'self'  https://app.example.com",
+            ),
+            ("HERALD_PUBLIC_URL", "https://hooks.example.com/"),
+        ]))
+        .expect("valid");
+        assert_eq!(c.portal.frame_ancestors, "'self' https://app.example.com");
+        assert!(c.portal.embeddable_cross_site());
+        assert_eq!(
+            c.portal.public_url.as_deref(),
+            Some("https://hooks.example.com")
+        );
+        assert!(!Config::default().portal.embeddable_cross_site());
+    }
+
+    #[test]
     fn the_example_file_parses_to_the_defaults() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
         let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
         let d = Config::default();
+        assert_eq!(c.breaker, d.breaker);
         assert_eq!(c.listen, d.listen);
         assert_eq!(c.database_url, d.database_url);
         assert_eq!(c.retry, d.retry);

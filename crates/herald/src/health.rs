@@ -108,6 +108,71 @@ pub struct EndpointHealth {
     pub disabled_at: Option<Millis>,
     /// The last 24 hours, oldest first, one point per hour.
     pub hourly: Vec<HourPoint>,
+    /// `"throttled at N/s"` when the endpoint has a `throttleRate`.
+    pub throttled: Option<String>,
+    /// Deliveries waiting for a throttle slot now (with a `throttleRate`).
+    pub throttle_waiting: Option<u64>,
+    /// The endpoint's circuit breaker.
+    pub circuit: CircuitHealth,
+}
+
+/// How the health API and the dashboard say an endpoint is throttled.
+pub fn throttled_text(rate: u32) -> String {
+    format!("throttled at {rate}/s")
+}
+
+/// An endpoint's circuit breaker as the health API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitHealth {
+    /// `closed` (deliveries flow), `open` (held, unclaimed, spending no
+    /// attempt, until `until`) or `halfOpen` (one probe under way).
+    #[schema(example = "closed")]
+    pub state: String,
+    /// When it entered this state (none for a breaker never opened).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
+    pub since: Option<Millis>,
+    /// Open: when the probe may go.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "opt_rfc3339")]
+    pub until: Option<Millis>,
+    /// The failed share (0.0–1.0) of the attempts in the breaker's window
+    /// (`HERALD_BREAKER_WINDOW`, sliding-window estimate).
+    pub recent_failure_rate: f64,
+    /// Attempts in that window (estimated, rounded).
+    pub recent_attempts: u64,
+}
+
+impl CircuitHealth {
+    pub fn of(
+        c: &herald_policy::breaker::Circuit,
+        rule: &herald_policy::breaker::BreakerRule,
+        now: Millis,
+    ) -> Self {
+        let (attempts, _) = c.window.estimate(rule.window, now);
+        CircuitHealth {
+            state: c.state.as_str().to_owned(),
+            since: c.since,
+            until: c
+                .until
+                .filter(|_| c.state == herald_policy::breaker::CircuitState::Open),
+            recent_failure_rate: c.window.failure_rate(rule.window, now),
+            recent_attempts: attempts.round().max(0.0) as u64,
+        }
+    }
+}
+
+impl Default for CircuitHealth {
+    fn default() -> Self {
+        CircuitHealth {
+            state: "closed".to_owned(),
+            since: None,
+            until: None,
+            recent_failure_rate: 0.0,
+            recent_attempts: 0,
+        }
+    }
 }
 
 // Times are Unix ms inside Herald and RFC 3339 in the API, as everywhere.
@@ -183,8 +248,11 @@ pub fn compute(status: &EndpointStatus, buckets: &[StatsBucket], now: Millis) ->
         last_error_at: status.last_error_at,
         disabled: status.disabled,
         disabled_reason: status.disabled_reason.clone(),
+        throttled: None,
+        throttle_waiting: None,
         disabled_at: status.disabled_at,
         hourly,
+        circuit: CircuitHealth::default(),
     }
 }
 

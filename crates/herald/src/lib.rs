@@ -5,6 +5,7 @@
 pub mod api;
 pub mod audit;
 pub mod bench;
+pub mod bench_engine;
 pub mod cli;
 pub mod config;
 pub mod crypto;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod net;
 pub mod operator;
 pub mod outbox;
+pub mod portal;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -8,13 +8,16 @@
 //! | `herald_attempt_duration_seconds` | histogram | `endpoint` | time of one attempt: connect, send, response headers, excerpt |
 //! | `herald_messages_ingested_total` | counter | | messages accepted by the API (committed, answered 202) |
 //! | `herald_dispatch_claims_total` | counter | `found` | claims the dispatcher's loop made; `found` is `work` or `none` (nothing was due: wasted store work, which should stay near one per poll interval) |
-//! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `shutdown` |
+//! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `circuit` (its circuit breaker opened while it waited, or it is half-open and this was not the probe), `shutdown` |
 //! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
 //! | `herald_due_backlog` | gauge | | pending deliveries due now for enabled endpoints (busy ones included; held deliveries are not counted), counted up to `DUE_COUNT_CAP` (10,000; that value means "at least") |
 //! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery (not held) has been waiting; 0 when none is due |
 //! | `herald_deliveries_held` | gauge | | pending deliveries held for disabled endpoints: they wait for the endpoint's enabling, not for a slot |
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
+//! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
+//! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
+//! | `herald_throttle_waiting` | gauge | `endpoint` | per endpoint with a `throttleRate`: pending deliveries a claim found waiting for a send slot (the first [`MAX_THROTTLE_LABELS`] such endpoints by id; the rest summed under `endpoint="other"`) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
 //! the gauges describe the whole store, so with several processes on one
@@ -48,7 +51,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::EndpointId;
-use crate::store::{now_millis, Millis, NextState, QueueStats, Store, StoreResult};
+use crate::store::{
+    now_millis, Millis, NextState, QueueStats, Store, StoreResult, ThrottleWaiting,
+};
 
 pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
@@ -60,7 +65,13 @@ pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
 pub const DELIVERIES_HELD: &str = "herald_deliveries_held";
+pub const THROTTLE_WAITING: &str = "herald_throttle_waiting";
+/// Throttled endpoints with a `herald_throttle_waiting` series of their
+/// own; any tenant may set a rate, so the labels are bounded.
+pub const MAX_THROTTLE_LABELS: usize = 100;
 pub const ENDPOINTS_DISABLED: &str = "herald_endpoints_disabled";
+pub const CIRCUIT_OPEN: &str = "herald_endpoint_circuit_open";
+pub const CIRCUIT_OPENINGS: &str = "herald_endpoint_circuit_openings_total";
 
 /// The `endpoint` label of every endpoint past the cardinality bound.
 pub const OTHER_ENDPOINT: &str = "other";
@@ -163,10 +174,35 @@ fn describe() {
         "How long the oldest due delivery has been waiting (0 when none is due)."
     );
     describe_gauge!(
+        THROTTLE_WAITING,
+        Unit::Count,
+        "Pending deliveries waiting for a send slot of their throttled endpoint, by endpoint."
+    );
+    describe_gauge!(
         ENDPOINTS_DISABLED,
         Unit::Count,
         "Endpoints currently disabled."
     );
+    describe_gauge!(
+        CIRCUIT_OPEN,
+        Unit::Count,
+        "Endpoints whose circuit breaker is open or half-open (by endpoint, bounded)."
+    );
+    describe_counter!(
+        CIRCUIT_OPENINGS,
+        Unit::Count,
+        "Circuit breakers opened (or reopened after a failed probe) by this process."
+    );
+}
+
+/// Sets `herald_endpoint_circuit_open` for one `endpoint` label value.
+pub fn circuit_open(label: &str, value: f64) {
+    ::metrics::gauge!(CIRCUIT_OPEN, "endpoint" => label.to_owned()).set(value);
+}
+
+/// Counts one opening of a circuit breaker.
+pub fn circuit_opened() {
+    ::metrics::counter!(CIRCUIT_OPENINGS).increment(1);
 }
 
 /// Counts messages that an ingest batch committed. Without a recorder
@@ -288,6 +324,33 @@ fn set_queue_gauges(stats: &QueueStats, now: Millis) {
     ::metrics::gauge!(ENDPOINTS_DISABLED).set(n(stats.disabled_endpoints));
 }
 
+/// The `herald_throttle_waiting` series set last, so that an endpoint no
+/// longer throttled (or no longer listed) goes back to 0.
+static THROTTLE_LABELS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn set_throttle_gauges(waiting: &[ThrottleWaiting]) {
+    let mut values: Vec<(String, u64)> = waiting
+        .iter()
+        .take(MAX_THROTTLE_LABELS)
+        .map(|w| (w.endpoint_id.to_string(), w.waiting))
+        .collect();
+    if waiting.len() > MAX_THROTTLE_LABELS {
+        let rest = waiting[MAX_THROTTLE_LABELS..]
+            .iter()
+            .map(|w| w.waiting)
+            .sum();
+        values.push((OTHER_ENDPOINT.to_owned(), rest));
+    }
+    let mut last = THROTTLE_LABELS.lock().unwrap_or_else(|p| p.into_inner());
+    for gone in last.iter().filter(|l| !values.iter().any(|(v, _)| v == *l)) {
+        ::metrics::gauge!(THROTTLE_WAITING, "endpoint" => gone.clone()).set(0.0);
+    }
+    for (label, n) in &values {
+        ::metrics::gauge!(THROTTLE_WAITING, "endpoint" => label.clone()).set(*n as f64);
+    }
+    *last = values.into_iter().map(|(l, _)| l).collect();
+}
+
 /// One Herald instance's `/metrics`: renders the process's metrics with
 /// the queue gauges read from this instance's store.
 pub struct Exporter {
@@ -313,8 +376,10 @@ impl Exporter {
         let changes = CHANGES.load(Ordering::Relaxed);
         let now = now_millis();
         let stats = self.store.queue_stats(now).await?;
+        let throttled = self.store.throttle_waiting().await?;
         let mut written = gauges_written();
         set_queue_gauges(&stats, now);
+        set_throttle_gauges(&throttled);
         *written = Some(Written {
             exporter: self.id,
             at: Instant::now(),

@@ -139,6 +139,22 @@ impl WebhookUrl {
         if let Some(ip) = host_ip(&host) {
             policy.check_ip(&host.to_string(), ip)?;
         }
+        if let url::Host::Domain(name) = &host {
+            // No DNS name has an empty label, but the URL parser keeps
+            // `0.0.0.0..` as a name, which some resolvers read as the
+            // address without the dots: refuse it here rather than rely on
+            // the resolver's reading.
+            if name
+                .strip_suffix('.')
+                .unwrap_or(name)
+                .split('.')
+                .any(str::is_empty)
+            {
+                return Err(UrlError::Invalid(format!(
+                    "host `{name}` has an empty label"
+                )));
+            }
+        }
         Ok(WebhookUrl(url))
     }
 
@@ -201,6 +217,23 @@ mod tests {
     const ALLOW: NetworkPolicy = NetworkPolicy {
         allow_private: true,
     };
+
+    /// Found by the property tests: the URL parser keeps `0.0.0.0..` as a
+    /// name, which reads as an address once its dots are taken off.
+    #[test]
+    fn names_with_an_empty_label_are_refused_and_one_root_dot_is_fine() {
+        for url in [
+            "http://0.0.0.0../",
+            "http://a..example.com/",
+            "https://example.com../",
+        ] {
+            assert!(
+                matches!(WebhookUrl::parse(url, ALLOW), Err(UrlError::Invalid(_))),
+                "{url}"
+            );
+        }
+        assert!(WebhookUrl::parse("https://example.com./hook", DENY).is_ok());
+    }
 
     #[test]
     fn non_global_addresses_are_refused() {

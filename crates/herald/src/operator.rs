@@ -220,6 +220,58 @@ impl Operator {
         Ok(changed)
     }
 
+    /// Tells operators of a circuit breaker's transition, once (the
+    /// completer batch that made it calls this): `endpoint.circuit_opened`
+    /// when a closed breaker opens, with the window's figures, and
+    /// `endpoint.circuit_closed` when a probe closes it. A reopening after
+    /// a failed probe is only logged: the endpoint was open all along.
+    pub async fn circuit_changed(&self, change: &crate::store::CircuitChange) {
+        use crate::store::Transition;
+        let (app, ep) = (&change.app_id, &change.endpoint_id);
+        let c = &change.circuit;
+        let (event, figures) = match change.transition {
+            Transition::Opened {
+                attempts,
+                failures,
+                failure_rate,
+            } => {
+                tracing::warn!(app = %app, endpoint = %ep, attempts, failures, failure_rate, until = ?c.until, "circuit opened");
+                (
+                    "endpoint.circuit_opened",
+                    json!({
+                        "attempts": attempts,
+                        "failures": failures,
+                        "failureRate": failure_rate,
+                        "openUntil": c.until.map(crate::store::rfc3339),
+                        "cooldownSeconds": c.cooldown_ms / 1000,
+                    }),
+                )
+            }
+            Transition::Reopened => {
+                tracing::warn!(app = %app, endpoint = %ep, until = ?c.until, cooldown_ms = c.cooldown_ms, "circuit reopened: the probe failed");
+                return;
+            }
+            Transition::Closed => {
+                tracing::info!(app = %app, endpoint = %ep, "circuit closed: the probe succeeded");
+                ("endpoint.circuit_closed", json!({}))
+            }
+        };
+        if self.is_operator_app(app) {
+            return;
+        }
+        let (app_uid, ep_uid) = self.uids(app, ep).await;
+        let mut data = json!({
+            "appId": app.as_str(),
+            "appUid": app_uid,
+            "endpointId": ep.as_str(),
+            "endpointUid": ep_uid,
+        });
+        if let (Some(obj), serde_json::Value::Object(more)) = (data.as_object_mut(), figures) {
+            obj.extend(more);
+        }
+        self.emit(event, data).await;
+    }
+
     /// Enables an endpoint (see the module comment). None if not found.
     pub async fn enable(&self, app: &AppId, ep: &EndpointId) -> StoreResult<Option<EnableReport>> {
         let now = now_millis();
@@ -525,6 +577,7 @@ async fn operator_endpoint(
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),

@@ -227,6 +227,17 @@ pub async fn start(
         // The queue gauges are refreshed where /metrics is served.
         let metrics = Arc::new(crate::metrics::Exporter::new(store.clone()));
         background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
+        let local = listener.local_addr()?;
+        // Unset: the address this listener is bound to (its real port
+        // when the configured one is 0).
+        let public_url = config.portal.public_url.clone().unwrap_or_else(|| {
+            let scheme = if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{local}")
+        });
         let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
@@ -239,7 +250,8 @@ pub async fn start(
             tokens: Default::default(),
             operator,
             metrics,
-            dashboard: Default::default(),
+            public_url,
+            portal: config.portal.clone(),
             auth_failures: crate::limits::LoginLimiter::new(
                 config.auth_failure_limit,
                 Duration::from_secs(1),
@@ -249,6 +261,7 @@ pub async fn start(
             max_endpoints_per_app: config.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             max_age: config.retry.max_age,
+            breaker: config.breaker,
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
         });
         // Every request's body has its deadline; trailing slashes are
@@ -270,7 +283,6 @@ pub async fn start(
             &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
             router,
         );
-        let local = listener.local_addr()?;
         addr = Some(local);
         let tls = match &config.tls {
             None => None,
@@ -701,6 +713,9 @@ pub async fn retention_pass(
     if let Err(e) = store.prune_stats(now - 48 * 3600 * 1000).await {
         tracing::warn!(error = %e, "pruning endpoint stats failed");
     }
+    if let Err(e) = store.prune_sessions(now).await {
+        tracing::warn!(error = %e, "pruning expired sessions failed");
+    }
     if let Err(e) = store
         .prune_idempotency(now - crate::api::idempotency::KEY_LIFETIME_MS)
         .await
@@ -755,6 +770,20 @@ pub async fn retention_pass(
             )
         },
         "expiring held deliveries failed; will try again later",
+    )
+    .await;
+    // The same age cap on what an open circuit breaker holds back (pending,
+    // unclaimed): no attempt would judge those either while it stays open.
+    in_batches(
+        shutdown,
+        || store.expire_circuit_held(too_old_before, now, RETENTION_BATCH),
+        |n| {
+            tracing::info!(
+                deliveries = n,
+                "deliveries held by an open circuit breaker past the age cap are now dead (too_old)"
+            )
+        },
+        "expiring deliveries held by circuit breakers failed; will try again later",
     )
     .await;
     loop {

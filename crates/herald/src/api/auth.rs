@@ -3,7 +3,7 @@
 //! application, 403 for what no application token may do). Tokens are
 //! kept as SHA-256 digests only.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
@@ -31,7 +31,13 @@ use crate::store::{now_millis, ApiToken};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Principal {
     Admin,
-    App { app_id: AppId, token_id: String },
+    App {
+        app_id: AppId,
+        token_id: String,
+        /// A portal token's capabilities; None: an ordinary application
+        /// token (everything an application token may do).
+        capabilities: Option<Capabilities>,
+    },
 }
 
 impl Principal {
@@ -45,8 +51,10 @@ impl Principal {
 }
 
 /// Application tokens by digest, so that a request does not cost a read.
-/// Entries live 30 s: a token revoked through another process stops
-/// working within that time (at once through this one).
+/// Entries live 30 s: a token revoked or expired early (`expire-all`,
+/// `logout`) through another process stops working within that time (at
+/// once through this one, which clears the cache). A token's own expiry is
+/// checked on every use, cached or not.
 #[derive(Default)]
 pub struct TokenCache(RwLock<HashMap<[u8; 32], CachedToken>>);
 
@@ -233,8 +241,21 @@ pub async fn require_token(
         Ok(lookup) => lookup,
         Err(e) => return e.into_response(),
     };
-    if let Principal::App { app_id, .. } = &principal {
-        if let Err(e) = allowed(app_id, &parts.method, parts.uri.path(), lookup.as_ref()) {
+    if let Principal::App {
+        app_id,
+        capabilities,
+        ..
+    } = &principal
+    {
+        let path = parts.uri.path();
+        let checked =
+            allowed(app_id, &parts.method, path, lookup.as_ref()).and_then(
+                |()| match capabilities {
+                    Some(caps) => caps.allow_api(&parts.method, path),
+                    None => Ok(()),
+                },
+            );
+        if let Err(e) = checked {
             return e.into_response();
         }
     }
@@ -258,10 +279,14 @@ async fn authenticate(state: &ApiState, digest: &[u8; 32]) -> ApiResult<Option<P
             found
         }
     };
-    Ok(found.map(|t| Principal::App {
-        app_id: t.app_id,
-        token_id: t.id,
-    }))
+    // Expiry is checked on every use: a cached token is no exception.
+    Ok(found
+        .filter(|t| t.live_at(now_millis()))
+        .map(|t| Principal::App {
+            capabilities: t.capabilities.as_deref().map(Capabilities::parse_stored),
+            app_id: t.app_id,
+            token_id: t.id,
+        }))
 }
 
 /// The application named by the route's `{app_id}` (`None` when the route
@@ -316,6 +341,8 @@ fn allowed(own: &AppId, method: &Method, path: &str, named: Option<&AppLookup>) 
             "application tokens cannot list or create applications".into(),
         )),
         (Some("event-type"), _, _) if method == Method::GET => Ok(()),
+        // Svix: an application token may log itself out.
+        (Some("auth"), Some("logout"), None) if method == Method::POST => Ok(()),
         _ => Err(ApiError::Forbidden(
             "this route needs the admin token".into(),
         )),
@@ -378,12 +405,12 @@ pub async fn create_token(
     let mut raw = [0u8; 24];
     rand::thread_rng().fill_bytes(&mut raw);
     let secret = format!("hrld_app_{}", hex::encode(raw));
-    let token = ApiToken {
-        id: format!("tok_{}", ulid::Ulid::new()),
-        app_id: app.id,
+    let token = ApiToken::plain(
+        format!("tok_{}", ulid::Ulid::new()),
+        app.id,
         name,
-        created_at: now_millis(),
-    };
+        now_millis(),
+    );
     state
         .store
         .create_token(&token, &hex::encode(token_sha256(&secret)))
@@ -455,6 +482,512 @@ pub async fn delete_token(
             &*state.store,
             "token.revoked",
             Some(&app.id),
+            &token_id,
+            serde_json::Value::Null,
+        )
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Svix's app-portal capabilities. `ManageTransformations` is accepted, as
+/// Svix accepts it, and grants nothing here (Herald has no transformations).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    Serialize,
+    utoipa::ToSchema,
+)]
+pub enum Capability {
+    ViewBase,
+    ViewEndpointSecret,
+    ManageEndpointSecret,
+    ManageTransformations,
+    CreateAttempts,
+    ManageEndpoint,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 6] = [
+        Capability::ViewBase,
+        Capability::ViewEndpointSecret,
+        Capability::ManageEndpointSecret,
+        Capability::ManageTransformations,
+        Capability::CreateAttempts,
+        Capability::ManageEndpoint,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::ViewBase => "ViewBase",
+            Capability::ViewEndpointSecret => "ViewEndpointSecret",
+            Capability::ManageEndpointSecret => "ManageEndpointSecret",
+            Capability::ManageTransformations => "ManageTransformations",
+            Capability::CreateAttempts => "CreateAttempts",
+            Capability::ManageEndpoint => "ManageEndpoint",
+        }
+    }
+}
+
+/// What a portal token or session may do. `ViewBase` is always in it;
+/// `ManageEndpoint` implies viewing and rotating the secret (Svix: "read
+/// and modify any field of an endpoint, including secrets").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities(BTreeSet<Capability>);
+
+impl Capabilities {
+    pub fn all() -> Self {
+        Capabilities(Capability::ALL.into_iter().collect())
+    }
+
+    pub fn read_only() -> Self {
+        Capabilities([Capability::ViewBase].into_iter().collect())
+    }
+
+    /// Svix's rules: `readOnly: true` is `ViewBase` alone; else the
+    /// capabilities given (with `ViewBase`); neither: all of them.
+    pub fn requested(read_only: Option<bool>, capabilities: Option<&[Capability]>) -> Self {
+        match (read_only, capabilities) {
+            (Some(true), _) => Self::read_only(),
+            (_, Some(given)) => {
+                let mut set: BTreeSet<Capability> = given.iter().copied().collect();
+                set.insert(Capability::ViewBase);
+                Capabilities(set)
+            }
+            (_, None) => Self::all(),
+        }
+    }
+
+    /// As stored (`to_stored`); unknown names are dropped.
+    pub fn parse_stored(text: &str) -> Self {
+        let mut set: BTreeSet<Capability> = text
+            .split(',')
+            .filter_map(|name| Capability::ALL.into_iter().find(|c| c.name() == name))
+            .collect();
+        set.insert(Capability::ViewBase);
+        Capabilities(set)
+    }
+
+    pub fn to_stored(&self) -> String {
+        self.names().join(",")
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.0.iter().map(|c| c.name()).collect()
+    }
+
+    pub fn has(&self, c: Capability) -> bool {
+        self.0.contains(&c)
+    }
+
+    pub fn view_secret(&self) -> bool {
+        self.has(Capability::ViewEndpointSecret) || self.rotate_secret()
+    }
+
+    pub fn rotate_secret(&self) -> bool {
+        self.has(Capability::ManageEndpointSecret) || self.manage_endpoint()
+    }
+
+    pub fn manage_endpoint(&self) -> bool {
+        self.has(Capability::ManageEndpoint)
+    }
+
+    pub fn create_attempts(&self) -> bool {
+        self.has(Capability::CreateAttempts)
+    }
+
+    /// 403 naming the capability `allowed` lacks.
+    pub fn need(allowed: bool, capability: Capability) -> ApiResult<()> {
+        if allowed {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "this token lacks the {} capability",
+                capability.name()
+            )))
+        }
+    }
+
+    /// What a portal token may call in the API (a path inside `/api/v1`
+    /// already allowed to an application token): reads need `ViewBase`
+    /// (the secret, a secret capability); endpoint changes
+    /// `ManageEndpoint`; rotation `ManageEndpointSecret`; sending,
+    /// recovering, resending and replaying `CreateAttempts`. Anything else
+    /// that changes something (a message, the application, expunging) is
+    /// refused to portal tokens.
+    pub fn allow_api(&self, method: &Method, path: &str) -> ApiResult<()> {
+        use Capability::*;
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let read = method == Method::GET || method == Method::HEAD;
+        match (read, segments.as_slice()) {
+            (false, ["auth", "logout"]) => Ok(()),
+            (true, ["app", _, "endpoint", _, "secret"]) => {
+                Self::need(self.view_secret(), ViewEndpointSecret)
+            }
+            (true, _) => Ok(()),
+            (false, ["app", _, "endpoint", _, "secret", "rotate"]) => {
+                Self::need(self.rotate_secret(), ManageEndpointSecret)
+            }
+            (false, ["app", _, "endpoint"])
+            | (false, ["app", _, "endpoint", _])
+            | (false, ["app", _, "endpoint", _, "headers" | "enable" | "disable"]) => {
+                Self::need(self.manage_endpoint(), ManageEndpoint)
+            }
+            (false, ["app", _, "endpoint", _, "recover" | "replay-missing" | "send-example"])
+            | (false, ["app", _, "endpoint", _, "dead-letter", "replay"])
+            | (false, ["app", _, "msg", _, "endpoint", _, "resend"])
+            | (false, ["app", _, "dead-letter", _, "replay"]) => {
+                Self::need(self.create_attempts(), CreateAttempts)
+            }
+            _ => Err(ApiError::Forbidden(
+                "a portal token cannot make this change".into(),
+            )),
+        }
+    }
+}
+
+/// Shortest and longest life of a portal link (Svix's bounds), and its
+/// default.
+const MIN_EXPIRY_SECS: u64 = 3600;
+const MAX_EXPIRY_SECS: u64 = 7 * 24 * 3600;
+/// Where a portal link lands (the code in its query is exchanged there).
+pub const PORTAL_LOGIN_PATH: &str = "/portal/login";
+
+/// Svix's `AppPortalAccessIn`.
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppPortalAccessIn {
+    /// Creates the application when the path's id or uid names none (its
+    /// `uid` must be the path's); ignored when it exists.
+    #[serde(default)]
+    pub application: Option<super::apps::ApplicationIn>,
+    /// Deprecated (Svix): `true` is `capabilities: ["ViewBase"]`.
+    #[serde(default)]
+    pub read_only: Option<bool>,
+    /// What the token and the portal may do; absent (and no `readOnly`):
+    /// all of them. `ViewBase` is always added.
+    #[serde(default)]
+    pub capabilities: Option<Vec<Capability>>,
+    /// Kept with the token; Herald's portal acts on none.
+    #[serde(default)]
+    pub feature_flags: Option<Vec<String>>,
+    /// Seconds until the token, the link and its sessions expire:
+    /// 3600..=604800 (default 604800, 7 days).
+    #[serde(default)]
+    #[schema(minimum = 3600, maximum = 604800)]
+    pub expiry: Option<u64>,
+    /// Tags the token, so that `expire-all` can end it by this id.
+    #[serde(default)]
+    #[schema(max_length = 256)]
+    pub session_id: Option<String>,
+}
+
+/// Svix's `AppPortalAccessOut`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AppPortalAccessOut {
+    /// Opens the portal once: its one-time code is exchanged for a browser
+    /// session at the first visit.
+    pub url: String,
+    /// An application token of the app, with the link's capabilities and
+    /// expiry.
+    pub token: String,
+}
+
+/// Svix's `ApplicationTokenExpireIn`.
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ApplicationTokenExpireIn {
+    /// Seconds from now: 0..=604800 (default 0, at once).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 604800)]
+    pub expiry: Option<i64>,
+    /// Only tokens minted with one of these `sessionId`s (absent or
+    /// empty: all of the application's tokens).
+    #[serde(default)]
+    pub session_ids: Option<Vec<String>>,
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut raw = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut raw);
+    hex::encode(raw)
+}
+
+/// `POST /auth/app-portal-access/{app_id}` (admin): a portal link and its
+/// token.
+#[utoipa::path(
+    post,
+    path = "/auth/app-portal-access/{app_id}",
+    tag = "Authentication",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body(content = ref("#/components/schemas/AppPortalAccessIn"), description = "Optional; an empty body is all capabilities for 7 days"),
+    responses(
+        (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
+pub async fn app_portal_access(
+    State(state): State<ApiState>,
+    actor: crate::audit::Actor,
+    Path(app_key): Path<String>,
+    app: MaybeResolvedApp,
+    super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<AppPortalAccessIn>,
+) -> ApiResult<Json<AppPortalAccessOut>> {
+    let expiry = body.expiry.unwrap_or(MAX_EXPIRY_SECS);
+    if !(MIN_EXPIRY_SECS..=MAX_EXPIRY_SECS).contains(&expiry) {
+        return Err(ApiError::field(
+            "expiry",
+            format!("must be {MIN_EXPIRY_SECS}..={MAX_EXPIRY_SECS} seconds"),
+        ));
+    }
+    if let Some(id) = &body.session_id {
+        super::check_line(&["body", "sessionId"], id, super::MAX_NAME_CHARS)?;
+    }
+    let flags = body.feature_flags.unwrap_or_default();
+    for (i, flag) in flags.iter().enumerate() {
+        let at = i.to_string();
+        super::check_line(&["body", "featureFlags", &at], flag, super::MAX_NAME_CHARS)?;
+        if flag.contains(',') {
+            return Err(ApiError::Validation(vec![super::FieldError::at(
+                &["body", "featureFlags", &at],
+                "must not contain ','",
+            )]));
+        }
+    }
+    let app_id = match (app.0, &body.application) {
+        (Some(id), _) => id,
+        (None, None) => return Err(ApiError::NotFound("application")),
+        (None, Some(inline)) => create_inline_app(&state, &actor, &app_key, inline).await?,
+    };
+    let capabilities = Capabilities::requested(body.read_only, body.capabilities.as_deref());
+    let out = mint_portal_access(
+        &state,
+        &actor,
+        app_id,
+        &capabilities,
+        expiry,
+        body.session_id,
+        flags.join(","),
+    )
+    .await?;
+    Ok(Json(out))
+}
+
+/// `POST /auth/dashboard-access/{app_id}` (admin): Svix's deprecated
+/// alias of app-portal-access with its defaults.
+#[utoipa::path(
+    post,
+    path = "/auth/dashboard-access/{app_id}",
+    tag = "Authentication",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    responses(
+        (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
+        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+    )
+)]
+pub async fn dashboard_access(
+    State(state): State<ApiState>,
+    actor: crate::audit::Actor,
+    app: ResolvedApp,
+) -> ApiResult<Json<AppPortalAccessOut>> {
+    let out = mint_portal_access(
+        &state,
+        &actor,
+        app.id,
+        &Capabilities::all(),
+        MAX_EXPIRY_SECS,
+        None,
+        String::new(),
+    )
+    .await?;
+    Ok(Json(out))
+}
+
+/// Creates the application of an app-portal-access request's
+/// `application` (the rules of a message's inline application).
+async fn create_inline_app(
+    state: &ApiState,
+    actor: &crate::audit::Actor,
+    key: &str,
+    inline: &super::apps::ApplicationIn,
+) -> ApiResult<AppId> {
+    let app = super::messages::inline_app(key, inline, now_millis())?;
+    match state.store.create_app(&app).await {
+        Ok(()) => {
+            actor
+                .record(
+                    &*state.store,
+                    "app.created",
+                    Some(&app.id),
+                    app.id.as_str(),
+                    serde_json::json!({ "inline": true }),
+                )
+                .await;
+            Ok(app.id)
+        }
+        // A concurrent request made it first: that one is the app.
+        Err(crate::store::StoreError::Conflict(_)) => state
+            .store
+            .get_app(key)
+            .await?
+            .map(|a| a.id)
+            .ok_or(ApiError::NotFound("application")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A portal token and its link's one-time code, stored together.
+async fn mint_portal_access(
+    state: &ApiState,
+    actor: &crate::audit::Actor,
+    app_id: AppId,
+    capabilities: &Capabilities,
+    expiry_secs: u64,
+    session_id: Option<String>,
+    feature_flags: String,
+) -> ApiResult<AppPortalAccessOut> {
+    let now = now_millis();
+    let expires_at = now.saturating_add(i64::try_from(expiry_secs * 1000).unwrap_or(i64::MAX));
+    let secret = format!("hrld_app_{}", random_hex(24));
+    let code = random_hex(32);
+    let token = ApiToken {
+        expires_at: Some(expires_at),
+        capabilities: Some(capabilities.to_stored()),
+        session_id,
+        feature_flags,
+        ..ApiToken::plain(
+            format!("tok_{}", ulid::Ulid::new()),
+            app_id,
+            "app-portal-access".to_owned(),
+            now,
+        )
+    };
+    state
+        .store
+        .create_portal_token(
+            &token,
+            &hex::encode(token_sha256(&secret)),
+            &hex::encode(token_sha256(&code)),
+        )
+        .await?;
+    // The token's id, never the token or the code.
+    actor
+        .record(
+            &*state.store,
+            "token.portal_access",
+            Some(&token.app_id),
+            &token.id,
+            serde_json::json!({
+                "capabilities": capabilities.names(),
+                "expiresAt": rfc3339(expires_at),
+                "sessionId": token.session_id,
+            }),
+        )
+        .await;
+    Ok(AppPortalAccessOut {
+        url: format!(
+            "{}{PORTAL_LOGIN_PATH}?code={code}",
+            state.public_url.trim_end_matches('/')
+        ),
+        token: secret,
+    })
+}
+
+/// `POST /auth/app/{app_id}/expire-all` (admin): ends the application's
+/// tokens (or those of the given `sessionIds`) and the portal sessions
+/// made from them, `expiry` seconds from now.
+#[utoipa::path(
+    post,
+    path = "/auth/app/{app_id}/expire-all",
+    tag = "Authentication",
+    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
+    request_body(content = ref("#/components/schemas/ApplicationTokenExpireIn"), description = "Optional; an empty body ends them all at once"),
+    responses(
+        (status = 204, description = "They expire then"),
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
+pub async fn expire_all(
+    State(state): State<ApiState>,
+    actor: crate::audit::Actor,
+    app: ResolvedApp,
+    super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<ApplicationTokenExpireIn>,
+) -> ApiResult<StatusCode> {
+    let expiry = body.expiry.unwrap_or(0);
+    let max = i64::try_from(MAX_EXPIRY_SECS).unwrap_or(i64::MAX);
+    if !(0..=max).contains(&expiry) {
+        return Err(ApiError::field(
+            "expiry",
+            format!("must be 0..={max} seconds"),
+        ));
+    }
+    let session_ids = body.session_ids.filter(|ids| !ids.is_empty());
+    if let Some(ids) = &session_ids {
+        for (i, id) in ids.iter().enumerate() {
+            super::check_line(
+                &["body", "sessionIds", &i.to_string()],
+                id,
+                super::MAX_NAME_CHARS,
+            )?;
+        }
+    }
+    let at = now_millis() + expiry * 1000;
+    let n = state
+        .store
+        .expire_tokens(&app.id, at, session_ids.as_deref())
+        .await?;
+    state.tokens.clear();
+    actor
+        .record(
+            &*state.store,
+            "token.expire_all",
+            Some(&app.id),
+            app.id.as_str(),
+            serde_json::json!({ "tokens": n, "expiresAt": rfc3339(at), "sessionIds": session_ids }),
+        )
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /auth/logout`: ends the calling application token (and the portal
+/// sessions made from it) at once. The admin token cannot be logged out.
+#[utoipa::path(
+    post,
+    path = "/auth/logout",
+    tag = "Authentication",
+    responses(
+        (status = 204, description = "The token no longer works"),
+        UnauthorizedResponse, ForbiddenResponse,
+    )
+)]
+pub async fn logout(
+    State(state): State<ApiState>,
+    actor: crate::audit::Actor,
+    axum::Extension(principal): axum::Extension<Principal>,
+) -> ApiResult<StatusCode> {
+    let Principal::App {
+        app_id, token_id, ..
+    } = principal
+    else {
+        return Err(ApiError::Forbidden(
+            "only application tokens can log out; the admin token is configured".into(),
+        ));
+    };
+    state.store.end_token(&token_id, now_millis()).await?;
+    state.tokens.clear();
+    actor
+        .record(
+            &*state.store,
+            "token.logout",
+            Some(&app_id),
             &token_id,
             serde_json::Value::Null,
         )

@@ -23,7 +23,7 @@ use crate::audit::Actor;
 use crate::ids::{AppId, EndpointId};
 use crate::net::WebhookUrl;
 use crate::operator::EndpointEvent;
-use crate::store::{now_millis, Endpoint, EndpointChanges};
+use crate::store::{now_millis, Endpoint, EndpointChanges, EndpointOrdering};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -57,6 +57,12 @@ pub struct EndpointIn {
     #[serde(default, alias = "throttleRate")]
     #[schema(maximum = 65535)]
     pub rate_limit: Option<u16>,
+    /// `"fifo"`: one request at a time, in message creation order (a
+    /// replayed or resent message goes to the back of the queue); its
+    /// throughput is bounded by the receiver's round trip. Default
+    /// `"none"`.
+    #[serde(default)]
+    pub ordering: Option<EndpointOrdering>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
     /// `whsec_` and 24 to 64 bytes in base64; generated when absent.
@@ -101,6 +107,9 @@ pub struct EndpointPatch {
     #[serde(default, alias = "throttleRate", deserialize_with = "double_option")]
     #[schema(maximum = 65535)]
     pub rate_limit: Option<Option<u16>>,
+    /// `"fifo"` or `"none"`; absent leaves it as it is.
+    #[serde(default)]
+    pub ordering: Option<EndpointOrdering>,
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -124,6 +133,7 @@ pub struct EndpointOut {
     pub channels: Option<Vec<String>>,
     pub rate_limit: Option<u16>,
     pub throttle_rate: Option<u16>,
+    pub ordering: EndpointOrdering,
     pub metadata: BTreeMap<String, String>,
     pub created_at: String,
     pub updated_at: String,
@@ -143,6 +153,7 @@ impl From<Endpoint> for EndpointOut {
             channels: e.channels,
             rate_limit: e.rate_limit,
             throttle_rate: e.rate_limit,
+            ordering: e.ordering,
             metadata: e.metadata,
             created_at: rfc3339(e.created_at),
             updated_at: rfc3339(e.updated_at),
@@ -385,6 +396,7 @@ async fn insert_endpoint(
         filter_types,
         disabled: body.disabled.unwrap_or(false),
         rate_limit: body.rate_limit,
+        ordering: body.ordering.unwrap_or_default(),
         metadata: body.metadata.unwrap_or_default(),
         channels,
         headers,
@@ -548,6 +560,7 @@ fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
         ("description", changes.description.is_some()),
         ("filterTypes", changes.filter_types.is_some()),
         ("rateLimit", changes.rate_limit.is_some()),
+        ("ordering", changes.ordering.is_some()),
         ("metadata", changes.metadata.is_some()),
         ("channels", changes.channels.is_some()),
     ]
@@ -598,6 +611,7 @@ pub async fn update_endpoint(
         description: Some(body.description.unwrap_or_default()),
         filter_types: Some(check_filter(&state, &body.filter_types).await?),
         rate_limit: Some(body.rate_limit),
+        ordering: Some(body.ordering.unwrap_or_default()),
         metadata: Some(body.metadata.unwrap_or_default()),
         channels: Some(check_channels("channels", &body.channels)?),
     };
@@ -644,6 +658,7 @@ pub async fn patch_endpoint(
     if let Some(rate) = body.rate_limit {
         changes.rate_limit = Some(rate);
     }
+    changes.ordering = body.ordering;
     if let Some(m) = body.metadata {
         check_metadata(&Some(m.clone()))?;
         changes.metadata = Some(m);
@@ -728,7 +743,7 @@ pub async fn get_endpoint_secret(
     tag = "Endpoint",
     params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
-        (status = 200, description = "Attempt figures of the last hour and day", body = crate::health::EndpointHealth),
+        (status = 200, description = "Attempt figures of the last hour and day, and the circuit breaker's state", body = crate::health::EndpointHealth),
         UnauthorizedResponse, NotFoundResponse,
     )
 )]
@@ -738,23 +753,42 @@ pub async fn get_endpoint_health(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<crate::health::EndpointHealth>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    Ok(Json(endpoint_health(&state.store, &ep.id).await?))
+    Ok(Json(
+        endpoint_health(&state.store, &ep, &state.breaker).await?,
+    ))
 }
 
-/// Reads one endpoint's health (two small reads).
+/// Reads one endpoint's health (three small reads: its row, its buckets,
+/// its circuit breaker; a fourth, of the few throttled endpoints'
+/// backlogs, when it has a `throttleRate`).
 pub async fn endpoint_health(
     store: &std::sync::Arc<dyn crate::store::Store>,
-    ep: &EndpointId,
+    ep: &Endpoint,
+    breaker: &herald_policy::breaker::BreakerRule,
 ) -> ApiResult<crate::health::EndpointHealth> {
     let now = now_millis();
     let status = store
-        .endpoint_status(ep)
+        .endpoint_status(&ep.id)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
     let buckets = store
-        .endpoint_stats(ep, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
+        .endpoint_stats(&ep.id, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
         .await?;
-    Ok(crate::health::compute(&status, &buckets, now))
+    let mut health = crate::health::compute(&status, &buckets, now);
+    if let Some(circuit) = store.circuit_of(&ep.id).await? {
+        health.circuit = crate::health::CircuitHealth::of(&circuit, breaker, now);
+    }
+    if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
+        health.throttled = Some(crate::health::throttled_text(rate));
+        let waiting = store.throttle_waiting().await?;
+        health.throttle_waiting = Some(
+            waiting
+                .iter()
+                .find(|w| w.endpoint_id == ep.id)
+                .map_or(0, |w| w.waiting),
+        );
+    }
+    Ok(health)
 }
 
 /// The longest disable reason kept (API and dashboard).

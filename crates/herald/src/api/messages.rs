@@ -209,7 +209,7 @@ fn check_deliver_at(
 /// The application a message's `application` creates when the path named
 /// none (Svix: its uid must be given and be the path's), checked as
 /// `POST /app` checks one; errors are placed under `application`.
-fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiResult<App> {
+pub(super) fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiResult<App> {
     let under = |e: ApiError| match e {
         ApiError::Validation(errors) => ApiError::Validation(
             errors

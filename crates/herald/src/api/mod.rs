@@ -80,8 +80,11 @@ pub struct ApiShared {
     pub tokens: Arc<auth::TokenCache>,
     /// Enables and disables endpoints, and reports it.
     pub operator: crate::operator::Operator,
-    /// The dashboard's log-in sessions (per server, in memory).
-    pub dashboard: crate::dashboard::Sessions,
+    /// `HERALD_PUBLIC_URL` (or the listen address): where portal links
+    /// point.
+    pub public_url: String,
+    /// The portal's embedding and theme settings.
+    pub portal: crate::config::PortalConfig,
     /// Failed log-ins per client address (per server, in memory).
     pub login_limiter: Arc<crate::limits::LoginLimiter>,
     /// Renders `/metrics` (with this instance's queue gauges).
@@ -99,6 +102,9 @@ pub struct ApiShared {
     pub rate_limit: Arc<crate::limits::RateLimit>,
     /// `HERALD_MAX_AGE`: how far ahead a message's `deliverAt` may be.
     pub max_age: std::time::Duration,
+    /// `HERALD_BREAKER_*`: the window the health API's circuit figures
+    /// are estimated over.
+    pub breaker: herald_policy::breaker::BreakerRule,
 }
 
 /// Remembers which application an id or uid names, so that creating a
@@ -281,6 +287,16 @@ pub fn router(state: ApiState) -> Router {
             "/app/{app_id}/token/{token_id}",
             axum::routing::delete(auth::delete_token),
         )
+        .route(
+            "/auth/app-portal-access/{app_id}",
+            post(auth::app_portal_access),
+        )
+        .route(
+            "/auth/dashboard-access/{app_id}",
+            post(auth::dashboard_access),
+        )
+        .route("/auth/app/{app_id}/expire-all", post(auth::expire_all))
+        .route("/auth/logout", post(auth::logout))
         // The last layer runs first: the path's parameters, the token, then
         // the idempotency key. (Layers of a router run once it has routed.)
         .layer(middleware::from_fn_with_state(
@@ -308,6 +324,8 @@ pub fn router(state: ApiState) -> Router {
         .nest("/api/v1", api)
         // Not behind the bearer token: the dashboard has its own log-in.
         .nest("/dashboard", crate::dashboard::router())
+        // The customer portal: its own sessions, opened by a link.
+        .nest("/portal", crate::portal::router(&state))
         .fallback(|| async { ApiError::NotFound("route") })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)

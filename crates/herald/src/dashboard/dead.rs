@@ -386,7 +386,7 @@ pub async fn replay(State(state): State<ApiState>, posted: Posted) -> DashResult
     let filter = match text.resolve(&state).await {
         Ok(filter) => filter,
         Err(problem) => {
-            session.flash(format!("Nothing replayed: {problem}"));
+            session.flash(format!("Nothing replayed: {problem}")).await;
             return Ok(see_other(&back));
         }
     };
@@ -453,7 +453,7 @@ pub async fn replay(State(state): State<ApiState>, posted: Posted) -> DashResult
             )
             .await;
     }
-    session.flash(message);
+    session.flash(message).await;
     Ok(see_other(&back))
 }
 

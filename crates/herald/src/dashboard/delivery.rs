@@ -443,17 +443,20 @@ pub async fn replay(
                 serde_json::json!({ "replayed": 1 }),
             )
             .await;
-        posted.session.flash("Replayed 1");
+        posted.session.flash("Replayed 1").await;
     } else {
         let d = state
             .store
             .get_delivery(&app.id, &id)
             .await?
             .ok_or(DashError::NotFound("delivery"))?;
-        posted.session.flash(format!(
-            "Not replayed: the delivery is {}, not dead.",
-            d.state.as_str()
-        ));
+        posted
+            .session
+            .flash(format!(
+                "Not replayed: the delivery is {}, not dead.",
+                d.state.as_str()
+            ))
+            .await;
     }
     Ok(see_other(&delivery_path(&app.id, &id)))
 }

@@ -50,7 +50,7 @@ pub async fn page(
     let now = now_millis();
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let health = endpoint_health(&state.store, &ep.id).await?;
+    let health = endpoint_health(&state.store, &ep, &state.breaker).await?;
     let cursor = Cursor::new(&query.after, &query.before);
     let page = state
         .store
@@ -106,9 +106,18 @@ pub async fn page(
                             }
                         }
                     }
-                    @if let Some(rate) = ep.rate_limit {
-                        dt { "Rate limit" }
-                        dd { (rate) " / s" }
+                    @if let Some(throttled) = &health.throttled {
+                        dt { "Throttle" }
+                        dd {
+                            (throttled)
+                            @if let Some(n) = health.throttle_waiting.filter(|n| *n > 0) {
+                                span.muted { " (" (n) " waiting)" }
+                            }
+                        }
+                    }
+                    @if ep.ordering == crate::store::EndpointOrdering::Fifo {
+                        dt { "Ordering" }
+                        dd { "FIFO: one request at a time, in creation order" }
                     }
                     @if let Some(channels) = &ep.channels {
                         dt { "Channels" }
@@ -142,6 +151,8 @@ pub async fn page(
                             div.small.muted { "disabled " (ago(Some(at), now)) }
                         }
                     }
+                    dt { "Circuit" }
+                    dd #circuit { (circuit_badge(&health.circuit)) }
                     dt { "Dead letters" }
                     dd { a href=(dead_href) { "this endpoint's dead letters" } }
                 }
@@ -291,7 +302,8 @@ pub async fn enable(
             (true, n) => {
                 format!("Enabled; {n} held deliveries were past the age cap and are now dead.")
             }
-        });
+        })
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
 }
 
@@ -327,11 +339,14 @@ pub async fn disable(
             json!({ "changed": changed }),
         )
         .await;
-    posted.session.flash(if changed {
-        "Disabled: nothing is sent to it until it is enabled."
-    } else {
-        "It was already disabled."
-    });
+    posted
+        .session
+        .flash(if changed {
+            "Disabled: nothing is sent to it until it is enabled."
+        } else {
+            "It was already disabled."
+        })
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
 }
 
@@ -367,6 +382,27 @@ pub async fn rotate(
         .await;
     posted
         .session
-        .flash("Secret rotated: the previous one signs too for 24 hours.");
+        .flash("Secret rotated: the previous one signs too for 24 hours.")
+        .await;
     Ok(see_other(&endpoint_path(&ep)))
+}
+
+/// The circuit breaker: "circuit open until …" while open, "probing" while
+/// half-open, "closed" otherwise; with the recent failure rate.
+fn circuit_badge(c: &crate::health::CircuitHealth) -> maud::Markup {
+    use crate::dashboard::layout::{badge, Tone};
+    let rate = format!(
+        "{:.0} % of {} recent attempts failed",
+        c.recent_failure_rate * 100.0,
+        c.recent_attempts
+    );
+    maud::html! {
+        @match (c.state.as_str(), c.until) {
+            ("open", Some(until)) => (badge(Tone::Bad, &format!("circuit open until {}", crate::store::rfc3339(until)))),
+            ("open", None) => (badge(Tone::Bad, "circuit open")),
+            ("halfOpen", _) => (badge(Tone::Warn, "circuit half-open: probing")),
+            _ => (badge(Tone::Ok, "closed")),
+        }
+        div.small.muted { (rate) }
+    }
 }

@@ -650,11 +650,12 @@ pub async fn resend(
             tracing::info!(message = %id, endpoint = %endpoint_id, "message resent from the dashboard");
             posted
                 .session
-                .flash("Resent: one more attempt is queued now.");
+                .flash("Resent: one more attempt is queued now.")
+                .await;
             Ok(see_other(&view.message_href(&app.id, id.as_str())))
         }
         Err(ApiError::Conflict(why)) => {
-            posted.session.flash(format!("Not resent: {why}."));
+            posted.session.flash(format!("Not resent: {why}.")).await;
             Ok(see_other(&back))
         }
         Err(other) => Err(other.into()),

@@ -145,14 +145,8 @@ fn sha256_source(text: &str) -> String {
 
 /// Only this module's own style and script may run (allowed by their
 /// hashes); a value that escaped escaping still could not run script.
-pub static CONTENT_SECURITY_POLICY: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "default-src 'none'; style-src {}; script-src {}; connect-src 'self'; img-src 'self' data:; \
-         form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        sha256_source(STYLE),
-        sha256_source(SCRIPT)
-    )
-});
+pub static CONTENT_SECURITY_POLICY: LazyLock<String> =
+    LazyLock::new(|| content_security_policy(None, "'none'"));
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Nav {
@@ -164,42 +158,110 @@ pub enum Nav {
     Other,
 }
 
-fn head(title: &str) -> Markup {
-    html! {
-        head {
-            meta charset="utf-8";
-            meta name="viewport" content="width=device-width, initial-scale=1";
-            title { (title) " · Herald" }
-            style { (PreEscaped(STYLE)) }
+/// Who a page is for: the operator, or an application's customers in the
+/// portal (with its theme). Both share this frame, style and components.
+pub(crate) enum Audience<'a> {
+    Operator,
+    Portal(&'a crate::config::Theme),
+}
+
+impl Audience<'_> {
+    fn name(&self) -> &str {
+        match self {
+            Audience::Operator => "Herald",
+            Audience::Portal(theme) => &theme.product_name,
+        }
+    }
+
+    /// The style added to the shared one (allowed by its hash, as
+    /// [`content_security_policy`] lists it).
+    pub(crate) fn theme_style(&self) -> Option<String> {
+        match self {
+            Audience::Operator => None,
+            Audience::Portal(theme) => Some(portal_style(theme)),
         }
     }
 }
 
-/// A page of a logged-in operator: header with navigation and log-out, the
-/// flash message if one is waiting, then `body`.
-pub fn page(session: &Authed, title: &str, nav: Nav, body: Markup) -> Markup {
-    let flash = session.take_flash();
+/// The portal's theme as CSS; the colour is checked (`#rgb`/`#rrggbb`)
+/// before it gets here.
+fn portal_style(theme: &crate::config::Theme) -> String {
+    let accent = if crate::config::Theme::valid_color(&theme.primary_color) {
+        theme.primary_color.as_str()
+    } else {
+        "#0969da"
+    };
+    let mut css = format!(
+        ":root {{ --accent:{accent}; }} header {{ background: {accent}; }} \
+         header nav a, header button {{ color: #fff; }} header nav a.active {{ text-decoration: underline; }}"
+    );
+    if theme.dark_mode {
+        css.push_str(
+            " :root { --fg:#e6edf3; --muted:#9198a1; --line:#30363d; --soft:#161b22; } \
+             body { background:#0d1117; } input, select, textarea { background:#0d1117; color:#e6edf3; } \
+             tbody tr:hover { background:#161b22; } button.danger { background:#0d1117; } \
+             .card.alert { background:#2d1214; }",
+        );
+    }
+    css
+}
+
+/// The CSP of a page: only the shared style and script (and a portal's
+/// theme style) may run, by their hashes; `frame_ancestors` says who may
+/// frame it.
+pub(crate) fn content_security_policy(extra_style: Option<&str>, frame_ancestors: &str) -> String {
+    let styles = match extra_style {
+        Some(extra) => format!("{} {}", sha256_source(STYLE), sha256_source(extra)),
+        None => sha256_source(STYLE),
+    };
+    format!(
+        "default-src 'none'; style-src {styles}; script-src {}; connect-src 'self'; img-src 'self' data:; \
+         form-action 'self'; frame-ancestors {frame_ancestors}; base-uri 'none'",
+        sha256_source(SCRIPT)
+    )
+}
+
+fn head(title: &str, audience: &Audience) -> Markup {
+    html! {
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · " (audience.name()) }
+            style { (PreEscaped(STYLE)) }
+            @if let Some(theme) = audience.theme_style() {
+                style { (PreEscaped(theme)) }
+            }
+        }
+    }
+}
+
+/// The logged-in frame both audiences share: header with the brand, the
+/// navigation and log-out, the flash message if one is waiting, `body`.
+pub(crate) struct Frame<'a> {
+    pub audience: Audience<'a>,
+    pub home: &'a str,
+    pub nav: Markup,
+    pub logout_action: &'a str,
+    pub csrf: &'a str,
+    pub flash: Option<String>,
+}
+
+pub(crate) fn framed(frame: Frame<'_>, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, &frame.audience))
             body {
                 header {
-                    a.brand href="/dashboard" { "Herald" }
-                    nav {
-                        a.active[nav == Nav::Overview] href="/dashboard" { "Overview" }
-                        a.active[nav == Nav::Messages] href="/dashboard/messages" { "Messages" }
-                        a.active[nav == Nav::Apps] href="/dashboard/apps" { "Applications" }
-                        a.active[nav == Nav::Dead] href="/dashboard/dead" { "Dead letters" }
-                        a.active[nav == Nav::Audit] href="/dashboard/audit" { "Audit log" }
-                    }
-                    form method="post" action="/dashboard/logout" {
-                        (csrf_field(session))
+                    a.brand href=(frame.home) { (frame.audience.name()) }
+                    nav { (frame.nav) }
+                    form method="post" action=(frame.logout_action) {
+                        input type="hidden" name=(CSRF_FIELD) value=(frame.csrf);
                         button type="submit" { "Log out" }
                     }
                 }
                 main {
-                    @if let Some(text) = flash {
+                    @if let Some(text) = frame.flash {
                         div.flash role="status" { (text) }
                     }
                     (body)
@@ -210,12 +272,40 @@ pub fn page(session: &Authed, title: &str, nav: Nav, body: Markup) -> Markup {
     }
 }
 
+/// A page of a logged-in operator: header with navigation and log-out, the
+/// flash message if one is waiting, then `body`.
+pub fn page(session: &Authed, title: &str, nav: Nav, body: Markup) -> Markup {
+    let links = html! {
+        a.active[nav == Nav::Overview] href="/dashboard" { "Overview" }
+        a.active[nav == Nav::Messages] href="/dashboard/messages" { "Messages" }
+        a.active[nav == Nav::Apps] href="/dashboard/apps" { "Applications" }
+        a.active[nav == Nav::Dead] href="/dashboard/dead" { "Dead letters" }
+        a.active[nav == Nav::Audit] href="/dashboard/audit" { "Audit log" }
+    };
+    framed(
+        Frame {
+            audience: Audience::Operator,
+            home: "/dashboard",
+            nav: links,
+            logout_action: "/dashboard/logout",
+            csrf: &session.csrf,
+            flash: session.take_flash(),
+        },
+        title,
+        body,
+    )
+}
+
 /// A page without the logged-in frame (log-in, errors).
 pub fn bare_page(title: &str, body: Markup) -> Markup {
+    bare_page_for(&Audience::Operator, title, body)
+}
+
+pub(crate) fn bare_page_for(audience: &Audience, title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
-            (head(title))
+            (head(title, audience))
             body { main { (body) } }
         }
     }

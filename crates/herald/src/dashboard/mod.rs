@@ -26,11 +26,9 @@ mod dead;
 mod delivery;
 mod endpoint;
 pub mod finder;
-mod layout;
-mod overview;
-mod session;
-
-pub use session::Sessions;
+pub(crate) mod layout;
+pub(crate) mod overview;
+pub(crate) mod session;
 
 /// Rows per page on every list.
 const PAGE_SIZE: usize = 50;
@@ -132,7 +130,7 @@ impl From<StoreError> for DashError {
 }
 
 /// An API error as one line for a person (a 422's fields spelled out).
-fn describe(e: &ApiError) -> String {
+pub(crate) fn describe(e: &ApiError) -> String {
     match e {
         ApiError::Validation(fields) => fields
             .iter()
@@ -170,7 +168,7 @@ pub type DashResult<T = Markup> = Result<T, DashError>;
 
 /// A 303 to `location`: after a POST, the browser GETs the page again, so
 /// a reload does not repeat the action.
-fn see_other(location: &str) -> Response {
+pub(crate) fn see_other(location: &str) -> Response {
     match HeaderValue::from_str(location) {
         Ok(value) => (StatusCode::SEE_OTHER, [(header::LOCATION, value)]).into_response(),
         // Locations are built from ids and encoded queries; this is a bug.

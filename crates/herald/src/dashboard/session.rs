@@ -1,16 +1,15 @@
 //! Log-in sessions, the CSRF token, and the same-origin rule for POSTs.
 //!
-//! Sessions live in memory (a restart logs everyone out, which is fine for
-//! an operator tool), one map per server: [`Sessions`] sits in `ApiState`,
-//! so test servers in one process never share it. The map is keyed by the
-//! SHA-256 of the session id, so the lookup's timing says nothing about the
-//! ids it holds.
+//! Sessions live in the store ([`crate::store::Sessions`]), keyed by the
+//! SHA-256 of the session id (the cookie), so that they survive a restart
+//! and every API process on one database knows them; the cookie itself is
+//! kept nowhere. The portal's sessions are kept the same way and share
+//! this module's CSRF check ([`Posted`]) and Origin rule.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -25,41 +24,31 @@ use sha2::{Digest, Sha256};
 use super::{layout, see_other, DashError};
 use crate::api::{token_sha256, ApiState};
 use crate::audit::Actor;
+use crate::store::{now_millis, Session, SessionKind};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "herald_session";
 /// A session ends this long after log-in, whatever happens in between.
 const LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// Bounds the map; only holders of the admin token can add to it.
-const MAX_SESSIONS: usize = 1000;
 const LOGIN_PATH: &str = "/dashboard/login";
 
-struct Session {
-    csrf: String,
-    expires_at: Instant,
-    /// A one-time message for the next page shown ("Replayed 3").
-    flash: Option<String>,
-}
-
-/// The dashboard's logged-in sessions (shared by clones).
-#[derive(Clone, Default)]
-pub struct Sessions(Arc<Mutex<HashMap<[u8; 32], Session>>>);
-
-fn random_token() -> String {
+/// A new session id or CSRF token: 256 random bits, as hex.
+pub(crate) fn random_token() -> String {
     let mut raw = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut raw);
     hex::encode(raw)
 }
 
-fn key_of(session_id: &str) -> [u8; 32] {
-    Sha256::digest(session_id.as_bytes()).into()
+/// The store's key of a session: the hex SHA-256 of its id.
+pub(crate) fn key_of(session_id: &str) -> String {
+    hex::encode(Sha256::digest(session_id.as_bytes()))
 }
 
 /// A session's name in the audit log: the first 8 hex digits of its
 /// digest, which tell sessions apart without being (or revealing) the
 /// cookie.
-fn label_of(key: &[u8; 32]) -> String {
-    hex::encode(&key[..4])
+pub(crate) fn label_of(key: &str) -> String {
+    key.chars().take(8).collect()
 }
 
 /// Compares two secrets through their digests: equal length, and how long
@@ -68,78 +57,41 @@ fn same_secret(a: &str, b: &str) -> bool {
     Sha256::digest(a.as_bytes()) == Sha256::digest(b.as_bytes())
 }
 
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Session>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// The live session of `kind` whose id is the cookie `name` of the
+/// request, with its store key.
+pub(crate) async fn live_session(
+    state: &ApiState,
+    headers: &HeaderMap,
+    name: &str,
+    kind: SessionKind,
+) -> Result<Option<(String, Session)>, DashError> {
+    let Some(id) = cookie(headers, name) else {
+        return Ok(None);
+    };
+    let key = key_of(id);
+    let found = state.store.find_session(&key, now_millis()).await?;
+    Ok(found.filter(|s| s.kind == kind).map(|s| (key, s)))
+}
 
-    /// Starts a session; returns its id (the cookie's value).
-    fn create(&self) -> String {
-        let id = random_token();
-        let now = Instant::now();
-        let mut map = self.lock();
-        map.retain(|_, s| s.expires_at > now);
-        if map.len() >= MAX_SESSIONS {
-            // The one that would end soonest makes room.
-            if let Some(oldest) = map
-                .iter()
-                .min_by_key(|(_, s)| s.expires_at)
-                .map(|(k, _)| *k)
-            {
-                map.remove(&oldest);
-            }
-        }
-        map.insert(
-            key_of(&id),
-            Session {
-                csrf: random_token(),
-                expires_at: now + LIFETIME,
-                flash: None,
-            },
-        );
-        id
-    }
-
-    /// The session's key and CSRF token, if it exists and has not expired.
-    fn find(&self, session_id: &str) -> Option<([u8; 32], String)> {
-        let key = key_of(session_id);
-        let mut map = self.lock();
-        match map.get(&key) {
-            Some(s) if s.expires_at > Instant::now() => Some((key, s.csrf.clone())),
-            Some(_) => {
-                map.remove(&key);
-                None
-            }
-            None => None,
-        }
-    }
-
-    fn remove(&self, key: &[u8; 32]) {
-        self.lock().remove(key);
-    }
-
-    fn set_flash(&self, key: &[u8; 32], text: String) {
-        if let Some(s) = self.lock().get_mut(key) {
-            s.flash = Some(text);
-        }
-    }
-
-    fn take_flash(&self, key: &[u8; 32]) -> Option<String> {
-        self.lock().get_mut(key).and_then(|s| s.flash.take())
-    }
-
-    /// How many sessions are held (expired ones included until swept).
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+/// The per-caller API rate limit (`HERALD_API_RATE_LIMIT`) for a browser
+/// session, keyed by a digest prefix that names it without being the
+/// cookie: the 429 to answer, if over it.
+pub(crate) fn rate_limited(state: &ApiState, kind: SessionKind, key: &str) -> Option<Response> {
+    let caller = format!("{}:{}", kind.as_str(), key.get(..16).unwrap_or(key));
+    let wait = state.rate_limit.check(&caller).err()?;
+    let secs = crate::limits::retry_after_secs(wait);
+    Some(
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs.to_string())],
+            format!("Too many requests from this session: try again in {secs} s."),
+        )
+            .into_response(),
+    )
 }
 
 /// The value of cookie `name` among the request's `Cookie` headers.
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -157,22 +109,31 @@ fn to_login() -> Response {
 /// A request from a logged-in operator. Extracting it from a request
 /// without a live session answers 303 to the log-in page instead.
 pub struct Authed {
-    sessions: Sessions,
-    key: [u8; 32],
+    state: ApiState,
+    key: String,
     /// The token every form of this session must send back.
     pub csrf: String,
     /// Where the request came from.
     pub client: IpAddr,
+    /// The one-time message taken with the session, for this page.
+    flash: Mutex<Option<String>>,
 }
 
 impl Authed {
     /// Shows `text` once, on the next page this session opens.
-    pub fn flash(&self, text: impl Into<String>) {
-        self.sessions.set_flash(&self.key, text.into());
+    pub async fn flash(&self, text: impl Into<String>) {
+        if let Err(e) = self
+            .state
+            .store
+            .set_session_flash(&self.key, &text.into())
+            .await
+        {
+            tracing::warn!(error = %e, "cannot keep a dashboard message");
+        }
     }
 
     pub fn take_flash(&self) -> Option<String> {
-        self.sessions.take_flash(&self.key)
+        self.flash.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// This session as the actor of an audit log entry.
@@ -181,39 +142,55 @@ impl Authed {
     }
 }
 
+/// A session whose forms carry a CSRF token ([`Posted`] checks it).
+pub(crate) trait FormSession: Sized + Send {
+    /// The session's own extractor (a `Send` future, as axum needs).
+    fn extract(
+        parts: &mut Parts,
+        state: &ApiState,
+    ) -> impl std::future::Future<Output = Result<Self, Response>> + Send;
+    fn csrf(&self) -> &str;
+}
+
+impl FormSession for Authed {
+    fn extract(
+        parts: &mut Parts,
+        state: &ApiState,
+    ) -> impl std::future::Future<Output = Result<Self, Response>> + Send {
+        Self::from_request_parts(parts, state)
+    }
+
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 impl FromRequestParts<ApiState> for Authed {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, Response> {
-        let found = cookie(&parts.headers, COOKIE).and_then(|id| state.dashboard.find(id));
-        if let Some((key, _)) = &found {
-            // The session's own rate, keyed by a digest prefix that names
-            // it without being the cookie.
-            let caller = format!("dashboard:{}", hex::encode(&key[..8]));
-            if let Err(wait) = state.rate_limit.check(&caller) {
-                let secs = crate::limits::retry_after_secs(wait);
-                return Err((
-                    StatusCode::TOO_MANY_REQUESTS,
-                    [(header::RETRY_AFTER, secs.to_string())],
-                    format!("Too many requests from this session: try again in {secs} s."),
-                )
-                    .into_response());
-            }
+        let found = live_session(state, &parts.headers, COOKIE, SessionKind::Dashboard)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let Some((key, session)) = found else {
+            return Err(to_login());
+        };
+        if let Some(refused) = rate_limited(state, SessionKind::Dashboard, &key) {
+            return Err(refused);
         }
-        match found {
-            Some((key, csrf)) => Ok(Authed {
-                sessions: state.dashboard.clone(),
-                key,
-                csrf,
-                client: crate::audit::client_ip(parts),
-            }),
-            None => Err(to_login()),
-        }
+        Ok(Authed {
+            state: state.clone(),
+            key,
+            csrf: session.csrf,
+            client: crate::audit::client_ip(parts),
+            flash: Mutex::new(session.flash),
+        })
     }
 }
 
 /// An `application/x-www-form-urlencoded` body, keeping repeated fields
 /// (one `id` per ticked checkbox).
+#[derive(Default)]
 pub struct FormFields(Vec<(String, String)>);
 
 impl FormFields {
@@ -253,25 +230,26 @@ impl<S: Send + Sync> FromRequest<S> for FormFields {
 /// The name of the hidden field that carries the CSRF token.
 pub const CSRF_FIELD: &str = "csrf";
 
-/// A state-changing form from a logged-in operator whose CSRF token
-/// matched. Handlers that change anything take this, so none can forget
-/// the check: a missing or wrong token is a 403 before the handler runs.
-pub struct Posted {
-    pub session: Authed,
+/// A state-changing form from a logged-in session (the operator's, or a
+/// portal's) whose CSRF token matched. Handlers that change anything take
+/// this, so none can forget the check: a missing or wrong token is a 403
+/// before the handler runs.
+pub struct Posted<S = Authed> {
+    pub session: S,
     pub form: FormFields,
 }
 
-impl FromRequest<ApiState> for Posted {
+impl<S: FormSession> FromRequest<ApiState> for Posted<S> {
     type Rejection = Response;
 
     async fn from_request(req: Request, state: &ApiState) -> Result<Self, Response> {
         let (mut parts, body) = req.into_parts();
-        let session = Authed::from_request_parts(&mut parts, state).await?;
+        let session = S::extract(&mut parts, state).await?;
         let form = FormFields::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;
         match form.get(CSRF_FIELD) {
-            Some(token) if same_secret(token, &session.csrf) => Ok(Posted { session, form }),
+            Some(token) if same_secret(token, session.csrf()) => Ok(Posted { session, form }),
             _ => Err(DashError::Forbidden(
                 "This form's CSRF token is missing or wrong. Reload the page and try again.",
             )
@@ -349,8 +327,10 @@ fn login_form(problem: Option<&str>) -> Markup {
 
 /// `GET /dashboard/login`: the form (or the overview, when logged in).
 pub async fn login_page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    if cookie(&headers, COOKIE).is_some_and(|id| state.dashboard.find(id).is_some()) {
-        return see_other("/dashboard");
+    match live_session(&state, &headers, COOKIE, SessionKind::Dashboard).await {
+        Ok(Some(_)) => return see_other("/dashboard"),
+        Ok(None) => {}
+        Err(e) => return e.into_response(),
     }
     layout::bare_page("Log in", login_form(None)).into_response()
 }
@@ -408,7 +388,23 @@ pub async fn login(
         )
             .into_response();
     }
-    let id = state.dashboard.create();
+    let id = random_token();
+    let now = now_millis();
+    let session = Session {
+        kind: SessionKind::Dashboard,
+        app_id: None,
+        token_id: None,
+        capabilities: None,
+        session_id: None,
+        theme: String::new(),
+        csrf: random_token(),
+        flash: None,
+        created_at: now,
+        expires_at: now + i64::try_from(LIFETIME.as_millis()).unwrap_or(i64::MAX),
+    };
+    if let Err(e) = state.store.create_session(&key_of(&id), &session).await {
+        return DashError::from(e).into_response();
+    }
     let mut response = see_other("/dashboard");
     if let Some(cookie) = session_cookie(&id, LIFETIME.as_secs()) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
@@ -446,7 +442,9 @@ fn too_many_failures(wait: Duration) -> Response {
 
 /// `POST /dashboard/logout`: ends the session and clears the cookie.
 pub async fn logout(State(state): State<ApiState>, posted: Posted) -> Response {
-    posted.session.sessions.remove(&posted.session.key);
+    if let Err(e) = state.store.delete_session(&posted.session.key).await {
+        return DashError::from(e).into_response();
+    }
     posted
         .session
         .actor()
@@ -511,26 +509,5 @@ mod tests {
         );
         assert_eq!(cookie(&headers, COOKIE), Some("abc"));
         assert_eq!(cookie(&headers, "c"), None);
-    }
-
-    #[test]
-    fn sessions_expire_and_are_bounded() {
-        let sessions = Sessions::default();
-        let id = sessions.create();
-        let (key, csrf) = sessions.find(&id).expect("live session");
-        assert_eq!(csrf.len(), 64);
-        assert!(sessions.find("not-a-session").is_none());
-        if let (Some(s), Some(past)) = (
-            sessions.lock().get_mut(&key),
-            Instant::now().checked_sub(Duration::from_secs(1)),
-        ) {
-            s.expires_at = past;
-        }
-        assert!(sessions.find(&id).is_none(), "expired");
-        assert!(sessions.is_empty(), "and swept");
-        for _ in 0..MAX_SESSIONS + 5 {
-            sessions.create();
-        }
-        assert_eq!(sessions.len(), MAX_SESSIONS);
     }
 }

@@ -44,7 +44,10 @@ use crate::store::{
     Store, StoreError, StoreResult,
 };
 
+pub mod breaker;
+pub mod lanes;
 pub mod sender;
+pub use lanes::Lanes;
 pub use sender::Sender;
 
 /// After a finished request wakes the idle loop, how long to let others
@@ -57,6 +60,23 @@ const CLAIM_GATHER: Duration = Duration::from_millis(1);
 /// a lease longer than two request timeouts and this margin, so a delivery
 /// that waited at its gate no longer than one request is always sent.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// While due work is held back by the store's rules (a throttle's next
+/// slot, a FIFO queue) or by busy endpoints, how long the idle loop waits
+/// at most before claiming again.
+const BLOCKED_RECHECK: Duration = Duration::from_millis(25);
+
+/// Until `d`'s throttle slot, if it has one (never longer than the claim's
+/// horizon, whatever the clock says).
+async fn wait_for_slot(d: &ClaimedDelivery) {
+    let Some(at) = d.send_at else { return };
+    let ahead = at
+        .saturating_sub(now_millis())
+        .clamp(0, crate::store::THROTTLE_HORIZON_MS + 1);
+    if ahead > 0 {
+        tokio::time::sleep(Duration::from_millis(u64::try_from(ahead).unwrap_or(0))).await;
+    }
+}
 
 #[derive(Debug, PartialEq, Eq)]
 enum Woke {
@@ -195,6 +215,14 @@ impl Claimed {
         }
     }
 
+    /// Deliveries registered for `ep` (claimed, not finished).
+    fn registered(&self, ep: &EndpointId) -> usize {
+        self.slots()
+            .per_endpoint
+            .get(ep)
+            .map_or(0, |e| e.registered)
+    }
+
     /// Claimed or reserved, in all.
     fn busy(&self) -> usize {
         let slots = self.slots();
@@ -286,8 +314,12 @@ pub struct Dispatcher {
     operator: Operator,
     /// Attempt counters and durations, labelled by endpoint (bounded).
     metrics: crate::metrics::AttemptMetrics,
+    /// The circuit breakers that are not closed, as this process sees them.
+    breakers: breaker::Breakers,
     /// Set while [`Dispatcher::run`] runs: where ingest's handoffs go.
     running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
+    /// Each endpoint's share of the slots, sized by how it answers.
+    lanes: Lanes,
 }
 
 /// Sending slots reserved for one ingest batch's handoff (see
@@ -337,6 +369,7 @@ impl Dispatcher {
             },
             operator,
             metrics: crate::metrics::AttemptMetrics::new(config.metrics_max_endpoints),
+            breakers: breaker::Breakers::new(config.breaker, config.lease),
             store,
             sender: Sender::new(config)?,
             policy: config.retry.clone(),
@@ -348,6 +381,7 @@ impl Dispatcher {
             claimed,
             wake,
             running: OnceLock::new(),
+            lanes: Lanes::new(config.endpoint_concurrency),
         })
     }
 
@@ -370,20 +404,45 @@ impl Dispatcher {
             target: crate::telemetry::TARGET, "dispatch.claim",
             limit, claimed = tracing::field::Empty,
         );
+        // Broken circuits: no room when open, the probe when half-open.
+        self.refresh_breakers(now, false).await;
+        let mut shaped = in_flight.clone();
+        let probing = self.breakers.shape(&mut shaped, per_endpoint, true, |ep| {
+            self.claimed.registered(ep)
+        });
         let claimed = self
             .store
             .claim(&ClaimRequest {
                 now,
                 lease_until: lease.until,
                 limit,
-                in_flight,
+                in_flight: &shaped,
                 endpoint_cap: per_endpoint,
             })
             .instrument(span.clone())
-            .await?;
+            .await;
+        self.breakers.settle(&probing, |ep| {
+            claimed
+                .as_ref()
+                .is_ok_and(|c| c.iter().any(|d| d.endpoint_id == *ep))
+        });
+        let claimed = claimed?;
         span.record("claimed", claimed.len());
         crate::metrics::claimed(claimed.len());
         Ok((claimed, lease))
+    }
+
+    /// Re-reads the broken circuit breakers when the view is stale (or
+    /// `force`) and tries to win the probes that are due (see
+    /// [`breaker::Breakers::refresh`]). A failure leaves the view as it was.
+    async fn refresh_breakers(&self, now: crate::store::Millis, force: bool) {
+        if let Err(e) = self
+            .breakers
+            .refresh(&*self.store, now, force, &self.metrics)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot read the circuit breakers; keeping the last view");
+        }
     }
 
     /// Reserves free sending slots (at most `want`) so that an ingest batch
@@ -393,10 +452,22 @@ impl Dispatcher {
     /// process, is shutting down, or has no free slot.
     pub fn reserve_handoff(&self, want: usize) -> Option<HandoffTicket> {
         self.running.get()?;
-        let (reserved, in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        let (reserved, mut in_flight) = self.claimed.reserve(self.max_in_flight, want);
+        if reserved < want {
+            self.lanes.contended();
+        }
         if reserved == 0 {
             return None;
         }
+        self.lanes.narrow(&mut in_flight, 2);
+        // No room for a broken circuit's endpoint (not even a half-open
+        // probe: that is the loop's claim's alone).
+        let _ = self.breakers.shape(
+            &mut in_flight,
+            self.endpoint_cap.saturating_mul(2),
+            false,
+            |ep| self.claimed.registered(ep),
+        );
         let now = now_millis();
         Some(HandoffTicket {
             reserved,
@@ -495,6 +566,7 @@ impl Dispatcher {
         };
         self.metrics
             .record_attempt(&d.endpoint_id, &next, observed.duration);
+        self.lanes.finished(&d.endpoint_id, observed.duration);
         tracing::debug!(
             delivery = %d.id, endpoint = %d.endpoint_id, attempt = attempt_number,
             status = ?observed.status, error = ?observed.error, next = ?next, "attempt finished"
@@ -528,16 +600,25 @@ impl Dispatcher {
     /// background loop does the same work pipelined; tests call this to
     /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
-        let (free, in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        self.lanes.narrow(&mut in_flight, 1);
+        // Stepping sees the breakers as stored now, not as of 250 ms ago.
+        self.refresh_breakers(now_millis(), true).await;
         let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
         self.claimed.unreserve(free, None);
         let (claimed, _lease) = claimed?;
+        for d in &claimed {
+            self.lanes.claimed(&d.endpoint_id);
+        }
         let mut report = BatchReport {
             claimed: claimed.len(),
             ..BatchReport::default()
         };
-        let completions =
-            futures::future::join_all(claimed.into_iter().map(|d| self.attempt(d))).await;
+        let completions = futures::future::join_all(claimed.into_iter().map(|d| async move {
+            wait_for_slot(&d).await;
+            self.attempt(d).await
+        }))
+        .await;
         for c in &completions {
             match c.next {
                 NextState::Delivered => report.delivered += 1,
@@ -624,7 +705,7 @@ impl Dispatcher {
                 biased;
                 _ = give_up.cancelled() => Err(StoreError::Unavailable("shutting down: no more time to write outcomes".into())),
                 _ = tokio::time::sleep_until(until) => Err(StoreError::Unavailable("the store did not take the outcomes within a lease".into())),
-                written = self.store.complete(part) => written,
+                written = self.store.complete_with_circuits(part, self.breakers.rule()) => written,
             };
             match written {
                 Ok(done) => return Ok(done),
@@ -657,6 +738,12 @@ impl Dispatcher {
     /// the streak's start.
     async fn after_recorded(&self, batch: &[Completion], done: &Completed) {
         let now = now_millis();
+        // Breakers this batch opened or closed: the view knows at once, and
+        // so do the operators (once per transition: this batch made it).
+        self.breakers.note(&done.circuits, &self.metrics);
+        for change in &done.circuits {
+            self.operator.circuit_changed(change).await;
+        }
         // Disabled elsewhere (another process, or meanwhile): what waits at
         // its gate here is not sent.
         for s in done.streaks.iter().filter(|s| s.disabled) {
@@ -719,14 +806,16 @@ impl Dispatcher {
         let mut backoff = Duration::from_millis(50);
         let per_endpoint = self.endpoint_cap.saturating_mul(2);
         while !shutdown.is_cancelled() {
-            let (free, in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
+            let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, usize::MAX);
             if free == 0 {
+                self.lanes.contended();
                 tokio::select! {
                     _ = self.claimed.freed.notified() => {}
                     _ = shutdown.cancelled() => break,
                 }
                 continue;
             }
+            self.lanes.narrow(&mut in_flight, 2);
             let claimed =
                 self.claim(free, per_endpoint, &in_flight)
                     .await
@@ -744,13 +833,14 @@ impl Dispatcher {
                     backoff = Duration::from_millis(50);
                     let full = n == free;
                     if full {
+                        self.lanes.contended();
                         continue; // there may be more due right now
                     }
                     // Everything claimable is under way: sleep until that
                     // changes. When a finished request is what woke us, let
                     // others finish too, so the next claim is a batch
                     // rather than one row per finished request.
-                    if self.idle_wait(&shutdown).await == Woke::SlotFreed {
+                    if self.idle_wait(&shutdown, n == 0).await == Woke::SlotFreed {
                         tokio::select! {
                             _ = tokio::time::sleep(CLAIM_GATHER) => {}
                             _ = shutdown.cancelled() => break,
@@ -810,13 +900,26 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) {
         let gate = self.claimed.add(&d.endpoint_id, self.endpoint_cap);
+        self.lanes.claimed(&d.endpoint_id);
         let (this, done_tx, shutdown) = (self.clone(), done_tx.clone(), shutdown.clone());
         tokio::spawn(async move {
             let endpoint = d.endpoint_id.clone();
-            let permit = tokio::select! {
+            // A throttled endpoint's delivery goes at its slot (at most
+            // THROTTLE_HORIZON_MS after its claim), then through the gate
+            // like any other.
+            let slot = tokio::select! {
                 biased;
-                p = gate.acquire_owned() => p.ok(),
-                _ = shutdown.cancelled() => None,
+                _ = shutdown.cancelled() => false,
+                _ = wait_for_slot(&d) => true,
+            };
+            let permit = if slot {
+                tokio::select! {
+                    biased;
+                    p = gate.acquire_owned() => p.ok(),
+                    _ = shutdown.cancelled() => None,
+                }
+            } else {
+                None
             };
             match permit.map(|p| (p, this.may_send(&d, lease))) {
                 Some((_permit, Ok(()))) => {
@@ -852,6 +955,9 @@ impl Dispatcher {
         if self.claimed.is_stopped(&d.endpoint_id, lease.claimed_at) {
             return Err("disabled");
         }
+        if self.breakers.holds(&d.endpoint_id, lease.claimed_at) {
+            return Err("circuit");
+        }
         let needed = self.request_timeout.saturating_add(LEASE_MARGIN);
         let needed = i64::try_from(needed.as_millis()).unwrap_or(i64::MAX);
         if now_millis().saturating_add(needed) > lease.until {
@@ -882,7 +988,7 @@ impl Dispatcher {
     /// Nothing claimable now: sleep until new work, the next known due
     /// time, the poll, or, when due work is held back by busy endpoints, a
     /// freed slot (such an endpoint may have room again).
-    async fn idle_wait(&self, shutdown: &CancellationToken) -> Woke {
+    async fn idle_wait(&self, shutdown: &CancellationToken, last_found_none: bool) -> Woke {
         let mut wait = self.poll_interval;
         // With nothing due yet, a finished request frees a slot that no due
         // delivery waits for: claiming then would find nothing. (New work
@@ -894,10 +1000,24 @@ impl Dispatcher {
                 if until > 0 {
                     wait = wait.min(Duration::from_millis(u64::try_from(until).unwrap_or(0)));
                     held_back = false;
-                } else if self.claimed.slots().claimed == 0 {
+                } else if self.breakers.next_change(now_millis()).is_some() {
+                    // Due work may be what an open breaker holds back:
+                    // claiming again at once would find it again. Look
+                    // again once the view may have changed (a cooldown
+                    // ending is seen by the next refresh).
+                    wait = wait.min(breaker::REFRESH);
+                } else if self.claimed.slots().claimed == 0 && !last_found_none {
                     // Due work that no busy endpoint is holding back: the
                     // last claim's window missed it. Claim again at once.
                     return Woke::Other;
+                } else {
+                    // Due work the store holds back (a throttle without a
+                    // slot yet, a FIFO endpoint's queue behind its head) or
+                    // a busy endpoint: look again soon, whether or not a
+                    // request finishes, rather than at once (a spin) or
+                    // after a whole poll (a throttle's next slot is never
+                    // further than 1/rate away).
+                    wait = wait.min(BLOCKED_RECHECK);
                 }
             }
             Ok(None) => held_back = false,

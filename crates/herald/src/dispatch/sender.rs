@@ -97,7 +97,11 @@ impl Lane {
             .connect_timeout(config.connect_timeout)
             .timeout(config.request_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(config.endpoint_concurrency.max(1))
+            // Many endpoints often share one host (a customer's gateway):
+            // keeping only one endpoint's worth of idle connections per host
+            // made 100 endpoints on one host open 31,552 connections for
+            // 50,000 requests.
+            .pool_max_idle_per_host(config.max_in_flight.max(1))
             .tls_built_in_native_certs(egress.system_roots);
         for root in &egress.roots {
             builder = builder.add_root_certificate(root.clone());

@@ -82,7 +82,12 @@ pub struct Endpoint {
     /// `None`: every event type. `Some(list)`: only those.
     pub filter_types: Option<Vec<String>>,
     pub disabled: bool,
+    /// Svix's `throttleRate` (alias `rateLimit`): requests per second at
+    /// most, enforced by the claim (see [`throttled_rate`]); 0 or `None`:
+    /// no limit.
     pub rate_limit: Option<u16>,
+    /// `"fifo"`: one request at a time, in queue order.
+    pub ordering: EndpointOrdering,
     pub metadata: BTreeMap<String, String>,
     /// `None`: every message. `Some(list)`: only messages with one of these.
     pub channels: Option<Vec<String>>,
@@ -123,8 +128,77 @@ pub struct EndpointChanges {
     pub description: Option<String>,
     pub filter_types: Option<Option<Vec<String>>>,
     pub rate_limit: Option<Option<u16>>,
+    pub ordering: Option<EndpointOrdering>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub channels: Option<Option<Vec<String>>>,
+}
+
+/// How an endpoint's deliveries are ordered (the endpoint field
+/// `ordering`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase", try_from = "String")]
+pub enum EndpointOrdering {
+    /// Whatever is due goes, up to the concurrency cap (the default).
+    #[default]
+    None,
+    /// At most one request in flight, the deliveries in message creation
+    /// order (ties broken by message id); a replayed or resent delivery
+    /// goes to the back of the queue. The head retries on the normal
+    /// schedule while the others wait; once it is delivered or dead the
+    /// next one goes.
+    Fifo,
+}
+
+/// From the API's text (a string, so that any other JSON type is a
+/// field error naming `ordering`, as a wrong string is).
+impl TryFrom<String> for EndpointOrdering {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        match s.as_str() {
+            "none" => Ok(EndpointOrdering::None),
+            "fifo" => Ok(EndpointOrdering::Fifo),
+            other => Err(format!(
+                "unknown ordering `{other}`: expected `none` or `fifo`"
+            )),
+        }
+    }
+}
+
+impl EndpointOrdering {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointOrdering::None => "none",
+            EndpointOrdering::Fifo => "fifo",
+        }
+    }
+
+    /// As stored; anything but `fifo` is `none`.
+    pub fn from_stored(s: &str) -> Self {
+        if s == "fifo" {
+            EndpointOrdering::Fifo
+        } else {
+            EndpointOrdering::None
+        }
+    }
+}
+
+/// The requests per second an endpoint's `rate_limit` allows, when it
+/// limits them at all (0 is no limit, as absent).
+pub fn throttled_rate(rate_limit: Option<i64>) -> Option<u32> {
+    rate_limit
+        .filter(|r| *r > 0)
+        .and_then(|r| u32::try_from(r).ok())
 }
 
 /// The JSON-text columns of an [`EndpointChanges`], encoded once for both

@@ -26,6 +26,7 @@ use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 
 mod apps;
 mod audit;
+mod circuits;
 mod endpoints;
 mod event_types;
 mod finder;
@@ -36,15 +37,21 @@ mod queue;
 mod replay;
 mod retention;
 pub mod secrets;
+mod sessions;
 mod settings;
 pub mod sqlite;
 mod tokens;
 
 pub use apps::{App, Apps};
 pub use audit::{ActorKind, Audit, AuditEntry, AuditFilter};
+pub use circuits::{
+    circuit_from_columns, fold_seen, step_circuits, BreakerRule, Circuit, CircuitChange,
+    CircuitState, Circuits, EndpointCircuit, Seen, Transition, WindowCounts, CIRCUIT_COLUMNS,
+};
 pub use endpoints::{
-    headers_of, rotated_old_secrets, valid_old_secrets, EnableReport, Endpoint, EndpointChanges,
-    EndpointChangesJson, EndpointStatus, Endpoints, OldSecret, MAX_OLD_SECRETS,
+    headers_of, rotated_old_secrets, throttled_rate, valid_old_secrets, EnableReport, Endpoint,
+    EndpointChanges, EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret,
+    MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
 pub use finder::{FindFilter, Finder, FoundMessage};
@@ -53,10 +60,11 @@ pub use health::{
 };
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
-    claim_window, fan_out, fold_endpoint_batches, fold_stats, saturated, storable, storable_batch,
-    AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion, EndpointBatch,
-    FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage, NextState, Queue,
-    Room, SendTo, StreakUpdate, Subscriber,
+    claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
+    storable, storable_batch, AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion,
+    EndpointBatch, FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage,
+    NextState, Queue, Room, SendTo, StreakUpdate, Subscriber, ThrottleSlots, ThrottleWaiting,
+    THROTTLE_HORIZON_MS,
 };
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};
@@ -64,6 +72,7 @@ pub use secrets::{
     open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,
     Secrets, RESEAL_BATCH,
 };
+pub use sessions::{Session, SessionKind, Sessions};
 pub use settings::Settings;
 pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 
@@ -71,8 +80,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Audit, Endpoints, EventTypes, Finder, Health, History, Queue, Replay, Retention,
-        Secrets, Settings, Store, Tokens,
+        Apps, Audit, Circuits, Endpoints, EventTypes, Finder, Health, History, Queue, Replay,
+        Retention, Secrets, Sessions, Settings, Store, Tokens,
     };
 }
 
@@ -189,6 +198,8 @@ pub trait Store:
     + Audit
     + Retention
     + Secrets
+    + Sessions
+    + Circuits
     + Send
     + Sync
     + 'static
@@ -209,6 +220,8 @@ impl<T> Store for T where
         + Audit
         + Retention
         + Secrets
+        + Sessions
+        + Circuits
         + Send
         + Sync
         + 'static

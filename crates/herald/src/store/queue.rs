@@ -40,10 +40,28 @@ pub trait Queue: Send + Sync {
     /// longer matched) and the streak of every endpoint with a failure in
     /// the batch. Text is stored as [`storable_batch`] makes it, so nothing
     /// a receiver can send fails the batch.
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed>;
+    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+        self.complete_with_circuits(batch, &BreakerRule::OFF).await
+    }
+    /// [`Queue::complete`], stepping each endpoint's circuit breaker with
+    /// the batch by `breaker` (`herald_policy::breaker::step`) in the same
+    /// transaction: read where the endpoint rows are locked, written with
+    /// the streak (no statement per delivery). [`Completed::circuits`]
+    /// lists the transitions made.
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed>;
     /// Gives back a claimed delivery that was not sent (shutdown): due
     /// again now, as if never claimed. Only the current holder may.
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()>;
+    /// Per throttled, enabled endpoint: its rate and how many of its
+    /// pending deliveries a claim has found waiting for a send slot (those
+    /// a claim met due and passed, or made to wait, and not yet sent). For
+    /// `herald_throttle_waiting` and the health API; cost linear in what
+    /// waits, through `deliveries_fifo`.
+    async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>>;
     /// Signals `wake` whenever another process commits work that may be
     /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
     /// it goes on in the background. A backend used by one process only
@@ -104,6 +122,14 @@ pub enum InsertOutcome {
     NoSuchApp,
 }
 
+/// One throttled endpoint's backlog (see [`Queue::throttle_waiting`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThrottleWaiting {
+    pub endpoint_id: EndpointId,
+    pub rate: u32,
+    pub waiting: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
     pub now: Millis,
@@ -123,6 +149,15 @@ pub struct ClaimRequest<'a> {
 /// does not leave the other slots empty.
 pub fn claim_window(limit: usize) -> usize {
     limit.saturating_mul(4).max(64)
+}
+
+/// Of a claim's `limit` slots, how many retries (deliveries with an
+/// attempt behind them) may take while first attempts are due too: half,
+/// rounded up. So after an outage, when a busy endpoint's retries fall due
+/// together, first attempts to every other endpoint still get half the
+/// slots; with no first attempt waiting the retries get them all.
+pub fn retry_share(limit: usize) -> usize {
+    limit.div_ceil(2)
 }
 
 /// The endpoints with no room left under `cap`: a claim passes them by.
@@ -157,6 +192,11 @@ impl Room {
         }
     }
 
+    /// How many more may be taken in all.
+    pub fn remaining(&self) -> usize {
+        self.limit.saturating_sub(self.taken)
+    }
+
     /// `limit` is reached: nothing more can be taken.
     pub fn is_full(&self) -> bool {
         self.taken >= self.limit
@@ -164,11 +204,18 @@ impl Room {
 
     /// Whether one more delivery to `endpoint_id` fits; counts it if so.
     pub fn take(&mut self, endpoint_id: &str) -> bool {
+        self.take_under(endpoint_id, self.cap)
+    }
+
+    /// As [`Room::take`], with the endpoint's cap lowered to `cap` (a FIFO
+    /// endpoint's is 1).
+    pub fn take_under(&mut self, endpoint_id: &str, cap: usize) -> bool {
         if self.is_full() {
             return false;
         }
+        let cap = cap.min(self.cap);
         let n = self.used.entry(endpoint_id.to_owned()).or_default();
-        if *n >= self.cap {
+        if *n >= cap {
             return false;
         }
         *n += 1;
@@ -209,6 +256,10 @@ pub struct ClaimedDelivery {
     pub cycle_base: u32,
     /// This attempt was asked for by an operator (replay/resend).
     pub manual: bool,
+    /// Not to be sent before then: the send slot a claim reserved for it
+    /// on its throttled endpoint (at most [`THROTTLE_HORIZON_MS`] after
+    /// the claim). `None`: at once.
+    pub send_at: Option<Millis>,
 }
 
 impl std::fmt::Debug for ClaimedDelivery {
@@ -269,7 +320,7 @@ pub struct Completion {
 }
 
 /// What [`Queue::complete`] wrote.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completed {
     /// One per completion of the batch, in order: whether it moved its
     /// delivery on (its lease token was still the delivery's). A stale one
@@ -278,6 +329,8 @@ pub struct Completed {
     pub moved: Vec<bool>,
     /// The streak of every endpoint with a failure in the batch.
     pub streaks: Vec<StreakUpdate>,
+    /// The circuit breakers this batch opened, reopened or closed.
+    pub circuits: Vec<CircuitChange>,
 }
 
 /// `text` as both stores keep it: NUL (which PostgreSQL refuses in `text`)
@@ -438,25 +491,29 @@ impl Subscriber {
 pub struct FanoutTarget {
     pub sub: Subscriber,
     /// Only when the batch claims (see [`IngestClaim`]) and the endpoint
-    /// is enabled: held ("auto"-disabled) endpoints collect deliveries but
-    /// are never claimed, and a batch that claims nothing reads no secrets.
+    /// may be handed off to: enabled (held, "auto"-disabled, endpoints
+    /// collect deliveries but are never claimed), not throttled and not
+    /// FIFO (their deliveries are only ever claimed, whose statement
+    /// reserves the throttle's slots and finds the queue's head). A batch
+    /// that claims nothing reads no secrets.
     pub send: Option<SendTo>,
 }
 
 impl FanoutTarget {
     /// From an endpoint's row: `filter_types` and `channels` as stored
     /// (JSON). `send_to` reads the sending columns; it runs only when the
-    /// batch claims and the endpoint is enabled.
+    /// batch claims and the endpoint may be handed off to
+    /// ([`may_hand_off`]).
     pub fn from_row(
         endpoint_id: String,
         filter_types: Option<&str>,
         channels: Option<&str>,
-        enabled: bool,
+        handoff: bool,
         claim: Option<&IngestClaim>,
         send_to: impl FnOnce(Millis) -> StoreResult<SendTo>,
     ) -> StoreResult<Self> {
         let send = match claim {
-            Some(c) if enabled => Some(send_to(c.now)?),
+            Some(c) if handoff => Some(send_to(c.now)?),
             _ => None,
         };
         Ok(FanoutTarget {
@@ -467,6 +524,74 @@ impl FanoutTarget {
             },
             send,
         })
+    }
+}
+
+/// Whether an ingest batch may hand off the new deliveries of an endpoint
+/// with these columns: enabled, without a throttle, not FIFO.
+pub fn may_hand_off(enabled: bool, rate_limit: Option<i64>, ordering: &str) -> bool {
+    enabled
+        && throttled_rate(rate_limit).is_none()
+        && EndpointOrdering::from_stored(ordering) == EndpointOrdering::None
+}
+
+/// How far ahead a claim reserves a throttled endpoint's send slots: a
+/// claimed delivery waits at most this long for its slot (holding its
+/// sending slot meanwhile), and a claim reserves at most
+/// `rate × horizon + 1` slots of one endpoint.
+pub const THROTTLE_HORIZON_MS: Millis = 100;
+
+/// One throttled endpoint's send slots as a claim reserves them (GCRA,
+/// without burst): the endpoint's theoretical arrival time (`tat_us`,
+/// microseconds, stored) is the earliest the next request may go; each
+/// claimed delivery takes the slot at `max(tat, now)` and moves it on by
+/// `1/rate`; only slots before `now + THROTTLE_HORIZON_MS` are taken. So
+/// requests to the endpoint are at least `1/rate` apart, whichever
+/// process claims them, and a one-second window holds at most `rate + 1`
+/// slots. The PostgreSQL claim computes the same in SQL.
+#[derive(Debug, Clone)]
+pub struct ThrottleSlots {
+    base_us: i64,
+    step_us: i64,
+    horizon_us: i64,
+    taken: i64,
+}
+
+impl ThrottleSlots {
+    pub fn new(rate: u32, tat_us: i64, now: Millis) -> Self {
+        let rate = i64::from(rate.max(1));
+        ThrottleSlots {
+            base_us: tat_us.max(now.saturating_mul(1000)),
+            // Rounded up: never faster than the rate.
+            step_us: (1_000_000 + rate - 1) / rate,
+            horizon_us: now.saturating_add(THROTTLE_HORIZON_MS).saturating_mul(1000),
+            taken: 0,
+        }
+    }
+
+    /// The next slot (milliseconds, rounded up), taken, if one is left
+    /// within the horizon.
+    pub fn take(&mut self) -> Option<Millis> {
+        let at_us = self.base_us + self.taken * self.step_us;
+        if at_us >= self.horizon_us {
+            return None;
+        }
+        self.taken += 1;
+        Some((at_us + 999) / 1000)
+    }
+
+    /// Whether a slot is left within the horizon.
+    pub fn available(&self) -> bool {
+        self.base_us + self.taken * self.step_us < self.horizon_us
+    }
+
+    pub fn taken(&self) -> i64 {
+        self.taken
+    }
+
+    /// The theoretical arrival time after the slots taken.
+    pub fn tat_us(&self) -> i64 {
+        self.base_us + self.taken * self.step_us
     }
 }
 
@@ -639,6 +764,7 @@ impl IngestClaim {
             cycle_started_at: m.due_at(),
             cycle_base: 0,
             manual: false,
+            send_at: None,
         }
     }
 }

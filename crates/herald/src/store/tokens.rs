@@ -9,6 +9,36 @@ pub trait Tokens: Send + Sync {
     async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>>;
     async fn list_tokens(&self, app: &AppId) -> StoreResult<Vec<ApiToken>>;
     async fn delete_token(&self, app: &AppId, id: &str) -> StoreResult<bool>;
+    /// Creates a portal token and, in the same transaction, its link's
+    /// one-time code (kept as `code_sha256_hex` only), valid as long as the
+    /// token.
+    async fn create_portal_token(
+        &self,
+        token: &ApiToken,
+        sha256_hex: &str,
+        code_sha256_hex: &str,
+    ) -> StoreResult<()>;
+    /// Takes a link's one-time code: deletes it and returns its token if
+    /// the code existed, had not expired by `now`, and its token is live.
+    /// A second call with the same code finds nothing, whatever the first
+    /// found (the code is gone either way).
+    async fn take_portal_code(
+        &self,
+        code_sha256_hex: &str,
+        now: Millis,
+    ) -> StoreResult<Option<ApiToken>>;
+    /// Makes the application's tokens (only those whose `session_id` is
+    /// one of `session_ids`, when given) expire at `at` if they would
+    /// expire later, and with them the portal sessions and link codes
+    /// made from them, in one transaction. Returns how many tokens.
+    async fn expire_tokens(
+        &self,
+        app: &AppId,
+        at: Millis,
+        session_ids: Option<&[String]>,
+    ) -> StoreResult<u64>;
+    /// Ends one token at once, with its portal sessions and link codes.
+    async fn end_token(&self, token_id: &str, now: Millis) -> StoreResult<()>;
     /// Starts a request carrying an Idempotency-Key (see [`IdemBegin`]).
     /// Records older than `valid_after` are forgotten; a still-running one
     /// older than `stale_before` is taken over (its process died).
@@ -41,6 +71,37 @@ pub struct ApiToken {
     pub app_id: AppId,
     pub name: String,
     pub created_at: Millis,
+    /// None: never (an ordinary application token).
+    pub expires_at: Option<Millis>,
+    /// The portal capabilities, comma-separated (`api::auth::Capabilities`
+    /// parses them); None: an ordinary token, unrestricted within its
+    /// application.
+    pub capabilities: Option<String>,
+    /// Svix's `sessionId`, which `expire-all` can select by.
+    pub session_id: Option<String>,
+    /// Svix's `featureFlags`, comma-separated: kept, not acted on.
+    pub feature_flags: String,
+}
+
+impl ApiToken {
+    /// An ordinary application token (no expiry, no capabilities).
+    pub fn plain(id: String, app_id: AppId, name: String, created_at: Millis) -> Self {
+        ApiToken {
+            id,
+            app_id,
+            name,
+            created_at,
+            expires_at: None,
+            capabilities: None,
+            session_id: None,
+            feature_flags: String::new(),
+        }
+    }
+
+    /// Whether the token still works at `now`.
+    pub fn live_at(&self, now: Millis) -> bool {
+        self.expires_at.is_none_or(|at| at > now)
+    }
 }
 
 /// What an Idempotency-Key says about a request about to run.

@@ -420,17 +420,17 @@ async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
 
 /// chromedriver on a free local port, in its own process group so that
 /// the browsers it starts end with it.
-struct Chromedriver {
+pub(crate) struct Chromedriver {
     child: std::process::Child,
     url: String,
     profile: tempfile::TempDir,
 }
 
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const CHROMIUM: &str = "/usr/bin/chromium";
+pub(crate) const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
 
 impl Chromedriver {
-    async fn start() -> Chromedriver {
+    pub(crate) async fn start() -> Chromedriver {
         use std::os::unix::process::CommandExt;
         let port = closed_port().await;
         let child = std::process::Command::new(CHROMEDRIVER)
@@ -458,7 +458,7 @@ impl Chromedriver {
         }
     }
 
-    async fn browser(&self) -> Client {
+    pub(crate) async fn browser(&self) -> Client {
         let args = [
             "--headless",
             "--no-sandbox",
@@ -518,7 +518,7 @@ async fn save_screenshot(browser: &Client, name: &str) {
 }
 
 /// Waits (bounded) until the element's text contains `text`.
-async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
+pub(crate) async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Ok(el) = browser.find(Locator::Css(css)).await {
@@ -722,6 +722,16 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
         .click()
         .await
         .expect("click 1: search");
+    // The unfiltered list had inv-42 too: wait for the search's own page.
+    let deadline = Instant::now() + PATIENCE;
+    while !browser
+        .current_url()
+        .await
+        .is_ok_and(|u| u.query().is_some_and(|q| q.contains("id=inv-42")))
+    {
+        assert!(Instant::now() < deadline, "the search never loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let found = wait_for_text(&browser, "table.messages", "inv-42").await;
     assert!(found.contains("1 delivered"), "{found}");
     assert!(!found.contains(&msg), "only the matching message: {found}");

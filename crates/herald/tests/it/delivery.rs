@@ -608,6 +608,7 @@ async fn ssrf_guard_refuses_private_addresses_when_connecting() {
                 filter_types: None,
                 disabled: false,
                 rate_limit: None,
+                ordering: Default::default(),
                 metadata: Default::default(),
                 channels: None,
                 headers: Default::default(),

@@ -286,7 +286,7 @@ fn verify_operator(secret: &str, r: &Recorded) -> Value {
 
 /// The operator events received so far, verified, once every one of
 /// `types` is among them (bounded wait).
-async fn operator_events(ops: &Receiver, secret: &str, types: &[&str]) -> Vec<Value> {
+pub(crate) async fn operator_events(ops: &Receiver, secret: &str, types: &[&str]) -> Vec<Value> {
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         let events: Vec<Value> = ops
@@ -437,6 +437,7 @@ async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
             filter_types: None,
             disabled: false,
             rate_limit: None,
+            ordering: Default::default(),
             metadata: Default::default(),
             channels: None,
             headers: Default::default(),

@@ -513,6 +513,7 @@ fn endpoint(app: &AppId, uid: &str, url: &str, secret: &str) -> Endpoint {
         filter_types: None,
         disabled: false,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),
@@ -592,12 +593,12 @@ async fn hijack(store: &dyn Store, ops_url: &str, customer_url: &str) -> Hijacke
     let token = "hrld_app_mallory_0123456789abcdef".to_owned();
     store
         .create_token(
-            &ApiToken {
-                id: "tok_mallory".into(),
-                app_id: app.id.clone(),
-                name: "mallory".into(),
-                created_at: now_ms(),
-            },
+            &ApiToken::plain(
+                "tok_mallory".into(),
+                app.id.clone(),
+                "mallory".into(),
+                now_ms(),
+            ),
             &hex::encode(herald::api::token_sha256(&token)),
         )
         .await

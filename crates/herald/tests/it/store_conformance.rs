@@ -190,6 +190,15 @@ backends!(
     apps_update_and_delete_with_everything_under_them,
     tokens_are_found_by_digest_and_go_with_their_app,
     idempotency_keys_replay_refuse_and_expire,
+    portal_codes_are_taken_once_and_expire_with_their_token,
+    sessions_are_found_by_digest_expire_and_end_with_their_token,
+    circuit_breakers_are_stepped_by_completions_and_stored,
+    only_one_of_two_concurrent_probers_wins,
+    retention_expires_deliveries_held_by_an_open_breaker,
+    claim_reserves_throttle_slots_within_the_horizon,
+    claim_takes_only_a_fifo_endpoints_head_one_at_a_time,
+    throttled_and_fifo_endpoints_are_never_handed_off_at_ingest,
+    first_attempts_get_their_share_of_a_claim_during_a_retry_storm,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -257,6 +266,7 @@ pub(crate) async fn endpoint(
         filter_types: filter.map(|f| f.into_iter().map(str::to_owned).collect()),
         disabled,
         rate_limit: None,
+        ordering: Default::default(),
         metadata: Default::default(),
         channels: None,
         headers: Default::default(),
@@ -2974,12 +2984,7 @@ async fn apps_update_and_delete_with_everything_under_them(store: Arc<dyn Store>
 
 async fn tokens_are_found_by_digest_and_go_with_their_app(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
-    let t = ApiToken {
-        id: "tok_1".into(),
-        app_id: a.id.clone(),
-        name: "ci".into(),
-        created_at: T0,
-    };
+    let t = ApiToken::plain("tok_1".into(), a.id.clone(), "ci".into(), T0);
     store.create_token(&t, "ab12").await.expect("create");
     assert_eq!(
         store.find_token("ab12").await.expect("find"),
@@ -3252,4 +3257,692 @@ async fn postgres_deleting_an_app_and_pruning_lock_in_one_order() {
         assert!(report.is_ok(), "{report:?}");
     })
     .await;
+}
+
+fn portal_token(app: &AppId, id: &str, expires_at: Millis, session_id: Option<&str>) -> ApiToken {
+    ApiToken {
+        expires_at: Some(expires_at),
+        capabilities: Some("ViewBase".into()),
+        session_id: session_id.map(str::to_owned),
+        ..ApiToken::plain(id.into(), app.clone(), "portal".into(), T0)
+    }
+}
+
+async fn portal_codes_are_taken_once_and_expire_with_their_token(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let t = portal_token(&a.id, "tok_p1", T0 + 3_600_000, Some("s1"));
+    store
+        .create_portal_token(&t, "tokdigest1", "codedigest1")
+        .await
+        .expect("create");
+    assert_eq!(
+        store.find_token("tokdigest1").await.expect("find"),
+        Some(t.clone())
+    );
+    assert_eq!(
+        store
+            .take_portal_code("codedigest1", T0 + 1)
+            .await
+            .expect("take"),
+        Some(t.clone())
+    );
+    assert_eq!(
+        store
+            .take_portal_code("codedigest1", T0 + 2)
+            .await
+            .expect("take again"),
+        None,
+        "a code is taken once"
+    );
+    // A code past its token's expiry is gone and gives nothing.
+    let late = portal_token(&a.id, "tok_p2", T0 + 1000, None);
+    store
+        .create_portal_token(&late, "tokdigest2", "codedigest2")
+        .await
+        .expect("create");
+    assert_eq!(
+        store
+            .take_portal_code("codedigest2", T0 + 1000)
+            .await
+            .expect("take"),
+        None
+    );
+    // expire-all by session id touches only the chosen tokens.
+    let other = portal_token(&a.id, "tok_p3", T0 + 3_600_000, Some("s2"));
+    store
+        .create_portal_token(&other, "tokdigest3", "codedigest3")
+        .await
+        .expect("create");
+    let n = store
+        .expire_tokens(&a.id, T0 + 10, Some(&["s1".to_owned()]))
+        .await
+        .expect("expire");
+    assert_eq!(n, 1);
+    let found = store
+        .find_token("tokdigest1")
+        .await
+        .expect("find")
+        .expect("kept");
+    assert_eq!(found.expires_at, Some(T0 + 10));
+    assert!(!found.live_at(T0 + 10));
+    let untouched = store
+        .find_token("tokdigest3")
+        .await
+        .expect("find")
+        .expect("kept");
+    assert_eq!(untouched.expires_at, Some(T0 + 3_600_000));
+    // Without session ids: every token of the app, plain ones included.
+    let plain = ApiToken::plain("tok_plain".into(), a.id.clone(), "ci".into(), T0);
+    store
+        .create_token(&plain, "tokdigest4")
+        .await
+        .expect("create");
+    store
+        .expire_tokens(&a.id, T0 + 20, None)
+        .await
+        .expect("expire");
+    let ended = store
+        .find_token("tokdigest4")
+        .await
+        .expect("find")
+        .expect("kept");
+    assert_eq!(ended.expires_at, Some(T0 + 20));
+    assert_eq!(
+        store
+            .take_portal_code("codedigest3", T0 + 21)
+            .await
+            .expect("take"),
+        None,
+        "its code expired with it"
+    );
+}
+
+fn portal_session(app: &AppId, token: &str, expires_at: Millis) -> Session {
+    Session {
+        kind: SessionKind::Portal,
+        app_id: Some(app.clone()),
+        token_id: Some(token.into()),
+        capabilities: Some("ViewBase".into()),
+        session_id: Some("s1".into()),
+        theme: "darkMode=true".into(),
+        csrf: "csrf1".into(),
+        flash: None,
+        created_at: T0,
+        expires_at,
+    }
+}
+
+async fn sessions_are_found_by_digest_expire_and_end_with_their_token(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let t = portal_token(&a.id, "tok_s1", T0 + 3_600_000, Some("s1"));
+    store
+        .create_portal_token(&t, "stok1", "scode1")
+        .await
+        .expect("token");
+    let s = portal_session(&a.id, "tok_s1", T0 + 3_600_000);
+    store.create_session("sess1", &s).await.expect("create");
+    assert_eq!(
+        store.find_session("sess1", T0).await.expect("find"),
+        Some(s.clone())
+    );
+    assert_eq!(store.find_session("nope", T0).await.expect("find"), None);
+    assert_eq!(
+        store
+            .find_session("sess1", T0 + 3_600_000)
+            .await
+            .expect("find"),
+        None,
+        "expired"
+    );
+    // The flash is shown once.
+    store
+        .set_session_flash("sess1", "Saved")
+        .await
+        .expect("flash");
+    let with = store
+        .find_session("sess1", T0)
+        .await
+        .expect("find")
+        .expect("live");
+    assert_eq!(with.flash.as_deref(), Some("Saved"));
+    let without = store
+        .find_session("sess1", T0)
+        .await
+        .expect("find")
+        .expect("live");
+    assert_eq!(without.flash, None);
+    // A dashboard session has no app.
+    let d = Session {
+        kind: SessionKind::Dashboard,
+        app_id: None,
+        token_id: None,
+        capabilities: None,
+        session_id: None,
+        theme: String::new(),
+        ..s.clone()
+    };
+    store.create_session("dash1", &d).await.expect("create");
+    assert_eq!(
+        store.find_session("dash1", T0).await.expect("find"),
+        Some(d)
+    );
+    store.delete_session("dash1").await.expect("delete");
+    assert_eq!(store.find_session("dash1", T0).await.expect("find"), None);
+    // Expiring the token expires its sessions; ending it ends them.
+    store
+        .expire_tokens(&a.id, T0 + 5, None)
+        .await
+        .expect("expire");
+    assert_eq!(
+        store.find_session("sess1", T0 + 5).await.expect("find"),
+        None
+    );
+    assert!(store
+        .find_session("sess1", T0 + 4)
+        .await
+        .expect("find")
+        .is_some());
+    store.end_token("tok_s1", T0 + 1).await.expect("end");
+    assert_eq!(store.find_session("sess1", T0).await.expect("find"), None);
+    // Retention prunes expired sessions.
+    store
+        .create_session("sess2", &portal_session(&a.id, "tok_s1", T0 + 100))
+        .await
+        .expect("create");
+    assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 1);
+    assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 0);
+}
+
+/// A breaker that opens on four attempts at 50 %, with a 30 s cooldown.
+fn breaker_rule() -> BreakerRule {
+    BreakerRule {
+        min_attempts: 4,
+        window: Duration::from_secs(60),
+        failure_rate: 0.5,
+        cooldown: Duration::from_secs(30),
+        max_cooldown: Duration::from_secs(600),
+    }
+}
+
+/// The stored breaker: stepped by completion batches in their transaction,
+/// read back by `circuit_of` and (while not closed) `broken_circuits`,
+/// moved to half-open by `swap_circuit`, closed by the probe's success.
+async fn circuit_breakers_are_stepped_by_completions_and_stored(store: Arc<dyn Store>) {
+    let rule = breaker_rule();
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let other = endpoint(&store, &a.id, None, false).await;
+    assert_eq!(
+        store.circuit_of(&e.id).await.expect("read"),
+        Some(Circuit::default())
+    );
+    assert_eq!(
+        store
+            .circuit_of(&EndpointId::generate())
+            .await
+            .expect("read"),
+        None
+    );
+    assert!(store.broken_circuits().await.expect("read").is_empty());
+
+    // Three of e's four fail, all of `other`'s succeed: e opens alone.
+    let got = claim_n(&store, &a.id, 4, T0).await;
+    let (mine, theirs): (Vec<_>, Vec<_>) = got.iter().partition(|d| d.endpoint_id == e.id);
+    let mut batch: Vec<Completion> = mine
+        .iter()
+        .enumerate()
+        .map(|(i, d)| outcome(d, i == 0, 500, T0 + i as i64, 5))
+        .collect();
+    batch.extend(theirs.iter().map(|d| outcome(d, true, 200, T0, 5)));
+    let done = store
+        .complete_with_circuits(&batch, &rule)
+        .await
+        .expect("complete");
+    assert_eq!(done.circuits.len(), 1, "{:?}", done.circuits);
+    let change = &done.circuits[0];
+    assert_eq!(change.endpoint_id, e.id);
+    assert_eq!(change.app_id, a.id);
+    assert_eq!(
+        change.transition,
+        Transition::Opened {
+            attempts: 4,
+            failures: 3,
+            failure_rate: 0.75
+        }
+    );
+    let now = batch.iter().map(|c| c.now).max().expect("a batch");
+    let open = store
+        .circuit_of(&e.id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(open.state, CircuitState::Open);
+    assert_eq!(open.until, Some(now + 30_000));
+    assert_eq!(open.cooldown_ms, 30_000);
+    assert_eq!((open.window.attempts, open.window.failures), (4, 3));
+    assert_eq!(
+        store
+            .circuit_of(&other.id)
+            .await
+            .expect("read")
+            .expect("exists")
+            .state,
+        CircuitState::Closed
+    );
+    let broken = store.broken_circuits().await.expect("read");
+    assert_eq!(
+        broken,
+        vec![EndpointCircuit {
+            endpoint_id: e.id.clone(),
+            app_id: a.id.clone(),
+            circuit: open.clone(),
+        }]
+    );
+
+    // A late answer while open changes nothing.
+    let late = claim(&store, T0 + 70_000, 10, &HashMap::new(), 10).await;
+    let late_e: Vec<_> = late.iter().filter(|d| d.endpoint_id == e.id).collect();
+    assert!(!late_e.is_empty());
+    let done = store
+        .complete_with_circuits(&[outcome(late_e[0], true, 200, T0 + 60_000, 5)], &rule)
+        .await
+        .expect("complete");
+    assert!(done.circuits.is_empty());
+    assert_eq!(
+        store.circuit_of(&e.id).await.expect("read"),
+        Some(open.clone())
+    );
+
+    // Half-open, won by "p1"; its probe succeeds: closed, window fresh.
+    let won = herald_policy::breaker::probe(&open, now + 30_000, Duration::from_secs(60), "p1")
+        .expect("cooldown over");
+    assert!(store.swap_circuit(&e.id, &open, &won).await.expect("swap"));
+    assert!(
+        !store.swap_circuit(&e.id, &open, &won).await.expect("swap"),
+        "the row no longer holds what was read"
+    );
+    assert_eq!(
+        store.circuit_of(&e.id).await.expect("read"),
+        Some(won.clone())
+    );
+    let done = store
+        .complete_with_circuits(&[outcome(late_e[1], true, 200, now + 30_001, 5)], &rule)
+        .await
+        .expect("complete");
+    assert_eq!(done.circuits.len(), 1);
+    assert_eq!(done.circuits[0].transition, Transition::Closed);
+    let closed = store
+        .circuit_of(&e.id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(closed.state, CircuitState::Closed);
+    assert_eq!((closed.cooldown_ms, closed.probe_by), (0, None));
+    assert!(store.broken_circuits().await.expect("read").is_empty());
+}
+
+/// Of two callers trying to win the same probe at once, one does.
+async fn only_one_of_two_concurrent_probers_wins(store: Arc<dyn Store>) {
+    let rule = breaker_rule();
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let got = claim_n(&store, &a.id, 4, T0).await;
+    let failed: Vec<_> = got.iter().map(|d| outcome(d, false, 500, T0, 5)).collect();
+    store
+        .complete_with_circuits(&failed, &rule)
+        .await
+        .expect("complete");
+    let open = store
+        .circuit_of(&e.id)
+        .await
+        .expect("read")
+        .expect("exists");
+    assert_eq!(open.state, CircuitState::Open);
+    let at = open.until.expect("open until");
+    let timeout = Duration::from_secs(60);
+    for round in 0..5 {
+        let seen = store
+            .circuit_of(&e.id)
+            .await
+            .expect("read")
+            .expect("exists");
+        let now = at + i64::from(round) * 61_000;
+        let one = herald_policy::breaker::probe(&seen, now, timeout, "one").expect("due");
+        let two = herald_policy::breaker::probe(&seen, now, timeout, "two").expect("due");
+        let (s1, s2) = (store.clone(), store.clone());
+        let (r1, r2) = tokio::join!(
+            async { s1.swap_circuit(&e.id, &seen, &one).await.expect("swap") },
+            async { s2.swap_circuit(&e.id, &seen, &two).await.expect("swap") },
+        );
+        assert!(r1 ^ r2, "round {round}: exactly one wins ({r1}, {r2})");
+        let winner = if r1 { "one" } else { "two" };
+        let stored = store
+            .circuit_of(&e.id)
+            .await
+            .expect("read")
+            .expect("exists");
+        assert_eq!(stored.state, CircuitState::HalfOpen);
+        assert_eq!(stored.probe_by.as_deref(), Some(winner));
+    }
+}
+
+/// Deliveries an open breaker holds back (pending, unclaimed) die by the
+/// age cap in retention; a closed endpoint's as old ones do not.
+async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Store>) {
+    let rule = breaker_rule();
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let b = app(&store, None).await;
+    let healthy = endpoint(&store, &b.id, None, false).await;
+    let got = claim_n(&store, &a.id, 4, T0).await;
+    let failed: Vec<_> = got.iter().map(|d| outcome(d, false, 500, T0, 5)).collect();
+    store
+        .complete_with_circuits(&failed, &rule)
+        .await
+        .expect("complete");
+    assert_eq!(
+        store
+            .circuit_of(&e.id)
+            .await
+            .expect("read")
+            .expect("exists")
+            .state,
+        CircuitState::Open
+    );
+    let live = message(&b.id, "x", None);
+    store
+        .insert_messages(std::slice::from_ref(&live))
+        .await
+        .expect("insert");
+    let mut total = 0;
+    for _ in 0..10 {
+        let n = store
+            .expire_circuit_held(T0 + 1, T0 + 100_000, 3)
+            .await
+            .expect("expire");
+        total += n;
+        if n < 3 {
+            break;
+        }
+    }
+    assert_eq!(total, 4, "the four retries held by the open breaker");
+    let dead = store
+        .list_dead(&dead_of(&a.id, Some(&e.id)), &page(10, None, true))
+        .await
+        .expect("dead");
+    assert_eq!(dead.items.len(), 4);
+    assert!(dead
+        .items
+        .iter()
+        .all(|d| d.dead_reason == Some(DeadReason::TooOld)));
+    assert_eq!(history(&store, &live).await.1, vec![DeliveryState::Pending]);
+    let _ = healthy;
+}
+
+/// An endpoint of `app` with `throttleRate` `rate` and `ordering`.
+async fn endpoint_with(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    rate: Option<u16>,
+    ordering: EndpointOrdering,
+) -> Endpoint {
+    let e = endpoint(store, app, None, false).await;
+    let changes = EndpointChanges {
+        rate_limit: Some(rate),
+        ordering: Some(ordering),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(app, &e.id, &changes, T0)
+        .await
+        .expect("update"));
+    e
+}
+
+/// `n` messages of `app`, created 1 ms apart (so in this order).
+async fn messages_in_order(store: &Arc<dyn Store>, app: &AppId, n: i64) -> Vec<NewMessage> {
+    let ms: Vec<_> = (0..n)
+        .map(|i| NewMessage {
+            created_at: T0 - 10_000 + i,
+            ..message(app, "x", None)
+        })
+        .collect();
+    store.insert_messages(&ms).await.expect("insert");
+    ms
+}
+
+/// Issue 13, throttle: a claim takes a throttled endpoint's slots within
+/// `THROTTLE_HORIZON_MS`, each delivery with its slot, `1/rate` apart and
+/// moving on from where the last claim left off; other endpoints are not
+/// held up; a rate lifted shows at the next claim.
+async fn claim_reserves_throttle_slots_within_the_horizon(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    // 50/s: a slot every 20 ms, five within the 100 ms horizon.
+    let fast = endpoint_with(&store, &a.id, Some(50), EndpointOrdering::None).await;
+    messages_in_order(&store, &a.id, 12).await;
+    let none = HashMap::new();
+    let got = claim(&store, T0, 100, &none, 100).await;
+    let slots: Vec<_> = got.iter().map(|d| d.send_at).collect();
+    assert_eq!(
+        slots,
+        vec![
+            Some(T0),
+            Some(T0 + 20),
+            Some(T0 + 40),
+            Some(T0 + 60),
+            Some(T0 + 80)
+        ],
+        "five slots 20 ms apart from now"
+    );
+    assert!(got
+        .iter()
+        .all(|d| d.attempts == 0 && d.endpoint_id == fast.id));
+    assert!(
+        claim(&store, T0, 100, &none, 100).await.is_empty(),
+        "the horizon's slots are taken"
+    );
+    // 30 ms later the horizon reaches T0 + 130: slots T0 + 100 and + 120.
+    let next = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(
+        next.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        vec![Some(T0 + 100), Some(T0 + 120)],
+        "the next slots follow the last one, not the clock"
+    );
+    let waiting = store.throttle_waiting().await.expect("waiting");
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].rate, waiting[0].waiting),
+        (50, 5),
+        "{waiting:?}"
+    );
+
+    // An unthrottled neighbour in the same claim goes at once, all of it.
+    let b = app(&store, None).await;
+    let free = endpoint(&store, &b.id, None, false).await;
+    messages_in_order(&store, &b.id, 4).await;
+    let mixed = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(mixed.len(), 4, "{mixed:?}");
+    assert!(mixed
+        .iter()
+        .all(|d| d.endpoint_id == free.id && d.send_at.is_none()));
+
+    // Lifted: the rest go at the next claim, with no slot.
+    let lift = EndpointChanges {
+        rate_limit: Some(None),
+        ..EndpointChanges::default()
+    };
+    store
+        .update_endpoint(&a.id, &fast.id, &lift, T0)
+        .await
+        .expect("update");
+    let rest = claim(&store, T0 + 30, 100, &none, 100).await;
+    assert_eq!(rest.len(), 5, "{rest:?}");
+    assert!(rest.iter().all(|d| d.send_at.is_none()));
+}
+
+/// Issue 13, ordering: of a FIFO endpoint a claim takes only the first
+/// live delivery in creation order, and nothing while it is in flight or
+/// waiting for its retry; once it is delivered the next one goes; a
+/// replayed dead one goes to the back of the queue.
+async fn claim_takes_only_a_fifo_endpoints_head_one_at_a_time(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let ms = messages_in_order(&store, &a.id, 4).await;
+    let none = HashMap::new();
+    let first = claim(&store, T0, 100, &none, 100).await;
+    assert_eq!(first.len(), 1, "one at a time: {first:?}");
+    assert_eq!(first[0].msg_id, ms[0].id, "the oldest first");
+    assert!(
+        claim(&store, T0, 100, &none, 100).await.is_empty(),
+        "head in flight"
+    );
+    // The head fails and waits for its retry: the others wait with it.
+    let retry = completion(&first[0], NextState::Retry { at: T0 + 5_000 }, T0);
+    store.complete(&[retry]).await.expect("complete");
+    assert!(
+        claim(&store, T0 + 1_000, 100, &none, 100).await.is_empty(),
+        "behind the head"
+    );
+    // Its lease expiring (a crashed worker) gives it back, not the next.
+    let again = claim(&store, T0 + 5_000, 100, &none, 100).await;
+    assert_eq!(
+        again.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[0].id]
+    );
+    let retaken = claim(&store, T0 + 5_000 + 60_001, 100, &none, 100).await;
+    assert_eq!(
+        retaken.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[0].id],
+        "expired lease: the head again"
+    );
+    // Dead: the next one goes.
+    let dead = completion(
+        &retaken[0],
+        NextState::Dead(DeadReason::Exhausted),
+        T0 + 70_000,
+    );
+    store.complete(&[dead]).await.expect("complete");
+    let second = claim(&store, T0 + 70_000, 100, &none, 100).await;
+    assert_eq!(
+        second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[1].id]
+    );
+    // Something of it in flight here (room 0): nothing, even the head.
+    store
+        .release(&second[0].id, &second[0].lease_token, T0 + 70_000)
+        .await
+        .expect("release");
+    let busy: HashMap<EndpointId, usize> = [(ep.id.clone(), 1)].into();
+    assert!(
+        claim(&store, T0 + 70_000, 100, &busy, 100).await.is_empty(),
+        "room 0"
+    );
+    let second = claim(&store, T0 + 70_000, 100, &none, 100).await;
+    assert_eq!(
+        second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[1].id],
+        "released: still the head"
+    );
+    let done = completion(&second[0], NextState::Delivered, T0 + 70_001);
+    store.complete(&[done]).await.expect("complete");
+    // The dead first message replayed: behind messages 2 and 3.
+    let replayed = store
+        .replay_dead_matching(&dead_of(&a.id, Some(&ep.id)), None, 100, T0 + 70_002)
+        .await
+        .expect("replay");
+    assert_eq!(replayed, 1);
+    let mut order = Vec::new();
+    for step in 0..3 {
+        let now = T0 + 80_000 + step;
+        let got = claim(&store, now, 100, &none, 100).await;
+        assert_eq!(got.len(), 1, "one at a time: {got:?}");
+        order.push(got[0].msg_id.clone());
+        let ok = completion(&got[0], NextState::Delivered, now);
+        store.complete(&[ok]).await.expect("complete");
+    }
+    assert_eq!(
+        order,
+        vec![ms[2].id.clone(), ms[3].id.clone(), ms[0].id.clone()]
+    );
+}
+
+/// Issue 13: an ingest batch's handoff never takes a throttled or FIFO
+/// endpoint's deliveries (the claim's statement reserves the throttle's
+/// slots and finds the queue's head); an ordinary one's it does.
+async fn throttled_and_fifo_endpoints_are_never_handed_off_at_ingest(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let throttled = endpoint_with(&store, &a.id, Some(1000), EndpointOrdering::None).await;
+    let fifo = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let plain = endpoint(&store, &a.id, None, false).await;
+    let none = HashMap::new();
+    let req = ClaimRequest {
+        now: T0,
+        lease_until: T0 + 60_000,
+        limit: 100,
+        in_flight: &none,
+        endpoint_cap: 100,
+    };
+    let (outcomes, handed) = store
+        .insert_messages_claiming(&[message(&a.id, "x", None)], &req)
+        .await
+        .expect("insert");
+    assert_eq!(outcomes, vec![InsertOutcome::Inserted { deliveries: 3 }]);
+    assert_eq!(
+        handed.iter().map(|d| &d.endpoint_id).collect::<Vec<_>>(),
+        vec![&plain.id]
+    );
+    let claimed = claim(&store, T0, 100, &none, 100).await;
+    let mut eps: Vec<_> = claimed.iter().map(|d| d.endpoint_id.clone()).collect();
+    eps.sort();
+    let mut want = vec![throttled.id.clone(), fifo.id.clone()];
+    want.sort();
+    assert_eq!(eps, want, "the loop's claim takes them");
+}
+
+/// Issue 13, item 4: two hundred retries of one endpoint fall due together,
+/// before ten first attempts to another: a claim of ten gives the first
+/// attempts half, the retries half (not all ten to the older retries);
+/// with no first attempt waiting, the retries take every slot.
+async fn first_attempts_get_their_share_of_a_claim_during_a_retry_storm(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let stormy = endpoint(&store, &a.id, None, false).await;
+    // More than a claim's window (64 rows): the first attempts lie beyond
+    // what the walk of the due head reads.
+    let claimed = claim_n(&store, &a.id, 200, T0).await;
+    assert_eq!(claimed.len(), 200);
+    let retries: Vec<_> = claimed
+        .iter()
+        .map(|d| completion(d, NextState::Retry { at: T0 + 1 }, T0))
+        .collect();
+    store.complete(&retries).await.expect("complete");
+    let b = app(&store, None).await;
+    let healthy = endpoint(&store, &b.id, None, false).await;
+    let fresh: Vec<_> = (0..10)
+        .map(|_| NewMessage {
+            created_at: T0 + 2,
+            ..message(&b.id, "x", None)
+        })
+        .collect();
+    store.insert_messages(&fresh).await.expect("insert");
+    let none = HashMap::new();
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    let firsts = got.iter().filter(|d| d.endpoint_id == healthy.id).count();
+    let again = got.iter().filter(|d| d.endpoint_id == stormy.id).count();
+    assert_eq!((firsts, again), (5, 5), "half the slots each");
+    assert!(got
+        .iter()
+        .filter(|d| d.endpoint_id == stormy.id)
+        .all(|d| d.attempts == 1));
+    // The other five first attempts next, beside five more retries.
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    assert_eq!(
+        got.iter().filter(|d| d.endpoint_id == healthy.id).count(),
+        5
+    );
+    // No first attempt left: retries take all the slots.
+    let got = claim(&store, T0 + 10, 10, &none, 100).await;
+    assert_eq!(
+        got.iter().filter(|d| d.endpoint_id == stormy.id).count(),
+        10
+    );
 }

@@ -7,7 +7,7 @@ use crate::crypto::Keyring;
 
 const ENDPOINT_COLUMNS: &str =
     "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
-     metadata::text AS metadata, secret, created_at, updated_at, channels, headers";
+     metadata::text AS metadata, secret, created_at, updated_at, channels, headers, ordering";
 
 /// An endpoint row, its credential columns opened with `keys`.
 pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoint> {
@@ -34,6 +34,7 @@ pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoi
         filter_types: filter.as_deref().map(from_json).transpose()?,
         disabled: get(r, "disabled")?,
         rate_limit: u16_opt(get(r, "rate_limit")?),
+        ordering: EndpointOrdering::from_stored(&get::<String>(r, "ordering")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
         channels: get::<Option<String>>(r, "channels")?
             .as_deref()
@@ -72,8 +73,8 @@ impl Endpoints for PostgresStore {
         let metadata = to_json(&ep.metadata)?;
         sqlx::query(
             "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
-             metadata, secret, created_at, updated_at, channels, headers) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12, $13, $14)",
+             metadata, secret, created_at, updated_at, channels, headers, ordering) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15)",
         )
         .bind(ep.id.as_str())
         .bind(ep.app_id.as_str())
@@ -94,6 +95,7 @@ impl Endpoints for PostgresStore {
             SecretColumn::Headers,
             &to_json(&ep.headers)?,
         ))
+        .bind(ep.ordering.as_str())
         .execute(&self.pool)
         .await
         .map_err(map_err)?;
@@ -141,14 +143,24 @@ impl Endpoints for PostgresStore {
         // Only the columns the caller set: a column it did not name may
         // have been changed since it read the endpoint. Nothing here makes
         // held work claimable (the flag is not among them): no wake-up.
-        let done = sqlx::query(
-            "UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
-             url = COALESCE($3, url), description = COALESCE($4, description), \
-             filter_types = CASE WHEN $5 THEN $6::jsonb ELSE filter_types END, \
-             rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
-             metadata = COALESCE($9::jsonb, metadata), \
-             channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12 \
-             WHERE id = $13 AND app_id = $14",
+        // Switched to FIFO: its waiting deliveries take their places in
+        // the queue (by creation) in the same statement, after the
+        // endpoint's row (the lock order).
+        let updated: i64 = sqlx::query_scalar(
+            "WITH e AS ( \
+                 UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
+                 url = COALESCE($3, url), description = COALESCE($4, description), \
+                 filter_types = CASE WHEN $5 THEN $6::jsonb ELSE filter_types END, \
+                 rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
+                 metadata = COALESCE($9::jsonb, metadata), \
+                 channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12, \
+                 ordering = COALESCE($15, ordering) \
+                 WHERE id = $13 AND app_id = $14 RETURNING id), \
+             q AS ( \
+                 UPDATE deliveries SET queued_at = created_at \
+                 WHERE $15 = 'fifo' AND endpoint_id IN (SELECT id FROM e) AND state < 2 \
+                   AND queued_at IS NULL) \
+             SELECT COUNT(*) FROM e",
         )
         .bind(changes.uid.is_some())
         .bind(changes.uid.as_ref().and_then(|u| u.as_deref()))
@@ -164,10 +176,11 @@ impl Endpoints for PostgresStore {
         .bind(now)
         .bind(ep.as_str())
         .bind(app.as_str())
-        .execute(&self.pool)
+        .bind(changes.ordering.map(EndpointOrdering::as_str))
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        Ok(done.rows_affected() == 1)
+        Ok(updated == 1)
     }
 
     async fn set_endpoint_headers(

@@ -9,7 +9,7 @@ const STATUS_COLUMNS_E: &str =
      e.disabled_reason, e.disabled_at, e.disabled_by";
 const ENDPOINT_COLUMNS_E: &str =
     "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
-     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers";
+     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers, e.ordering";
 
 fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
     let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };

@@ -40,6 +40,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 
+mod circuits;
+use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
 mod endpoints;
@@ -51,6 +53,7 @@ mod queue;
 mod replay;
 mod retention;
 mod secrets;
+mod sessions;
 mod settings;
 mod tokens;
 

@@ -202,7 +202,7 @@ impl PostgresStore {
         apps.dedup();
         let rows = sqlx::query(
             "SELECT id, app_id, filter_types::text AS filter_types, channels, disabled, url, secret, \
-                    old_secrets, headers FROM endpoints \
+                    old_secrets, headers, rate_limit::int8 AS rate_limit, ordering FROM endpoints \
              WHERE app_id = ANY($1) AND (NOT disabled OR disabled_by = 'auto')",
         )
         .bind(&apps)
@@ -215,7 +215,11 @@ impl PostgresStore {
                 get(r, "id")?,
                 get::<Option<String>>(r, "filter_types")?.as_deref(),
                 get::<Option<String>>(r, "channels")?.as_deref(),
-                !get::<bool>(r, "disabled")?,
+                may_hand_off(
+                    !get::<bool>(r, "disabled")?,
+                    get(r, "rate_limit")?,
+                    &get::<String>(r, "ordering")?,
+                ),
                 claim.as_ref(),
                 |now| {
                     SendTo::from_columns(
@@ -486,15 +490,19 @@ impl Queue for PostgresStore {
         }
         let saturated = saturated(req.in_flight, req.endpoint_cap);
         let window = claim_window(req.limit);
-        // Room left on the endpoints with requests in flight; the others
-        // have the whole cap.
-        let (busy, room): (Vec<&str>, Vec<i64>) = req
+        // What each endpoint with requests in flight already has; the
+        // others have the whole cap (a FIFO endpoint: one).
+        let (busy, in_flight): (Vec<&str>, Vec<i64>) = req
             .in_flight
             .iter()
-            .filter(|(_, n)| **n < req.endpoint_cap)
-            .map(|(id, n)| (id.as_str(), i64_of(req.endpoint_cap - n)))
+            .map(|(id, n)| (id.as_str(), i64_of(*n)))
             .unzip();
         let token = ulid::Ulid::new().to_string();
+        let now_us = req.now.saturating_mul(1000);
+        let horizon_us = req
+            .now
+            .saturating_add(THROTTLE_HORIZON_MS)
+            .saturating_mul(1000);
         // One statement, so one round trip and no explicit transaction: the
         // row locks last only while it runs. SKIP LOCKED: rows another
         // claimer is taking right now are left to it; this claim takes the
@@ -507,35 +515,117 @@ impl Queue for PostgresStore {
         // takes a stronger one: the two never cross, so a delivery held
         // here is always one enabling will see; an endpoint locked by
         // someone else is left for a later claim (SKIP LOCKED).
+        //
+        // Throttled and FIFO endpoints (issue 13): `full` are the throttled
+        // ones with no send slot left within the horizon, `heads` the
+        // first live delivery of each enabled FIFO endpoint in its queue;
+        // the due scan passes their other rows without counting them
+        // (rows never queued yet, `queued_at IS NULL`, go in: they are
+        // given their place here). Of a FIFO endpoint only its head is
+        // taken, and only with nothing of it in flight here; of a
+        // throttled one only as many as its slots, which this claim
+        // reserves by moving its `endpoint_throttle` row on, locked with
+        // SKIP LOCKED (another claim moving it: none this time).
+        //
+        // Retries take at most `retry_share` of the slots while first
+        // attempts wait too (issue 13, item 4): when the due head holds
+        // more retries than that, `fresh` also reads the newest due first
+        // attempts (the other end of `deliveries_due`; a one-time filter,
+        // so nothing is read otherwise), and `picked` takes retries past
+        // their share last.
         let rows = sqlx::query(
-            "WITH due AS MATERIALIZED ( \
-                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state FROM deliveries d \
+            "WITH full_thr AS MATERIALIZED ( \
+                 SELECT t.endpoint_id FROM endpoint_throttle t JOIN endpoints e ON e.id = t.endpoint_id \
+                 WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
+             fifo AS MATERIALIZED ( \
+                 SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
+             fifo_heads AS MATERIALIZED ( \
+                 SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id FROM fifo f CROSS JOIN LATERAL ( \
+                     SELECT x.id, x.queued_at, x.msg_id FROM deliveries x \
+                     WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
+                     ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
+             due_head AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                        d.attempts \
+                 FROM deliveries d \
                  WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
                    AND d.endpoint_id <> ALL($2::text[]) \
+                   AND d.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr) \
+                   AND (d.endpoint_id NOT IN (SELECT id FROM fifo) OR d.queued_at IS NULL \
+                        OR d.id IN (SELECT id FROM fifo_heads)) \
                  ORDER BY d.next_attempt_at LIMIT $3 \
                  FOR UPDATE OF d SKIP LOCKED), \
-             off AS MATERIALIZED ( \
-                 SELECT e.id FROM endpoints e \
-                 WHERE e.id IN (SELECT endpoint_id FROM due) AND e.disabled), \
+             fresh AS MATERIALIZED ( \
+                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                        d.attempts \
+                 FROM deliveries d \
+                 WHERE (SELECT COUNT(*) FROM due_head WHERE attempts > 0) > $12 \
+                   AND d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 AND d.state = 0 \
+                   AND d.attempts = 0 AND d.endpoint_id <> ALL($2::text[]) \
+                   AND d.endpoint_id NOT IN (SELECT id FROM fifo) \
+                   AND d.endpoint_id NOT IN (SELECT endpoint_id FROM endpoint_throttle) \
+                 ORDER BY d.next_attempt_at DESC LIMIT $3 \
+                 FOR UPDATE OF d SKIP LOCKED), \
+             due AS MATERIALIZED (SELECT * FROM due_head UNION SELECT * FROM fresh), \
+             eps AS MATERIALIZED ( \
+                 SELECT e.id, e.disabled, e.ordering = 'fifo' AS fifo, \
+                        CASE WHEN e.rate_limit > 0 THEN e.rate_limit::int8 END AS rate \
+                 FROM endpoints e WHERE e.id IN (SELECT endpoint_id FROM due)), \
+             off AS MATERIALIZED (SELECT id FROM eps WHERE disabled), \
              held AS ( \
                  UPDATE deliveries d SET held = TRUE FROM due \
                  WHERE d.id = due.id AND due.state = 0 \
                    AND due.endpoint_id IN ( \
                        SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
                        FOR SHARE SKIP LOCKED)), \
+             heads AS MATERIALIZED ( \
+                 SELECT DISTINCT ON (c.endpoint_id) c.endpoint_id, c.id FROM ( \
+                     SELECT endpoint_id, id, k, msg_id FROM fifo_heads \
+                     UNION ALL \
+                     SELECT due.endpoint_id, due.id, due.updated_at, due.msg_id FROM due \
+                     JOIN eps ON eps.id = due.endpoint_id \
+                     WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL) c \
+                 ORDER BY c.endpoint_id, c.k, c.msg_id), \
+             thr AS MATERIALIZED ( \
+                 SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, (1000000 + eps.rate - 1) / eps.rate AS step \
+                 FROM endpoint_throttle t JOIN eps ON eps.id = t.endpoint_id \
+                 WHERE eps.rate IS NOT NULL AND NOT eps.disabled \
+                 FOR UPDATE OF t SKIP LOCKED), \
              ranked AS ( \
-                 SELECT id, next_attempt_at, endpoint_id, \
-                        row_number() OVER (PARTITION BY endpoint_id ORDER BY next_attempt_at, id) AS nth \
-                 FROM due WHERE endpoint_id NOT IN (SELECT id FROM off)), \
+                 SELECT due.id, due.next_attempt_at, due.endpoint_id, due.updated_at, \
+                        (eps.fifo OR eps.rate IS NOT NULL) AS queues, eps.fifo, \
+                        (due.attempts > 0 AND NOT eps.fifo AND eps.rate IS NULL) AS retry, \
+                        row_number() OVER (PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id) AS nth, \
+                        row_number() OVER (PARTITION BY (due.attempts > 0) ORDER BY due.next_attempt_at, due.id) AS kth \
+                 FROM due JOIN eps ON eps.id = due.endpoint_id \
+                 WHERE NOT eps.disabled \
+                   AND (NOT eps.fifo OR due.id IN (SELECT id FROM heads)) \
+                   AND (eps.rate IS NULL OR due.endpoint_id IN (SELECT endpoint_id FROM thr))), \
              picked AS ( \
-                 SELECT r.id, r.next_attempt_at FROM ranked r \
-                 LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, room) ON b.endpoint_id = r.endpoint_id \
-                 WHERE r.nth <= COALESCE(b.room, $6) \
-                 ORDER BY r.next_attempt_at, r.id LIMIT $7) \
-             UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1 \
+                 SELECT r.id, r.next_attempt_at, r.endpoint_id, r.nth, r.updated_at, r.queues, thr.base, thr.step \
+                 FROM ranked r \
+                 LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, n) ON b.endpoint_id = r.endpoint_id \
+                 LEFT JOIN thr ON thr.endpoint_id = r.endpoint_id \
+                 WHERE r.nth <= $6 - COALESCE(b.n, 0) \
+                   AND (NOT r.fifo OR r.nth <= 1 - COALESCE(b.n, 0)) \
+                   AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
+                 ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
+             queued AS ( \
+                 UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
+                 WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
+                   AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
+             advanced AS ( \
+                 UPDATE endpoint_throttle t SET tat_us = c.base + c.n * c.step \
+                 FROM (SELECT endpoint_id, MAX(base) AS base, MAX(step) AS step, COUNT(*) AS n FROM picked \
+                       WHERE base IS NOT NULL GROUP BY endpoint_id) c \
+                 WHERE t.endpoint_id = c.endpoint_id) \
+             UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1, \
+                    queued_at = COALESCE(d.queued_at, CASE WHEN p.queues THEN p.updated_at END) \
              FROM picked p, messages m, endpoints e \
              WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
-             RETURNING p.next_attempt_at AS due_at, d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
+             RETURNING p.next_attempt_at AS due_at, \
+                       CASE WHEN p.base IS NOT NULL THEN (p.base + (p.nth - 1) * p.step + 999) / 1000 END AS send_at, \
+                       d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
                        d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
                        e.url, e.secret, e.old_secrets, e.headers",
         )
@@ -543,11 +633,14 @@ impl Queue for PostgresStore {
         .bind(&saturated)
         .bind(i64_of(window))
         .bind(&busy)
-        .bind(&room)
+        .bind(&in_flight)
         .bind(i64_of(req.endpoint_cap))
         .bind(i64_of(req.limit))
         .bind(req.lease_until)
         .bind(&token)
+        .bind(horizon_us)
+        .bind(now_us)
+        .bind(i64_of(retry_share(req.limit)))
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
@@ -583,6 +676,7 @@ impl Queue for PostgresStore {
                     cycle_started_at: get(r, "cycle_started_at")?,
                     cycle_base: u32_of(get(r, "cycle_base")?),
                     manual: get(r, "manual")?,
+                    send_at: get(r, "send_at")?,
                 };
                 Ok((due_at, d))
             })
@@ -608,7 +702,11 @@ impl Queue for PostgresStore {
         .map_err(map_err)
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed> {
         if batch.is_empty() {
             return Ok(Completed::default());
         }
@@ -640,11 +738,44 @@ impl Queue for PostgresStore {
         // which PostgreSQL runs its parts is not ours to choose: hence a
         // statement of its own.
         let mut tx = self.pool.begin().await.map_err(map_err)?;
-        sqlx::query("SELECT 1 FROM endpoints WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-            .bind(&ep_ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+        // The lock also reads each circuit breaker, which the batch steps
+        // (`herald_policy::breaker::step`) and the statement below writes
+        // with the streak: no other process can move it in between.
+        let locked = sqlx::query(AssertSqlSafe(format!(
+            "SELECT id, app_id, {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ANY($1) \
+             ORDER BY id FOR NO KEY UPDATE"
+        )))
+        .bind(&ep_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let stored = locked
+            .iter()
+            .map(|r| {
+                Ok(EndpointCircuit {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    app_id: AppId::from_trusted(get(r, "app_id")?),
+                    circuit: circuit_of_pg_row(r)?,
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
+        let (stepped, circuits) = step_circuits(breaker, stored, &fold_seen(batch), now);
+        // In `eps`' order (a deleted endpoint keeps the default: its row is
+        // gone, the UPDATE finds nothing).
+        let by_ep: HashMap<&str, &Circuit> = stepped
+            .iter()
+            .map(|e| (e.endpoint_id.as_str(), &e.circuit))
+            .collect();
+        let default_circuit = Circuit::default();
+        let cs: Vec<&Circuit> = eps
+            .iter()
+            .map(|e| {
+                *by_ep
+                    .get(e.endpoint_id.as_str())
+                    .unwrap_or(&&default_circuit)
+            })
+            .collect();
         // Then the rest in one statement: the attempt log, the deliveries'
         // next states, each endpoint's failing streak and its stats
         // buckets. The lease token guard leaves a re-claimed delivery to its
@@ -687,9 +818,18 @@ impl Queue for PostgresStore {
                fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
                streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
                last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
-               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at) \
-             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[]) \
-                  AS v(id, reset, failures, first_fail, last_ok, err, err_at) \
+               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at), \
+               circuit_state = v.c_state, circuit_since = v.c_since, circuit_until = v.c_until, \
+               circuit_cooldown_ms = v.c_cooldown, circuit_probe_by = v.c_probe_by, \
+               circuit_window_at = v.c_window_at, circuit_attempts = v.c_attempts, \
+               circuit_failures = v.c_failures, circuit_prev_attempts = v.c_prev_attempts, \
+               circuit_prev_failures = v.c_prev_failures \
+             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[], \
+                         $49::int2[], $50::int8[], $51::int8[], $52::int8[], $53::text[], $54::int8[], \
+                         $55::int4[], $56::int4[], $57::int4[], $58::int4[]) \
+                  AS v(id, reset, failures, first_fail, last_ok, err, err_at, \
+                       c_state, c_since, c_until, c_cooldown, c_probe_by, c_window_at, \
+                       c_attempts, c_failures, c_prev_attempts, c_prev_failures) \
              WHERE e.id = v.id \
              RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures) \
              SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok \
@@ -754,6 +894,34 @@ impl Queue for PostgresStore {
         for i in 0..crate::health::HISTOGRAM_LEN {
             query = query.bind(column(&|b| b.histogram[i]));
         }
+        let count = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        query = query
+            .bind(cs.iter().map(|c| c.state.code()).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.since).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.until).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.cooldown_ms).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.probe_by.as_deref()).collect::<Vec<_>>())
+            .bind(cs.iter().map(|c| c.window.started_at).collect::<Vec<_>>())
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.failures))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.prev_attempts))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                cs.iter()
+                    .map(|c| count(c.window.prev_failures))
+                    .collect::<Vec<_>>(),
+            );
         let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
         // The moved deliveries' rows carry the token that moved them; the
@@ -785,7 +953,11 @@ impl Queue for PostgresStore {
                 ))
             })
             .collect();
-        Ok(Completed { moved, streaks })
+        Ok(Completed {
+            moved,
+            streaks,
+            circuits,
+        })
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
@@ -803,6 +975,28 @@ impl Queue for PostgresStore {
         .await
         .map_err(map_err)?;
         Ok(())
+    }
+
+    async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>> {
+        let rows = sqlx::query(
+            "SELECT e.id, e.rate_limit::int8 AS rate_limit, \
+                    (SELECT COUNT(*) FROM deliveries d \
+                      WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state = 0 \
+                        AND NOT d.held) AS waiting \
+             FROM endpoints e WHERE e.rate_limit > 0 AND NOT e.disabled ORDER BY e.id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ThrottleWaiting {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
+                    waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
+                })
+            })
+            .collect()
     }
 
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {

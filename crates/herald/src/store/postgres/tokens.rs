@@ -8,40 +8,163 @@ fn token_from_row(r: &PgRow) -> StoreResult<ApiToken> {
         app_id: AppId::from_trusted(get(r, "app_id")?),
         name: get(r, "name")?,
         created_at: get(r, "created_at")?,
+        expires_at: get(r, "expires_at")?,
+        capabilities: get(r, "capabilities")?,
+        session_id: get(r, "session_id")?,
+        feature_flags: get(r, "feature_flags")?,
     })
+}
+
+const TOKEN_COLUMNS: &str =
+    "id, app_id, name, created_at, expires_at, capabilities, session_id, feature_flags";
+
+async fn insert_token<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    t: &ApiToken,
+    sha: &str,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO api_tokens (id, app_id, sha256, name, created_at, expires_at, capabilities, \
+         session_id, feature_flags) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(&t.id)
+    .bind(t.app_id.as_str())
+    .bind(sha)
+    .bind(&t.name)
+    .bind(t.created_at)
+    .bind(t.expires_at)
+    .bind(&t.capabilities)
+    .bind(&t.session_id)
+    .bind(&t.feature_flags)
+    .execute(executor)
+    .await
+    .map_err(map_err)?;
+    Ok(())
 }
 
 #[async_trait]
 impl Tokens for PostgresStore {
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
-        sqlx::query(
-            "INSERT INTO api_tokens (id, app_id, sha256, name, created_at) VALUES ($1, $2, $3, $4, $5)",
+        insert_token(&self.pool, token, sha256_hex).await
+    }
+
+    async fn create_portal_token(
+        &self,
+        token: &ApiToken,
+        sha256_hex: &str,
+        code_sha256_hex: &str,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        insert_token(&mut *tx, token, sha256_hex).await?;
+        sqlx::query("INSERT INTO portal_codes (sha256, token_id, expires_at) VALUES ($1, $2, $3)")
+            .bind(code_sha256_hex)
+            .bind(&token.id)
+            .bind(token.expires_at.unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn take_portal_code(
+        &self,
+        code_sha256_hex: &str,
+        now: Millis,
+    ) -> StoreResult<Option<ApiToken>> {
+        // One statement: of two concurrent exchanges, one deletes the row.
+        let row = sqlx::query(
+            "WITH taken AS (DELETE FROM portal_codes WHERE sha256 = $1 RETURNING token_id, expires_at) \
+             SELECT t.* FROM api_tokens t JOIN taken ON taken.token_id = t.id \
+             WHERE taken.expires_at > $2",
         )
-        .bind(&token.id)
-        .bind(token.app_id.as_str())
-        .bind(sha256_hex)
-        .bind(&token.name)
-        .bind(token.created_at)
-        .execute(&self.pool)
+        .bind(code_sha256_hex)
+        .bind(now)
+        .fetch_optional(&self.pool)
         .await
         .map_err(map_err)?;
+        Ok(row
+            .as_ref()
+            .map(token_from_row)
+            .transpose()?
+            .filter(|t| t.live_at(now)))
+    }
+
+    async fn expire_tokens(
+        &self,
+        app: &AppId,
+        at: Millis,
+        session_ids: Option<&[String]>,
+    ) -> StoreResult<u64> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let chosen = "SELECT id FROM api_tokens WHERE app_id = $1 \
+             AND ($2::text[] IS NULL OR session_id = ANY($2))";
+        let n = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE api_tokens SET expires_at = $3 WHERE id IN ({chosen}) \
+             AND (expires_at IS NULL OR expires_at > $3)"
+        )))
+        .bind(app.as_str())
+        .bind(session_ids)
+        .bind(at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?
+        .rows_affected();
+        for table in ["sessions", "portal_codes"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {table} SET expires_at = $3 WHERE token_id IN ({chosen}) \
+                 AND expires_at > $3"
+            )))
+            .bind(app.as_str())
+            .bind(session_ids)
+            .bind(at)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
+        Ok(n)
+    }
+
+    async fn end_token(&self, token_id: &str, now: Millis) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        sqlx::query(
+            "UPDATE api_tokens SET expires_at = $2 WHERE id = $1 \
+             AND (expires_at IS NULL OR expires_at > $2)",
+        )
+        .bind(token_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        for table in ["sessions", "portal_codes"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE token_id = $1"
+            )))
+            .bind(token_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        tx.commit().await.map_err(map_err)?;
         Ok(())
     }
 
     async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>> {
-        let row =
-            sqlx::query("SELECT id, app_id, name, created_at FROM api_tokens WHERE sha256 = $1")
-                .bind(sha256_hex)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE sha256 = $1"
+        )))
+        .bind(sha256_hex)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(map_err)?;
         row.as_ref().map(token_from_row).transpose()
     }
 
     async fn list_tokens(&self, app: &AppId) -> StoreResult<Vec<ApiToken>> {
-        let rows = sqlx::query(
-            "SELECT id, app_id, name, created_at FROM api_tokens WHERE app_id = $1 ORDER BY id",
-        )
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM api_tokens WHERE app_id = $1 ORDER BY id"
+        )))
         .bind(app.as_str())
         .fetch_all(&self.pool)
         .await

@@ -1,7 +1,7 @@
 //! Endpoints on SQLite: their rows, secrets, headers and the enabled /
 //! disabled lifecycle (enabling lets held deliveries back in).
 
-use super::queue::unhold;
+use super::queue::{queue_waiting, unhold};
 use super::*;
 use crate::crypto::Keyring;
 
@@ -30,6 +30,7 @@ pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endp
         filter_types: filter.as_deref().map(from_json).transpose()?,
         disabled: get::<i64>(r, "disabled")? != 0,
         rate_limit: u16_opt(get(r, "rate_limit")?),
+        ordering: EndpointOrdering::from_stored(&get::<String>(r, "ordering")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
         channels: json_opt(get(r, "channels")?)?,
         headers: from_json(&headers)?,
@@ -71,8 +72,8 @@ impl Endpoints for SqliteStore {
         self.write(move |c| {
             c.execute(
                 "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
-                 metadata, secret, created_at, updated_at, channels, headers) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                 metadata, secret, created_at, updated_at, channels, headers, ordering) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     ep.id.as_str(),
                     ep.app_id.as_str(),
@@ -87,7 +88,8 @@ impl Endpoints for SqliteStore {
                     ep.created_at,
                     ep.updated_at,
                     channels,
-                    headers
+                    headers,
+                    ep.ordering.as_str()
                 ],
             )
             .map_err(map_err)?;
@@ -150,7 +152,8 @@ impl Endpoints for SqliteStore {
                      filter_types = CASE WHEN ?5 THEN ?6 ELSE filter_types END, \
                      rate_limit = CASE WHEN ?7 THEN ?8 ELSE rate_limit END, \
                      metadata = COALESCE(?9, metadata), \
-                     channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12 \
+                     channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12, \
+                     ordering = COALESCE(?15, ordering) \
                      WHERE id = ?13 AND app_id = ?14",
                 )
                 .map_err(map_err)?
@@ -168,9 +171,13 @@ impl Endpoints for SqliteStore {
                     channels.flatten(),
                     now,
                     ep,
-                    app
+                    app,
+                    ch.ordering.map(EndpointOrdering::as_str)
                 ])
                 .map_err(map_err)?;
+            if n == 1 && ch.ordering == Some(EndpointOrdering::Fifo) {
+                queue_waiting(c, &ep)?;
+            }
             Ok(n == 1)
         })
         .await

@@ -31,7 +31,7 @@ fn insert_messages_tx(
         .map_err(map_err)?;
     let mut endpoints_q = conn
         .prepare_cached(
-            "SELECT id, filter_types, channels, disabled, url, secret, old_secrets, headers \
+            "SELECT id, filter_types, channels, disabled, url, secret, old_secrets, headers, rate_limit, ordering \
              FROM endpoints WHERE app_id = ?1 AND (disabled = 0 OR disabled_by = 'auto')",
         )
         .map_err(map_err)?;
@@ -114,7 +114,11 @@ fn insert_messages_tx(
                     get(r, "id")?,
                     get::<Option<String>>(r, "filter_types")?.as_deref(),
                     get::<Option<String>>(r, "channels")?.as_deref(),
-                    get::<i64>(r, "disabled")? == 0,
+                    may_hand_off(
+                        get::<i64>(r, "disabled")? == 0,
+                        get(r, "rate_limit")?,
+                        &get::<String>(r, "ordering")?,
+                    ),
                     claim.as_ref(),
                     |now| {
                         SendTo::from_columns(
@@ -198,9 +202,20 @@ fn claim_tx(
     endpoint_cap: usize,
 ) -> StoreResult<Vec<ClaimedDelivery>> {
     let saturated: HashSet<&str> = saturated(in_flight, endpoint_cap).into_iter().collect();
-    unpark(conn, in_flight, endpoint_cap)?;
+    unpark(conn, now, in_flight, endpoint_cap)?;
     let mut room = Room::new(limit, in_flight, endpoint_cap);
-    let head = walk_due_head(conn, now, claim_window(limit), &mut room, &saturated)?;
+    let mut head = walk_due_head(conn, now, claim_window(limit), &mut room, &saturated)?;
+    if !head.spare.is_empty() && !room.is_full() {
+        fresh_from_the_top(conn, now, &mut room, &saturated, &mut head)?;
+        for (id, endpoint) in std::mem::take(&mut head.spare) {
+            if room.is_full() {
+                break;
+            }
+            if room.take(&endpoint) {
+                head.picked.push((id, None));
+            }
+        }
+    }
     set_aside(conn, &head)?;
     let picked = head.picked;
     if picked.is_empty() {
@@ -221,7 +236,7 @@ fn claim_tx(
         )
         .map_err(map_err)?;
     let mut out = Vec::with_capacity(picked.len());
-    for id in &picked {
+    for (id, send_at) in &picked {
         let claimed = take
             .query_row(params![lease_until, token, now, id], |r| {
                 Ok((
@@ -278,6 +293,7 @@ fn claim_tx(
             cycle_started_at,
             cycle_base: u32_of(cycle_base),
             manual: manual != 0,
+            send_at: *send_at,
         });
     }
     Ok(out)
@@ -286,23 +302,63 @@ fn claim_tx(
 /// What one walk of the claim index's due head found.
 #[derive(Debug, Default)]
 struct DueHead {
-    /// Claimable and within the claim's room: the claim takes these.
-    picked: Vec<String>,
-    /// (delivery, endpoint): of full endpoints and due for over
-    /// `PARK_AFTER_MS`, to park.
+    /// Claimable and within the claim's room: the claim takes these, each
+    /// with its throttle slot if its endpoint has one.
+    picked: Vec<(String, Option<Millis>)>,
+    /// (delivery, endpoint): of endpoints without room (full, throttled
+    /// out of slots, or a FIFO endpoint's rows behind its head) and due
+    /// for over `PARK_AFTER_MS`, to park.
     park: Vec<(String, String)>,
     /// Pending, of disabled endpoints: to hold.
     hold: Vec<String>,
+    /// (delivery, key): rows of FIFO or throttled endpoints met for the
+    /// first time, given their place in the endpoint's queue
+    /// (`queued_at`, see migration 0015).
+    queue: Vec<(String, Millis)>,
+    /// (endpoint, theoretical arrival time): throttles moved on.
+    throttles: Vec<(String, i64)>,
+    /// (delivery, endpoint): claimable retries met after the retries'
+    /// share of the slots was taken, in due order.
+    spare: Vec<(String, String)>,
+}
+
+/// A FIFO endpoint's head as far as the walk knows it: (key, msg id,
+/// delivery id), ordered by key then message id.
+type Head = (Millis, String, String);
+
+/// What a claim's walk holds of an endpoint it met: read with its first
+/// row (one join per row, no query per endpoint but a FIFO endpoint's head).
+struct EndpointRule {
+    fifo: bool,
+    throttle: Option<ThrottleSlots>,
+    /// A FIFO endpoint's live delivery first in its queue (None: none
+    /// queued yet).
+    head: Option<Head>,
+}
+
+/// The first live delivery of FIFO endpoint `endpoint` in queue order.
+fn fifo_head(conn: &Connection, endpoint: &str) -> StoreResult<Option<Head>> {
+    conn.prepare_cached(
+        "SELECT queued_at, msg_id, id FROM deliveries INDEXED BY deliveries_fifo \
+         WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 \
+         ORDER BY queued_at, msg_id LIMIT 1",
+    )
+    .map_err(map_err)?
+    .query_row(params![endpoint], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    .optional()
+    .map_err(map_err)
 }
 
 /// Walks the due head of `deliveries_due`, oldest first, once: picks the
 /// claim's deliveries (at most `room` allows, from the first `window`
 /// claimable rows) and notes on the way the rows every claim would
-/// otherwise pass over again: a disabled endpoint's (to hold) and a full
-/// endpoint's that have waited `PARK_AFTER_MS` (to park). It stops there,
-/// or after setting aside `PASSED_PER_CLAIM` rows of full or disabled endpoints,
-/// so a claim reads what it takes and what it sets aside, whatever lies
-/// behind: a backlog of claimable rows costs it nothing.
+/// otherwise pass over again: a disabled endpoint's (to hold) and, once
+/// they have waited `PARK_AFTER_MS`, those of an endpoint without room: a
+/// full one's, a throttled one's with no send slot left within the
+/// horizon, a FIFO one's behind its head (to park). It stops there, or
+/// after setting aside `PASSED_PER_CLAIM` rows, so a claim reads what it
+/// takes and what it sets aside, whatever lies behind: a backlog of
+/// claimable rows costs it nothing.
 fn walk_due_head(
     conn: &Connection,
     now: Millis,
@@ -311,23 +367,25 @@ fn walk_due_head(
     saturated: &HashSet<&str>,
 ) -> StoreResult<DueHead> {
     // INDEXED BY: the walk is in due order, and must not become a scan of
-    // an endpoint's whole history. `off` is a probe of the (small) index of
-    // disabled endpoints per row read, not a list built per claim.
+    // an endpoint's whole history. The endpoint's columns come by its
+    // primary key, per row read.
     let mut due = conn
         .prepare_cached(
-            "SELECT id, endpoint_id, state, next_attempt_at, \
-                    EXISTS (SELECT 1 FROM endpoints INDEXED BY endpoints_disabled \
-                             WHERE id = d.endpoint_id AND disabled = 1) AS off \
-             FROM deliveries d INDEXED BY deliveries_due \
-             WHERE state < 2 AND parked = 0 AND next_attempt_at <= ?1 \
-             ORDER BY next_attempt_at",
+            "SELECT d.id, d.endpoint_id, d.state, d.next_attempt_at, d.msg_id, d.queued_at, d.updated_at, d.attempts, \
+                    e.disabled AS off, e.rate_limit, e.ordering, e.throttle_tat \
+             FROM deliveries d INDEXED BY deliveries_due JOIN endpoints e ON e.id = d.endpoint_id \
+             WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 \
+             ORDER BY d.next_attempt_at",
         )
         .map_err(map_err)?;
     // Only rows that have waited a while are parked: a busy but healthy
     // endpoint's rows are claimed within milliseconds and never pay for it.
     let overdue = now.saturating_sub(PARK_AFTER_MS);
     let mut head = DueHead::default();
-    let (mut claimable, mut passed) = (0, 0);
+    let mut rules: HashMap<String, EndpointRule> = HashMap::new();
+    let (mut claimable, mut passed, mut retries) = (0, 0, 0);
+    let limit = room.remaining();
+    let retry_share = retry_share(limit);
     let mut rs = due.query(params![now]).map_err(map_err)?;
     while let Some(r) = rs.next().map_err(map_err)? {
         let id: String = get(r, "id")?;
@@ -335,34 +393,154 @@ fn walk_due_head(
         // (A delivering row here is a lease that expired: claimable, but
         // neither parked nor held.)
         let pending = get::<i64>(r, "state")? == 0;
+        let parkable = pending && get::<Millis>(r, "next_attempt_at")? <= overdue;
         if get::<i64>(r, "off")? != 0 {
             if pending {
                 head.hold.push(id);
                 passed += 1;
             }
         } else if saturated.contains(endpoint.as_str()) {
-            if pending && get::<Millis>(r, "next_attempt_at")? <= overdue {
+            if parkable {
                 head.park.push((id, endpoint));
                 passed += 1;
             }
         } else {
-            claimable += 1;
-            if room.take(&endpoint) {
-                head.picked.push(id);
+            if !rules.contains_key(&endpoint) {
+                let fifo = EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
+                    == EndpointOrdering::Fifo;
+                let tat: i64 = get(r, "throttle_tat")?;
+                let rule = EndpointRule {
+                    fifo,
+                    throttle: throttled_rate(get(r, "rate_limit")?)
+                        .map(|rate| ThrottleSlots::new(rate, tat, now)),
+                    head: if fifo {
+                        fifo_head(conn, &endpoint)?
+                    } else {
+                        None
+                    },
+                };
+                rules.insert(endpoint.clone(), rule);
             }
-            if room.is_full() || claimable >= window {
-                break;
+            let Some(rule) = rules.get_mut(&endpoint) else {
+                continue;
+            };
+            let special = rule.fifo || rule.throttle.is_some();
+            if special && get::<Option<Millis>>(r, "queued_at")?.is_none() {
+                let key: Millis = get(r, "updated_at")?;
+                head.queue.push((id.clone(), key));
+                // Not yet in the index `fifo_head` read: it may be the
+                // head itself.
+                let me = (key, get::<String>(r, "msg_id")?, id.clone());
+                if rule.fifo && rule.head.as_ref().is_none_or(|h| me < *h) {
+                    rule.head = Some(me);
+                }
+            }
+            let blocked = (rule.fifo && rule.head.as_ref().is_some_and(|h| h.2 != id))
+                || rule.throttle.as_ref().is_some_and(|t| !t.available());
+            if blocked {
+                if parkable {
+                    head.park.push((id, endpoint));
+                    passed += 1;
+                }
+            } else {
+                claimable += 1;
+                let retry = get::<i64>(r, "attempts")? > 0;
+                if retry && !special && retries >= retry_share {
+                    // Over the retries' share: taken only if first
+                    // attempts leave slots over (see `fresh_from_the_top`).
+                    if head.spare.len() < limit {
+                        head.spare.push((id, endpoint));
+                    }
+                } else {
+                    let cap = if rule.fifo { 1 } else { usize::MAX };
+                    if room.take_under(&endpoint, cap) {
+                        let slot = rule.throttle.as_mut().and_then(ThrottleSlots::take);
+                        head.picked.push((id, slot));
+                        retries += usize::from(retry);
+                    }
+                }
+                if room.is_full() || claimable >= window {
+                    break;
+                }
             }
         }
         if passed >= PASSED_PER_CLAIM {
             break;
         }
     }
+    head.throttles = rules
+        .into_iter()
+        .filter_map(|(ep, rule)| {
+            let t = rule.throttle?;
+            (t.taken() > 0).then(|| (ep, t.tat_us()))
+        })
+        .collect();
     Ok(head)
 }
 
-/// Takes what a walk found to park or hold out of the claim index.
+/// Retries beyond their share left slots free (a retry storm at the head
+/// of the due index): fills them with first attempts, newest due first
+/// from the other end of `deliveries_due` (fresh deliveries are the most
+/// recently due), of endpoints with room and no throttle or FIFO rule
+/// (those are the walk's); at most a window of rows is read.
+fn fresh_from_the_top(
+    conn: &Connection,
+    now: Millis,
+    room: &mut Room,
+    saturated: &HashSet<&str>,
+    head: &mut DueHead,
+) -> StoreResult<()> {
+    let mut top = conn
+        .prepare_cached(
+            "SELECT d.id, d.endpoint_id FROM deliveries d INDEXED BY deliveries_due \
+               JOIN endpoints e ON e.id = d.endpoint_id \
+             WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 AND d.state = 0 \
+               AND d.attempts = 0 AND e.disabled = 0 AND e.ordering = 'none' \
+               AND COALESCE(e.rate_limit, 0) <= 0 \
+             ORDER BY d.next_attempt_at DESC LIMIT ?2",
+        )
+        .map_err(map_err)?;
+    let window = claim_window(room.remaining());
+    let picked: HashSet<String> = head.picked.iter().map(|(id, _)| id.clone()).collect();
+    let mut rs = top
+        .query(params![now, i64::try_from(window).unwrap_or(i64::MAX)])
+        .map_err(map_err)?;
+    while let Some(r) = rs.next().map_err(map_err)? {
+        if room.is_full() {
+            break;
+        }
+        let id: String = get(r, "id")?;
+        let endpoint: String = get(r, "endpoint_id")?;
+        if picked.contains(&id) || saturated.contains(endpoint.as_str()) {
+            continue;
+        }
+        if room.take(&endpoint) {
+            head.picked.push((id, None));
+        }
+    }
+    Ok(())
+}
+
+/// Writes what a walk found: the rows to park or hold out of the claim
+/// index, the queue places of rows met for the first time, and the
+/// throttles moved on.
 fn set_aside(conn: &Connection, head: &DueHead) -> StoreResult<()> {
+    if !head.queue.is_empty() {
+        let mut queue = conn
+            .prepare_cached("UPDATE deliveries SET queued_at = ?1 WHERE id = ?2")
+            .map_err(map_err)?;
+        for (id, key) in &head.queue {
+            queue.execute(params![key, id]).map_err(map_err)?;
+        }
+    }
+    if !head.throttles.is_empty() {
+        let mut advance = conn
+            .prepare_cached("UPDATE endpoints SET throttle_tat = ?1 WHERE id = ?2")
+            .map_err(map_err)?;
+        for (ep, tat) in &head.throttles {
+            advance.execute(params![tat, ep]).map_err(map_err)?;
+        }
+    }
     if head.park.is_empty() && head.hold.is_empty() {
         return Ok(());
     }
@@ -389,40 +567,88 @@ fn set_aside(conn: &Connection, head: &DueHead) -> StoreResult<()> {
 
 /// Gives endpoints with room (and enabled) back as many of their parked
 /// deliveries as they can take, oldest first; an endpoint with none left
-/// is forgotten. Each row is parked and unparked at most once per wait.
+/// is forgotten. A throttled endpoint's room is the send slots left within
+/// the horizon; a FIFO endpoint gets back only its head, if that is
+/// parked (and is kept while any of its rows are). Each row is parked and
+/// unparked at most once per wait.
 fn unpark(
     conn: &Connection,
+    now: Millis,
     in_flight: &HashMap<EndpointId, usize>,
     endpoint_cap: usize,
 ) -> StoreResult<()> {
-    let parked: Vec<String> = {
+    let parked: Vec<(String, bool, Option<i64>, String, i64)> = {
         let mut stmt = conn
-            .prepare_cached("SELECT endpoint_id FROM parked_endpoints")
+            .prepare_cached(
+                "SELECT p.endpoint_id, e.disabled, e.rate_limit, e.ordering, e.throttle_tat \
+                 FROM parked_endpoints p JOIN endpoints e ON e.id = p.endpoint_id",
+            )
             .map_err(map_err)?;
-        let ids = stmt.query_map([], |r| r.get(0)).map_err(map_err)?;
+        let ids = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get::<_, i64>(1)? != 0,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                ))
+            })
+            .map_err(map_err)?;
         ids.collect::<Result<_, _>>().map_err(map_err)?
     };
-    let mut disabled = conn
-        .prepare_cached("SELECT 1 FROM endpoints WHERE id = ?1 AND disabled = 1")
-        .map_err(map_err)?;
     let mut unpark = conn
         .prepare_cached(
             "UPDATE deliveries SET parked = 0 WHERE id IN \
              (SELECT id FROM deliveries WHERE endpoint_id = ?1 AND parked = 1 ORDER BY next_attempt_at LIMIT ?2)",
         )
         .map_err(map_err)?;
+    let mut unpark_head = conn
+        .prepare_cached(
+            "UPDATE deliveries SET parked = 0 WHERE parked = 1 AND id = \
+             (SELECT id FROM deliveries INDEXED BY deliveries_fifo \
+               WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 \
+               ORDER BY queued_at, msg_id LIMIT 1)",
+        )
+        .map_err(map_err)?;
+    let mut any_parked = conn
+        .prepare_cached(
+            "SELECT 1 FROM deliveries INDEXED BY deliveries_parked WHERE endpoint_id = ?1 AND parked = 1",
+        )
+        .map_err(map_err)?;
     let mut forget = conn
         .prepare_cached("DELETE FROM parked_endpoints WHERE endpoint_id = ?1")
         .map_err(map_err)?;
-    for ep in parked {
+    for (ep, disabled, rate_limit, ordering, tat) in parked {
+        // A disabled endpoint's deliveries wait for it to be enabled.
+        if disabled {
+            continue;
+        }
         let busy = in_flight
             .get(&EndpointId::from_trusted(ep.clone()))
             .copied()
             .unwrap_or(0);
-        let room = endpoint_cap.saturating_sub(busy);
-        // A disabled endpoint's deliveries wait for it to be enabled.
-        if room == 0 || disabled.exists(params![ep]).map_err(map_err)? {
+        let mut room = endpoint_cap.saturating_sub(busy);
+        if room == 0 {
             continue;
+        }
+        if EndpointOrdering::from_stored(&ordering) == EndpointOrdering::Fifo {
+            unpark_head.execute(params![ep]).map_err(map_err)?;
+            if !any_parked.exists(params![ep]).map_err(map_err)? {
+                forget.execute(params![ep]).map_err(map_err)?;
+            }
+            continue;
+        }
+        if let Some(rate) = throttled_rate(rate_limit) {
+            let mut slots = ThrottleSlots::new(rate, tat, now);
+            let mut free = 0;
+            while free < room && slots.take().is_some() {
+                free += 1;
+            }
+            room = free;
+            if room == 0 {
+                continue;
+            }
         }
         let moved = unpark
             .execute(params![ep, i64::try_from(room).unwrap_or(i64::MAX)])
@@ -431,6 +657,20 @@ fn unpark(
             forget.execute(params![ep]).map_err(map_err)?;
         }
     }
+    Ok(())
+}
+
+/// A FIFO endpoint's waiting deliveries take their places in its queue,
+/// by creation (when it is switched to FIFO; those made later get theirs
+/// from the claim that first meets them).
+pub(super) fn queue_waiting(conn: &Connection, endpoint_id: &str) -> StoreResult<()> {
+    conn.prepare_cached(
+        "UPDATE deliveries SET queued_at = created_at \
+         WHERE endpoint_id = ?1 AND state < 2 AND queued_at IS NULL",
+    )
+    .map_err(map_err)?
+    .execute(params![endpoint_id])
+    .map_err(map_err)?;
     Ok(())
 }
 
@@ -446,7 +686,11 @@ pub(super) fn unhold(conn: &Connection, endpoint_id: &str) -> StoreResult<()> {
     Ok(())
 }
 
-fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Completed> {
+fn complete_tx(
+    conn: &Connection,
+    batch: &[Completion],
+    breaker: &BreakerRule,
+) -> StoreResult<Completed> {
     let mut insert = conn
         .prepare_cached(
             "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
@@ -503,32 +747,68 @@ fn complete_tx(conn: &Connection, batch: &[Completion]) -> StoreResult<Completed
             .map_err(map_err)?;
         moved.push(changed == 1);
     }
-    let streaks = record_endpoint_health(conn, batch)?;
-    Ok(Completed { moved, streaks })
+    let (streaks, circuits) = record_endpoint_health(conn, batch, breaker)?;
+    Ok(Completed {
+        moved,
+        streaks,
+        circuits,
+    })
 }
 
-/// Moves each endpoint's failing streak on and adds the batch to its stats
-/// buckets: one write per endpoint and per bucket, whatever the batch size.
+/// Moves each endpoint's failing streak and circuit breaker on and adds
+/// the batch to its stats buckets: one read and one write per endpoint and
+/// one write per bucket, whatever the batch size.
 fn record_endpoint_health(
     conn: &Connection,
     batch: &[Completion],
-) -> StoreResult<Vec<StreakUpdate>> {
+    breaker: &BreakerRule,
+) -> StoreResult<(Vec<StreakUpdate>, Vec<CircuitChange>)> {
+    let mut read_circuit = conn
+        .prepare_cached(&format!(
+            "SELECT {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ?1"
+        ))
+        .map_err(map_err)?;
     let mut streak = conn
         .prepare_cached(
             "UPDATE endpoints SET \
                fail_streak = CASE WHEN ?1 THEN ?2 ELSE fail_streak + ?2 END, \
                streak_started_at = CASE WHEN ?1 THEN ?3 ELSE COALESCE(streak_started_at, ?3) END, \
                last_success_at = CASE WHEN ?1 THEN MAX(COALESCE(last_success_at, 0), ?4) ELSE last_success_at END, \
-               last_error = COALESCE(?5, last_error), last_error_at = COALESCE(?6, last_error_at) \
+               last_error = COALESCE(?5, last_error), last_error_at = COALESCE(?6, last_error_at), \
+               circuit_state = ?8, circuit_since = ?9, circuit_until = ?10, circuit_cooldown_ms = ?11, \
+               circuit_probe_by = ?12, circuit_window_at = ?13, circuit_attempts = ?14, \
+               circuit_failures = ?15, circuit_prev_attempts = ?16, circuit_prev_failures = ?17 \
              WHERE id = ?7 RETURNING fail_streak, streak_started_at, disabled",
         )
         .map_err(map_err)?;
+    let seen = fold_seen(batch);
+    // The store reads no clock: the batch's latest "now" is its time.
+    let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
     let mut out = Vec::new();
+    let mut changes = Vec::new();
     for e in fold_endpoint_batches(batch) {
         let (error, error_at) = match &e.last_error {
             Some((text, at)) => (Some(text.as_str()), Some(*at)),
             None => (None, None),
         };
+        let stored = read_circuit
+            .query_row(params![e.endpoint_id.as_str()], circuit_of_row)
+            .optional()
+            .map_err(map_err)?;
+        // (None: the endpoint was deleted while its attempt was in flight.)
+        let Some(stored) = stored else { continue };
+        let (mut next, changed) = step_circuits(
+            breaker,
+            vec![EndpointCircuit {
+                endpoint_id: e.endpoint_id.clone(),
+                app_id: e.app_id.clone(),
+                circuit: stored,
+            }],
+            &seen,
+            now,
+        );
+        changes.extend(changed);
+        let c = next.pop().map(|n| n.circuit).unwrap_or_default();
         let row = streak
             .query_row(
                 params![
@@ -538,7 +818,17 @@ fn record_endpoint_health(
                     e.last_success_at,
                     error,
                     error_at,
-                    e.endpoint_id.as_str()
+                    e.endpoint_id.as_str(),
+                    i64::from(c.state.code()),
+                    c.since,
+                    c.until,
+                    c.cooldown_ms,
+                    c.probe_by,
+                    c.window.started_at,
+                    i64::from(c.window.attempts),
+                    i64::from(c.window.failures),
+                    i64::from(c.window.prev_attempts),
+                    i64::from(c.window.prev_failures),
                 ],
                 |r| {
                     Ok((
@@ -550,7 +840,6 @@ fn record_endpoint_health(
             )
             .optional()
             .map_err(map_err)?;
-        // (None: the endpoint was deleted while its attempt was in flight.)
         if let Some((fail_streak, started, disabled)) = row {
             if e.failures > 0 {
                 out.push(StreakUpdate {
@@ -590,7 +879,7 @@ fn record_endpoint_health(
         add.execute(rusqlite::params_from_iter(values))
             .map_err(map_err)?;
     }
-    Ok(out)
+    Ok((out, changes))
 }
 
 #[async_trait]
@@ -690,14 +979,19 @@ impl Queue for SqliteStore {
         .await
     }
 
-    async fn complete(&self, batch: &[Completion]) -> StoreResult<Completed> {
+    async fn complete_with_circuits(
+        &self,
+        batch: &[Completion],
+        breaker: &BreakerRule,
+    ) -> StoreResult<Completed> {
         if batch.is_empty() {
             return Ok(Completed::default());
         }
         // SQLite would keep a NUL, and PostgreSQL refuses it: both store it
         // alike.
         let batch = storable_batch(batch).into_owned();
-        self.write(move |c| complete_tx(c, &batch)).await
+        let breaker = *breaker;
+        self.write(move |c| complete_tx(c, &batch, &breaker)).await
     }
 
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
@@ -710,6 +1004,29 @@ impl Queue for SqliteStore {
             )
             .map_err(map_err)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>> {
+        self.read(|c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT e.id, e.rate_limit, \
+                            (SELECT COUNT(*) FROM deliveries d INDEXED BY deliveries_fifo \
+                              WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
+                                AND d.state = 0 AND d.parked < 2) AS waiting \
+                     FROM endpoints e INDEXED BY endpoints_throttled \
+                     WHERE e.rate_limit > 0 AND e.disabled = 0 ORDER BY e.id",
+                )
+                .map_err(map_err)?;
+            rows(&mut stmt, [], |r| {
+                Ok(ThrottleWaiting {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
+                    waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
+                })
+            })
         })
         .await
     }

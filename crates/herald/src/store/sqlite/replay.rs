@@ -42,9 +42,12 @@ pub(super) fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<Value>) {
     (sql, args)
 }
 
+/// A new cycle; `queued_at` cleared, so a FIFO endpoint's claim queues it
+/// again at its `updated_at`: the back of the queue.
 const REPLAY_SET: &str =
     "state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
-     manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1";
+     manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1, \
+     queued_at = NULL";
 
 #[async_trait]
 impl Replay for SqliteStore {

@@ -8,19 +8,143 @@ fn token_from_row(r: &Row<'_>) -> StoreResult<ApiToken> {
         app_id: AppId::from_trusted(get(r, "app_id")?),
         name: get(r, "name")?,
         created_at: get(r, "created_at")?,
+        expires_at: get(r, "expires_at")?,
+        capabilities: get(r, "capabilities")?,
+        session_id: get(r, "session_id")?,
+        feature_flags: get(r, "feature_flags")?,
     })
+}
+
+fn insert_token(c: &Connection, t: &ApiToken, sha: &str) -> StoreResult<()> {
+    c.execute(
+        "INSERT INTO api_tokens (id, app_id, sha256, name, created_at, expires_at, capabilities, \
+         session_id, feature_flags) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            t.id,
+            t.app_id.as_str(),
+            sha,
+            t.name,
+            t.created_at,
+            t.expires_at,
+            t.capabilities,
+            t.session_id,
+            t.feature_flags
+        ],
+    )
+    .map_err(map_err)?;
+    Ok(())
 }
 
 #[async_trait]
 impl Tokens for SqliteStore {
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
         let (t, sha) = (token.clone(), sha256_hex.to_owned());
+        self.write(move |c| insert_token(c, &t, &sha)).await
+    }
+
+    async fn create_portal_token(
+        &self,
+        token: &ApiToken,
+        sha256_hex: &str,
+        code_sha256_hex: &str,
+    ) -> StoreResult<()> {
+        let (t, sha, code) = (
+            token.clone(),
+            sha256_hex.to_owned(),
+            code_sha256_hex.to_owned(),
+        );
         self.write(move |c| {
+            insert_token(c, &t, &sha)?;
             c.execute(
-                "INSERT INTO api_tokens (id, app_id, sha256, name, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![t.id, t.app_id.as_str(), sha, t.name, t.created_at],
+                "INSERT INTO portal_codes (sha256, token_id, expires_at) VALUES (?1, ?2, ?3)",
+                params![code, t.id, t.expires_at.unwrap_or(i64::MAX)],
             )
             .map_err(map_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn take_portal_code(
+        &self,
+        code_sha256_hex: &str,
+        now: Millis,
+    ) -> StoreResult<Option<ApiToken>> {
+        let code = code_sha256_hex.to_owned();
+        self.write(move |c| {
+            let taken: Option<(String, i64)> = c
+                .query_row(
+                    "DELETE FROM portal_codes WHERE sha256 = ?1 RETURNING token_id, expires_at",
+                    params![code],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            let Some((token_id, expires_at)) = taken else {
+                return Ok(None);
+            };
+            if expires_at <= now {
+                return Ok(None);
+            }
+            let mut stmt = c
+                .prepare_cached("SELECT * FROM api_tokens WHERE id = ?1")
+                .map_err(map_err)?;
+            Ok(rows(&mut stmt, params![token_id], token_from_row)?
+                .pop()
+                .filter(|t| t.live_at(now)))
+        })
+        .await
+    }
+
+    async fn expire_tokens(
+        &self,
+        app: &AppId,
+        at: Millis,
+        session_ids: Option<&[String]>,
+    ) -> StoreResult<u64> {
+        let app = app.as_str().to_owned();
+        let session_ids = session_ids.map(|s| serde_json::to_string(s).unwrap_or_default());
+        self.write(move |c| {
+            // The chosen tokens, then what was made from them.
+            let chosen = "SELECT id FROM api_tokens WHERE app_id = ?1 \
+                 AND (?2 IS NULL OR session_id IN (SELECT value FROM json_each(?2)))";
+            let n = c
+                .execute(
+                    &format!(
+                        "UPDATE api_tokens SET expires_at = ?3 WHERE id IN ({chosen}) \
+                         AND (expires_at IS NULL OR expires_at > ?3)"
+                    ),
+                    params![app, session_ids, at],
+                )
+                .map_err(map_err)?;
+            for table in ["sessions", "portal_codes"] {
+                c.execute(
+                    &format!(
+                        "UPDATE {table} SET expires_at = ?3 WHERE token_id IN ({chosen}) \
+                         AND expires_at > ?3"
+                    ),
+                    params![app, session_ids, at],
+                )
+                .map_err(map_err)?;
+            }
+            Ok(n as u64)
+        })
+        .await
+    }
+
+    async fn end_token(&self, token_id: &str, now: Millis) -> StoreResult<()> {
+        let id = token_id.to_owned();
+        self.write(move |c| {
+            c.execute(
+                "UPDATE api_tokens SET expires_at = ?2 WHERE id = ?1 \
+                 AND (expires_at IS NULL OR expires_at > ?2)",
+                params![id, now],
+            )
+            .map_err(map_err)?;
+            c.execute("DELETE FROM sessions WHERE token_id = ?1", params![id])
+                .map_err(map_err)?;
+            c.execute("DELETE FROM portal_codes WHERE token_id = ?1", params![id])
+                .map_err(map_err)?;
             Ok(())
         })
         .await

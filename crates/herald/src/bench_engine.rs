@@ -1,0 +1,424 @@
+//! `herald bench --engine MODE`: issue 13's claim rules measured end to
+//! end, on SQLite and (with `--postgres URL`) on PostgreSQL, one process
+//! (role `all`) with a receiver in this process.
+//!
+//! - `throttle`: one endpoint at `throttleRate` 10, 100 and 1,000/s; the
+//!   requests per second the receiver saw against the setting, and the
+//!   busiest one-second window.
+//! - `fifo`: one ordered endpoint, the receiver answering after 0, 5 and
+//!   20 ms; deliveries per second against the round trip.
+//! - `backlog`: healthy traffic (`--messages` to one endpoint), alone and
+//!   beside 100,000 pending deliveries of a stuck endpoint (it never
+//!   answers in time); healthy deliveries per second.
+//! - `storm`: fresh traffic alone, and while `--messages` retries of
+//!   another endpoint fall due at once; the fresh deliveries' p99 (the
+//!   k-th arrival against the k-th send, a close stand-in for each
+//!   message's own latency when they are sent and answered in order).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+
+use crate::bench::BenchArgs;
+use crate::config::Config;
+use crate::server::{self, Role};
+
+const TOKEN: &str = "bench-admin-token-0123456789";
+
+/// Arrival times per path, and how each path answers.
+#[derive(Default)]
+struct Rx {
+    arrivals: Mutex<HashMap<String, Vec<Instant>>>,
+    /// Per path prefix: how long to wait before answering, and whether to
+    /// answer 500.
+    rules: Mutex<Vec<(String, Duration, bool)>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl Rx {
+    fn rule(&self, prefix: &str, delay: Duration, fail: bool) {
+        let mut rules = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+        rules.retain(|(p, _, _)| p != prefix);
+        rules.push((prefix.to_owned(), delay, fail));
+    }
+
+    fn count(&self, path: &str) -> usize {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .map_or(0, Vec::len)
+    }
+
+    fn times(&self, path: &str) -> Vec<Instant> {
+        self.arrivals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    async fn wait_for(&self, path: &str, n: usize, within: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.arrived.notified();
+            if self.count(path) >= n {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() && self.count(path) < n {
+                bail!(
+                    "{path}: {} of {n} arrived within {within:?}",
+                    self.count(path)
+                );
+            }
+        }
+    }
+}
+
+async fn answer(State(rx): State<Arc<Rx>>, uri: Uri) -> StatusCode {
+    let path = uri.path().to_owned();
+    let (delay, fail) = {
+        let rules = rx.rules.lock().unwrap_or_else(|p| p.into_inner());
+        rules
+            .iter()
+            .find(|(p, _, _)| path.starts_with(p.as_str()))
+            .map_or((Duration::ZERO, false), |(_, d, f)| (*d, *f))
+    };
+    if !fail {
+        rx.arrivals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(path)
+            .or_default()
+            .push(Instant::now());
+        rx.arrived.notify_waiters();
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if fail {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    }
+}
+
+/// One Herald (role `all`) on SQLite or a fresh PostgreSQL schema, with a
+/// client of its API.
+struct Instance {
+    running: server::Running,
+    client: reqwest::Client,
+    base: String,
+    rx: Arc<Rx>,
+    rx_base: String,
+    _dir: tempfile::TempDir,
+    schema: Option<(String, String)>,
+}
+
+impl Instance {
+    async fn start(postgres: Option<&str>, overrides: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut values: BTreeMap<String, String> = [
+            (
+                "HERALD_DATABASE_URL",
+                format!("sqlite://{}", dir.path().join("bench.db").display()),
+            ),
+            ("HERALD_ADMIN_TOKEN", TOKEN.to_owned()),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+            ("HERALD_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let mut schema = None;
+        if let Some(url) = postgres {
+            let name = format!(
+                "herald_bench_{}",
+                ulid::Ulid::new().to_string().to_ascii_lowercase()
+            );
+            values.insert("HERALD_DATABASE_URL".into(), url.to_owned());
+            values.insert("HERALD_DATABASE_SCHEMA".into(), name.clone());
+            schema = Some((url.to_owned(), name));
+        }
+        for (k, v) in overrides {
+            values.insert((*k).to_owned(), (*v).to_owned());
+        }
+        let config = Config::from_values(&values)?;
+        let rx = Arc::new(Rx::default());
+        let app = axum::Router::new().fallback(answer).with_state(rx.clone());
+        let rx_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let rx_addr = rx_listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(rx_listener, app).await });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let running = server::start(config, Some(listener), Role::All).await?;
+        let addr = running.addr.context("the API listens")?;
+        Ok(Instance {
+            running,
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()?,
+            base: format!("http://{addr}/api/v1"),
+            rx,
+            rx_base: format!("http://{rx_addr}"),
+            _dir: dir,
+            schema,
+        })
+    }
+
+    async fn post(&self, path: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        Ok(self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
+    async fn app(&self) -> anyhow::Result<String> {
+        let app = self
+            .post("/app", serde_json::json!({"name": "bench"}))
+            .await?;
+        Ok(app["id"].as_str().context("app id")?.to_owned())
+    }
+
+    /// An application with one endpoint at `path` of the receiver.
+    async fn app_with(&self, path: &str, extra: serde_json::Value) -> anyhow::Result<String> {
+        let app = self.app().await?;
+        let mut body = serde_json::json!({ "url": format!("{}{path}", self.rx_base) });
+        if let (Some(o), Some(more)) = (body.as_object_mut(), extra.as_object()) {
+            o.extend(more.clone());
+        }
+        self.post(&format!("/app/{app}/endpoint"), body).await?;
+        Ok(app)
+    }
+
+    /// Sends `n` messages to `app`, `concurrency` at a time; returns when
+    /// each was sent (by message number).
+    async fn send(&self, app: &str, n: usize, concurrency: usize) -> anyhow::Result<Vec<Instant>> {
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let sent = Arc::new(Mutex::new(vec![None; n]));
+        let mut tasks = Vec::new();
+        for _ in 0..concurrency.max(1) {
+            let (client, url, next, sent) = (
+                self.client.clone(),
+                format!("{}/app/{app}/msg", self.base),
+                next.clone(),
+                sent.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= n {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    let at = Instant::now();
+                    client
+                        .post(&url)
+                        .bearer_auth(TOKEN)
+                        .json(&serde_json::json!({"eventType": "bench.event", "payload": {"i": i}}))
+                        .send()
+                        .await?
+                        .error_for_status()?;
+                    sent.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(at);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let sent = sent.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Ok(sent
+            .into_iter()
+            .map(|s| s.unwrap_or_else(Instant::now))
+            .collect())
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.running.shutdown().await?;
+        if let Some((url, name)) = self.schema {
+            if let Ok(pool) = sqlx::PgPool::connect(&url).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                )))
+                .execute(&pool)
+                .await;
+                pool.close().await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn busiest_second(at: &[Instant]) -> usize {
+    let mut at = at.to_vec();
+    at.sort();
+    (0..at.len())
+        .map(|s| {
+            at[s..]
+                .iter()
+                .take_while(|t| t.duration_since(at[s]) < Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn per_sec(at: &[Instant]) -> f64 {
+    let (Some(first), Some(last)) = (at.iter().min(), at.iter().max()) else {
+        return 0.0;
+    };
+    (at.len().saturating_sub(1)) as f64 / last.duration_since(*first).as_secs_f64().max(1e-9)
+}
+
+fn p99(mut d: Vec<Duration>) -> Duration {
+    d.sort();
+    d.get((d.len() * 99 / 100).min(d.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+async fn throttle(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
+    for rate in [10usize, 100, 1000] {
+        let h = Instance::start(pg, &[]).await?;
+        let app = h
+            .app_with("/throttled", serde_json::json!({"throttleRate": rate}))
+            .await?;
+        let n = (rate * 5).clamp(50, 5000);
+        h.send(&app, n, 16).await?;
+        h.rx.wait_for("/throttled", n, args.timeout).await?;
+        let at = h.rx.times("/throttled");
+        println!(
+            "| throttle | {store} | throttleRate {rate}/s, {n} messages | {:.1}/s seen | busiest second {} |",
+            per_sec(&at),
+            busiest_second(&at)
+        );
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+async fn fifo(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
+    for rtt in [0u64, 5, 20] {
+        let h = Instance::start(pg, &[]).await?;
+        h.rx.rule("/ordered", Duration::from_millis(rtt), false);
+        let app = h
+            .app_with("/ordered", serde_json::json!({"ordering": "fifo"}))
+            .await?;
+        let n = 300;
+        h.send(&app, n, 1).await?;
+        h.rx.wait_for("/ordered", n, args.timeout).await?;
+        println!(
+            "| fifo | {store} | receiver answers after {rtt} ms | {:.0} deliveries/s |",
+            per_sec(&h.rx.times("/ordered"))
+        );
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+async fn backlog(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
+    const STUCK: usize = 100_000;
+    for with_backlog in [false, true] {
+        let h = Instance::start(
+            pg,
+            &[("HERALD_REQUEST_TIMEOUT", "30s"), ("HERALD_LEASE", "70s")],
+        )
+        .await?;
+        if with_backlog {
+            h.rx.rule("/stuck", Duration::from_secs(3600), false);
+            let stuck = h.app_with("/stuck", serde_json::json!({})).await?;
+            h.send(&stuck, STUCK, args.concurrency).await?;
+            // Let the stuck endpoint fill its slots and its backlog age.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let healthy = h.app_with("/healthy", serde_json::json!({})).await?;
+        let start = Instant::now();
+        h.send(&healthy, args.messages, args.concurrency).await?;
+        h.rx.wait_for("/healthy", args.messages, args.timeout)
+            .await?;
+        let at = h.rx.times("/healthy");
+        let last = at.iter().max().copied().unwrap_or(start);
+        println!(
+            "| backlog | {store} | {} | {:.0} healthy deliveries/s |",
+            if with_backlog {
+                "beside 100,000 pending for a stuck endpoint"
+            } else {
+                "alone"
+            },
+            args.messages as f64 / last.duration_since(start).as_secs_f64().max(1e-9)
+        );
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+async fn storm(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
+    for with_storm in [false, true] {
+        let h = Instance::start(
+            pg,
+            &[("HERALD_RETRY_SCHEDULE", "3s"), ("HERALD_JITTER", "none")],
+        )
+        .await?;
+        if with_storm {
+            // Every first attempt fails; the retries fall due together 3 s
+            // later, when the endpoint answers again.
+            h.rx.rule("/storm", Duration::ZERO, true);
+            let stormy = h.app_with("/storm", serde_json::json!({})).await?;
+            h.send(&stormy, args.messages, args.concurrency).await?;
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            h.rx.rule("/storm", Duration::from_millis(5), false);
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        let fresh = h.app_with("/fresh", serde_json::json!({})).await?;
+        let n = (args.messages / 4).max(100);
+        let sent = h.send(&fresh, n, args.concurrency).await?;
+        h.rx.wait_for("/fresh", n, args.timeout).await?;
+        let mut at = h.rx.times("/fresh");
+        at.sort();
+        let mut sent = sent;
+        sent.sort();
+        let lat: Vec<Duration> = at
+            .iter()
+            .zip(&sent)
+            .map(|(a, s)| a.saturating_duration_since(*s))
+            .collect();
+        println!(
+            "| storm | {store} | {} | fresh p99 {:?} |",
+            if with_storm {
+                format!("while {} retries fall due at once", args.messages)
+            } else {
+                "fresh traffic alone".to_owned()
+            },
+            p99(lat)
+        );
+        h.stop().await?;
+    }
+    Ok(())
+}
+
+/// Runs `mode` on SQLite and, with `--postgres`, on PostgreSQL.
+pub async fn run(args: &BenchArgs, mode: &str) -> anyhow::Result<()> {
+    let mut targets = vec![(None, "SQLite")];
+    if let Some(url) = args.postgres.as_deref() {
+        targets.push((Some(url), "PostgreSQL"));
+    }
+    for (pg, store) in targets {
+        match mode {
+            "throttle" => throttle(args, pg, store).await?,
+            "fifo" => fifo(args, pg, store).await?,
+            "backlog" => backlog(args, pg, store).await?,
+            "storm" => storm(args, pg, store).await?,
+            other => bail!("unknown --engine mode `{other}`: throttle, fifo, backlog or storm"),
+        }
+    }
+    Ok(())
+}

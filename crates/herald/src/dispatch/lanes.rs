@@ -1,0 +1,147 @@
+//! Lanes: how many deliveries each endpoint may hold in this process, sized
+//! by how it answers (`herald_policy::next_lane`), so that sending slots
+//! follow where requests finish.
+//!
+//! A fixed cap per endpoint let ten stuck endpoints × 2 × 64 claims take
+//! every one of 512 slots, and the 90 healthy endpoints beside them waited
+//! for the stuck ones' timeouts (healthy p99 25× the all-healthy run). A
+//! lane starts small, widens by one per prompt answer (doubling per round
+//! trip up to the cap), and halves at a slow answer while other deliveries
+//! want slots. The claim and the ingest handoff see a narrow lane as an
+//! endpoint with that much less room (the store's interface is unchanged:
+//! the counts of claimed deliveries they get are raised by what the lane
+//! withholds).
+//!
+//! Everything here is memory, per process, a lock per finished request: no
+//! store round trip. An endpoint this process has not seen yet gets its
+//! full room in its first claim, then its lane.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use herald_policy::{next_lane, LaneRule};
+
+use crate::ids::EndpointId;
+use crate::store::{now_millis, Millis};
+
+/// A lane nobody used for this long is forgotten (the endpoint starts
+/// afresh), which bounds the map by the endpoints of the last minutes.
+const FORGET_AFTER: Duration = Duration::from_secs(120);
+/// "Other deliveries want slots" lasts this long after it was last seen.
+const CONTENDED_FOR: Millis = 1_000;
+
+pub struct Lanes {
+    rule: LaneRule,
+    lanes: Mutex<HashMap<EndpointId, Lane>>,
+    /// When a claim or a handoff last found fewer free slots than it could
+    /// use (ms since the epoch; 0: never).
+    contended_at: AtomicI64,
+}
+
+struct Lane {
+    size: usize,
+    used_at: Instant,
+}
+
+impl Lanes {
+    pub fn new(endpoint_cap: usize) -> Self {
+        Lanes {
+            rule: LaneRule::for_cap(endpoint_cap),
+            lanes: Mutex::new(HashMap::new()),
+            contended_at: AtomicI64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, Lane>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Some claim or handoff wanted more slots than were free.
+    pub fn contended(&self) {
+        self.contended_at.store(now_millis(), Ordering::Relaxed);
+    }
+
+    fn is_contended(&self) -> bool {
+        now_millis().saturating_sub(self.contended_at.load(Ordering::Relaxed)) < CONTENDED_FOR
+    }
+
+    /// A delivery of `ep` was claimed: its lane exists from now on.
+    pub fn claimed(&self, ep: &EndpointId) {
+        let mut lanes = self.lock();
+        let now = Instant::now();
+        lanes
+            .entry(ep.clone())
+            .and_modify(|l| l.used_at = now)
+            .or_insert(Lane {
+                size: self.rule.start,
+                used_at: now,
+            });
+    }
+
+    /// A request to `ep` finished (answered or not) after `took`.
+    pub fn finished(&self, ep: &EndpointId, took: Duration) {
+        let contended = self.is_contended();
+        if let Some(lane) = self.lock().get_mut(ep) {
+            lane.size = next_lane(&self.rule, lane.size, took, contended);
+            lane.used_at = Instant::now();
+        }
+    }
+
+    /// Raises `in_flight` (claimed deliveries per endpoint, as a claim
+    /// counts them against `room_per_lane_slot × cap`) by what each narrow
+    /// lane withholds, so the claim gives such an endpoint
+    /// `room_per_lane_slot × lane` at most.
+    pub fn narrow(&self, in_flight: &mut HashMap<EndpointId, usize>, room_per_lane_slot: usize) {
+        let mut lanes = self.lock();
+        let now = Instant::now();
+        lanes.retain(|_, l| now.duration_since(l.used_at) < FORGET_AFTER);
+        for (ep, lane) in lanes.iter().filter(|(_, l)| l.size < self.rule.cap) {
+            let withheld = (self.rule.cap - lane.size).saturating_mul(room_per_lane_slot);
+            let count = in_flight.entry(ep.clone()).or_insert(0);
+            *count = count.saturating_add(withheld);
+        }
+    }
+
+    /// The lane of `ep`, if this process has one (tests, the dashboard).
+    pub fn size_of(&self, ep: &EndpointId) -> Option<usize> {
+        self.lock().get(ep).map(|l| l.size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stuck_endpoint_beside_busy_ones_is_left_a_few_slots() {
+        let lanes = Lanes::new(64);
+        let (stuck, healthy) = (EndpointId::generate(), EndpointId::generate());
+        lanes.claimed(&stuck);
+        lanes.claimed(&healthy);
+        for _ in 0..100 {
+            lanes.finished(&healthy, Duration::from_millis(2));
+        }
+        lanes.contended();
+        lanes.finished(&stuck, Duration::from_secs(5));
+        assert_eq!(lanes.size_of(&healthy), Some(64));
+        assert_eq!(lanes.size_of(&stuck), Some(2), "4 halved");
+
+        let mut in_flight = HashMap::from([(stuck.clone(), 3)]);
+        lanes.narrow(&mut in_flight, 2);
+        // The claim's room is 2 × 64 − count: 2 × 2 − 3 = 1 for the stuck
+        // one, the whole 128 for the healthy one (not listed).
+        assert_eq!(in_flight.get(&stuck), Some(&(3 + 2 * 62)));
+        assert_eq!(in_flight.get(&healthy), None);
+    }
+
+    #[test]
+    fn without_contention_a_slow_endpoint_widens() {
+        let lanes = Lanes::new(64);
+        let slow = EndpointId::generate();
+        lanes.claimed(&slow);
+        lanes.finished(&slow, Duration::from_secs(5));
+        assert_eq!(lanes.size_of(&slow), Some(5));
+    }
+}

@@ -1,0 +1,707 @@
+//! The portal's pages: the application's endpoints (list, create, edit,
+//! delete, one endpoint's health, attempts, secret, test event, recovery)
+//! and the event-type catalogue. Changes go through the API's own handlers
+//! (the same validation, audit and store calls), as the session's
+//! application and with the session as the actor.
+
+use axum::extract::{Path, State};
+use axum::response::IntoResponse;
+use maud::{html, Markup};
+
+use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
+use crate::api::auth::ResolvedApp;
+use crate::api::endpoints::{endpoint_health, find_endpoint};
+use crate::api::{parse_json, ApiJson, ApiJsonOrEmpty, ApiState};
+use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
+use crate::dashboard::overview::state_badge;
+use crate::dashboard::see_other;
+use crate::dashboard::session::FormFields;
+use crate::store::{now_millis, Endpoint, EventType, PageReq};
+
+fn path_of(ep: &Endpoint) -> String {
+    format!("/portal/endpoint/{}", ep.id)
+}
+
+fn app_of(session: &PortalSession) -> ResolvedApp {
+    ResolvedApp {
+        id: session.app_id.clone(),
+    }
+}
+
+/// The endpoint named in the path, within the session's application only.
+async fn endpoint_of(
+    state: &ApiState,
+    session: &PortalSession,
+    endpoint_id: &str,
+) -> PortalResult<Endpoint> {
+    Ok(find_endpoint(state, &session.app_id, endpoint_id).await?)
+}
+
+fn api_path(session: &PortalSession, ep: &Endpoint) -> Path<(String, String)> {
+    Path((session.app_id.to_string(), ep.id.to_string()))
+}
+
+/// The catalogue, unarchived, in one page of at most 250.
+async fn catalogue(state: &ApiState) -> PortalResult<Vec<EventType>> {
+    let page = state
+        .store
+        .list_event_types(
+            false,
+            &PageReq {
+                limit: 250,
+                after: None,
+                ascending: true,
+                backwards: false,
+            },
+        )
+        .await?;
+    Ok(page.items)
+}
+
+/// `GET /portal`: the application's endpoints with their health.
+pub async fn home(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
+    let now = now_millis();
+    let listed = state
+        .store
+        .list_endpoint_overview(Some(&session.app_id), 0, 250)
+        .await?;
+    let mut rows = Vec::with_capacity(listed.len());
+    for o in listed {
+        let health = endpoint_health(&state.store, &o.endpoint, &state.breaker).await?;
+        rows.push((o.endpoint, health));
+    }
+    let body = html! {
+        h1 { "Endpoints" small { (rows.len()) " of this application" } }
+        @if session.capabilities.manage_endpoint() {
+            div.toolbar { a.button href="/portal/endpoint/new" { "Add endpoint" } }
+        }
+        @if rows.is_empty() {
+            p.muted { "No endpoints yet." }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th { "URL" } th { "State" } th.num { "Failure rate (24 h)" } th.num { "p95" }
+                    th { "Last error" } th { "Chart (24 h)" }
+                } }
+                tbody {
+                    @for (ep, h) in &rows {
+                        tr.disabled[h.disabled] .failing[!h.disabled && h.failure_streak > 0] {
+                            td {
+                                a.clip href=(path_of(ep)) { (ep.url) }
+                                @if !ep.description.is_empty() { div.small.muted { (ep.description) } }
+                            }
+                            td { (state_badge(h, now)) }
+                            td.num { (percent(h.last_day.failure_rate, h.last_day.attempts)) }
+                            td.num { (latency(h.last_day.p95_ms)) }
+                            td {
+                                @match &h.last_error {
+                                    Some(e) => { span.clip.narrow title=(e) { (e) } div.small.muted { (ago(h.last_error_at, now)) } },
+                                    None => span.muted { "none" },
+                                }
+                            }
+                            td { (hourly_chart(&h.hourly, 120, 24, false)) }
+                        }
+                    }
+                }
+            } }
+        }
+    };
+    Ok(session.page("Endpoints", Nav::Endpoints, body))
+}
+
+/// `GET /portal/event-types`: the catalogue with descriptions and the
+/// schema examples.
+pub async fn event_types(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
+    let types = catalogue(&state).await?;
+    let body = html! {
+        h1 { "Event types" }
+        @if types.is_empty() { p.muted { "No event types are defined." } }
+        @for et in &types {
+            section {
+                h2 { code { (et.name) } @if et.deprecated { " " (badge(Tone::Warn, "deprecated")) } }
+                @if !et.description.is_empty() { p { (et.description) } }
+                @if let Some(example) = example_of(et) {
+                    pre { (example) }
+                }
+            }
+        }
+    };
+    Ok(session.page("Event types", Nav::EventTypes, body))
+}
+
+/// The first example of the type's schema `"1"`, pretty-printed.
+fn example_of(et: &EventType) -> Option<String> {
+    let schemas: serde_json::Value = serde_json::from_str(et.schemas.as_deref()?).ok()?;
+    let example = schemas.get("1")?.get("examples")?.get(0)?;
+    serde_json::to_string_pretty(example).ok()
+}
+
+/// The endpoint form's fields as the API's `EndpointIn` JSON.
+fn endpoint_json(form: &FormFields) -> serde_json::Value {
+    let mut body = serde_json::Map::new();
+    body.insert("url".into(), form.text("url").into());
+    body.insert("description".into(), form.text("description").into());
+    let types: Vec<&str> = form.all("filterTypes").filter(|t| !t.is_empty()).collect();
+    if !types.is_empty() {
+        body.insert("filterTypes".into(), types.into());
+    }
+    let channels: Vec<&str> = form
+        .text("channels")
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if !channels.is_empty() {
+        body.insert("channels".into(), channels.into());
+    }
+    match form.text("throttleRate") {
+        "" => {}
+        // A bad number stays text, for the API to name the field.
+        text => {
+            body.insert(
+                "throttleRate".into(),
+                text.parse::<u64>().map_or_else(|_| text.into(), Into::into),
+            );
+        }
+    }
+    let mut headers = serde_json::Map::new();
+    for line in form.text("headers").lines() {
+        if let Some((name, value)) = line.split_once(':') {
+            headers.insert(name.trim().into(), value.trim().into());
+        } else if !line.trim().is_empty() {
+            headers.insert(line.trim().into(), "".into());
+        }
+    }
+    body.insert("headers".into(), headers.into());
+    body.insert(
+        "disabled".into(),
+        (form.get("disabled") == Some("on")).into(),
+    );
+    body.into()
+}
+
+struct FormValues {
+    url: String,
+    description: String,
+    types: Vec<String>,
+    channels: String,
+    throttle: String,
+    headers: String,
+    disabled: bool,
+}
+
+impl FormValues {
+    fn of(ep: &Endpoint) -> Self {
+        FormValues {
+            url: ep.url.clone(),
+            description: ep.description.clone(),
+            types: ep.filter_types.clone().unwrap_or_default(),
+            channels: ep.channels.clone().unwrap_or_default().join(", "),
+            throttle: ep.rate_limit.map(|r| r.to_string()).unwrap_or_default(),
+            headers: ep
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            disabled: ep.disabled,
+        }
+    }
+
+    fn posted(form: &FormFields) -> Self {
+        FormValues {
+            url: form.text("url").to_owned(),
+            description: form.text("description").to_owned(),
+            types: form.all("filterTypes").map(str::to_owned).collect(),
+            channels: form.text("channels").to_owned(),
+            throttle: form.text("throttleRate").to_owned(),
+            headers: form.text("headers").to_owned(),
+            disabled: form.get("disabled") == Some("on"),
+        }
+    }
+}
+
+fn endpoint_form(
+    session: &PortalSession,
+    action: &str,
+    values: &FormValues,
+    catalogue: &[EventType],
+    problem: Option<&str>,
+) -> Markup {
+    html! {
+        @if let Some(problem) = problem { div.error role="alert" { (problem) } }
+        form.filters method="post" action=(action) {
+            (session.csrf_field())
+            label { "URL" input name="url" type="url" required size="60" value=(values.url); }
+            label { "Description" input name="description" size="40" value=(values.description); }
+            label { "Channels (comma-separated)" input name="channels" size="30" value=(values.channels); }
+            label { "throttleRate (messages / s)" input name="throttleRate" size="8" value=(values.throttle); }
+            fieldset {
+                legend { "Event types (none ticked: all)" }
+                @for et in catalogue {
+                    label.nowrap {
+                        input type="checkbox" name="filterTypes" value=(et.name)
+                            checked[values.types.contains(&et.name)];
+                        " " (et.name)
+                    }
+                }
+            }
+            label { "Custom headers (one `Name: value` a line)"
+                textarea name="headers" rows="3" cols="50" { (values.headers) } }
+            label.nowrap { input type="checkbox" name="disabled" checked[values.disabled]; " Disabled" }
+            button.primary type="submit" { "Save" }
+        }
+    }
+}
+
+/// `GET /portal/endpoint/new`.
+pub async fn new_form(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
+    session.need(session.capabilities.manage_endpoint())?;
+    let types = catalogue(&state).await?;
+    let empty = FormValues::posted(&FormFields::default());
+    let body = html! {
+        h1 { "Add endpoint" }
+        (endpoint_form(&session, "/portal/endpoint/new", &empty, &types, None))
+    };
+    Ok(session.page("Add endpoint", Nav::Endpoints, body))
+}
+
+/// `POST /portal/endpoint/new`: the API's create, its errors on the form.
+pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.manage_endpoint())?;
+    let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
+        Ok(body) => {
+            crate::api::endpoints::create_endpoint(
+                State(state.clone()),
+                session.actor(),
+                app_of(session),
+                ApiJson(body),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(_) => {
+            session.flash("Endpoint added.").await;
+            Ok(see_other("/portal"))
+        }
+        Err(e) => match form_problem(&e) {
+            Some(problem) => {
+                let types = catalogue(&state).await?;
+                let body = html! {
+                    h1 { "Add endpoint" }
+                    (endpoint_form(session, "/portal/endpoint/new", &FormValues::posted(&posted.form), &types, Some(&problem)))
+                };
+                let mut response = session.page("Add endpoint", Nav::Endpoints, body);
+                *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+                Ok(response)
+            }
+            None => Err(e.into()),
+        },
+    }
+}
+
+/// `GET /portal/endpoint/{ep}`: settings, health, chart, attempts and the
+/// actions the session's capabilities allow.
+pub async fn page(
+    session: PortalSession,
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+) -> PortalResult {
+    let now = now_millis();
+    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let health = endpoint_health(&state.store, &ep, &state.breaker).await?;
+    let attempts = state
+        .store
+        .list_attempts_of_endpoint(
+            &session.app_id,
+            &ep.id,
+            &PageReq {
+                limit: 50,
+                after: None,
+                ascending: false,
+                backwards: false,
+            },
+        )
+        .await?
+        .items;
+    let types = catalogue(&state).await?;
+    let here = path_of(&ep);
+    let caps = &session.capabilities;
+    let body = html! {
+        h1 { "Endpoint " small.mono { (ep.id) } }
+        div.columns {
+            section {
+                dl.facts {
+                    dt { "URL" } dd.mono { (ep.url) }
+                    @if !ep.description.is_empty() { dt { "Description" } dd { (ep.description) } }
+                    dt { "Event types" }
+                    dd { @match &ep.filter_types {
+                        None => span.muted { "all" },
+                        Some(t) => { (t.join(", ")) },
+                    } }
+                    @if let Some(c) = &ep.channels { dt { "Channels" } dd { (c.join(", ")) } }
+                    @if let Some(rate) = ep.rate_limit { dt { "throttleRate" } dd { (rate) " / s" } }
+                    @if !ep.headers.is_empty() {
+                        dt { "Custom headers" }
+                        dd { @for name in ep.headers.keys() { div.mono.small { (name) } } }
+                    }
+                    dt { "Signing secret" }
+                    dd {
+                        @if caps.view_secret() {
+                            span.mono #secret { "whsec_…" } " "
+                            a href=(format!("{here}/secret")) data-reveal="secret" { "reveal" }
+                        } @else {
+                            span.muted { "hidden" }
+                        }
+                    }
+                    dt { "Created" } dd { (when(ep.created_at)) }
+                    dt { "State" } dd { (state_badge(&health, now)) }
+                    dt { "Last error" }
+                    dd { @match &health.last_error {
+                        Some(e) => { (e) span.muted { " · " (ago(health.last_error_at, now)) } },
+                        None => span.muted { "none" },
+                    } }
+                }
+                @if caps.manage_endpoint() {
+                    div.toolbar {
+                        a.button href=(format!("{here}/edit")) { "Edit" }
+                        a.button href=(format!("{here}/delete")) { "Delete" }
+                        @if health.disabled {
+                            form method="post" action=(format!("{here}/enable")) {
+                                (session.csrf_field()) button.primary type="submit" { "Enable" }
+                            }
+                        } @else {
+                            form method="post" action=(format!("{here}/disable")) {
+                                (session.csrf_field()) button.danger type="submit" { "Disable" }
+                            }
+                        }
+                    }
+                }
+                @if caps.rotate_secret() {
+                    form.toolbar method="post" action=(format!("{here}/rotate")) {
+                        (session.csrf_field())
+                        button type="submit" { "Rotate secret" }
+                        span.muted.small { "The old secret keeps signing beside the new one for 24 hours." }
+                    }
+                }
+                @if caps.create_attempts() {
+                    form.toolbar method="post" action=(format!("{here}/send-example")) {
+                        (session.csrf_field())
+                        select name="eventType" {
+                            option value="svix.ping" { "svix.ping" }
+                            @for et in &types { option value=(et.name) { (et.name) } }
+                        }
+                        button type="submit" { "Send a test event" }
+                    }
+                    form.toolbar method="post" action=(format!("{here}/recover")) {
+                        (session.csrf_field())
+                        label { "Recover failed messages since (UTC) "
+                            input name="since" type="datetime-local" required; }
+                        button type="submit" { "Recover" }
+                    }
+                }
+            }
+            section {
+                table {
+                    thead { tr { th {} th.num { "Attempts" } th.num { "Failed" } th.num { "Failure rate" } th.num { "p95" } } }
+                    tbody {
+                        tr { th { "Last hour" } td.num { (health.last_hour.attempts) } td.num { (health.last_hour.failures) }
+                             td.num { (percent(health.last_hour.failure_rate, health.last_hour.attempts)) } td.num { (latency(health.last_hour.p95_ms)) } }
+                        tr { th { "Last 24 hours" } td.num { (health.last_day.attempts) } td.num { (health.last_day.failures) }
+                             td.num { (percent(health.last_day.failure_rate, health.last_day.attempts)) } td.num { (latency(health.last_day.p95_ms)) } }
+                    }
+                }
+                h2 { "Attempts per hour" small { "last 24 hours, UTC" } }
+                (hourly_chart(&health.hourly, 620, 140, true))
+                div.legend { i.a {} "attempts" i.f {} "failed" }
+            }
+        }
+        h2 { "Recent attempts" small { "newest first" } }
+        @if attempts.is_empty() {
+            p.muted { "No attempts." }
+        } @else {
+            table.attempts {
+                thead { tr { th { "When" } th { "Message" } th { "Result" } th.num { "Status" } th.num { "Duration" } th { "Response" } } }
+                tbody {
+                    @for a in &attempts {
+                        tr {
+                            td { (ago(Some(a.started_at), now)) }
+                            td.mono.small { (a.msg_id) }
+                            td { @if a.success { (badge(Tone::Ok, "succeeded")) } @else { (badge(Tone::Bad, "failed")) } }
+                            td.num { @match a.status_code { Some(c) => { (c) }, None => span.muted { "–" } } }
+                            td.num { (a.duration_ms) " ms" }
+                            td { span.clip.small { (a.error.as_deref().unwrap_or(&a.response)) } }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    Ok(session.page(&format!("Endpoint {}", ep.id), Nav::Endpoints, body))
+}
+
+/// `GET …/edit`.
+pub async fn edit_form(
+    session: PortalSession,
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+) -> PortalResult {
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let types = catalogue(&state).await?;
+    let body = html! {
+        h1 { "Edit endpoint " small.mono { (ep.id) } }
+        (endpoint_form(&session, &format!("{}/edit", path_of(&ep)), &FormValues::of(&ep), &types, None))
+    };
+    Ok(session.page("Edit endpoint", Nav::Endpoints, body))
+}
+
+/// `POST …/edit`: the API's update (PUT), its errors on the form.
+pub async fn update(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
+        Ok(body) => {
+            crate::api::endpoints::update_endpoint(
+                State(state.clone()),
+                session.actor(),
+                app_of(session),
+                api_path(session, &ep),
+                ApiJson(body),
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(_) => {
+            session.flash("Saved.").await;
+            Ok(see_other(&path_of(&ep)))
+        }
+        Err(e) => match form_problem(&e) {
+            Some(problem) => {
+                let types = catalogue(&state).await?;
+                let body = html! {
+                    h1 { "Edit endpoint " small.mono { (ep.id) } }
+                    (endpoint_form(session, &format!("{}/edit", path_of(&ep)), &FormValues::posted(&posted.form), &types, Some(&problem)))
+                };
+                let mut response = session.page("Edit endpoint", Nav::Endpoints, body);
+                *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+                Ok(response)
+            }
+            None => Err(e.into()),
+        },
+    }
+}
+
+/// `GET …/delete`: the confirmation step.
+pub async fn delete_form(
+    session: PortalSession,
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+) -> PortalResult {
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let body = html! {
+        h1 { "Delete endpoint?" }
+        p { "Nothing more will be sent to " code { (ep.url) } ", and its history goes with it." }
+        form.toolbar method="post" action=(format!("{}/delete", path_of(&ep))) {
+            (session.csrf_field())
+            button.danger type="submit" { "Delete" }
+            a href=(path_of(&ep)) { "Cancel" }
+        }
+    };
+    Ok(session.page("Delete endpoint", Nav::Endpoints, body))
+}
+
+/// `POST …/delete`.
+pub async fn delete(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    crate::api::endpoints::delete_endpoint(
+        State(state.clone()),
+        session.actor(),
+        app_of(session),
+        api_path(session, &ep),
+    )
+    .await?;
+    session.flash("Endpoint deleted.").await;
+    Ok(see_other("/portal"))
+}
+
+/// `GET …/secret`: the secret as text (the reveal link), with
+/// `ViewEndpointSecret`.
+pub async fn secret(
+    session: PortalSession,
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+) -> PortalResult {
+    session.need(session.capabilities.view_secret())?;
+    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let out = crate::api::endpoints::get_endpoint_secret(
+        State(state.clone()),
+        session.actor(),
+        app_of(&session),
+        api_path(&session, &ep),
+    )
+    .await?;
+    Ok(out.0.key.into_response())
+}
+
+/// `POST …/rotate`, with `ManageEndpointSecret`.
+pub async fn rotate(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.rotate_secret())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let _ = crate::api::endpoints::rotate_endpoint_secret(
+        State(state.clone()),
+        session.actor(),
+        app_of(session),
+        api_path(session, &ep),
+        ApiJsonOrEmpty(Default::default()),
+    )
+    .await?;
+    session
+        .flash("Secret rotated: the previous one signs too for 24 hours.")
+        .await;
+    Ok(see_other(&path_of(&ep)))
+}
+
+/// `POST …/enable`.
+pub async fn enable(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let _ = crate::api::endpoints::enable_endpoint_route(
+        State(state.clone()),
+        session.actor(),
+        app_of(session),
+        api_path(session, &ep),
+    )
+    .await?;
+    session.flash("Enabled.").await;
+    Ok(see_other(&path_of(&ep)))
+}
+
+/// `POST …/disable`.
+pub async fn disable(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.manage_endpoint())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let body = parse_json(br#"{"reason":"disabled in the portal"}"#)?;
+    let _ = crate::api::endpoints::disable_endpoint_route(
+        State(state.clone()),
+        session.actor(),
+        app_of(session),
+        api_path(session, &ep),
+        ApiJsonOrEmpty(body),
+    )
+    .await?;
+    session
+        .flash("Disabled: nothing is sent to it until it is enabled.")
+        .await;
+    Ok(see_other(&path_of(&ep)))
+}
+
+/// `POST …/send-example`: the API's send-example (the type's schema
+/// example, or `svix.ping`), with `CreateAttempts`.
+pub async fn send_example(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.create_attempts())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let event_type = posted.form.text("eventType");
+    let body = parse_json(
+        serde_json::json!({ "eventType": event_type })
+            .to_string()
+            .as_bytes(),
+    )?;
+    let sent = crate::api::messages::send_example(
+        State(state.clone()),
+        app_of(session),
+        api_path(session, &ep),
+        ApiJson(body),
+    )
+    .await;
+    match sent {
+        Ok(_) => {
+            session
+                .flash(format!("Sent a test {event_type} event."))
+                .await
+        }
+        Err(e) => match form_problem(&e) {
+            Some(problem) => session.flash(format!("Not sent: {problem}")).await,
+            None => return Err(e.into()),
+        },
+    }
+    Ok(see_other(&path_of(&ep)))
+}
+
+/// `POST …/recover`: failed messages since a time are sent again, with
+/// `CreateAttempts`.
+pub async fn recover(
+    State(state): State<ApiState>,
+    Path(endpoint_id): Path<String>,
+    posted: PortalPosted,
+) -> PortalResult {
+    let session = &posted.session;
+    session.need(session.capabilities.create_attempts())?;
+    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    // `datetime-local` sends `2026-12-01T10:00` (read as UTC); an RFC 3339
+    // time is taken as it is.
+    let since = posted.form.text("since");
+    let since = if since.len() == 16 {
+        format!("{since}:00Z")
+    } else {
+        since.to_owned()
+    };
+    let body = parse_json(serde_json::json!({ "since": since }).to_string().as_bytes())?;
+    let done = crate::api::history::recover(
+        State(state.clone()),
+        session.actor(),
+        app_of(session),
+        api_path(session, &ep),
+        ApiJson(body),
+    )
+    .await;
+    match done {
+        Ok(_) => {
+            session
+                .flash("Failed messages since then are being sent again.")
+                .await
+        }
+        Err(e) => match form_problem(&e) {
+            Some(problem) => session.flash(format!("Not recovered: {problem}")).await,
+            None => return Err(e.into()),
+        },
+    }
+    Ok(see_other(&path_of(&ep)))
+}

@@ -1,0 +1,215 @@
+//! The customer portal in headless Chromium: a link from the official
+//! SDK, an endpoint added to a real receiver, a signed test event seen
+//! on the endpoint's page, a secret rotated, a used link's expired page,
+//! and the portal embedded in an iframe of another origin and used there.
+//! Screenshots go to `docs/portal-*.png` with `HERALD_SCREENSHOTS=1`.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, Locator};
+use svix::api::{Svix, SvixOptions};
+use svix::models::AppPortalAccessIn;
+
+use crate::dashboard::{wait_for_text, Chromedriver, CHROMEDRIVER, CHROMIUM};
+use crate::helpers::*;
+
+async fn shot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    if std::env::var("HERALD_SCREENSHOTS").as_deref() == Ok("1") {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        std::fs::create_dir_all(&dir).expect("docs/ exists");
+        std::fs::write(dir.join(name), png).expect("screenshot saved");
+    }
+}
+
+async fn click(browser: &Client, css: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}
+
+async fn mint(svix: &Svix, app: &str) -> String {
+    svix.authentication()
+        .app_portal_access(app.to_owned(), AppPortalAccessIn::new(), None)
+        .await
+        .expect("app-portal-access")
+        .url
+}
+
+/// A page on `http://localhost:PORT/` framing whatever `src` holds.
+async fn framing_page(listener: tokio::net::TcpListener, src: Arc<Mutex<String>>) {
+    let router = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let src = src.lock().map(|s| s.clone()).unwrap_or_default();
+            async move {
+                axum::response::Html(format!(
+                    "<!doctype html><title>Operator's product</title><h1>Operator's product</h1>\
+                     <iframe id=portal src=\"{src}\" width=1200 height=800></iframe>"
+                ))
+            }
+        }),
+    );
+    let _ = axum::serve(listener, router).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
+    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
+        assert!(
+            std::env::var_os("HERALD_REQUIRE_BROWSER").is_none(),
+            "HERALD_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED (chromium/chromedriver not installed): portal_in_chromium_from_an_sdk_link_to_an_embedded_frame"
+        );
+        return;
+    }
+    // The operator's product, on another origin (localhost vs 127.0.0.1).
+    let framer = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let framer_port = framer.local_addr().expect("addr").port();
+    let src = Arc::new(Mutex::new(String::new()));
+    tokio::spawn(framing_page(framer, src.clone()));
+    let ancestors = format!("http://localhost:{framer_port}");
+    let app = spawn_app(&[("HERALD_PORTAL_FRAME_ANCESTORS", ancestors.as_str())]).await;
+    let rx = Receiver::start().await;
+    let (status, created) = app
+        .post(
+            "/api/v1/app",
+            serde_json::json!({"name": "Acme", "uid": "acme"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let (status, _) = app
+        .post(
+            "/api/v1/event-type",
+            serde_json::json!({"name": "invoice.paid", "description": "An invoice was paid",
+                "schemas": {"1": {"type": "object", "examples": [{"invoice": "inv-42", "amount": 1200}]}}}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let svix = Svix::new(
+        TOKEN.to_owned(),
+        Some(SvixOptions {
+            server_url: Some(app.base.clone()),
+            ..SvixOptions::default()
+        }),
+    );
+    let link = mint(&svix, "acme").await;
+
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser().await;
+    browser.goto(&link).await.expect("open the link");
+    let url = browser.current_url().await.expect("url");
+    assert_eq!(url.path(), "/portal");
+    assert!(
+        url.query().is_none(),
+        "the code left the address bar: {url}"
+    );
+    wait_for_text(&browser, "h1", "Endpoints").await;
+
+    // Add an endpoint pointing at the receiver.
+    click(&browser, "a[href='/portal/endpoint/new']").await;
+    wait_for_text(&browser, "h1", "Add endpoint").await;
+    browser
+        .find(Locator::Css("input[name=url]"))
+        .await
+        .expect("url field")
+        .send_keys(&rx.url("/hook"))
+        .await
+        .expect("type");
+    browser
+        .find(Locator::Css("input[name=description]"))
+        .await
+        .expect("description field")
+        .send_keys("Billing receiver")
+        .await
+        .expect("type");
+    shot(&browser, "portal-endpoint-form.png").await;
+    click(&browser, "form button.primary").await;
+    wait_for_text(&browser, ".flash", "Endpoint added").await;
+    shot(&browser, "portal-endpoints.png").await;
+
+    // Its page: send a test event of the catalogue's type.
+    click(&browser, "td a.clip").await;
+    wait_for_text(&browser, "h1", "Endpoint").await;
+    browser
+        .find(Locator::Css(
+            "select[name=eventType] option[value='invoice.paid']",
+        ))
+        .await
+        .expect("the catalogue's type")
+        .click()
+        .await
+        .expect("choose it");
+    click(&browser, "form[action$='/send-example'] button").await;
+    wait_for_text(&browser, ".flash", "Sent a test invoice.paid event").await;
+    let got = rx.wait_for(1).await;
+    assert!(got[0].headers.contains_key("webhook-signature"), "signed");
+    assert!(
+        String::from_utf8_lossy(&got[0].body).contains("inv-42"),
+        "the schema's example"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        browser.refresh().await.expect("reload");
+        let text = browser
+            .find(Locator::Css("body"))
+            .await
+            .expect("body")
+            .text()
+            .await
+            .unwrap_or_default();
+        if text.contains("succeeded") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the attempt never showed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shot(&browser, "portal-endpoint.png").await;
+    click(&browser, "form[action$='/rotate'] button").await;
+    wait_for_text(&browser, ".flash", "Secret rotated").await;
+
+    click(&browser, "a[href='/portal/event-types']").await;
+    wait_for_text(&browser, "body", "inv-42").await;
+    shot(&browser, "portal-event-types.png").await;
+
+    // The same link again: used.
+    browser.goto(&link).await.expect("open the used link");
+    wait_for_text(&browser, "h1", "This link has expired").await;
+    shot(&browser, "portal-expired.png").await;
+
+    // Embedded in the operator's product, on another origin.
+    let framed_link = mint(&svix, "acme").await;
+    if let Ok(mut s) = src.lock() {
+        *s = framed_link;
+    }
+    browser
+        .goto(&format!("http://localhost:{framer_port}/"))
+        .await
+        .expect("open the framing page");
+    wait_for_text(&browser, "h1", "Operator's product").await;
+    let frame = browser
+        .find(Locator::Css("iframe#portal"))
+        .await
+        .expect("the iframe");
+    frame.enter_frame().await.expect("into the frame");
+    wait_for_text(&browser, "h1", "Endpoints").await;
+    click(&browser, "td a.clip").await;
+    wait_for_text(&browser, "h1", "Endpoint").await;
+    click(&browser, "form[action$='/rotate'] button").await;
+    wait_for_text(&browser, ".flash", "Secret rotated").await;
+    browser.enter_parent_frame().await.expect("back out");
+    shot(&browser, "portal-embedded.png").await;
+    let _ = browser.close().await;
+}
