@@ -176,18 +176,22 @@ pub struct Room {
     cap: usize,
     /// Per endpoint: in flight before this claim, then taken by it.
     used: HashMap<String, usize>,
+    /// Per endpoint: in flight before this claim.
+    before: HashMap<String, usize>,
     taken: usize,
 }
 
 impl Room {
     pub fn new(limit: usize, in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Self {
+        let before: HashMap<String, usize> = in_flight
+            .iter()
+            .map(|(ep, n)| (ep.as_str().to_owned(), *n))
+            .collect();
         Room {
             limit,
             cap,
-            used: in_flight
-                .iter()
-                .map(|(ep, n)| (ep.as_str().to_owned(), *n))
-                .collect(),
+            used: before.clone(),
+            before,
             taken: 0,
         }
     }
@@ -204,18 +208,36 @@ impl Room {
 
     /// Whether one more delivery to `endpoint_id` fits; counts it if so.
     pub fn take(&mut self, endpoint_id: &str) -> bool {
-        self.take_under(endpoint_id, self.cap)
+        self.take_under_cap(endpoint_id)
     }
 
-    /// As [`Room::take`], with the endpoint's cap lowered to `cap` (a FIFO
-    /// endpoint's is 1).
-    pub fn take_under(&mut self, endpoint_id: &str, cap: usize) -> bool {
+    /// As [`Room::take`], for at most one delivery of `endpoint_id` in this
+    /// claim (a FIFO endpoint's head). What the caller counts as in flight
+    /// still bounds it (a breaker's room 0 holds the head too), but does
+    /// not decide one-at-a-time: the store does, since a FIFO endpoint's
+    /// only claimable delivery is its head, and a head that is delivering
+    /// is not due.
+    pub fn take_one(&mut self, endpoint_id: &str) -> bool {
         if self.is_full() {
             return false;
         }
-        let cap = cap.min(self.cap);
+        let before = self.before.get(endpoint_id).copied().unwrap_or(0);
         let n = self.used.entry(endpoint_id.to_owned()).or_default();
-        if *n >= cap {
+        if *n >= self.cap || *n > before {
+            return false;
+        }
+        *n += 1;
+        self.taken += 1;
+        true
+    }
+
+    /// Whether one more delivery to `endpoint_id` fits; counts it if so.
+    fn take_under_cap(&mut self, endpoint_id: &str) -> bool {
+        if self.is_full() {
+            return false;
+        }
+        let n = self.used.entry(endpoint_id.to_owned()).or_default();
+        if *n >= self.cap {
             return false;
         }
         *n += 1;

@@ -3827,16 +3827,29 @@ async fn claim_takes_only_a_fifo_endpoints_head_one_at_a_time(store: Arc<dyn Sto
         second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
         vec![&ms[1].id]
     );
-    // Something of it in flight here (room 0): nothing, even the head.
+    // No room (an open breaker passes the cap as in flight): nothing,
+    // even the head. Room left, however much is counted against the
+    // endpoint (lanes raise the count): the head, and only the head.
     store
         .release(&second[0].id, &second[0].lease_token, T0 + 70_000)
         .await
         .expect("release");
-    let busy: HashMap<EndpointId, usize> = [(ep.id.clone(), 1)].into();
+    let full: HashMap<EndpointId, usize> = [(ep.id.clone(), 100)].into();
     assert!(
-        claim(&store, T0 + 70_000, 100, &busy, 100).await.is_empty(),
+        claim(&store, T0 + 70_000, 100, &full, 100).await.is_empty(),
         "room 0"
     );
+    let counted: HashMap<EndpointId, usize> = [(ep.id.clone(), 60)].into();
+    let head = claim(&store, T0 + 70_000, 100, &counted, 100).await;
+    assert_eq!(
+        head.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),
+        vec![&ms[1].id],
+        "room left: the head alone"
+    );
+    store
+        .release(&head[0].id, &head[0].lease_token, T0 + 70_000)
+        .await
+        .expect("release");
     let second = claim(&store, T0 + 70_000, 100, &none, 100).await;
     assert_eq!(
         second.iter().map(|d| &d.msg_id).collect::<Vec<_>>(),

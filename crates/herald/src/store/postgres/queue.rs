@@ -522,7 +522,7 @@ impl Queue for PostgresStore {
         // the due scan passes their other rows without counting them
         // (rows never queued yet, `queued_at IS NULL`, go in: they are
         // given their place here). Of a FIFO endpoint only its head is
-        // taken, and only with nothing of it in flight here; of a
+        // taken, one per claim (a delivering head is not due); of a
         // throttled one only as many as its slots, which this claim
         // reserves by moving its `endpoint_throttle` row on, locked with
         // SKIP LOCKED (another claim moving it: none this time).
@@ -607,7 +607,7 @@ impl Queue for PostgresStore {
                  LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, n) ON b.endpoint_id = r.endpoint_id \
                  LEFT JOIN thr ON thr.endpoint_id = r.endpoint_id \
                  WHERE r.nth <= $6 - COALESCE(b.n, 0) \
-                   AND (NOT r.fifo OR r.nth <= 1 - COALESCE(b.n, 0)) \
+                   AND (NOT r.fifo OR r.nth <= 1) \
                    AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
                  ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
              queued AS ( \

@@ -452,8 +452,12 @@ fn walk_due_head(
                         head.spare.push((id, endpoint));
                     }
                 } else {
-                    let cap = if rule.fifo { 1 } else { usize::MAX };
-                    if room.take_under(&endpoint, cap) {
+                    let took = if rule.fifo {
+                        room.take_one(&endpoint)
+                    } else {
+                        room.take(&endpoint)
+                    };
+                    if took {
                         let slot = rule.throttle.as_mut().and_then(ThrottleSlots::take);
                         head.picked.push((id, slot));
                         retries += usize::from(retry);
