@@ -65,6 +65,16 @@ pub struct BenchArgs {
     /// claimable work due after them.
     #[arg(long)]
     pub claim_cost: Option<usize>,
+    /// Instead of the delivery runs, time the reads an operator and
+    /// Prometheus make (`/metrics`, an endpoint's stats, the dashboard's
+    /// overview, dead letters and messages pages, an endpoint's attempts
+    /// filtered by status) against `--deliveries` pending deliveries
+    /// seeded in bulk SQL (SQLite, and PostgreSQL with `--postgres`).
+    #[arg(long)]
+    pub reads: bool,
+    /// Deliveries (one per message, over 100 endpoints) for `--reads`.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub deliveries: usize,
     /// Instead of the delivery runs, one of issue 13's claim-rule runs
     /// (`throttle`, `fifo`, `backlog`, `storm`; see `bench_engine`).
     #[arg(long)]
@@ -79,13 +89,13 @@ enum Target {
 }
 
 /// A fresh PostgreSQL schema for one run, dropped afterwards.
-struct Schema {
-    url: String,
-    name: String,
+pub(crate) struct Schema {
+    pub(crate) url: String,
+    pub(crate) name: String,
 }
 
 impl Schema {
-    async fn drop_it(&self) {
+    pub(crate) async fn drop_it(&self) {
         if let Ok(pool) = sqlx::PgPool::connect(&self.url).await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DROP SCHEMA IF EXISTS {} CASCADE",
@@ -476,7 +486,7 @@ async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<(f64, Duration)> {
     Ok((args.messages as f64 / elapsed.as_secs_f64(), cpu))
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -716,6 +726,9 @@ async fn claim_cost(args: &BenchArgs, overdue: usize) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.reads {
+        return reads(&args).await;
+    }
     if let Some(mode) = &args.engine {
         return crate::bench_engine::run(&args, mode).await;
     }
@@ -777,5 +790,331 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
         println!("healthy endpoints' p99 with the stuck ones / without: {ratio:.2}×");
     }
+    Ok(())
+}
+
+/// Endpoints the `--reads` rows spread their deliveries over.
+const READS_ENDPOINTS: usize = 100;
+/// Timed repeats of each read (after one untimed); the median is shown.
+const READS_REPEATS: usize = 5;
+/// Rows seeded per statement.
+const READS_CHUNK: usize = 500_000;
+
+/// One `--reads` row: seeding time and each read's median.
+struct ReadTimes {
+    seed: Duration,
+    reads: Vec<(&'static str, Duration)>,
+}
+
+/// The reads timed, as (column, path); `{ep}` and `{evt}` are filled in.
+const READS: [(&str, &str); 8] = [
+    ("/metrics", "/metrics"),
+    ("endpoint stats", "/api/v1/app/bench/endpoint/{ep}/stats"),
+    (
+        "attempts ?status=0",
+        "/api/v1/app/bench/attempt/endpoint/{ep}?status=0",
+    ),
+    ("dashboard overview", "/dashboard"),
+    ("dead letters page", "/dashboard/dead"),
+    ("messages page", "/dashboard/messages"),
+    (
+        "messages by eventId",
+        "/dashboard/messages?app=bench&id={evt}",
+    ),
+    ("messages ?status=dead", "/dashboard/messages?status=dead"),
+];
+
+/// `herald bench --reads`: the table of read costs (see `--reads`).
+async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
+    let n = args.deliveries;
+    println!(
+        "herald bench --reads: {n} pending deliveries (one per message, {READS_ENDPOINTS} endpoints, \
+         an attempt for every tenth), median of {READS_REPEATS}, {}",
+        machine()
+    );
+    let header: Vec<&str> = READS.iter().map(|(name, _)| *name).collect();
+    println!("| store | deliveries | seed | {} |", header.join(" | "));
+    println!("|---|---|---|{}", "---|".repeat(READS.len()));
+    let mut targets = vec![("SQLite", Target::Sqlite)];
+    if let Some(url) = &args.postgres {
+        targets.push((
+            "PostgreSQL",
+            Target::Postgres {
+                url: url.clone(),
+                workers: 0,
+            },
+        ));
+    }
+    for (label, target) in targets {
+        let r = reads_run(&target, n).await?;
+        let cells: Vec<String> = r
+            .reads
+            .iter()
+            .map(|(_, d)| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
+            .collect();
+        println!(
+            "| {label} | {n} | {:.0} s | {} |",
+            r.seed.as_secs_f64(),
+            cells.join(" | ")
+        );
+    }
+    Ok(())
+}
+
+async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
+    use crate::ids::{AppId, EndpointId};
+    use crate::store::{App, Endpoint};
+
+    let dir = tempfile::tempdir()?;
+    let token = "bench-admin-token-0123456789";
+    let db_path = dir.path().join("reads.db");
+    let mut config = Config {
+        database_url: format!("sqlite://{}", db_path.display()),
+        admin_token: Some(token.into()),
+        ..Config::load(None)?
+    };
+    let mut schema = None;
+    if let Target::Postgres { url, .. } = target {
+        let name = format!(
+            "herald_bench_{}",
+            ulid::Ulid::new().to_string().to_ascii_lowercase()
+        );
+        config.database_url = url.clone();
+        config.database_schema = name.clone();
+        schema = Some(Schema {
+            url: url.clone(),
+            name,
+        });
+    }
+    let now = crate::store::now_millis();
+    let backend = server::open_store(&config).await?;
+    let store = backend.store();
+    let app = App {
+        id: AppId::generate(),
+        uid: Some("bench".to_owned()),
+        name: "bench".to_owned(),
+        rate_limit: None,
+        metadata: Default::default(),
+        created_at: now,
+        updated_at: now,
+    };
+    store.create_app(&app).await?;
+    let mut first_endpoint = None;
+    for _ in 0..READS_ENDPOINTS {
+        let e = Endpoint {
+            id: EndpointId::generate(),
+            app_id: app.id.clone(),
+            uid: None,
+            url: "http://127.0.0.1:9/".to_owned(),
+            description: String::new(),
+            filter_types: None,
+            disabled: false,
+            rate_limit: None,
+            metadata: Default::default(),
+            channels: None,
+            ordering: Default::default(),
+            headers: Default::default(),
+            secret: herald_signing::Secret::generate().expose(),
+            created_at: now,
+            updated_at: now,
+        };
+        store.create_endpoint(&e).await?;
+        first_endpoint.get_or_insert(e.id);
+    }
+    backend.close().await;
+    let ep = first_endpoint.context("no endpoint")?;
+
+    // Created over the last day, all due, all pending.
+    let t0 = now - 86_400_000;
+    let began = Instant::now();
+    match (&schema, target) {
+        (Some(schema), Target::Postgres { .. }) => seed_postgres(schema, &app.id, n, t0).await?,
+        _ => {
+            let path = db_path.clone();
+            let app_id = app.id.as_str().to_owned();
+            tokio::task::spawn_blocking(move || seed_sqlite(&path, &app_id, n, t0)).await??
+        }
+    }
+    let seed = began.elapsed();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let running = server::start(config.clone(), Some(listener), Role::Api).await?;
+    let base = format!("http://{}", running.addr.context("the API listens")?);
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let login = client
+        .post(format!("{base}/dashboard/login"))
+        .form(&[("token", token)])
+        .send()
+        .await?;
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .context("the dashboard log-in set no cookie")?
+        .to_owned();
+    let event_id = format!("evt-{}", n / 2);
+    let mut times = Vec::new();
+    for (name, path) in READS {
+        let path = path
+            .replace("{ep}", ep.as_str())
+            .replace("{evt}", &event_id);
+        let mut took = Vec::with_capacity(READS_REPEATS);
+        for i in 0..=READS_REPEATS {
+            if path == "/metrics" {
+                // A scrape within SCRAPE_FRESH of another reads nothing.
+                tokio::time::sleep(crate::metrics::SCRAPE_FRESH + Duration::from_millis(100)).await;
+            }
+            let began = Instant::now();
+            let resp = client
+                .get(format!("{base}{path}"))
+                .bearer_auth(token)
+                .header(reqwest::header::COOKIE, &cookie)
+                .send()
+                .await?;
+            let status = resp.status();
+            let body = resp.bytes().await?;
+            let elapsed = began.elapsed();
+            if !status.is_success() {
+                bail!(
+                    "{path}: {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(300)])
+                );
+            }
+            if i > 0 {
+                took.push(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+            }
+        }
+        took.sort_unstable();
+        times.push((name, percentile(&took, 50.0)));
+    }
+    running.shutdown().await?;
+    if let Some(schema) = schema {
+        schema.drop_it().await;
+    }
+    Ok(ReadTimes { seed, reads: times })
+}
+
+/// `n` messages with one pending, due delivery each (round-robin over the
+/// endpoints), and a failed attempt for every tenth, in bulk SQL.
+fn seed_sqlite(path: &std::path::Path, app: &str, n: usize, t0: i64) -> anyhow::Result<()> {
+    let mut c = rusqlite::Connection::open(path)?;
+    c.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF;
+         CREATE TEMP TABLE eps (k INTEGER PRIMARY KEY, id TEXT NOT NULL);
+         INSERT INTO eps SELECT row_number() OVER (ORDER BY id) - 1, id FROM endpoints;",
+    )?;
+    let eps: i64 = c.query_row("SELECT COUNT(*) FROM eps", [], |r| r.get(0))?;
+    let mut from = 0usize;
+    while from < n {
+        let to = (from + READS_CHUNK).min(n);
+        let (lo, hi) = (i64::try_from(from)?, i64::try_from(to)?);
+        let tx = c.transaction()?;
+        let seq =
+            "WITH RECURSIVE seq(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM seq WHERE i + 1 < ?2)";
+        tx.execute(
+            &format!(
+                "{seq} INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
+                 SELECT printf('msg_%026d', i), ?3, 'bench.event', 'evt-' || i, '{{\"n\":1}}', ?4 + i FROM seq"
+            ),
+            rusqlite::params![lo, hi, app, t0],
+        )?;
+        tx.execute(
+            &format!(
+                "{seq} INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, attempts, \
+                 next_attempt_at, cycle_started_at, created_at, updated_at) \
+                 SELECT printf('dlv_%026d', i), printf('msg_%026d', i), eps.id, ?3, 0, 1, \
+                 ?4 + i, ?4 + i, ?4 + i, ?4 + i FROM seq JOIN eps ON eps.k = i % ?5"
+            ),
+            rusqlite::params![lo, hi, app, t0, eps],
+        )?;
+        tx.execute(
+            &format!(
+                "{seq} INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, \
+                 attempt_number, started_at, duration_ms, status_code, response, error, success, manual) \
+                 SELECT printf('atmpt_%026d', i), printf('dlv_%026d', i), printf('msg_%026d', i), eps.id, ?3, \
+                 'http://127.0.0.1:9/', 1, ?4 + i, 5, 500, 'busy', NULL, 0, 0 \
+                 FROM seq JOIN eps ON eps.k = i % ?5 WHERE i % 10 = 0"
+            ),
+            rusqlite::params![lo, hi, app, t0, eps],
+        )?;
+        tx.commit()?;
+        from = to;
+    }
+    Ok(())
+}
+
+/// As [`seed_sqlite`], with `generate_series`.
+async fn seed_postgres(
+    schema: &Schema,
+    app: &crate::ids::AppId,
+    n: usize,
+    t0: i64,
+) -> anyhow::Result<()> {
+    use sqlx::{Connection, Executor};
+    let mut c = sqlx::PgConnection::connect(&schema.url).await?;
+    c.execute(sqlx::AssertSqlSafe(format!(
+        "SET search_path TO \"{}\"",
+        schema.name
+    )))
+    .await?;
+    let eps = "(SELECT row_number() OVER (ORDER BY id) - 1 AS k, id FROM endpoints)";
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM endpoints")
+        .fetch_one(&mut c)
+        .await?;
+    let mut from = 0usize;
+    while from < n {
+        let to = (from + READS_CHUNK).min(n);
+        let (lo, hi) = (i64::try_from(from)?, i64::try_from(to)? - 1);
+        let mut tx = c.begin().await?;
+        sqlx::query(
+            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
+             SELECT 'msg_' || lpad(i::text, 26, '0'), $3, 'bench.event', 'evt-' || i, '{\"n\":1}', $4 + i \
+             FROM generate_series($1::int8, $2::int8) i",
+        )
+        .bind(lo)
+        .bind(hi)
+        .bind(app.as_str())
+        .bind(t0)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, attempts, \
+             next_attempt_at, cycle_started_at, created_at, updated_at) \
+             SELECT 'dlv_' || lpad(i::text, 26, '0'), 'msg_' || lpad(i::text, 26, '0'), e.id, $3, 0, 1, \
+             $4 + i, $4 + i, $4 + i, $4 + i \
+             FROM generate_series($1::int8, $2::int8) i JOIN {eps} e ON e.k = i % $5"
+        )))
+        .bind(lo)
+        .bind(hi)
+        .bind(app.as_str())
+        .bind(t0)
+        .bind(count)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
+             started_at, duration_ms, status_code, response, error, success, manual) \
+             SELECT 'atmpt_' || lpad(i::text, 26, '0'), 'dlv_' || lpad(i::text, 26, '0'), \
+             'msg_' || lpad(i::text, 26, '0'), e.id, $3, 'http://127.0.0.1:9/', 1, $4 + i, 5, 500, \
+             'busy', NULL, FALSE, FALSE \
+             FROM generate_series($1::int8, $2::int8) i JOIN {eps} e ON e.k = i % $5 WHERE i % 10 = 0"
+        )))
+        .bind(lo)
+        .bind(hi)
+        .bind(app.as_str())
+        .bind(t0)
+        .bind(count)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        from = to;
+    }
+    // What autovacuum would do soon after a bulk load: the planner's
+    // figures for the new rows.
+    c.execute("ANALYZE").await?;
+    c.close().await?;
     Ok(())
 }

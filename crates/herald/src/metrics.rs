@@ -11,8 +11,9 @@
 //! | `herald_dispatch_released_total` | counter | `reason` | claimed deliveries given back unsent (pending, due now, no attempt spent): `lease` (too little of the lease was left to cover a whole request when the endpoint's gate let it through), `disabled` (the endpoint was disabled or answered 410 while it waited), `circuit` (its circuit breaker opened while it waited, or it is half-open and this was not the probe), `shutdown` |
 //! | `herald_completions_unrecorded_total` | counter | | finished attempts whose outcome could not be written (the store unreachable for a lease, or at shutdown; or refusing the row even without its response text): each is logged at error level with its delivery id, and the delivery stays as it was until its lease ends |
 //! | `herald_deliveries` | gauge | `state` | deliveries `pending`, `delivering` or `dead` in the store |
-//! | `herald_due_backlog` | gauge | | pending deliveries due now (including those held for busy or disabled endpoints) |
-//! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery has been waiting; 0 when none is due |
+//! | `herald_due_backlog` | gauge | | pending deliveries due now for enabled endpoints (busy ones included; held deliveries are not counted), counted up to `DUE_COUNT_CAP` (10,000; that value means "at least") |
+//! | `herald_oldest_due_age_seconds` | gauge | | how long the oldest due delivery (not held) has been waiting; 0 when none is due |
+//! | `herald_deliveries_held` | gauge | | pending deliveries held for disabled endpoints: they wait for the endpoint's enabling, not for a slot |
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
 //! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
 //! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
@@ -63,6 +64,7 @@ pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
 pub const DELIVERIES: &str = "herald_deliveries";
 pub const DUE_BACKLOG: &str = "herald_due_backlog";
 pub const OLDEST_DUE_AGE: &str = "herald_oldest_due_age_seconds";
+pub const DELIVERIES_HELD: &str = "herald_deliveries_held";
 pub const THROTTLE_WAITING: &str = "herald_throttle_waiting";
 /// Throttled endpoints with a `herald_throttle_waiting` series of their
 /// own; any tenant may set a rate, so the labels are bounded.
@@ -159,7 +161,12 @@ fn describe() {
     describe_gauge!(
         DUE_BACKLOG,
         Unit::Count,
-        "Pending deliveries due now, including those held for busy or disabled endpoints."
+        "Pending deliveries due now for enabled endpoints (held ones are not counted)."
+    );
+    describe_gauge!(
+        DELIVERIES_HELD,
+        Unit::Count,
+        "Pending deliveries held for disabled endpoints."
     );
     describe_gauge!(
         OLDEST_DUE_AGE,
@@ -309,6 +316,7 @@ fn set_queue_gauges(stats: &QueueStats, now: Millis) {
     ::metrics::gauge!(DELIVERIES, "state" => "delivering").set(n(stats.delivering));
     ::metrics::gauge!(DELIVERIES, "state" => "dead").set(n(stats.dead));
     ::metrics::gauge!(DUE_BACKLOG).set(n(stats.due));
+    ::metrics::gauge!(DELIVERIES_HELD).set(n(stats.held));
     let oldest_ms = stats
         .oldest_due_at
         .map_or(0, |at| now.saturating_sub(at).max(0));

@@ -581,11 +581,27 @@ pub async fn resend(
     app: ResolvedApp,
     Path((_app_id, msg_id, endpoint_id)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
-    let message = find_message(&state, &app.id, &msg_id).await?;
-    let endpoint = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    resend_to(&state, &actor, &app.id, &msg_id, &endpoint_id).await?;
+    Ok(accepted_empty())
+}
+
+/// The resend behind the API's route and the dashboard's (and portal's)
+/// resend buttons: finds the message (id or `eventId`) and the endpoint
+/// (id or uid) in `app`, queues one manual attempt now, wakes the
+/// dispatcher and writes `message.resent` to the audit log; returns the
+/// message's id.
+pub async fn resend_to(
+    state: &ApiState,
+    actor: &Actor,
+    app: &crate::ids::AppId,
+    msg_id: &str,
+    endpoint_id: &str,
+) -> ApiResult<crate::ids::MsgId> {
+    let message = find_message(state, app, msg_id).await?;
+    let endpoint = find_endpoint(state, app, endpoint_id).await?;
     match state
         .store
-        .resend(&app.id, &message.id, &endpoint.id, now_millis())
+        .resend(app, &message.id, &endpoint.id, now_millis())
         .await?
     {
         ResendOutcome::Queued => {
@@ -594,12 +610,12 @@ pub async fn resend(
                 .record(
                     &*state.store,
                     "message.resent",
-                    Some(&app.id),
+                    Some(app),
                     message.id.as_str(),
                     serde_json::json!({ "endpoint": endpoint.id }),
                 )
                 .await;
-            Ok(accepted_empty())
+            Ok(message.id)
         }
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
         ResendOutcome::Expunged => Err(ApiError::Conflict(

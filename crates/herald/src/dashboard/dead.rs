@@ -121,7 +121,7 @@ impl FilterText {
 
 /// A time as typed in the filter form: RFC 3339, or `2026-11-30 08:00`
 /// (seconds and the time optional), read as UTC.
-fn parse_time(field: &str, text: &str) -> Result<Option<Millis>, String> {
+pub(super) fn parse_time(field: &str, text: &str) -> Result<Option<Millis>, String> {
     if text.is_empty() {
         return Ok(None);
     }

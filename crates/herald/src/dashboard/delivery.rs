@@ -27,7 +27,7 @@ pub struct DeliveryQuery {
 
 /// The most of a payload shown, re-indented (the whole one is in the API):
 /// the page stays small whatever a tenant sends.
-const SHOWN_PAYLOAD_BYTES: usize = 256 * 1024;
+pub(super) const SHOWN_PAYLOAD_BYTES: usize = 256 * 1024;
 /// Indentation stops growing past this depth, so a line never costs more
 /// than this however deep the payload nests.
 const MAX_INDENT_DEPTH: usize = 32;
@@ -328,10 +328,10 @@ pub fn attempts_table(attempts: &[AttemptRecord], now: Millis, with_delivery: bo
 }
 
 /// A payload as the page shows it.
-struct ShownPayload {
-    text: String,
+pub(super) struct ShownPayload {
+    pub text: String,
     /// Cut at the limit.
-    cut: bool,
+    pub cut: bool,
 }
 
 /// JSON text re-indented for reading, keeping every token exactly as it
@@ -341,7 +341,7 @@ struct ShownPayload {
 /// [`MAX_INDENT_DEPTH`]: the work and the text are linear in the payload
 /// and bounded, however deep it nests (re-indenting 100,000 nested arrays
 /// in full would take 10 GB).
-fn pretty_json(raw: &str, limit: usize) -> ShownPayload {
+pub(super) fn pretty_json(raw: &str, limit: usize) -> ShownPayload {
     if serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
         let mut end = raw.len().min(limit);
         while !raw.is_char_boundary(end) {

@@ -50,7 +50,7 @@ tr.disabled td:first-child { box-shadow: inset 3px 0 #8c959f; }
 code, pre, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12.5px; }
 pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; padding: 12px;
       overflow: auto; max-height: 520px; margin: 0; }
-.cards { display: grid; grid-template-columns: repeat(6, minmax(0, 1fr)); gap: 12px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(120px, 1fr)); gap: 12px; }
 .card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; }
 .card .label { font-size: 12px; color: var(--muted); }
 .card .value { font-size: 22px; font-weight: 600; font-variant-numeric: tabular-nums; }
@@ -151,6 +151,8 @@ pub static CONTENT_SECURITY_POLICY: LazyLock<String> =
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Nav {
     Overview,
+    Messages,
+    Apps,
     Dead,
     Audit,
     Other,
@@ -275,6 +277,8 @@ pub(crate) fn framed(frame: Frame<'_>, title: &str, body: Markup) -> Markup {
 pub fn page(session: &Authed, title: &str, nav: Nav, body: Markup) -> Markup {
     let links = html! {
         a.active[nav == Nav::Overview] href="/dashboard" { "Overview" }
+        a.active[nav == Nav::Messages] href="/dashboard/messages" { "Messages" }
+        a.active[nav == Nav::Apps] href="/dashboard/apps" { "Applications" }
         a.active[nav == Nav::Dead] href="/dashboard/dead" { "Dead letters" }
         a.active[nav == Nav::Audit] href="/dashboard/audit" { "Audit log" }
     };

@@ -20,10 +20,12 @@ use maud::Markup;
 use crate::api::{ApiError, ApiState};
 use crate::store::StoreError;
 
+pub mod apps;
 mod audit;
 mod dead;
 mod delivery;
 mod endpoint;
+pub mod finder;
 pub(crate) mod layout;
 pub(crate) mod overview;
 pub(crate) mod session;
@@ -40,6 +42,14 @@ pub fn router() -> Router<ApiState> {
         .route("/logout", post(session::logout))
         .route("/dead", get(dead::page))
         .route("/audit", get(audit::page))
+        .route("/messages", get(finder::messages_page))
+        .route("/apps", get(apps::apps_page))
+        .route("/app/{app_id}", get(apps::app_page))
+        .route("/app/{app_id}/msg/{msg_id}", get(finder::message_page))
+        .route(
+            "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
+            post(finder::resend),
+        )
         .route("/dead/replay", post(dead::replay))
         .route("/app/{app_id}/delivery/{delivery_id}", get(delivery::page))
         .route(
@@ -187,7 +197,7 @@ fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Stri
 /// (older rows) or `before` one (newer rows). The store pages forwards
 /// only, so a `before` page is read ascending and turned around.
 #[derive(Debug, Default, Clone)]
-struct Cursor {
+pub struct Cursor {
     after: Option<String>,
     before: Option<String>,
 }
@@ -202,7 +212,7 @@ struct Listed<T> {
 }
 
 impl Cursor {
-    fn new(after: &Option<String>, before: &Option<String>) -> Self {
+    pub fn new(after: &Option<String>, before: &Option<String>) -> Self {
         let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
         Cursor {
             after: nonempty(after),

@@ -92,7 +92,7 @@ pub async fn page(
         @if rows.is_empty() {
             p.muted { "No endpoints yet." }
         } @else {
-            (endpoint_table(&rows, &healths, now))
+            (endpoint_table("/dashboard", &rows, &healths, now))
         }
         (layout::pager(prev, next, None))
     };
@@ -108,8 +108,17 @@ fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {
         div.cards {
             div.card { div.label { "Pending" } div.value { (stats.pending) } }
             div.card { div.label { "Delivering" } div.value { (stats.delivering) } }
-            div.card { div.label { "Due now" } div.value { (stats.due) } }
+            div.card title="Pending deliveries of enabled endpoints whose time has come" {
+                div.label { "Due now" }
+                div.value {
+                    // Counted up to the cap (a bounded walk): past it, "at least".
+                    @if stats.due >= crate::store::DUE_COUNT_CAP { "≥ " } (stats.due)
+                }
+            }
             div.card { div.label { "Oldest due" } div.value { (oldest) } }
+            div.card title="Pending deliveries held for disabled endpoints: they wait for the endpoint to be enabled" {
+                div.label { "Held" } div.value { (stats.held) }
+            }
             div.card.alert[stats.dead > 0] {
                 div.label { a href="/dashboard/dead" { "Dead letters" } }
                 div.value { (stats.dead) }
@@ -154,7 +163,14 @@ fn window_cells(w: &WindowFigures) -> Markup {
     }
 }
 
-fn endpoint_table(rows: &[EndpointOverview], healths: &[EndpointHealth], now: Millis) -> Markup {
+/// Endpoints with their health, one a row; links start at `base`
+/// (`/dashboard`, or the portal's prefix).
+pub fn endpoint_table(
+    base: &str,
+    rows: &[EndpointOverview],
+    healths: &[EndpointHealth],
+    now: Millis,
+) -> Markup {
     html! {
         div.scroll {
             table {
@@ -178,13 +194,13 @@ fn endpoint_table(rows: &[EndpointOverview], healths: &[EndpointHealth], now: Mi
                 tbody {
                     @for (row, health) in rows.iter().zip(healths) {
                         @let ep = &row.endpoint;
-                        @let href = format!("/dashboard/app/{}/endpoint/{}", ep.app_id, ep.id);
+                        @let href = format!("{base}/app/{}/endpoint/{}", ep.app_id, ep.id);
                         tr.failing[!health.disabled && health.failure_streak > 0]
                             .disabled[health.disabled] {
                             td {
                                 a.clip href=(href) title=(ep.url) { (truncate(&ep.url, 56)) }
                                 div.small.muted.nowrap {
-                                    a.muted href=(format!("/dashboard?app={}", ep.app_id)) { (row.app_name) }
+                                    a.muted href=(format!("{base}/app/{}", ep.app_id)) { (row.app_name) }
                                     " · " span.mono { (ep.id) }
                                 }
                             }

@@ -55,16 +55,29 @@ impl DeliveryCounts {
     }
 }
 
-/// Counts for metrics and the dashboard, read from indexes only.
+/// Due deliveries are counted up to this many (a bounded walk of the claim
+/// index: whether a delivery is due depends on the time, so no counter
+/// keeps it); `QueueStats::due` equal to it means "at least this many".
+pub const DUE_COUNT_CAP: u64 = 10_000;
+
+/// Counts for metrics and the dashboard: totals from the counters the
+/// stores keep as deliveries change state (`delivery_counts`), due ones by
+/// a bounded walk of the claim index; none costs more with a longer
+/// history or a deeper backlog.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueStats {
     pub pending: u64,
     pub delivering: u64,
     pub dead: u64,
-    /// Pending deliveries due now (including those held for disabled or
-    /// busy endpoints).
+    /// Pending deliveries due now that a claim may take: those of enabled
+    /// endpoints (busy ones included). Held deliveries are not counted.
+    /// Counted up to [`DUE_COUNT_CAP`] (which then means "at least").
     pub due: u64,
+    /// The earliest `next_attempt_at` among the `due` ones.
     pub oldest_due_at: Option<Millis>,
+    /// Pending deliveries held for disabled endpoints (due or not): they
+    /// wait for the endpoint's enabling, not for a sending slot.
+    pub held: u64,
     pub disabled_endpoints: u64,
 }
 

@@ -29,6 +29,7 @@ mod audit;
 mod circuits;
 mod endpoints;
 mod event_types;
+mod finder;
 mod health;
 mod history;
 pub mod postgres;
@@ -53,7 +54,10 @@ pub use endpoints::{
     MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
-pub use health::{DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket};
+pub use finder::{FindFilter, Finder, FoundMessage};
+pub use health::{
+    DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket, DUE_COUNT_CAP,
+};
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
@@ -76,8 +80,8 @@ pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
 /// store: `use crate::store::prelude::*;`.
 pub mod prelude {
     pub use super::{
-        Apps, Audit, Circuits, Endpoints, EventTypes, Health, History, Queue, Replay, Retention,
-        Secrets, Sessions, Settings, Store, Tokens,
+        Apps, Audit, Circuits, Endpoints, EventTypes, Finder, Health, History, Queue, Replay,
+        Retention, Secrets, Sessions, Settings, Store, Tokens,
     };
 }
 
@@ -188,6 +192,7 @@ pub trait Store:
     + Queue
     + Replay
     + History
+    + Finder
     + Health
     + Tokens
     + Audit
@@ -209,6 +214,7 @@ impl<T> Store for T where
         + Queue
         + Replay
         + History
+        + Finder
         + Health
         + Tokens
         + Audit

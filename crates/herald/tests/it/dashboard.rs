@@ -692,6 +692,65 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
         attempts.contains("failed"),
         "the first attempt is listed too"
     );
+
+    // "What happened to event inv-42 of Acme?" in two clicks: search the
+    // eventId, open the message.
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            json!({"eventType": "invoice.paid", "eventId": "inv-42", "payload": {"invoice": "inv-42"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{out}");
+    let inv42 = out["id"].as_str().expect("msg id").to_owned();
+    assert_eq!(app.step().await.delivered, 1);
+    browser
+        .goto(&app.url("/dashboard/messages"))
+        .await
+        .expect("open messages");
+    browser
+        .find(Locator::Css(r#"form.filters input[name="id"]"#))
+        .await
+        .expect("the id field")
+        .send_keys("inv-42")
+        .await
+        .expect("type the eventId");
+    browser
+        .find(Locator::Css("form.filters button[type=submit]"))
+        .await
+        .expect("search button")
+        .click()
+        .await
+        .expect("click 1: search");
+    // The unfiltered list had inv-42 too: wait for the search's own page.
+    let deadline = Instant::now() + PATIENCE;
+    while !browser
+        .current_url()
+        .await
+        .is_ok_and(|u| u.query().is_some_and(|q| q.contains("id=inv-42")))
+    {
+        assert!(Instant::now() < deadline, "the search never loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let found = wait_for_text(&browser, "table.messages", "inv-42").await;
+    assert!(found.contains("1 delivered"), "{found}");
+    assert!(!found.contains(&msg), "only the matching message: {found}");
+    save_screenshot(&browser, "dashboard-messages.png").await;
+    browser
+        .find(Locator::Css(&format!(
+            r#"table.messages a[href$="/msg/{inv42}"]"#
+        )))
+        .await
+        .expect("the message's link")
+        .click()
+        .await
+        .expect("click 2: the message");
+    let deliveries = wait_for_text(&browser, "table.deliveries", "delivered").await;
+    assert!(deliveries.contains("/hooks/billing"), "{deliveries}");
+    let payload = wait_for_text(&browser, "pre.payload", "inv-42").await;
+    assert!(payload.contains("\"invoice\""), "{payload}");
+    wait_for_text(&browser, "table.attempts", "success").await;
+    save_screenshot(&browser, "dashboard-message.png").await;
     browser.close().await.expect("browser closes");
     drop(driver);
     app.shutdown().await;

@@ -15,6 +15,7 @@ mod endpoint_health;
 mod endpoint_writes;
 mod engine;
 mod expunge;
+mod finder;
 mod gates;
 mod helpers;
 mod lanes;

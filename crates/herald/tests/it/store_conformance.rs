@@ -180,6 +180,10 @@ backends!(
     only_auto_disabled_endpoints_collect_new_messages,
     dead_letters_filter_across_apps_and_replay_in_bulk,
     queue_stats_count_live_dead_due_and_disabled,
+    queue_stats_count_held_deliveries_apart_from_due_ones,
+    find_messages_filters_by_each_field_within_the_scope,
+    find_apps_by_name_uid_or_id,
+    delivery_counts_stay_exact_through_every_state_change,
     overview_lists_failing_endpoints_first,
     rotated_secrets_sign_until_their_grace_ends,
     event_types_are_created_listed_updated_and_deleted,
@@ -2305,11 +2309,435 @@ async fn queue_stats_count_live_dead_due_and_disabled(store: Arc<dyn Store>) {
             dead: 1,
             due: 1,
             oldest_due_at: Some(T0),
+            held: 0,
             disabled_endpoints: 1,
         }
     );
     let later = store.queue_stats(T0 + 60_000).await.expect("stats");
     assert_eq!((later.due, later.oldest_due_at), (2, Some(T0)));
+}
+
+async fn queue_stats_count_held_deliveries_apart_from_due_ones(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let open = endpoint(&store, &a.id, None, false).await;
+    let paused = endpoint(&store, &a.id, None, false).await;
+    let ms: Vec<_> = (0..3).map(|_| message(&a.id, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    assert!(store
+        .disable_endpoint(&paused.id, "receiver down", false, None, T0)
+        .await
+        .expect("disable"));
+    let stats = store.queue_stats(T0 + 1).await.expect("stats");
+    // Three due for the open endpoint; the paused one's three are held,
+    // pending but neither due nor the oldest due.
+    assert_eq!(
+        (
+            stats.pending,
+            stats.due,
+            stats.held,
+            stats.disabled_endpoints
+        ),
+        (6, 3, 3, 1)
+    );
+    assert_eq!(stats.oldest_due_at, Some(T0));
+    let got = claim(&store, T0 + 1, 10, &HashMap::new(), 10).await;
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|d| d.endpoint_id == open.id));
+    let stats = store.queue_stats(T0 + 2).await.expect("stats");
+    assert_eq!((stats.due, stats.held, stats.oldest_due_at), (0, 3, None));
+    store
+        .enable_endpoint(&a.id, &paused.id, T0 + 3, 0)
+        .await
+        .expect("enable")
+        .expect("exists");
+    let stats = store.queue_stats(T0 + 4).await.expect("stats");
+    assert_eq!((stats.due, stats.held), (3, 0));
+}
+
+async fn find_messages_filters_by_each_field_within_the_scope(store: Arc<dyn Store>) {
+    let acme = app(&store, Some("acme")).await;
+    let other = app(&store, Some("other")).await;
+    let ep = endpoint(&store, &acme.id, None, false).await;
+    endpoint(&store, &other.id, None, false).await;
+    let mut inv42 = message(&acme.id, "invoice.paid", Some("inv-42"));
+    inv42.created_at = T0 + 10;
+    let mut inv43 = message(&acme.id, "invoice.paid", Some("inv-43"));
+    inv43.created_at = T0 + 20;
+    let mut order = message(&acme.id, "order.created", None);
+    order.created_at = T0 + 30;
+    let mut elsewhere = message(&other.id, "invoice.paid", Some("inv-42"));
+    elsewhere.created_at = T0 + 10;
+    store
+        .insert_messages(&[
+            inv42.clone(),
+            inv43.clone(),
+            order.clone(),
+            elsewhere.clone(),
+        ])
+        .await
+        .expect("insert");
+    // inv-42 delivered, the order dead, inv-43 left pending.
+    let got = claim(&store, T0 + 40, 10, &HashMap::new(), 10).await;
+    let of = |m: &NewMessage| {
+        got.iter()
+            .find(|d| d.msg_id == m.id)
+            .expect("claimed")
+            .clone()
+    };
+    store
+        .complete(&[
+            completion(&of(&inv42), NextState::Delivered, T0 + 41),
+            completion(&of(&order), NextState::Dead(DeadReason::Exhausted), T0 + 41),
+        ])
+        .await
+        .expect("complete");
+    let pending = of(&inv43);
+    store
+        .release(&pending.id, &pending.lease_token, T0 + 42)
+        .await
+        .expect("release");
+
+    let find = |filter: FindFilter| {
+        let store = store.clone();
+        async move {
+            let page = store
+                .find_messages(
+                    &filter,
+                    &PageReq {
+                        limit: 10,
+                        ..PageReq::default()
+                    },
+                )
+                .await
+                .expect("find");
+            page.items.into_iter().map(|m| m.id).collect::<Vec<_>>()
+        }
+    };
+    let in_acme = |f: FindFilter| FindFilter {
+        app: Some(acme.id.clone()),
+        ..f
+    };
+    // Newest first; all apps unless scoped.
+    assert_eq!(
+        find(FindFilter::default()).await,
+        vec![
+            elsewhere.id.clone(),
+            order.id.clone(),
+            inv43.id.clone(),
+            inv42.id.clone()
+        ]
+    );
+    assert_eq!(
+        find(in_acme(FindFilter::default())).await,
+        vec![order.id.clone(), inv43.id.clone(), inv42.id.clone()]
+    );
+    let by_event_id = FindFilter {
+        id_or_event_id: Some("inv-42".into()),
+        ..FindFilter::default()
+    };
+    assert_eq!(
+        find(by_event_id.clone()).await,
+        vec![elsewhere.id.clone(), inv42.id.clone()]
+    );
+    assert_eq!(find(in_acme(by_event_id)).await, vec![inv42.id.clone()]);
+    let by_id = FindFilter {
+        id_or_event_id: Some(order.id.as_str().to_owned()),
+        ..FindFilter::default()
+    };
+    assert_eq!(find(by_id.clone()).await, vec![order.id.clone()]);
+    let other_scope = FindFilter {
+        app: Some(other.id.clone()),
+        ..by_id
+    };
+    assert!(
+        find(other_scope).await.is_empty(),
+        "another app's id finds nothing"
+    );
+    let by_type = FindFilter {
+        event_type: Some("invoice.paid".into()),
+        ..FindFilter::default()
+    };
+    assert_eq!(
+        find(in_acme(by_type)).await,
+        vec![inv43.id.clone(), inv42.id.clone()]
+    );
+    for (state, want) in [
+        (DeliveryState::Delivered, vec![inv42.id.clone()]),
+        (DeliveryState::Dead, vec![order.id.clone()]),
+        (DeliveryState::Pending, vec![inv43.id.clone()]),
+        (DeliveryState::Delivering, vec![]),
+    ] {
+        let f = in_acme(FindFilter {
+            status: Some(state),
+            ..FindFilter::default()
+        });
+        assert_eq!(find(f).await, want, "{state:?}");
+    }
+    let window = in_acme(FindFilter {
+        created_after: Some(T0 + 20),
+        created_before: Some(T0 + 30),
+        ..FindFilter::default()
+    });
+    assert_eq!(find(window).await, vec![inv43.id.clone()]);
+
+    // Each with its deliveries counted by state, and its app's name.
+    let page = store
+        .find_messages(
+            &in_acme(FindFilter::default()),
+            &PageReq {
+                limit: 2,
+                ..PageReq::default()
+            },
+        )
+        .await
+        .expect("find");
+    assert!(page.has_more);
+    assert_eq!(page.items.len(), 2);
+    assert_eq!(page.items[0].deliveries.dead, 1);
+    assert_eq!(page.items[1].deliveries.pending, 1);
+    assert_eq!(page.items[1].event_id.as_deref(), Some("inv-43"));
+    assert_eq!(page.items[0].app_name, acme.name);
+    let next = store
+        .find_messages(
+            &in_acme(FindFilter::default()),
+            &PageReq {
+                limit: 2,
+                after: Some(page.items[1].id.as_str().to_owned()),
+                ..PageReq::default()
+            },
+        )
+        .await
+        .expect("find");
+    assert_eq!(
+        next.items.iter().map(|m| m.id.clone()).collect::<Vec<_>>(),
+        vec![inv42.id.clone()]
+    );
+    assert_eq!(next.items[0].deliveries.delivered, 1);
+    assert!(!next.has_more);
+    let _ = ep;
+}
+
+async fn find_apps_by_name_uid_or_id(store: Arc<dyn Store>) {
+    let mut acme = app(&store, Some("acme-uid")).await;
+    acme.name = "Acme 100% Shop".into();
+    assert!(store.update_app(&acme).await.expect("update"));
+    let mut other = app(&store, Some("initech")).await;
+    other.name = "Initech".into();
+    assert!(store.update_app(&other).await.expect("update"));
+    let find = |q: Option<&str>| {
+        let store = store.clone();
+        let q = q.map(str::to_owned);
+        async move {
+            store
+                .find_apps(
+                    q.as_deref(),
+                    &PageReq {
+                        limit: 10,
+                        ..PageReq::default()
+                    },
+                )
+                .await
+                .expect("find apps")
+                .items
+                .into_iter()
+                .map(|a| a.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(find(None).await, vec![other.id.clone(), acme.id.clone()]);
+    assert_eq!(
+        find(Some("acme")).await,
+        vec![acme.id.clone()],
+        "name, any case"
+    );
+    assert_eq!(find(Some("100%")).await, vec![acme.id.clone()]);
+    assert!(find(Some("1_0")).await.is_empty(), "_ is not a wildcard");
+    assert_eq!(find(Some("initech")).await, vec![other.id.clone()]);
+    assert_eq!(find(Some("acme-uid")).await, vec![acme.id.clone()]);
+    assert_eq!(find(Some(acme.id.as_str())).await, vec![acme.id.clone()]);
+    assert!(find(Some("globex")).await.is_empty());
+}
+
+/// The kept counters (an endpoint's stats, the queue's totals) against a
+/// full count of every delivery of `msgs` read back one by one.
+async fn assert_counts_exact(
+    store: &Arc<dyn Store>,
+    msgs: &[(AppId, MsgId)],
+    endpoints: &[EndpointId],
+    disabled: &[EndpointId],
+    step: &str,
+) {
+    let mut full: HashMap<EndpointId, DeliveryCounts> = HashMap::new();
+    for (app, msg) in msgs {
+        for d in store
+            .list_deliveries_of_message(app, msg)
+            .await
+            .expect("deliveries")
+        {
+            let c = full.entry(d.endpoint_id.clone()).or_default();
+            match d.state {
+                DeliveryState::Pending => c.pending += 1,
+                DeliveryState::Delivering => c.delivering += 1,
+                DeliveryState::Delivered => c.delivered += 1,
+                DeliveryState::Dead => c.dead += 1,
+            }
+        }
+    }
+    for ep in endpoints {
+        let kept = store.endpoint_delivery_counts(ep).await.expect("counts");
+        let want = full.get(ep).copied().unwrap_or_default();
+        assert_eq!(kept, want, "{step}: endpoint {ep}");
+    }
+    let total = |f: fn(&DeliveryCounts) -> u64| full.values().map(f).sum::<u64>();
+    let held: u64 = disabled
+        .iter()
+        .filter_map(|ep| full.get(ep))
+        .map(|c| c.pending)
+        .sum();
+    let stats = store.queue_stats(T0).await.expect("stats");
+    assert_eq!(
+        (stats.pending, stats.delivering, stats.dead, stats.held),
+        (
+            total(|c| c.pending),
+            total(|c| c.delivering),
+            total(|c| c.dead),
+            held
+        ),
+        "{step}: queue totals"
+    );
+}
+
+async fn delivery_counts_stay_exact_through_every_state_change(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let b = app(&store, None).await;
+    let e1 = endpoint(&store, &a.id, None, false).await;
+    let e2 = endpoint(&store, &a.id, None, false).await;
+    let e3 = endpoint(&store, &a.id, None, false).await;
+    let e4 = endpoint(&store, &b.id, None, false).await;
+    let mut eps = vec![e1.id.clone(), e2.id.clone(), e3.id.clone(), e4.id.clone()];
+    let mut disabled: Vec<EndpointId> = Vec::new();
+    let mut msgs: Vec<(AppId, MsgId)> = Vec::new();
+    let mut batch: Vec<NewMessage> = (0..5).map(|_| message(&a.id, "x", None)).collect();
+    batch.extend((0..2).map(|_| message(&b.id, "x", None)));
+    msgs.extend(batch.iter().map(|m| (m.app_id.clone(), m.id.clone())));
+    store.insert_messages(&batch).await.expect("insert");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "ingest").await;
+
+    let handoff: Vec<NewMessage> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    msgs.extend(handoff.iter().map(|m| (m.app_id.clone(), m.id.clone())));
+    let (_, handed) = store
+        .insert_messages_claiming(
+            &handoff,
+            &ClaimRequest {
+                now: T0,
+                lease_until: T0 + 30_000,
+                limit: 3,
+                in_flight: &HashMap::new(),
+                endpoint_cap: 10,
+            },
+        )
+        .await
+        .expect("insert claiming");
+    assert_eq!(handed.len(), 3);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "handoff").await;
+
+    let got = claim(&store, T0, 8, &HashMap::new(), 10).await;
+    assert_eq!(got.len(), 8);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "claim").await;
+
+    store
+        .complete(&[
+            completion(&got[0], NextState::Delivered, T0 + 1),
+            completion(&got[1], NextState::Delivered, T0 + 1),
+            completion(&got[2], NextState::Retry { at: T0 + 60_000 }, T0 + 1),
+            completion(&got[3], NextState::Dead(DeadReason::Exhausted), T0 + 1),
+            completion(&got[4], NextState::Dead(DeadReason::Exhausted), T0 + 1),
+            completion(&handed[0], NextState::Delivered, T0 + 1),
+        ])
+        .await
+        .expect("complete");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "complete").await;
+
+    store
+        .release(&got[5].id, &got[5].lease_token, T0 + 2)
+        .await
+        .expect("release");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "release").await;
+
+    assert!(store
+        .replay_dead(&got[3].app_id, &got[3].id, T0 + 3)
+        .await
+        .expect("replay"));
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "replay").await;
+    store
+        .resend(&got[0].app_id, &got[0].msg_id, &got[0].endpoint_id, T0 + 3)
+        .await
+        .expect("resend");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "resend").await;
+
+    for ep in [&e2, &e3] {
+        assert!(store
+            .disable_endpoint(&ep.id, "down", false, None, T0 + 4)
+            .await
+            .expect("disable"));
+        disabled.push(ep.id.clone());
+    }
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "disable (hold)").await;
+    store
+        .enable_endpoint(&a.id, &e2.id, T0 + 5, 0)
+        .await
+        .expect("enable")
+        .expect("exists");
+    disabled.retain(|ep| *ep != e2.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "enable (unhold)").await;
+    while store
+        .expire_held(T0 + 1_000_000, T0 + 6, 1)
+        .await
+        .expect("expire held")
+        > 0
+    {}
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "held past the age cap").await;
+
+    // Everything of e1 finished, then retention.
+    let rest = claim(&store, T0 + 100_000, 100, &HashMap::new(), 100).await;
+    let done: Vec<Completion> = rest
+        .iter()
+        .map(|d| completion(d, NextState::Delivered, T0 + 100_001))
+        .collect();
+    store.complete(&done).await.expect("complete");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "complete the rest").await;
+    while store
+        .prune(T0 + 200_000, T0 + 200_000, 3)
+        .await
+        .expect("prune")
+        .more
+    {}
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "retention").await;
+
+    // Deletions cascade: an endpoint, then an application.
+    let more: Vec<NewMessage> = (0..2).map(|_| message(&a.id, "x", None)).collect();
+    let more_b: Vec<NewMessage> = (0..2).map(|_| message(&b.id, "x", None)).collect();
+    msgs.extend(
+        more.iter()
+            .chain(&more_b)
+            .map(|m| (m.app_id.clone(), m.id.clone())),
+    );
+    store.insert_messages(&more).await.expect("insert");
+    store.insert_messages(&more_b).await.expect("insert");
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "ingest again").await;
+    assert!(store.delete_endpoint(&a.id, &e1.id).await.expect("delete"));
+    eps.retain(|ep| *ep != e1.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "endpoint deleted").await;
+    assert_eq!(
+        store
+            .endpoint_delivery_counts(&e1.id)
+            .await
+            .expect("counts"),
+        DeliveryCounts::default()
+    );
+    assert!(store.delete_app(&b.id).await.expect("delete app"));
+    eps.retain(|ep| *ep != e4.id);
+    assert_counts_exact(&store, &msgs, &eps, &disabled, "application deleted").await;
 }
 
 async fn overview_lists_failing_endpoints_first(store: Arc<dyn Store>) {

@@ -2,10 +2,10 @@
 
 use super::*;
 
-const APP_COLUMNS: &str =
+pub(super) const APP_COLUMNS: &str =
     "id, uid, name, rate_limit, metadata::text AS metadata, created_at, updated_at";
 
-fn app_from_row(r: &PgRow) -> StoreResult<App> {
+pub(super) fn app_from_row(r: &PgRow) -> StoreResult<App> {
     Ok(App {
         id: AppId::from_trusted(get(r, "id")?),
         uid: get(r, "uid")?,

@@ -2,6 +2,7 @@
 
 use super::endpoints::{endpoint_from_row, status_from_row};
 use super::*;
+use crate::store::DUE_COUNT_CAP;
 
 const STATUS_COLUMNS_E: &str =
     "e.fail_streak, e.streak_started_at, e.last_success_at, e.last_error, e.last_error_at, \
@@ -30,7 +31,8 @@ fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
 impl Health for PostgresStore {
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
         let rows = sqlx::query(
-            "SELECT state, count(*) AS n FROM deliveries WHERE endpoint_id = $1 GROUP BY state",
+            // The trigger-kept counts (migration 0017): ≤ 8 rows.
+            "SELECT state, sum(n)::int8 AS n FROM delivery_counts WHERE endpoint_id = $1 GROUP BY state",
         )
         .bind(ep.as_str())
         .fetch_all(&self.pool)
@@ -89,37 +91,54 @@ impl Health for PostgresStore {
     }
 
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
-        // Each count walks a partial index, never the history.
-        // (Held deliveries are pending, and due once their time has come.)
+        // Totals from the trigger-kept counts (one row per endpoint, state
+        // and held; rows an endpoint's deletion left behind are joined
+        // away); due ones counted up to the cap by a bounded walk of the
+        // claim index; the oldest due is its first entry past the few
+        // delivering rows. (Held deliveries are pending, counted apart
+        // from due ones: they wait for their endpoint's enabling.)
+        let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
+        let totals = sqlx::query(
+            "SELECT c.state, c.held, sum(c.n)::int8 AS n FROM delivery_counts c \
+             JOIN endpoints e ON e.id = c.endpoint_id GROUP BY c.state, c.held",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        let mut stats = QueueStats::default();
+        for r in &totals {
+            let state: i16 = get(r, "state")?;
+            let held: bool = get(r, "held")?;
+            let n = u(get::<Option<i64>>(r, "n")?.unwrap_or(0));
+            match DeliveryState::from_i64(i64::from(state)) {
+                Some(DeliveryState::Pending) => {
+                    stats.pending += n;
+                    if held {
+                        stats.held += n;
+                    }
+                }
+                Some(DeliveryState::Delivering) => stats.delivering += n,
+                Some(DeliveryState::Dead) => stats.dead += n,
+                _ => {}
+            }
+        }
         let row = sqlx::query(
             "SELECT \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 0) \
-                 + (SELECT count(*) FROM deliveries WHERE held) AS pending, \
-               (SELECT count(*) FROM deliveries WHERE state < 2 AND NOT held AND state = 1) AS delivering, \
-               (SELECT count(*) FROM deliveries WHERE state = 3) AS dead, \
-               (SELECT count(*) FROM deliveries \
-                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) \
-                 + (SELECT count(*) FROM deliveries WHERE held AND next_attempt_at <= $1) AS due, \
-               LEAST((SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1), \
-                     (SELECT min(next_attempt_at) FROM deliveries \
-                       WHERE held AND next_attempt_at <= $1)) AS oldest, \
+               (SELECT count(*) FROM (SELECT 1 FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1 LIMIT $2) due) AS due, \
+               (SELECT min(next_attempt_at) FROM deliveries \
+                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) AS oldest, \
                (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
         )
         .bind(now)
+        .bind(cap)
         .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        let u = |col: &str| -> StoreResult<u64> {
-            Ok(u64::try_from(get::<i64>(&row, col)?).unwrap_or(0))
-        };
-        Ok(QueueStats {
-            pending: u("pending")?,
-            delivering: u("delivering")?,
-            dead: u("dead")?,
-            due: u("due")?,
-            oldest_due_at: get(&row, "oldest")?,
-            disabled_endpoints: u("disabled")?,
-        })
+        stats.due = u(get::<i64>(&row, "due")?).min(DUE_COUNT_CAP);
+        stats.oldest_due_at = get(&row, "oldest")?;
+        stats.disabled_endpoints = u(get::<i64>(&row, "disabled")?);
+        Ok(stats)
     }
 }

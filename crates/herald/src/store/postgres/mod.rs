@@ -46,6 +46,7 @@ mod apps;
 mod audit;
 mod endpoints;
 mod event_types;
+mod finder;
 mod health;
 mod history;
 mod queue;

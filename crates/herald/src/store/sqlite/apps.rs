@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn app_from_row(r: &Row<'_>) -> StoreResult<App> {
+pub(super) fn app_from_row(r: &Row<'_>) -> StoreResult<App> {
     Ok(App {
         id: AppId::from_trusted(get(r, "id")?),
         uid: get(r, "uid")?,

@@ -2,6 +2,7 @@
 
 use super::endpoints::{endpoint_from_row, status_from_row};
 use super::*;
+use crate::store::DUE_COUNT_CAP;
 
 fn stats_from_row(r: &Row<'_>) -> StoreResult<StatsBucket> {
     let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
@@ -24,9 +25,11 @@ impl Health for SqliteStore {
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
         let ep = ep.as_str().to_owned();
         self.read(move |c| {
+            // The trigger-kept counts (migration 0016): ≤ 8 rows, however
+            // many deliveries the endpoint has.
             let mut stmt = c
                 .prepare_cached(
-                    "SELECT state, COUNT(*) FROM deliveries WHERE endpoint_id = ?1 GROUP BY state",
+                    "SELECT state, SUM(n) FROM delivery_counts WHERE endpoint_id = ?1 GROUP BY state",
                 )
                 .map_err(map_err)?;
             let mut counts = DeliveryCounts::default();
@@ -89,63 +92,77 @@ impl Health for SqliteStore {
 
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
         self.read(move |c| {
-            let count = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<(i64, Option<i64>)> {
+            let one = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<Option<i64>> {
                 c.prepare_cached(sql)
                     .map_err(map_err)?
-                    .query_row(args, |r| Ok((r.get(0)?, r.get(1)?)))
+                    .query_row(args, |r| r.get(0))
                     .map_err(map_err)
             };
             let u = |n: i64| u64::try_from(n).unwrap_or(0);
-            // Each count walks a partial index, never the history.
-            let (pending_live, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 0",
-                &[],
-            )?;
-            let (delivering, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 1",
-                &[],
-            )?;
-            let (due_live, oldest_live) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
+            let mut stats = QueueStats::default();
+            // Totals from the trigger-kept counts: one row per (endpoint,
+            // state, held), whatever the number of deliveries. A deleted
+            // endpoint's rows go with it.
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT state, held, SUM(n) FROM delivery_counts GROUP BY state, held",
+                )
+                .map_err(map_err)?;
+            let mut rs = stmt.query([]).map_err(map_err)?;
+            while let Some(r) = rs.next().map_err(map_err)? {
+                let (state, held, n): (i64, i64, i64) = (
+                    r.get(0).map_err(map_err)?,
+                    r.get(1).map_err(map_err)?,
+                    r.get(2).map_err(map_err)?,
+                );
+                match DeliveryState::from_i64(state) {
+                    Some(DeliveryState::Pending) => {
+                        stats.pending += u(n);
+                        if held != 0 {
+                            stats.held += u(n);
+                        }
+                    }
+                    Some(DeliveryState::Delivering) => stats.delivering += u(n),
+                    Some(DeliveryState::Dead) => stats.dead += u(n),
+                    _ => {}
+                }
+            }
+            // Due ones (time decides, so no counter can keep them) are
+            // counted up to the cap: a bounded walk of the claim index and
+            // of the parked rows.
+            let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
+            let due_live = one(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_due \
+                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1 LIMIT ?2)",
+                &[&now, &cap],
+            )?
+            .unwrap_or(0);
+            let parked = one(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_parked \
+                 WHERE parked = 1 LIMIT ?1)",
+                &[&cap],
+            )?
+            .unwrap_or(0);
+            stats.due = u(due_live + parked).min(DUE_COUNT_CAP);
+            // The oldest: the first entry of the claim index past the
+            // (few) delivering rows, and per parked endpoint its first.
+            let oldest_live = one(
+                "SELECT MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
                  WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1",
                 &[&now],
             )?;
-            let (parked, oldest_parked) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
-                 WHERE parked = 1",
+            let oldest_parked = one(
+                "SELECT MIN((SELECT MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
+                  WHERE parked = 1 AND endpoint_id = p.endpoint_id)) FROM parked_endpoints p",
                 &[],
             )?;
-            let (held, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_held WHERE parked = 2",
+            stats.oldest_due_at = [oldest_live, oldest_parked].into_iter().flatten().min();
+            stats.disabled_endpoints = u(one(
+                "SELECT COUNT(*) FROM endpoints WHERE disabled = 1",
                 &[],
-            )?;
-            let (held_due, oldest_held) = count(
-                "SELECT COUNT(*), MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_held \
-                 WHERE parked = 2 AND next_attempt_at <= ?1",
-                &[&now],
-            )?;
-            let (dead, _) = count(
-                "SELECT COUNT(*), NULL FROM deliveries INDEXED BY deliveries_dead_all WHERE state = 3",
-                &[],
-            )?;
-            let (disabled, _) = count(
-                "SELECT COUNT(*), NULL FROM endpoints WHERE disabled = 1",
-                &[],
-            )?;
-            let oldest_due_at = [oldest_live, oldest_parked, oldest_held]
-                .into_iter()
-                .flatten()
-                .min();
-            Ok(QueueStats {
-                pending: u(pending_live + parked + held),
-                delivering: u(delivering),
-                dead: u(dead),
-                due: u(due_live + parked + held_due),
-                oldest_due_at,
-                disabled_endpoints: u(disabled),
-            })
+            )?
+            .unwrap_or(0));
+            Ok(stats)
         })
         .await
     }

@@ -35,6 +35,7 @@ mod audit;
 mod circuits;
 mod endpoints;
 mod event_types;
+mod finder;
 mod health;
 mod history;
 mod queue;
@@ -66,6 +67,9 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0014_portal.sql"),
     include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
     include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
+    // Last by position although numbered 0016: databases made before the
+    // merge have applied the entries above, and this one stands alone.
+    include_str!("../../../migrations/sqlite/0016_finder.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.

@@ -1,0 +1,81 @@
+//! The finding tools of the dashboard and the portal: messages searched by
+//! application, event type, id or `eventId`, delivery status and time, and
+//! applications searched by name or uid. Every query is scoped: to one
+//! application (the portal's session, an operator who picked one) or to
+//! all of them (the operator).
+
+use super::*;
+
+/// Searches over messages and applications.
+#[async_trait]
+pub trait Finder: Send + Sync {
+    /// Messages matching `filter`, by id (newest first unless the page asks
+    /// ascending), each with its deliveries counted by state. Payloads are
+    /// not read.
+    async fn find_messages(
+        &self,
+        filter: &FindFilter,
+        page: &PageReq,
+    ) -> StoreResult<Page<FoundMessage>>;
+    /// Applications whose name contains `search` or whose uid or id is
+    /// `search` (case-insensitive for names), by id.
+    async fn find_apps(&self, search: Option<&str>, page: &PageReq) -> StoreResult<Page<App>>;
+}
+
+/// Which messages a search shows. Every field narrows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FindFilter {
+    /// Only this application's messages: always set for a portal session.
+    pub app: Option<AppId>,
+    pub event_type: Option<String>,
+    /// The message's id (`msg_…`) or its `eventId`.
+    pub id_or_event_id: Option<String>,
+    /// Messages with at least one delivery in this state.
+    pub status: Option<DeliveryState>,
+    /// Created at or after (ms).
+    pub created_after: Option<Millis>,
+    /// Created before (ms).
+    pub created_before: Option<Millis>,
+}
+
+/// One message of a search's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundMessage {
+    pub id: MsgId,
+    pub app_id: AppId,
+    pub app_name: String,
+    pub event_type: String,
+    pub event_id: Option<String>,
+    pub created_at: Millis,
+    /// Its deliveries (one per endpoint) by state.
+    pub deliveries: DeliveryCounts,
+}
+
+/// Adds the counts read as `(msg_id, state, count)` rows to the page's
+/// messages.
+pub(crate) fn add_counts(items: &mut [FoundMessage], counts: Vec<(String, i64, i64)>) {
+    let mut by_id: HashMap<String, DeliveryCounts> = HashMap::new();
+    for (msg, state, n) in counts {
+        by_id.entry(msg).or_default().set(state, n);
+    }
+    for m in items {
+        if let Some(c) = by_id.remove(m.id.as_str()) {
+            m.deliveries = c;
+        }
+    }
+}
+
+/// `%…%` for a LIKE pattern with `\` as escape: the search's own `%`, `_`
+/// and `\` match themselves.
+pub(crate) fn like_pattern(search: &str) -> String {
+    let mut p = String::with_capacity(search.len() + 2);
+    p.push('%');
+    for c in search.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push('%');
+    p
+}
