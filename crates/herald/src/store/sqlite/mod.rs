@@ -66,10 +66,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
     include_str!("../../../migrations/sqlite/0014_portal.sql"),
     include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
-    include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
-    // Last by position although numbered 0016: databases made before the
-    // merge have applied the entries above, and this one stands alone.
     include_str!("../../../migrations/sqlite/0016_finder.sql"),
+    include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
