@@ -66,15 +66,21 @@ impl View {
     }
 
     pub fn message_href(&self, app: &AppId, msg: &str) -> String {
-        format!("{}/app/{app}/msg/{msg}", self.base)
+        format!("{}/msg/{msg}", self.app_href(app))
     }
 
     pub fn endpoint_href(&self, app: &AppId, ep: &EndpointId) -> String {
-        format!("{}/app/{app}/endpoint/{ep}", self.base)
+        format!("{}/endpoint/{ep}", self.app_href(app))
     }
 
+    /// Where an application's pages start: `/dashboard/app/{app}` for the
+    /// operator; a portal, scoped to its one application, has no
+    /// application in its paths (its session says which).
     pub fn app_href(&self, app: &AppId) -> String {
-        format!("{}/app/{app}", self.base)
+        match self.scope {
+            Scope::App(_) => self.base.clone(),
+            Scope::All => format!("{}/app/{app}", self.base),
+        }
     }
 
     /// The application a path names, if this view may see it: another

@@ -36,6 +36,7 @@ use crate::ids::AppId;
 use crate::store::{now_millis, ActorKind, Session, SessionKind, StoreError};
 
 mod endpoints;
+mod messages;
 
 /// The portal session cookie's name.
 pub const COOKIE: &str = "herald_portal";
@@ -65,6 +66,12 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/endpoint/{endpoint_id}/disable", post(disable)),
         ("/endpoint/{endpoint_id}/send-example", post(send_example)),
         ("/endpoint/{endpoint_id}/recover", post(recover)),
+        ("/messages", get(messages::messages)),
+        ("/msg/{msg_id}", get(messages::message)),
+        (
+            "/msg/{msg_id}/endpoint/{endpoint_id}/resend",
+            post(messages::resend),
+        ),
     ]
 }
 
@@ -236,7 +243,7 @@ impl PortalSession {
         let links = html! {
             a.active[nav == Nav::Endpoints] href=(HOME) { "Endpoints" }
             a.active[nav == Nav::EventTypes] href="/portal/event-types" { "Event types" }
-            a href="/portal/messages" { "Messages" }
+            a.active[nav == Nav::Messages] href="/portal/messages" { "Messages" }
         };
         let audience = Audience::Portal(&self.theme);
         let csp = layout::content_security_policy(
@@ -273,6 +280,7 @@ impl PortalSession {
 pub enum Nav {
     Endpoints,
     EventTypes,
+    Messages,
 }
 
 impl FromRequestParts<ApiState> for PortalSession {

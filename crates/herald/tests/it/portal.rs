@@ -375,6 +375,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/endpoint/{endpoint_id}/disable"),
     ("POST", "/endpoint/{endpoint_id}/send-example"),
     ("POST", "/endpoint/{endpoint_id}/recover"),
+    ("GET", "/messages"),
+    ("GET", "/msg/{msg_id}"),
+    ("POST", "/msg/{msg_id}/endpoint/{endpoint_id}/resend"),
 ];
 
 #[test]
@@ -411,10 +414,18 @@ async fn a_portal_session_sees_nothing_of_another_application() {
     let (status, msg) = app
         .post(
             &format!("/api/v1/app/{b}/msg"),
-            json!({"eventType": "bravo.event", "payload": {"k": 1}}),
+            json!({"eventType": "bravo.event", "eventId": "bravo-evt", "payload": {"k": 1}}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{msg}");
+    let (status, a_msg) = app
+        .post(
+            &format!("/api/v1/app/{a}/msg"),
+            json!({"eventType": "alpha.event", "payload": {"k": 2}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{a_msg}");
+    let a_msg_id = a_msg["id"].as_str().expect("msg id");
     let (_, out) = access(&app, &a, json!({})).await;
     let cookie = open_link(&app, out["url"].as_str().expect("url")).await;
 
@@ -427,14 +438,20 @@ async fn a_portal_session_sees_nothing_of_another_application() {
         b_ep_id.to_owned(),
         b.clone(),
         msg["id"].as_str().expect("msg id").to_owned(),
+        "bravo-evt".to_owned(),
     ];
     let csrf = csrf_of(&app, &cookie).await;
     for (method, route) in ROUTES {
-        if !route.contains("{endpoint_id}") {
+        if !route.contains("{endpoint_id}") && !route.contains("{msg_id}") {
             continue;
         }
         for b_id in &b_ids {
-            let path = format!("/portal{}", route.replace("{endpoint_id}", b_id));
+            let path = format!(
+                "/portal{}",
+                route
+                    .replace("{endpoint_id}", b_id)
+                    .replace("{msg_id}", b_id)
+            );
             let request = if *method == "GET" {
                 browser().get(app.url(&path))
             } else {
@@ -470,12 +487,45 @@ async fn a_portal_session_sees_nothing_of_another_application() {
         if *method != "GET" || route.contains("login") {
             continue;
         }
-        let path = format!("/portal{}", route.replace("{endpoint_id}", a_ep_id));
+        let path = format!(
+            "/portal{}",
+            route
+                .replace("{endpoint_id}", a_ep_id)
+                .replace("{msg_id}", a_msg_id)
+        );
         let (status, body) = page(&app, &cookie, &path).await;
         assert_eq!(status, StatusCode::OK, "{path}: {body}");
-        for leak in ["bravo-endpoint", "b-secret-path", b_ep_id] {
+        for leak in ["bravo-endpoint", "b-secret-path", b_ep_id, "bravo"] {
             assert!(!body.contains(leak), "{path} shows {leak}");
         }
+    }
+    // The message log is A's own: its message is listed; B's, searched for
+    // by id, eventId or event type, or by naming B's application, is not.
+    let (status, log) = page(&app, &cookie, "/portal/messages").await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    assert!(log.contains(a_msg_id), "{log}");
+    let b_msg_id = msg["id"].as_str().expect("msg id");
+    // (The form echoes what was typed, so the check is for links to
+    // messages, not for the text.)
+    for (query, finds_a) in [
+        (format!("id={b_msg_id}"), false),
+        ("id=bravo-evt".to_owned(), false),
+        ("event_type=bravo.event".to_owned(), false),
+        (format!("app={b}"), true),
+    ] {
+        let path = format!("/portal/messages?{query}");
+        let (status, body) = page(&app, &cookie, &path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        assert!(
+            !body.contains(&format!("/msg/{b_msg_id}")),
+            "{path} links B's message"
+        );
+        assert!(!body.contains("{\"k\":1}"), "{path} shows B's payload");
+        assert_eq!(
+            body.contains(&format!("/portal/msg/{a_msg_id}")),
+            finds_a,
+            "{path}: {body}"
+        );
     }
 }
 
@@ -1014,4 +1064,59 @@ async fn failed_link_exchanges_are_limited_per_address() {
         page(&app, "", &right).await.0,
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+/// The message log's resend: shown and done with `CreateAttempts`, absent
+/// and refused (403) without it; the receiver gets the one more attempt.
+#[tokio::test]
+async fn the_message_page_resends_only_with_create_attempts() {
+    let app = spawn_app(&[]).await;
+    let rx = Receiver::start().await;
+    let id = app.create_app().await;
+    let ep = app.create_endpoint(&id, &rx.url("/hook"), json!({})).await;
+    let ep_id = ep["id"].as_str().expect("id");
+    let msg = app
+        .send_message(&id, "order.paid", json!({"order": "inv-42"}))
+        .await;
+    app.wait_for_state(&id, &msg, "delivered").await;
+    rx.wait_for(1).await;
+    let resend = format!("/portal/msg/{msg}/endpoint/{ep_id}/resend");
+
+    let (_, out) = access(&app, &id, json!({"readOnly": true})).await;
+    let viewer = open_link(&app, out["url"].as_str().expect("url")).await;
+    let (status, body) = page(&app, &viewer, &format!("/portal/msg/{msg}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("inv-42"), "the payload is shown: {body}");
+    assert!(!body.contains("/resend"), "no resend form: {body}");
+    let csrf = csrf_of(&app, &viewer).await;
+    let refused = browser()
+        .post(app.url(&resend))
+        .header("cookie", &viewer)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    let (_, out) = access(
+        &app,
+        &id,
+        json!({"capabilities": ["ViewBase", "CreateAttempts"]}),
+    )
+    .await;
+    let operator = open_link(&app, out["url"].as_str().expect("url")).await;
+    let (_, body) = page(&app, &operator, &format!("/portal/msg/{msg}")).await;
+    assert!(body.contains(&resend), "the resend form: {body}");
+    let csrf = csrf_of(&app, &operator).await;
+    let done = browser()
+        .post(app.url(&resend))
+        .header("cookie", &operator)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let got = rx.wait_for(2).await;
+    assert_eq!(got.len(), 2, "one more attempt reached the receiver");
+    assert_eq!(got[1].header("x-attempt"), "2");
 }
