@@ -184,6 +184,15 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
     wait_for_text(&browser, "body", "inv-42").await;
     shot(&browser, "portal-event-types.png").await;
 
+    // The message log: the test event is there; its page shows the attempt.
+    click(&browser, "a[href='/portal/messages']").await;
+    wait_for_text(&browser, "h1", "Messages").await;
+    wait_for_text(&browser, "body", "invoice.paid").await;
+    shot(&browser, "portal-messages.png").await;
+    click(&browser, "td a[href^='/portal/msg/']").await;
+    wait_for_text(&browser, "body", "inv-42").await;
+    shot(&browser, "portal-message.png").await;
+
     // The same link again: used.
     browser.goto(&link).await.expect("open the used link");
     wait_for_text(&browser, "h1", "This link has expired").await;
