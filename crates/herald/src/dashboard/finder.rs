@@ -108,17 +108,20 @@ pub struct MessagesQuery {
     pub created_after: Option<String>,
     /// Created before this time (UTC).
     pub created_before: Option<String>,
+    /// Sent on this channel.
+    pub channel: Option<String>,
     pub after: Option<String>,
     pub before: Option<String>,
 }
 
-const SEARCH_FIELDS: [&str; 6] = [
+const SEARCH_FIELDS: [&str; 7] = [
     "app",
     "event_type",
     "id",
     "status",
     "created_after",
     "created_before",
+    "channel",
 ];
 
 /// The search as typed (trimmed), echoed back into the form and links.
@@ -130,6 +133,7 @@ pub struct SearchText {
     pub status: String,
     pub created_after: String,
     pub created_before: String,
+    pub channel: String,
 }
 
 impl SearchText {
@@ -142,10 +146,11 @@ impl SearchText {
             status: t(&q.status),
             created_after: t(&q.created_after),
             created_before: t(&q.created_before),
+            channel: t(&q.channel),
         }
     }
 
-    fn pairs(&self) -> [(&'static str, &str); 6] {
+    fn pairs(&self) -> [(&'static str, &str); 7] {
         let values = [
             self.app.as_str(),
             &self.event_type,
@@ -153,8 +158,9 @@ impl SearchText {
             &self.status,
             &self.created_after,
             &self.created_before,
+            &self.channel,
         ];
-        let mut pairs = [("", ""); 6];
+        let mut pairs = [("", ""); 7];
         for (pair, (name, value)) in pairs.iter_mut().zip(SEARCH_FIELDS.iter().zip(values)) {
             *pair = (name, value);
         }
@@ -214,6 +220,7 @@ pub async fn resolve_search(
         status: parse_status(&text.status).map_err(bad)?,
         created_after,
         created_before,
+        channel: nonempty(&text.channel),
     })
 }
 
@@ -233,6 +240,7 @@ pub fn search_form(view: &View, text: &SearchText) -> Markup {
             }
             label { "Message id or eventId" input name="id" value=(text.id) placeholder="msg_… or inv-42"; }
             label { "Event type" input name="event_type" value=(text.event_type) placeholder="invoice.paid"; }
+            label { "Channel" input name="channel" value=(text.channel) placeholder="project-1"; }
             label { "Delivery status"
                 select name="status" {
                     @for (value, shown) in statuses {

@@ -36,6 +36,8 @@ pub struct FindFilter {
     pub created_after: Option<Millis>,
     /// Created before (ms).
     pub created_before: Option<Millis>,
+    /// Messages sent on this channel.
+    pub channel: Option<String>,
 }
 
 /// One message of a search's answer.

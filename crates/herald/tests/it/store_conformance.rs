@@ -2363,6 +2363,7 @@ async fn find_messages_filters_by_each_field_within_the_scope(store: Arc<dyn Sto
     inv42.created_at = T0 + 10;
     let mut inv43 = message(&acme.id, "invoice.paid", Some("inv-43"));
     inv43.created_at = T0 + 20;
+    inv43.channels = Some(vec!["eu".into(), "project-1".into()]);
     let mut order = message(&acme.id, "order.created", None);
     order.created_at = T0 + 30;
     let mut elsewhere = message(&other.id, "invoice.paid", Some("inv-42"));
@@ -2473,6 +2474,15 @@ async fn find_messages_filters_by_each_field_within_the_scope(store: Arc<dyn Sto
         });
         assert_eq!(find(f).await, want, "{state:?}");
     }
+    let by_channel = |c: &str| FindFilter {
+        channel: Some(c.into()),
+        ..FindFilter::default()
+    };
+    assert_eq!(find(by_channel("project-1")).await, vec![inv43.id.clone()]);
+    assert!(
+        find(by_channel("project")).await.is_empty(),
+        "whole channels only"
+    );
     let window = in_acme(FindFilter {
         created_after: Some(T0 + 20),
         created_before: Some(T0 + 30),

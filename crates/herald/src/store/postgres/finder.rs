@@ -50,6 +50,13 @@ pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<String>) {
     if let Some(before) = filter.created_before {
         add(&mut cond, " AND m.created_at < #::int8", before.to_string());
     }
+    if let Some(channel) = &filter.channel {
+        add(
+            &mut cond,
+            " AND jsonb_exists(m.channels::jsonb, #)",
+            channel.clone(),
+        );
+    }
     (cond, args)
 }
 

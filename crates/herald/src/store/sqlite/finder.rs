@@ -59,6 +59,10 @@ pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<Value>) {
         cond.push_str(" AND m.created_at < ?");
         args.push(before.into());
     }
+    if let Some(channel) = &filter.channel {
+        cond.push_str(" AND EXISTS (SELECT 1 FROM json_each(m.channels) WHERE value = ?)");
+        args.push(channel.clone().into());
+    }
     (cond, args)
 }
 
