@@ -233,9 +233,12 @@ async fn postgres_two_dispatchers_send_one_probe() {
     for n in 0..8 {
         first.send_message(&app_id, "t.x", json!({ "n": n })).await;
     }
-    // All eight claimed (by one or both), all failing: open.
-    let (a, b) = tokio::join!(first.step(), second.step());
-    assert_eq!(a.claimed + b.claimed, 8);
+    // All eight claimed by one, all failing: open. (Stepped alone: were
+    // both stepping, the other could claim the retries before its view
+    // of the breakers, refreshed per step, shows the opening; that lag
+    // between processes is documented, and not what this test is about.)
+    let a = first.step().await;
+    assert_eq!(a.claimed, 8);
     assert_eq!(circuit(&second, &app_id, &ep).await["state"], "open");
     assert_eq!(rx.requests().len(), 8);
     // Two half-open periods: both dispatchers step together throughout;
