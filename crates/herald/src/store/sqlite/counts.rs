@@ -44,6 +44,8 @@ struct Fold {
     changes: Vec<(Box<str>, [i64; SLOTS])>,
     /// The current job's deltas, (row, slot, delta), undone on rollback.
     journal: Vec<(usize, usize, i64)>,
+    /// A job's rollback failed: this transaction's counts are unknown.
+    broken: bool,
 }
 
 impl Fold {
@@ -77,6 +79,7 @@ impl Fold {
         self.index.clear();
         self.changes.clear();
         self.journal.clear();
+        self.broken = false;
     }
 }
 
@@ -125,10 +128,17 @@ impl CountFold {
         lock(&self.0).journal.clear();
     }
 
-    /// The job was rolled back to its savepoint: its deltas go too.
-    pub fn job_rollback(&self) {
+    /// The job failed and was rolled back to its savepoint (`undone`): its
+    /// deltas go too. If that rollback itself failed, which of its rows
+    /// remain is unknown, so the transaction must not commit: `flush`
+    /// refuses.
+    pub fn job_rollback(&self, undone: bool) {
         let mut f = lock(&self.0);
         let journal = std::mem::take(&mut f.journal);
+        if !undone {
+            f.broken = true;
+            return;
+        }
         for (row, slot, delta) in journal {
             f.changes[row].1[slot] -= delta;
         }
@@ -140,9 +150,18 @@ impl CountFold {
     pub fn flush(&self, conn: &Connection) -> rusqlite::Result<()> {
         let mut f = lock(&self.0);
         f.armed = false;
+        let broken = f.broken;
         let changes = std::mem::take(&mut f.changes);
         f.clear();
         drop(f);
+        if broken {
+            return Err(rusqlite::Error::UserFunctionError(
+                format!(
+                    "{COUNT_FUNCTION}: a job's rollback failed, so the kept counts of this                      transaction are unknown; it is rolled back whole"
+                )
+                .into(),
+            ));
+        }
         if changes.is_empty() {
             return Ok(());
         }

@@ -320,13 +320,18 @@ impl SqliteStore {
                     counts.job_start();
                     let r = f(conn);
                     let end = if r.is_ok() {
-                        "RELEASE job"
+                        conn.execute_batch("RELEASE job").map_err(map_err)
                     } else {
-                        // The job's count deltas go back with its rows.
-                        counts.job_rollback();
-                        "ROLLBACK TO job; RELEASE job"
+                        // The job's count deltas go back with its rows (or,
+                        // if its rows might not have, the whole
+                        // transaction fails at the flush).
+                        let undone = conn
+                            .execute_batch("ROLLBACK TO job; RELEASE job")
+                            .map_err(map_err);
+                        counts.job_rollback(undone.is_ok());
+                        undone
                     };
-                    match (r, conn.execute_batch(end).map_err(map_err)) {
+                    match (r, end) {
                         (Ok(v), Ok(())) => Ok(v),
                         (Err(e), _) | (Ok(_), Err(e)) => Err(e),
                     }
