@@ -1001,6 +1001,9 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
 /// endpoints), and a failed attempt for every tenth, in bulk SQL.
 fn seed_sqlite(path: &std::path::Path, app: &str, n: usize, t0: i64) -> anyhow::Result<()> {
     let mut c = rusqlite::Connection::open(path)?;
+    // The deliveries' triggers fold the kept counts into this connection's
+    // map, written into `delivery_counts` before each commit.
+    let counts = crate::store::sqlite::CountFold::register(&c)?;
     c.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF;
          CREATE TEMP TABLE eps (k INTEGER PRIMARY KEY, id TEXT NOT NULL);
@@ -1012,6 +1015,7 @@ fn seed_sqlite(path: &std::path::Path, app: &str, n: usize, t0: i64) -> anyhow::
         let to = (from + READS_CHUNK).min(n);
         let (lo, hi) = (i64::try_from(from)?, i64::try_from(to)?);
         let tx = c.transaction()?;
+        counts.begin();
         let seq =
             "WITH RECURSIVE seq(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM seq WHERE i + 1 < ?2)";
         tx.execute(
@@ -1040,6 +1044,7 @@ fn seed_sqlite(path: &std::path::Path, app: &str, n: usize, t0: i64) -> anyhow::
             ),
             rusqlite::params![lo, hi, app, t0, eps],
         )?;
+        counts.flush(&tx)?;
         tx.commit()?;
         from = to;
     }

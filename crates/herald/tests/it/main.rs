@@ -7,6 +7,7 @@ mod audit;
 mod binary;
 mod circuit_breaker;
 mod completions;
+mod counts_fold;
 mod dashboard;
 mod delivery;
 mod egress;

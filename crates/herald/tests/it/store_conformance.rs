@@ -278,7 +278,7 @@ pub(crate) async fn endpoint(
     e
 }
 
-fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage {
+pub(crate) fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage {
     NewMessage {
         id: MsgId::generate(),
         app_id: app.clone(),
@@ -2570,7 +2570,7 @@ async fn find_apps_by_name_uid_or_id(store: Arc<dyn Store>) {
 
 /// The kept counters (an endpoint's stats, the queue's totals) against a
 /// full count of every delivery of `msgs` read back one by one.
-async fn assert_counts_exact(
+pub(crate) async fn assert_counts_exact(
     store: &Arc<dyn Store>,
     msgs: &[(AppId, MsgId)],
     endpoints: &[EndpointId],

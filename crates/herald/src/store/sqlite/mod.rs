@@ -15,7 +15,8 @@
 //! the store has its file beside it, with its SQL: `settings.rs`,
 //! `apps.rs`, `endpoints.rs`, `event_types.rs`, `queue.rs` (ingest, claim
 //! with parking and holding, complete, release), `replay.rs`, `history.rs`,
-//! `health.rs`, `tokens.rs`, `audit.rs`, `retention.rs`.
+//! `health.rs`, `tokens.rs`, `audit.rs`, `retention.rs`, and `counts.rs`
+//! (the kept delivery counts, folded in memory and written before COMMIT).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -33,6 +34,7 @@ use super::*;
 mod apps;
 mod audit;
 mod circuits;
+mod counts;
 mod endpoints;
 mod event_types;
 mod finder;
@@ -47,6 +49,7 @@ mod settings;
 mod tokens;
 
 use circuits::circuit_of_row;
+pub use counts::{CountFold, COUNT_FUNCTION};
 
 /// The schema, in order. A database records how many it has applied in
 /// `PRAGMA user_version`; at open the rest are applied in a transaction.
@@ -68,6 +71,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
     include_str!("../../../migrations/sqlite/0016_finder.sql"),
     include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
+    include_str!("../../../migrations/sqlite/0018_counts_fold.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
@@ -75,7 +79,7 @@ const MAX_JOBS_PER_COMMIT: usize = 512;
 const READERS: usize = 4;
 
 type Finish = Box<dyn FnOnce(&StoreResult<()>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> Finish + Send>;
+type Job = Box<dyn FnOnce(&Connection, &CountFold) -> Finish + Send>;
 
 enum Command {
     Run(Job),
@@ -172,7 +176,9 @@ fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Conne
     Ok(conn)
 }
 
-fn migrate(conn: &mut Connection) -> StoreResult<()> {
+/// Applies the migrations `conn` lacks; `counts` is the fold registered on
+/// it, flushed before the commit (a migration may move deliveries).
+fn migrate(conn: &mut Connection, counts: &CountFold) -> StoreResult<()> {
     let applied: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(map_err)?;
@@ -184,18 +190,29 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
         )));
     }
     let tx = conn.transaction().map_err(map_err)?;
+    counts.begin();
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
         tx.execute_batch(sql)
             .map_err(|e| StoreError::Internal(format!("migration {} failed: {e}", i + 1)))?;
         tx.pragma_update(None, "user_version", i + 1)
             .map_err(map_err)?;
     }
+    counts.flush(&tx).map_err(map_err)?;
     tx.commit().map_err(map_err)
+}
+
+/// Opens the writing connection with `herald_count` registered on it.
+fn open_writer(path: &std::path::Path) -> StoreResult<(Connection, CountFold)> {
+    let conn = open_connection(path, false)?;
+    let counts = CountFold::register(&conn).map_err(map_err)?;
+    Ok((conn, counts))
 }
 
 /// The writer thread: gathers queued jobs, runs them in one transaction
 /// (a savepoint each), commits, then lets each job answer.
-fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Command>) {
+/// The kept counts' deltas are flushed just before COMMIT, in the same
+/// transaction (see `counts.rs`).
+fn writer_loop(conn: Connection, counts: CountFold, mut jobs: mpsc::Receiver<Command>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     let mut stopping = false;
     while !stopping {
@@ -216,12 +233,16 @@ fn writer_loop(conn: Connection, mut jobs: mpsc::Receiver<Command>) {
         let begun = conn.execute_batch("BEGIN IMMEDIATE").map_err(map_err);
         let mut finishes = Vec::with_capacity(batch.len());
         if begun.is_ok() {
+            counts.begin();
             for job in batch.drain(..) {
-                finishes.push(job(&conn));
+                finishes.push(job(&conn, &counts));
             }
         }
-        let outcome = begun.and_then(|()| conn.execute_batch("COMMIT").map_err(map_err));
+        let outcome = begun
+            .and_then(|()| counts.flush(&conn).map_err(map_err))
+            .and_then(|()| conn.execute_batch("COMMIT").map_err(map_err));
         if outcome.is_err() {
+            counts.discard();
             let _ = conn.execute_batch("ROLLBACK");
         }
         for finish in finishes {
@@ -245,27 +266,27 @@ impl SqliteStore {
         let path = sqlite_path(url)
             .ok_or_else(|| StoreError::Internal(format!("not a sqlite URL: {url}")))?;
         let opened = tokio::task::spawn_blocking(
-            move || -> StoreResult<(Connection, Vec<Connection>, PathBuf)> {
+            move || -> StoreResult<(Connection, CountFold, Vec<Connection>, PathBuf)> {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir).map_err(|e| {
                         StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
                     })?;
                 }
-                let mut writer = open_connection(&path, false)?;
-                migrate(&mut writer)?;
+                let (mut writer, counts) = open_writer(&path)?;
+                migrate(&mut writer, &counts)?;
                 let readers = (0..READERS)
                     .map(|_| open_connection(&path, true))
                     .collect::<StoreResult<Vec<_>>>()?;
-                Ok((writer, readers, path))
+                Ok((writer, counts, readers, path))
             },
         )
         .await
         .map_err(|e| StoreError::Internal(format!("open task failed: {e}")))??;
-        let (writer, readers, path) = opened;
+        let (writer, counts, readers, path) = opened;
         let (tx, rx) = mpsc::channel(4 * MAX_JOBS_PER_COMMIT);
         let handle = std::thread::Builder::new()
             .name("herald-sqlite-writer".into())
-            .spawn(move || writer_loop(writer, rx))
+            .spawn(move || writer_loop(writer, counts, rx))
             .map_err(|e| StoreError::Internal(format!("cannot start writer thread: {e}")))?;
         Ok(SqliteStore {
             jobs: tx,
@@ -293,16 +314,24 @@ impl SqliteStore {
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel::<StoreResult<T>>();
-        let job: Job = Box::new(move |conn: &Connection| -> Finish {
+        let job: Job = Box::new(move |conn: &Connection, counts: &CountFold| -> Finish {
             let result = match conn.execute_batch("SAVEPOINT job") {
                 Ok(()) => {
+                    counts.job_start();
                     let r = f(conn);
                     let end = if r.is_ok() {
-                        "RELEASE job"
+                        conn.execute_batch("RELEASE job").map_err(map_err)
                     } else {
-                        "ROLLBACK TO job; RELEASE job"
+                        // The job's count deltas go back with its rows (or,
+                        // if its rows might not have, the whole
+                        // transaction fails at the flush).
+                        let undone = conn
+                            .execute_batch("ROLLBACK TO job; RELEASE job")
+                            .map_err(map_err);
+                        counts.job_rollback(undone.is_ok());
+                        undone
                     };
-                    match (r, conn.execute_batch(end).map_err(map_err)) {
+                    match (r, end) {
                         (Ok(v), Ok(())) => Ok(v),
                         (Err(e), _) | (Ok(_), Err(e)) => Err(e),
                     }

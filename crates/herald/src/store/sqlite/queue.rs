@@ -1045,10 +1045,14 @@ mod tests {
     /// A fresh database in `dir` with one app and `endpoints` enabled
     /// endpoints, each with `per_endpoint` pending deliveries long overdue
     /// (due at 1, 2, …, like a backlog after an outage).
-    fn backlog(dir: &std::path::Path, endpoints: usize, per_endpoint: usize) -> Connection {
-        let mut conn = open_connection(&dir.join("claims.db"), false).expect("open");
-        migrate(&mut conn).expect("migrate");
-        conn.execute_batch(&format!(
+    fn backlog(
+        dir: &std::path::Path,
+        endpoints: usize,
+        per_endpoint: usize,
+    ) -> (Connection, CountFold) {
+        let (mut conn, counts) = open_writer(&dir.join("claims.db")).expect("open");
+        migrate(&mut conn, &counts).expect("migrate");
+        in_tx(&conn, &counts, |conn| conn.execute_batch(&format!(
             "INSERT INTO applications (id, name, created_at, updated_at) VALUES ('app_1', 'a', 0, 0);
              WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {endpoints})
              INSERT INTO endpoints (id, app_id, url, secret, created_at, updated_at)
@@ -1061,15 +1065,30 @@ mod tests {
                SELECT 'dlv_' || m.id || e.id, m.id, e.id, 'app_1', 0, m.created_at, m.created_at,
                       m.created_at, m.created_at
                FROM messages m, endpoints e;"
-        ))
+        )))
         .expect("fill");
-        conn
+        (conn, counts)
+    }
+
+    /// Runs `f` in a transaction with the kept counts flushed before the
+    /// commit, as the writer thread does.
+    fn in_tx<T>(conn: &Connection, counts: &CountFold, f: impl FnOnce(&Connection) -> T) -> T {
+        conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+        counts.begin();
+        let out = f(conn);
+        counts.flush(conn).expect("flush the counts");
+        conn.execute_batch("COMMIT").expect("commit");
+        out
     }
 
     /// One claim of `limit` with nothing in flight, and the SQLite VM
     /// instructions it ran (about: the progress handler is called every
     /// 16), which the same statements over the same rows always repeat.
-    fn counted_claim(conn: &Connection, now: Millis, limit: usize) -> (usize, u64) {
+    fn counted_claim(
+        (conn, counts): &(Connection, CountFold),
+        now: Millis,
+        limit: usize,
+    ) -> (usize, u64) {
         let ops = Arc::new(AtomicU64::new(0));
         let counter = ops.clone();
         conn.progress_handler(
@@ -1079,18 +1098,21 @@ mod tests {
                 false
             }),
         );
-        let claimed = claim_tx(
-            conn,
-            &Keyring::plain(),
-            now,
-            now + 60_000,
-            limit,
-            &HashMap::new(),
-            128,
-        )
+        let claimed = in_tx(conn, counts, |conn| {
+            let claimed = claim_tx(
+                conn,
+                &Keyring::plain(),
+                now,
+                now + 60_000,
+                limit,
+                &HashMap::new(),
+                128,
+            );
+            conn.progress_handler(0, None::<fn() -> bool>);
+            claimed
+        })
         .expect("claim")
         .len();
-        conn.progress_handler(0, None::<fn() -> bool>);
         (claimed, ops.load(Ordering::Relaxed))
     }
 
@@ -1123,8 +1145,8 @@ mod tests {
              over 1,000 rows {ops_small}"
         );
         let set_aside = "SELECT COUNT(*) FROM deliveries WHERE parked <> 0";
-        assert_eq!(count(&large, set_aside), 0, "nothing parked or held");
-        assert_eq!(count(&large, "SELECT COUNT(*) FROM parked_endpoints"), 0);
+        assert_eq!(count(&large.0, set_aside), 0, "nothing parked or held");
+        assert_eq!(count(&large.0, "SELECT COUNT(*) FROM parked_endpoints"), 0);
     }
 
     /// The walk still sets aside what claims would pass over again: a
@@ -1134,13 +1156,15 @@ mod tests {
     fn the_walk_parks_a_full_endpoints_rows_and_holds_a_disabled_ones() {
         let now = 10_000_000;
         let dir = tempfile::tempdir().expect("tempdir");
-        let conn = backlog(dir.path(), 3, 10);
+        let (conn, counts) = backlog(dir.path(), 3, 10);
         conn.execute("UPDATE endpoints SET disabled = 1 WHERE id = 'ep_0002'", [])
             .expect("disable");
         let full: HashMap<EndpointId, usize> =
             [(EndpointId::from_trusted("ep_0000".to_owned()), 128)].into();
-        let got =
-            claim_tx(&conn, &Keyring::plain(), now, now + 60_000, 100, &full, 128).expect("claim");
+        let got = in_tx(&conn, &counts, |c| {
+            claim_tx(c, &Keyring::plain(), now, now + 60_000, 100, &full, 128)
+        })
+        .expect("claim");
         assert_eq!(got.len(), 10);
         assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0001"));
         let parked = "SELECT COUNT(*) FROM deliveries WHERE parked = 1 AND endpoint_id = 'ep_0000'";
@@ -1148,15 +1172,17 @@ mod tests {
         assert_eq!((count(&conn, parked), count(&conn, held)), (10, 10));
         // Room again: the parked rows come back, oldest first; the held
         // ones stay.
-        let got = claim_tx(
-            &conn,
-            &Keyring::plain(),
-            now,
-            now + 60_000,
-            100,
-            &HashMap::new(),
-            4,
-        )
+        let got = in_tx(&conn, &counts, |c| {
+            claim_tx(
+                c,
+                &Keyring::plain(),
+                now,
+                now + 60_000,
+                100,
+                &HashMap::new(),
+                4,
+            )
+        })
         .expect("claim");
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0000"));
