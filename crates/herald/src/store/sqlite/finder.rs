@@ -18,8 +18,9 @@ fn found_from_row(r: &Row<'_>) -> StoreResult<FoundMessage> {
 
 /// The WHERE clause (after `WHERE`) and its arguments. Which index serves
 /// it: the primary key or `UNIQUE (app_id, event_id)` /
-/// `messages_by_event_id` for an id; `messages_by_app_type` /
-/// `messages_by_type` for an event type; else `messages_by_app` or the
+/// `messages_by_event_id` for an id; `messages_by_app_type`
+/// for an event type in an application (across all of them, no index: the
+/// walk in id order tests each); else `messages_by_app` or the
 /// primary key, walked in id order. The status is checked per message
 /// through `deliveries_by_msg`.
 pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<Value>) {
