@@ -157,7 +157,8 @@ impl CountFold {
         if broken {
             return Err(rusqlite::Error::UserFunctionError(
                 format!(
-                    "{COUNT_FUNCTION}: a job's rollback failed, so the kept counts of this                      transaction are unknown; it is rolled back whole"
+                    "{COUNT_FUNCTION}: a job's rollback failed, so the kept counts of this \
+                     transaction are unknown; it is rolled back whole"
                 )
                 .into(),
             ));
