@@ -254,16 +254,49 @@ fn endpoint_form(
     }
 }
 
+/// Which endpoint form a page shows: a new endpoint, or `ep` edited.
+fn form_target(ep: Option<&Endpoint>) -> (&'static str, Markup, String) {
+    match ep {
+        None => (
+            "Add endpoint",
+            html! { h1 { "Add endpoint" } },
+            "/portal/endpoint/new".to_owned(),
+        ),
+        Some(ep) => (
+            "Edit endpoint",
+            html! { h1 { "Edit endpoint " small.mono { (ep.id) } } },
+            format!("{}/edit", path_of(ep)),
+        ),
+    }
+}
+
+/// The endpoint form's page, filled with `values`; with the API's
+/// `problem`, shown above it and answered 422.
+async fn form_page(
+    state: &ApiState,
+    session: &PortalSession,
+    ep: Option<&Endpoint>,
+    values: &FormValues,
+    problem: Option<&str>,
+) -> PortalResult {
+    let (title, heading, action) = form_target(ep);
+    let types = catalogue(state).await?;
+    let body = html! {
+        (heading)
+        (endpoint_form(session, &action, values, &types, problem))
+    };
+    let mut response = session.page(title, Nav::Endpoints, body);
+    if problem.is_some() {
+        *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
+    }
+    Ok(response)
+}
+
 /// `GET /portal/endpoint/new`.
 pub async fn new_form(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
     session.need(session.capabilities.manage_endpoint())?;
-    let types = catalogue(&state).await?;
     let empty = FormValues::posted(&FormFields::default());
-    let body = html! {
-        h1 { "Add endpoint" }
-        (endpoint_form(&session, "/portal/endpoint/new", &empty, &types, None))
-    };
-    Ok(session.page("Add endpoint", Nav::Endpoints, body))
+    form_page(&state, &session, None, &empty, None).await
 }
 
 /// `POST /portal/endpoint/new`: the API's create, its errors on the form.
@@ -289,14 +322,8 @@ pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> Port
         }
         Err(e) => match form_problem(&e) {
             Some(problem) => {
-                let types = catalogue(&state).await?;
-                let body = html! {
-                    h1 { "Add endpoint" }
-                    (endpoint_form(session, "/portal/endpoint/new", &FormValues::posted(&posted.form), &types, Some(&problem)))
-                };
-                let mut response = session.page("Add endpoint", Nav::Endpoints, body);
-                *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
-                Ok(response)
+                let values = FormValues::posted(&posted.form);
+                form_page(&state, session, None, &values, Some(&problem)).await
             }
             None => Err(e.into()),
         },
@@ -451,12 +478,7 @@ pub async fn edit_form(
 ) -> PortalResult {
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, &session, &endpoint_id).await?;
-    let types = catalogue(&state).await?;
-    let body = html! {
-        h1 { "Edit endpoint " small.mono { (ep.id) } }
-        (endpoint_form(&session, &format!("{}/edit", path_of(&ep)), &FormValues::of(&ep), &types, None))
-    };
-    Ok(session.page("Edit endpoint", Nav::Endpoints, body))
+    form_page(&state, &session, Some(&ep), &FormValues::of(&ep), None).await
 }
 
 /// `POST …/edit`: the API's update (PUT), its errors on the form.
@@ -488,14 +510,8 @@ pub async fn update(
         }
         Err(e) => match form_problem(&e) {
             Some(problem) => {
-                let types = catalogue(&state).await?;
-                let body = html! {
-                    h1 { "Edit endpoint " small.mono { (ep.id) } }
-                    (endpoint_form(session, &format!("{}/edit", path_of(&ep)), &FormValues::posted(&posted.form), &types, Some(&problem)))
-                };
-                let mut response = session.page("Edit endpoint", Nav::Endpoints, body);
-                *response.status_mut() = axum::http::StatusCode::UNPROCESSABLE_ENTITY;
-                Ok(response)
+                let values = FormValues::posted(&posted.form);
+                form_page(&state, session, Some(&ep), &values, Some(&problem)).await
             }
             None => Err(e.into()),
         },
