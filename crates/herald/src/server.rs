@@ -22,7 +22,6 @@ use bytes::Bytes;
 use http_body::Body as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use rand::RngCore;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -165,9 +164,7 @@ async fn admin_token(
     if let Some(stored) = store.get_setting(ADMIN_TOKEN_KEY).await? {
         return Ok((digest_from_hex(&stored)?, None));
     }
-    let mut raw = [0u8; 24];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let token = format!("hrld_{}", hex::encode(raw));
+    let token = format!("hrld_{}", crate::api::auth::random_hex(24));
     let digest = token_sha256(&token);
     let kept = store
         .init_setting(ADMIN_TOKEN_KEY, &hex::encode(digest))

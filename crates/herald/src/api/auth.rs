@@ -402,9 +402,7 @@ pub async fn create_token(
 ) -> ApiResult<Response> {
     let name = body.name.unwrap_or_default();
     super::check_line(&["body", "name"], &name, super::MAX_NAME_CHARS)?;
-    let mut raw = [0u8; 24];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let secret = format!("hrld_app_{}", hex::encode(raw));
+    let secret = format!("hrld_app_{}", random_hex(24));
     let token = ApiToken::plain(
         format!("tok_{}", ulid::Ulid::new()),
         app.id,
@@ -713,7 +711,9 @@ pub struct ApplicationTokenExpireIn {
     pub session_ids: Option<Vec<String>>,
 }
 
-fn random_hex(bytes: usize) -> String {
+/// `bytes` random bytes as hex: every secret Herald makes (tokens, portal
+/// codes, session ids, CSRF tokens).
+pub fn random_hex(bytes: usize) -> String {
     let mut raw = vec![0u8; bytes];
     rand::thread_rng().fill_bytes(&mut raw);
     hex::encode(raw)

@@ -18,7 +18,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use maud::{html, Markup};
-use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use super::{layout, see_other, DashError};
@@ -34,9 +33,7 @@ const LOGIN_PATH: &str = "/dashboard/login";
 
 /// A new session id or CSRF token: 256 random bits, as hex.
 pub(crate) fn random_token() -> String {
-    let mut raw = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut raw);
-    hex::encode(raw)
+    crate::api::auth::random_hex(32)
 }
 
 /// The store's key of a session: the hex SHA-256 of its id.
