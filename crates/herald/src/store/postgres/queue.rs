@@ -522,7 +522,10 @@ impl Queue for PostgresStore {
         // the due scan passes their other rows without counting them
         // (rows never queued yet, `queued_at IS NULL`, go in: they are
         // given their place here). Of a FIFO endpoint only its head is
-        // taken, one per claim (a delivering head is not due); of a
+        // taken, one per claim (a delivering head is not due), and only by
+        // the claim holding the endpoint's row (`fifo_mine`, SKIP LOCKED):
+        // a concurrent claim's head is not committed yet, so another claim
+        // would take the next row for the head; of a
         // throttled one only as many as its slots, which this claim
         // reserves by moving its `endpoint_throttle` row on, locked with
         // SKIP LOCKED (another claim moving it: none this time).
@@ -539,8 +542,11 @@ impl Queue for PostgresStore {
                  WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
              fifo AS MATERIALIZED ( \
                  SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
+             fifo_mine AS MATERIALIZED ( \
+                 SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM fifo) \
+                 FOR NO KEY UPDATE SKIP LOCKED), \
              fifo_heads AS MATERIALIZED ( \
-                 SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id FROM fifo f CROSS JOIN LATERAL ( \
+                 SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id FROM fifo_mine f CROSS JOIN LATERAL ( \
                      SELECT x.id, x.queued_at, x.msg_id FROM deliveries x \
                      WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
                      ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
@@ -551,8 +557,9 @@ impl Queue for PostgresStore {
                  WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
                    AND d.endpoint_id <> ALL($2::text[]) \
                    AND d.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr) \
-                   AND (d.endpoint_id NOT IN (SELECT id FROM fifo) OR d.queued_at IS NULL \
-                        OR d.id IN (SELECT id FROM fifo_heads)) \
+                   AND (d.endpoint_id NOT IN (SELECT id FROM fifo) \
+                        OR (d.endpoint_id IN (SELECT id FROM fifo_mine) \
+                            AND (d.queued_at IS NULL OR d.id IN (SELECT id FROM fifo_heads)))) \
                  ORDER BY d.next_attempt_at LIMIT $3 \
                  FOR UPDATE OF d SKIP LOCKED), \
              fresh AS MATERIALIZED ( \
