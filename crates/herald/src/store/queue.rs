@@ -563,14 +563,35 @@ pub fn may_hand_off(enabled: bool, rate_limit: Option<i64>, ordering: &str) -> b
 /// `rate × horizon + 1` slots of one endpoint.
 pub const THROTTLE_HORIZON_MS: Millis = 100;
 
+/// How late a request may leave after its throttle slot (the sender's
+/// timer, its turn on a busy core, the write) without the receiver
+/// counting more than `rate + 1` in a one-second window.
+pub const THROTTLE_DRIFT_US: i64 = 10_000;
+
+/// The spacing of a throttled endpoint's slots, in microseconds: at least
+/// `1/rate` (rounded up: never faster than the rate), and wide enough that
+/// slots sent up to [`THROTTLE_DRIFT_US`] late still put at most `rate + 1`
+/// into any one-second window the receiver sees, `(1 s + drift) / (rate +
+/// 1)`. The second term is the wider only above ~100/s: at 1,000/s it
+/// spaces slots 1,009 µs apart (≈ 991/s), where exact 1 ms slots sent a
+/// few ms late put 1,004 into one second. The PostgreSQL claim computes
+/// the same in SQL (its `thr` step; the conformance suite checks both
+/// at 1,000/s).
+pub fn throttle_step_us(rate: u32) -> i64 {
+    let rate = i64::from(rate.max(1));
+    let exact = (1_000_000 + rate - 1) / rate;
+    let drift_proof = (1_000_000 + THROTTLE_DRIFT_US + rate) / (rate + 1);
+    exact.max(drift_proof)
+}
+
 /// One throttled endpoint's send slots as a claim reserves them (GCRA,
 /// without burst): the endpoint's theoretical arrival time (`tat_us`,
 /// microseconds, stored) is the earliest the next request may go; each
 /// claimed delivery takes the slot at `max(tat, now)` and moves it on by
-/// `1/rate`; only slots before `now + THROTTLE_HORIZON_MS` are taken. So
-/// requests to the endpoint are at least `1/rate` apart, whichever
-/// process claims them, and a one-second window holds at most `rate + 1`
-/// slots. The PostgreSQL claim computes the same in SQL.
+/// [`throttle_step_us`]; only slots before `now + THROTTLE_HORIZON_MS` are
+/// taken. So requests to the endpoint are at least `1/rate` apart,
+/// whichever process claims them, and a one-second window holds at most
+/// `rate + 1` slots. The PostgreSQL claim computes the same in SQL.
 #[derive(Debug, Clone)]
 pub struct ThrottleSlots {
     base_us: i64,
@@ -581,11 +602,9 @@ pub struct ThrottleSlots {
 
 impl ThrottleSlots {
     pub fn new(rate: u32, tat_us: i64, now: Millis) -> Self {
-        let rate = i64::from(rate.max(1));
         ThrottleSlots {
             base_us: tat_us.max(now.saturating_mul(1000)),
-            // Rounded up: never faster than the rate.
-            step_us: (1_000_000 + rate - 1) / rate,
+            step_us: throttle_step_us(rate),
             horizon_us: now.saturating_add(THROTTLE_HORIZON_MS).saturating_mul(1000),
             taken: 0,
         }

@@ -3788,6 +3788,22 @@ async fn claim_reserves_throttle_slots_within_the_horizon(store: Arc<dyn Store>)
     let rest = claim(&store, T0 + 30, 100, &none, 100).await;
     assert_eq!(rest.len(), 5, "{rest:?}");
     assert!(rest.iter().all(|d| d.send_at.is_none()));
+
+    // At 1,000/s the slots are 1,009 µs apart, not 1 ms: requests sent up
+    // to 10 ms late must still put no more than 1,001 into a second the
+    // receiver sees (exact 1 ms slots put 1,004 there in the bench).
+    let c = app(&store, None).await;
+    endpoint_with(&store, &c.id, Some(1000), EndpointOrdering::None).await;
+    messages_in_order(&store, &c.id, 120).await;
+    let got = claim(&store, T0, 200, &none, 200).await;
+    let want: Vec<_> = (0..100)
+        .map(|i| Some(T0 + (i * 1009 + 999) / 1000))
+        .collect();
+    assert_eq!(
+        got.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        want,
+        "a hundred slots within the 100 ms horizon, 1,009 µs apart"
+    );
 }
 
 /// Issue 13, ordering: of a FIFO endpoint a claim takes only the first

@@ -594,7 +594,8 @@ impl Queue for PostgresStore {
                      WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL) c \
                  ORDER BY c.endpoint_id, c.k, c.msg_id), \
              thr AS MATERIALIZED ( \
-                 SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, (1000000 + eps.rate - 1) / eps.rate AS step \
+                 SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, \
+                        GREATEST((1000000 + eps.rate - 1) / eps.rate, (1010000 + eps.rate) / (eps.rate + 1)) AS step \
                  FROM endpoint_throttle t JOIN eps ON eps.id = t.endpoint_id \
                  WHERE eps.rate IS NOT NULL AND NOT eps.disabled \
                  FOR UPDATE OF t SKIP LOCKED), \
