@@ -213,6 +213,7 @@ fn open_writer(path: &std::path::Path) -> StoreResult<(Connection, CountFold)> {
 /// The kept counts' deltas are flushed just before COMMIT, in the same
 /// transaction (see `counts.rs`).
 fn writer_loop(conn: Connection, counts: CountFold, mut jobs: mpsc::Receiver<Command>) {
+    counts.install();
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_JOBS_PER_COMMIT);
     let mut stopping = false;
     while !stopping {
@@ -274,6 +275,7 @@ impl SqliteStore {
                 }
                 let (mut writer, counts) = open_writer(&path)?;
                 migrate(&mut writer, &counts)?;
+                counts::use_writer_triggers(&writer).map_err(map_err)?;
                 let readers = (0..READERS)
                     .map(|_| open_connection(&path, true))
                     .collect::<StoreResult<Vec<_>>>()?;

@@ -151,6 +151,7 @@ fn insert_messages_tx(
                     m.due_at()
                 ])
                 .map_err(map_err)?;
+            counts::counted(&d.endpoint_id, d.state as i64, false, 1)?;
             claimed.extend(d.claimed);
         }
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
@@ -217,7 +218,7 @@ fn claim_tx(
         }
     }
     set_aside(conn, &head)?;
-    let picked = head.picked;
+    let picked = std::mem::take(&mut head.picked);
     if picked.is_empty() {
         return Ok(Vec::new());
     }
@@ -226,7 +227,7 @@ fn claim_tx(
         .prepare_cached(
             "UPDATE deliveries SET state = 1, next_attempt_at = ?1, lease_token = ?2, updated_at = ?3 \
              WHERE id = ?4 \
-             RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual",
+             RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual, parked",
         )
         .map_err(map_err)?;
     let mut details = conn
@@ -248,11 +249,26 @@ fn claim_tx(
                     r.get::<_, i64>(5)?,
                     r.get::<_, i64>(6)?,
                     r.get::<_, i64>(7)?,
+                    r.get::<_, i64>(8)?,
                 ))
             })
             .map_err(map_err)?;
-        let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
-            claimed;
+        let (
+            id,
+            msg_id,
+            app_id,
+            endpoint_id,
+            attempts,
+            cycle_started_at,
+            cycle_base,
+            manual,
+            parked,
+        ) = claimed;
+        // The take names no `parked`, so it counts itself (counts.rs): a
+        // pending row is now delivering; an expired lease stays so.
+        if !head.expired.contains(&id) {
+            counts::moved(&endpoint_id, 0, 1, parked == 2)?;
+        }
         let (event_type, payload, url, secret, old_secrets, headers, traceparent) = details
             .query_row(params![msg_id, endpoint_id], |r| {
                 Ok((
@@ -320,6 +336,9 @@ struct DueHead {
     /// (delivery, endpoint): claimable retries met after the retries'
     /// share of the slots was taken, in due order.
     spare: Vec<(String, String)>,
+    /// Claimable rows met that were delivering already (expired leases):
+    /// taking them again changes no count.
+    expired: HashSet<String>,
 }
 
 /// A FIFO endpoint's head as far as the walk knows it: (key, msg id,
@@ -393,6 +412,9 @@ fn walk_due_head(
         // (A delivering row here is a lease that expired: claimable, but
         // neither parked nor held.)
         let pending = get::<i64>(r, "state")? == 0;
+        if !pending {
+            head.expired.insert(id.clone());
+        }
         let parkable = pending && get::<Millis>(r, "next_attempt_at")? <= overdue;
         if get::<i64>(r, "off")? != 0 {
             if pending {
@@ -707,7 +729,7 @@ fn complete_tx(
         .prepare_cached(
             "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_token = NULL, manual = 0, \
              dead_reason = ?4, last_status = ?5, last_error = ?6, updated_at = ?7 \
-             WHERE id = ?8 AND lease_token = ?9",
+             WHERE id = ?8 AND lease_token = ?9 RETURNING parked",
         )
         .map_err(map_err)?;
     let mut moved = Vec::with_capacity(batch.len());
@@ -736,20 +758,34 @@ fn complete_tx(
             NextState::Retry { at } => (DeliveryState::Pending, at, None),
             NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
         };
-        let changed = update
-            .execute(params![
-                state as i64,
-                i64::from(a.attempt_number),
-                next_at,
-                reason,
-                a.status_code.map(i64::from),
-                a.error,
-                c.now,
-                a.delivery_id.as_str(),
-                c.lease_token,
-            ])
+        let parked: Option<i64> = update
+            .query_row(
+                params![
+                    state as i64,
+                    i64::from(a.attempt_number),
+                    next_at,
+                    reason,
+                    a.status_code.map(i64::from),
+                    a.error,
+                    c.now,
+                    a.delivery_id.as_str(),
+                    c.lease_token,
+                ],
+                |r| r.get(0),
+            )
+            .optional()
             .map_err(map_err)?;
-        moved.push(changed == 1);
+        // Names no `parked`: counts itself (counts.rs). Leased, so it was
+        // delivering.
+        if let Some(parked) = parked {
+            counts::moved(
+                a.endpoint_id.as_str(),
+                DeliveryState::Delivering as i64,
+                state as i64,
+                parked == 2,
+            )?;
+        }
+        moved.push(parked.is_some());
     }
     let (streaks, circuits) = record_endpoint_health(conn, batch, breaker)?;
     Ok(Completed {
@@ -942,6 +978,7 @@ impl Queue for SqliteStore {
                 ],
             )
             .map_err(map_err)?;
+            counts::counted(&ep, 0, false, 1)?;
             Ok(true)
         })
         .await
@@ -1001,12 +1038,19 @@ impl Queue for SqliteStore {
     async fn release(&self, id: &DeliveryId, lease_token: &str, now: Millis) -> StoreResult<()> {
         let (id, token) = (id.as_str().to_owned(), lease_token.to_owned());
         self.write(move |c| {
-            c.execute(
-                "UPDATE deliveries SET state = 0, next_attempt_at = ?1, lease_token = NULL, updated_at = ?1 \
-                 WHERE id = ?2 AND lease_token = ?3",
-                params![now, id, token],
-            )
-            .map_err(map_err)?;
+            // Names no `parked`: counts itself (counts.rs).
+            let released: Option<(String, i64)> = c
+                .query_row(
+                    "UPDATE deliveries SET state = 0, next_attempt_at = ?1, lease_token = NULL, updated_at = ?1 \
+                     WHERE id = ?2 AND lease_token = ?3 RETURNING endpoint_id, parked",
+                    params![now, id, token],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(map_err)?;
+            if let Some((endpoint, parked)) = released {
+                counts::moved(&endpoint, 1, 0, parked == 2)?;
+            }
             Ok(())
         })
         .await
@@ -1052,6 +1096,7 @@ mod tests {
     ) -> (Connection, CountFold) {
         let (mut conn, counts) = open_writer(&dir.join("claims.db")).expect("open");
         migrate(&mut conn, &counts).expect("migrate");
+        counts::use_writer_triggers(&conn).expect("writer triggers");
         in_tx(&conn, &counts, |conn| conn.execute_batch(&format!(
             "INSERT INTO applications (id, name, created_at, updated_at) VALUES ('app_1', 'a', 0, 0);
              WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {endpoints})
@@ -1074,6 +1119,7 @@ mod tests {
     /// commit, as the writer thread does.
     fn in_tx<T>(conn: &Connection, counts: &CountFold, f: impl FnOnce(&Connection) -> T) -> T {
         conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+        counts.install();
         counts.begin();
         let out = f(conn);
         counts.flush(conn).expect("flush the counts");

@@ -44,7 +44,7 @@ pub(super) fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<Value>) {
 
 /// A new cycle; `queued_at` cleared, so a FIFO endpoint's claim queues it
 /// again at its `updated_at`: the back of the queue.
-const REPLAY_SET: &str =
+pub(super) const REPLAY_SET: &str =
     "state = 0, next_attempt_at = ?1, cycle_started_at = ?1, cycle_base = attempts, \
      manual = 1, lease_token = NULL, dead_reason = NULL, parked = 0, updated_at = ?1, \
      queued_at = NULL";
@@ -131,6 +131,7 @@ impl Replay for SqliteStore {
                     params![DeliveryId::generate().as_str(), msg, ep, app, now],
                 )
                 .map_err(map_err)?;
+                counts::counted(&ep, 0, false, 1)?;
             }
             Ok(ResendOutcome::Queued)
         })
@@ -202,6 +203,7 @@ impl Replay for SqliteStore {
                 insert
                     .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])
                     .map_err(map_err)?;
+                counts::counted(&ep, 0, false, 1)?;
             }
             Ok(Some(MissingBatch {
                 delivered: wanted.len() as u64,
