@@ -72,6 +72,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0016_finder.sql"),
     include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
     include_str!("../../../migrations/sqlite/0018_counts_fold.sql"),
+    include_str!("../../../migrations/sqlite/0019_failed_attempts_index.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
