@@ -1302,7 +1302,9 @@ mod tests {
             .fetch_one(&store.pool)
             .await
             .expect("explain")
-            .get(0);
+            // `json`, read as its text (sqlx is built without its json type).
+            .try_get_unchecked(0)
+            .expect("plan");
         let plan: serde_json::Value = serde_json::from_str(&plan).expect("plan json");
         let top = &plan[0]["Plan"];
         (
