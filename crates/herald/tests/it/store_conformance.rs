@@ -4128,9 +4128,10 @@ async fn fifo_and_throttled_backlogs_set_aside_come_back_in_order(store: Arc<dyn
 /// `fifo_and_throttled_backlogs_set_aside_come_back_in_order`.)
 #[tokio::test]
 async fn postgres_a_fifo_backlog_parked_before_any_claim_met_it_comes_back() {
-    let Some(f) =
-        postgres("store_conformance::postgres_a_fifo_backlog_parked_before_any_claim_met_it_comes_back")
-            .await
+    let Some(f) = postgres(
+        "store_conformance::postgres_a_fifo_backlog_parked_before_any_claim_met_it_comes_back",
+    )
+    .await
     else {
         return;
     };

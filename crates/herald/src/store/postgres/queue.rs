@@ -1231,10 +1231,7 @@ mod tests {
             store.create_endpoint(&ep).await.expect("endpoint");
             ids.push(ep.id);
         }
-        for (ep, prefix, from, n) in [
-            (&ids[0], "f", 0, backlog),
-            (&ids[1], "o", backlog, 1_000),
-        ] {
+        for (ep, prefix, from, n) in [(&ids[0], "f", 0, backlog), (&ids[1], "o", backlog, 1_000)] {
             sqlx::query(
                 "WITH m AS ( \
                      INSERT INTO messages (id, app_id, event_type, payload, created_at) \
@@ -1266,15 +1263,15 @@ mod tests {
     /// (returned or filtered out, over all loops), and the buffers the
     /// whole statement touched.
     fn rows_read(v: &serde_json::Value) -> u64 {
-        let own = if v.get("Relation Name").and_then(serde_json::Value::as_str) == Some("deliveries")
-        {
-            (count(v, "Actual Rows")
-                + count(v, "Rows Removed by Filter")
-                + count(v, "Rows Removed by Index Recheck"))
-                * count(v, "Actual Loops").max(1)
-        } else {
-            0
-        };
+        let own =
+            if v.get("Relation Name").and_then(serde_json::Value::as_str) == Some("deliveries") {
+                (count(v, "Actual Rows")
+                    + count(v, "Rows Removed by Filter")
+                    + count(v, "Rows Removed by Index Recheck"))
+                    * count(v, "Actual Loops").max(1)
+            } else {
+                0
+            };
         let under: u64 = v
             .get("Plans")
             .and_then(serde_json::Value::as_array)
