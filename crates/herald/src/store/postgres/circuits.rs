@@ -92,7 +92,8 @@ impl Circuits for PostgresStore {
             return Ok(0);
         }
         // Per broken endpoint (few: `endpoints_circuit_broken`), its
-        // deliveries through `deliveries_by_endpoint`; SKIP LOCKED leaves
+        // deliveries through `deliveries_by_endpoint`, parked or not (an
+        // open breaker's rows are parked by the claims); SKIP LOCKED leaves
         // one being claimed or resent right now to that.
         let n = sqlx::query(
             "WITH old AS MATERIALIZED ( \
@@ -103,7 +104,7 @@ impl Circuits for PostgresStore {
                        AND d.cycle_started_at < $1 \
                      LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
                  WHERE e.circuit_state <> 0 LIMIT $2) \
-             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', \
+             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', parked = FALSE, \
                     next_attempt_at = $3, updated_at = $3 \
              FROM old WHERE d.id = old.id",
         )

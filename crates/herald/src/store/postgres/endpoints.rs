@@ -299,8 +299,11 @@ impl Endpoints for PostgresStore {
         streak_started_at: Option<Millis>,
         now: Millis,
     ) -> StoreResult<bool> {
-        // Its pending deliveries are held from the same statement on: out
-        // of the claim index, and found by retention's age cap. (Claims
+        // Its pending deliveries are held from the same statement on, parked
+        // or not: out of the claim index, and found by retention's age cap.
+        // (Its `parked_endpoints` entry, if any, is left to the claims: one
+        // with room forgets it, see `CLAIM_SQL`; deleting it here could
+        // lose rows a concurrent claim is parking.) (Claims
         // hold those made pending later; one a claim is taking right now
         // is waited for, then seen delivering and left alone.)
         let n: i64 = sqlx::query_scalar(
@@ -310,7 +313,7 @@ impl Endpoints for PostgresStore {
                  WHERE id = $4 AND NOT disabled AND ($5::int8 IS NULL OR streak_started_at = $5) \
                  RETURNING id), \
              held AS ( \
-                 UPDATE deliveries SET held = TRUE \
+                 UPDATE deliveries SET held = TRUE, parked = FALSE \
                  WHERE endpoint_id IN (SELECT id FROM off) AND state = 0 AND NOT held) \
              SELECT count(*) FROM off",
         )
@@ -359,7 +362,7 @@ impl Endpoints for PostgresStore {
         .map_err(map_err)?;
         // Held past the age cap: dead now, and replayable like any other.
         let expired = sqlx::query(
-            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, \
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, parked = FALSE, \
              next_attempt_at = $1, updated_at = $1 \
              WHERE endpoint_id = $2 AND state = 0 AND cycle_started_at < $3",
         )

@@ -94,8 +94,9 @@ impl Health for PostgresStore {
         // Totals from the trigger-kept counts (one row per endpoint, state
         // and held; rows an endpoint's deletion left behind are joined
         // away); due ones counted up to the cap by a bounded walk of the
-        // claim index; the oldest due is its first entry past the few
-        // delivering rows. (Held deliveries are pending, counted apart
+        // claim index and of the parked rows (as on SQLite); the oldest due
+        // is the claim index's first entry past the few delivering rows, or
+        // a parked endpoint's oldest. (Held deliveries are pending, counted apart
         // from due ones: they wait for their endpoint's enabling.)
         let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
         let totals = sqlx::query(
@@ -126,9 +127,14 @@ impl Health for PostgresStore {
         let row = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM (SELECT 1 FROM deliveries \
-                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1 LIMIT $2) due) AS due, \
+                 WHERE state < 2 AND NOT held AND NOT parked AND state = 0 AND next_attempt_at <= $1 \
+                 LIMIT $2) due) AS due, \
+               (SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE parked LIMIT $2) p) AS parked, \
                (SELECT min(next_attempt_at) FROM deliveries \
-                 WHERE state < 2 AND NOT held AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+                 WHERE state < 2 AND NOT held AND NOT parked AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+               (SELECT min((SELECT min(d.next_attempt_at) FROM deliveries d \
+                            WHERE d.parked AND d.endpoint_id = p.endpoint_id)) \
+                  FROM parked_endpoints p) AS oldest_parked, \
                (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
         )
         .bind(now)
@@ -136,8 +142,15 @@ impl Health for PostgresStore {
         .fetch_one(&self.pool)
         .await
         .map_err(map_err)?;
-        stats.due = u(get::<i64>(&row, "due")?).min(DUE_COUNT_CAP);
-        stats.oldest_due_at = get(&row, "oldest")?;
+        // Parked rows (out of the claim index, see `claim`) are due too.
+        stats.due = u(get::<i64>(&row, "due")? + get::<i64>(&row, "parked")?).min(DUE_COUNT_CAP);
+        stats.oldest_due_at = [
+            get::<Option<Millis>>(&row, "oldest")?,
+            get::<Option<Millis>>(&row, "oldest_parked")?,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         stats.disabled_endpoints = u(get::<i64>(&row, "disabled")?);
         Ok(stats)
     }

@@ -423,6 +423,316 @@ impl PostgresStore {
     }
 }
 
+/// A full endpoint's due deliveries are parked once they have waited this
+/// long: a busy but healthy endpoint's rows are claimed within
+/// milliseconds and never pay for it (as on SQLite).
+const PARK_AFTER_MS: Millis = 1_000;
+/// Rows one claim parks at most; the next claims go on from there.
+const PASSED_PER_CLAIM: i64 = 2_000;
+
+/// The parameters of [`CLAIM_SQL`] for one claim, kept together so that
+/// the statement and its cost test bind the same values.
+struct ClaimArgs<'a> {
+    now: Millis,
+    saturated: Vec<&'a str>,
+    window: i64,
+    busy: Vec<&'a str>,
+    in_flight: Vec<i64>,
+    cap: i64,
+    limit: i64,
+    lease_until: Millis,
+    token: String,
+    horizon_us: i64,
+    now_us: i64,
+    retry_share: i64,
+}
+
+impl<'a> ClaimArgs<'a> {
+    fn new(req: &'a ClaimRequest<'a>) -> Self {
+        // What each endpoint with requests in flight already has; the
+        // others have the whole cap (a FIFO endpoint: one).
+        let (busy, in_flight): (Vec<&str>, Vec<i64>) = req
+            .in_flight
+            .iter()
+            .map(|(id, n)| (id.as_str(), i64_of(*n)))
+            .unzip();
+        ClaimArgs {
+            now: req.now,
+            saturated: saturated(req.in_flight, req.endpoint_cap),
+            window: i64_of(claim_window(req.limit)),
+            busy,
+            in_flight,
+            cap: i64_of(req.endpoint_cap),
+            limit: i64_of(req.limit),
+            lease_until: req.lease_until,
+            token: ulid::Ulid::new().to_string(),
+            horizon_us: req
+                .now
+                .saturating_add(THROTTLE_HORIZON_MS)
+                .saturating_mul(1000),
+            now_us: req.now.saturating_mul(1000),
+            retry_share: i64_of(retry_share(req.limit)),
+        }
+    }
+
+    /// `sql` (the claim statement, or one that wraps it) with these values
+    /// bound as `$1` … `$14`.
+    fn bind<'q>(
+        &'q self,
+        sql: impl sqlx::SqlSafeStr,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(sql)
+            .bind(self.now)
+            .bind(&self.saturated)
+            .bind(self.window)
+            .bind(&self.busy)
+            .bind(&self.in_flight)
+            .bind(self.cap)
+            .bind(self.limit)
+            .bind(self.lease_until)
+            .bind(&self.token)
+            .bind(self.horizon_us)
+            .bind(self.now_us)
+            .bind(self.retry_share)
+            .bind(self.now.saturating_sub(PARK_AFTER_MS))
+            .bind(PASSED_PER_CLAIM)
+    }
+}
+
+/// The claim: one statement, so one round trip and no explicit
+/// transaction: the row locks last only while it runs. SKIP LOCKED: rows
+/// another claimer is taking right now are left to it; this claim takes
+/// the next ones instead of waiting. Of the due rows, each endpoint gets
+/// no more than its room, earliest first, and `limit` in all.
+///
+/// Held deliveries are not in `deliveries_due`; the pending ones of a
+/// disabled endpoint the window still meets (made pending after it was
+/// disabled) are held here, so no claim meets them again. Holding takes a
+/// share lock on their endpoint, as enabling it takes a stronger one: the
+/// two never cross, so a delivery held here is always one enabling will
+/// see; an endpoint locked by someone else is left for a later claim
+/// (SKIP LOCKED).
+///
+/// Throttled and FIFO endpoints (issue 13): `full_thr` are the throttled
+/// ones with no send slot left within the horizon, `fifo_heads` the first
+/// live delivery of each enabled FIFO endpoint in its queue; the due scan
+/// passes their other rows without counting them (rows never queued yet,
+/// `queued_at IS NULL`, go in: they are given their place here). Of a FIFO
+/// endpoint only its head is taken, one per claim (a delivering head is
+/// not due), and only by the claim holding the endpoint's row
+/// (`fifo_mine`, SKIP LOCKED): a concurrent claim's head is not committed
+/// yet, so another claim would take the next row for the head; of a
+/// throttled one only as many as its slots, which this claim reserves by
+/// moving its `endpoint_throttle` row on, locked with SKIP LOCKED (another
+/// claim moving it: none this time).
+///
+/// Retries take at most `retry_share` of the slots while first attempts
+/// wait too (issue 13, item 4): when the due head holds more retries than
+/// that, `fresh` also reads the newest due first attempts (the other end
+/// of `deliveries_due`; a one-time filter, so nothing is read otherwise),
+/// and `picked` takes retries past their share last.
+///
+/// Parking (issue 13, item 5; SQLite's walk does the same): the due scan
+/// reads past every pending row of an endpoint without room (saturated,
+/// which includes an open breaker; throttled without a slot; a FIFO
+/// endpoint's rows behind its head). `to_park` takes those due for over
+/// `PARK_AFTER_MS`, at most `PASSED_PER_CLAIM`, out of `deliveries_due`
+/// (`parked`) and notes their endpoint in `parked_endpoints`, so later
+/// claims no longer read them. It reads only the part of the index the
+/// due scan read (up to the last row of its window, `bound`), so it costs
+/// at most what the due scan did, and nothing when no endpoint lacks room
+/// (a one-time filter). Its endpoints are locked first (KEY SHARE, SKIP
+/// LOCKED, for the foreign key of `parked_endpoints`: endpoints before
+/// deliveries, the lock order, so deleting one cannot deadlock with it);
+/// rows of a FIFO or throttled endpoint get their queue place as they are
+/// parked, so the FIFO head is still found among them.
+///
+/// Unparking, in the same statement: `unparked` reads, of each endpoint
+/// in `parked_endpoints` that is enabled and has room, as many parked
+/// rows as that room, oldest first (a FIFO endpoint: its head, if parked
+/// and the endpoint's row is this claim's), and they join the due rows,
+/// so the claim takes them directly; those it does not take stay parked
+/// for the next claim. Taking them here, rather than in a statement run
+/// first, keeps the claim one round trip: the statement sees one
+/// snapshot, so rows unparked by an earlier part of it would be invisible
+/// to its due scan. An endpoint with room and no parked row left but those
+/// taken is forgotten (`forgot`), unless a claim parked rows of it since
+/// this one's snapshot: the row lock on its `parked_endpoints` entry
+/// re-reads `parks`, which every parking claim moves on (SKIP LOCKED: one
+/// parking right now keeps it). Several workers can so park and unpark the
+/// same endpoint: every row is locked by the one claim that moves it, none
+/// is parked without its endpoint noted, and a FIFO endpoint's head is
+/// found among parked rows too.
+const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
+         SELECT t.endpoint_id FROM endpoint_throttle t JOIN endpoints e ON e.id = t.endpoint_id \
+         WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
+     fifo AS MATERIALIZED ( \
+         SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
+     fifo_mine AS MATERIALIZED ( \
+         SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM fifo) \
+         FOR NO KEY UPDATE SKIP LOCKED), \
+     fifo_heads AS MATERIALIZED ( \
+         SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id, h.parked FROM fifo_mine f CROSS JOIN LATERAL ( \
+             SELECT x.id, x.queued_at, x.msg_id, x.parked FROM deliveries x \
+             WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
+             ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
+     due_head AS MATERIALIZED ( \
+         SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                d.attempts \
+         FROM deliveries d \
+         WHERE d.state < 2 AND NOT d.held AND NOT d.parked AND d.next_attempt_at <= $1 \
+           AND d.endpoint_id <> ALL($2::text[]) \
+           AND d.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr) \
+           AND (d.endpoint_id NOT IN (SELECT id FROM fifo) \
+                OR (d.endpoint_id IN (SELECT id FROM fifo_mine) \
+                    AND (d.queued_at IS NULL OR d.id IN (SELECT id FROM fifo_heads)))) \
+         ORDER BY d.next_attempt_at LIMIT $3 \
+         FOR UPDATE OF d SKIP LOCKED), \
+     fresh AS MATERIALIZED ( \
+         SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                d.attempts \
+         FROM deliveries d \
+         WHERE (SELECT COUNT(*) FROM due_head WHERE attempts > 0) > $12 \
+           AND d.state < 2 AND NOT d.held AND NOT d.parked AND d.next_attempt_at <= $1 AND d.state = 0 \
+           AND d.attempts = 0 AND d.endpoint_id <> ALL($2::text[]) \
+           AND d.endpoint_id NOT IN (SELECT id FROM fifo) \
+           AND d.endpoint_id NOT IN (SELECT endpoint_id FROM endpoint_throttle) \
+         ORDER BY d.next_attempt_at DESC LIMIT $3 \
+         FOR UPDATE OF d SKIP LOCKED), \
+     room_of AS MATERIALIZED ( \
+         SELECT b.endpoint_id, b.n FROM UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, n)), \
+     parked_eps AS MATERIALIZED ( \
+         SELECT p.endpoint_id, p.parks, e.ordering = 'fifo' AS fifo, \
+                LEAST($6 - COALESCE(b.n, 0), $7) AS room \
+         FROM parked_endpoints p JOIN endpoints e ON e.id = p.endpoint_id \
+         LEFT JOIN room_of b ON b.endpoint_id = p.endpoint_id \
+         WHERE NOT e.disabled AND $6 - COALESCE(b.n, 0) > 0 \
+           AND p.endpoint_id <> ALL($2::text[]) \
+           AND p.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr)), \
+     unparked AS MATERIALIZED ( \
+         SELECT u.* FROM (SELECT * FROM parked_eps WHERE NOT fifo) pe CROSS JOIN LATERAL ( \
+             SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                    d.attempts \
+             FROM deliveries d \
+             WHERE d.parked AND d.endpoint_id = pe.endpoint_id AND d.state = 0 AND NOT d.held \
+             ORDER BY d.next_attempt_at LIMIT pe.room \
+             FOR UPDATE OF d SKIP LOCKED) u), \
+     unparked_heads AS MATERIALIZED ( \
+         SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
+                d.attempts \
+         FROM deliveries d \
+         WHERE d.id = ANY (ARRAY(SELECT h.id FROM fifo_heads h JOIN parked_eps pe ON pe.endpoint_id = h.endpoint_id \
+                                 WHERE h.parked)) \
+           AND d.parked AND d.state = 0 AND NOT d.held \
+         FOR UPDATE OF d SKIP LOCKED), \
+     due AS MATERIALIZED ( \
+         SELECT * FROM due_head UNION SELECT * FROM fresh \
+         UNION SELECT * FROM unparked UNION SELECT * FROM unparked_heads), \
+     eps AS MATERIALIZED ( \
+         SELECT e.id, e.disabled, e.ordering = 'fifo' AS fifo, \
+                CASE WHEN e.rate_limit > 0 THEN e.rate_limit::int8 END AS rate \
+         FROM endpoints e WHERE e.id IN (SELECT endpoint_id FROM due)), \
+     off AS MATERIALIZED (SELECT id FROM eps WHERE disabled), \
+     held AS ( \
+         UPDATE deliveries d SET held = TRUE FROM due \
+         WHERE d.id = due.id AND due.state = 0 \
+           AND due.endpoint_id IN ( \
+               SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
+               FOR SHARE SKIP LOCKED)), \
+     heads AS MATERIALIZED ( \
+         SELECT DISTINCT ON (c.endpoint_id) c.endpoint_id, c.id FROM ( \
+             SELECT endpoint_id, id, k, msg_id FROM fifo_heads \
+             UNION ALL \
+             SELECT due.endpoint_id, due.id, due.updated_at, due.msg_id FROM due \
+             JOIN eps ON eps.id = due.endpoint_id \
+             WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL) c \
+         ORDER BY c.endpoint_id, c.k, c.msg_id), \
+     thr AS MATERIALIZED ( \
+         SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, \
+                GREATEST((1000000 + eps.rate - 1) / eps.rate, (1010000 + eps.rate) / (eps.rate + 1)) AS step \
+         FROM endpoint_throttle t JOIN eps ON eps.id = t.endpoint_id \
+         WHERE eps.rate IS NOT NULL AND NOT eps.disabled \
+         FOR UPDATE OF t SKIP LOCKED), \
+     ranked AS ( \
+         SELECT due.id, due.next_attempt_at, due.endpoint_id, due.updated_at, \
+                (eps.fifo OR eps.rate IS NOT NULL) AS queues, eps.fifo, \
+                (due.attempts > 0 AND NOT eps.fifo AND eps.rate IS NULL) AS retry, \
+                row_number() OVER (PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id) AS nth, \
+                row_number() OVER (PARTITION BY (due.attempts > 0) ORDER BY due.next_attempt_at, due.id) AS kth \
+         FROM due JOIN eps ON eps.id = due.endpoint_id \
+         WHERE NOT eps.disabled \
+           AND (NOT eps.fifo OR due.id IN (SELECT id FROM heads)) \
+           AND (eps.rate IS NULL OR due.endpoint_id IN (SELECT endpoint_id FROM thr))), \
+     picked AS MATERIALIZED ( \
+         SELECT r.id, r.next_attempt_at, r.endpoint_id, r.nth, r.updated_at, r.queues, thr.base, thr.step \
+         FROM ranked r \
+         LEFT JOIN room_of b ON b.endpoint_id = r.endpoint_id \
+         LEFT JOIN thr ON thr.endpoint_id = r.endpoint_id \
+         WHERE r.nth <= $6 - COALESCE(b.n, 0) \
+           AND (NOT r.fifo OR r.nth <= 1) \
+           AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
+         ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
+     queued AS ( \
+         UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
+         WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
+           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
+     advanced AS ( \
+         UPDATE endpoint_throttle t SET tat_us = c.base + c.n * c.step \
+         FROM (SELECT endpoint_id, MAX(base) AS base, MAX(step) AS step, COUNT(*) AS n FROM picked \
+               WHERE base IS NOT NULL GROUP BY endpoint_id) c \
+         WHERE t.endpoint_id = c.endpoint_id), \
+     bound AS MATERIALIZED ( \
+         SELECT CASE WHEN COUNT(*) >= $3 THEN MAX(next_attempt_at) ELSE $1 END AS until FROM due_head), \
+     no_room AS MATERIALIZED ( \
+         SELECT e.id, (e.id = ANY($2::text[]) OR e.id IN (SELECT endpoint_id FROM full_thr)) AS stuck, \
+                (e.ordering = 'fifo' OR COALESCE(e.rate_limit, 0) > 0) AS queues \
+         FROM endpoints e \
+         WHERE e.id IN (SELECT unnest($2::text[]) UNION SELECT endpoint_id FROM full_thr \
+                        UNION SELECT id FROM fifo_mine) \
+           AND NOT e.disabled \
+         FOR KEY SHARE OF e SKIP LOCKED), \
+     to_park AS MATERIALIZED ( \
+         SELECT d.id, d.endpoint_id FROM deliveries d \
+         WHERE EXISTS (SELECT 1 FROM no_room) \
+           AND d.state < 2 AND NOT d.held AND NOT d.parked AND d.state = 0 \
+           AND d.next_attempt_at <= LEAST($13, (SELECT until FROM bound)) \
+           AND d.endpoint_id IN (SELECT id FROM no_room) \
+           AND (d.endpoint_id IN (SELECT id FROM no_room WHERE stuck) \
+                OR (d.queued_at IS NOT NULL AND d.id NOT IN (SELECT id FROM fifo_heads))) \
+         ORDER BY d.next_attempt_at LIMIT $14 \
+         FOR UPDATE OF d SKIP LOCKED), \
+     parked_now AS ( \
+         UPDATE deliveries d SET parked = TRUE, \
+                queued_at = CASE WHEN n.queues THEN COALESCE(d.queued_at, d.updated_at) ELSE d.queued_at END \
+         FROM to_park p JOIN no_room n ON n.id = p.endpoint_id \
+         WHERE d.id = p.id \
+         RETURNING d.endpoint_id), \
+     remembered AS ( \
+         INSERT INTO parked_endpoints AS p (endpoint_id) \
+         SELECT DISTINCT endpoint_id FROM parked_now ORDER BY endpoint_id \
+         ON CONFLICT (endpoint_id) DO UPDATE SET parks = p.parks + 1), \
+     forgot AS ( \
+         DELETE FROM parked_endpoints p USING ( \
+             SELECT q.endpoint_id FROM parked_endpoints q \
+             JOIN parked_eps pe ON pe.endpoint_id = q.endpoint_id AND pe.parks = q.parks \
+             WHERE (NOT pe.fifo OR pe.endpoint_id IN (SELECT id FROM fifo_mine)) \
+               AND pe.endpoint_id NOT IN (SELECT endpoint_id FROM to_park) \
+               AND (SELECT d.id FROM deliveries d \
+                    WHERE d.parked AND d.endpoint_id = pe.endpoint_id \
+                      AND d.id NOT IN (SELECT id FROM picked) \
+                    ORDER BY d.next_attempt_at LIMIT 1) IS NULL \
+             FOR UPDATE OF q SKIP LOCKED) f \
+         WHERE p.endpoint_id = f.endpoint_id) \
+     UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1, parked = FALSE, \
+            queued_at = COALESCE(d.queued_at, CASE WHEN p.queues THEN p.updated_at END) \
+     FROM picked p, messages m, endpoints e \
+     WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
+     RETURNING p.next_attempt_at AS due_at, \
+               CASE WHEN p.base IS NOT NULL THEN (p.base + (p.nth - 1) * p.step + 999) / 1000 END AS send_at, \
+               d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
+               d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
+               e.url, e.secret, e.old_secrets, e.headers";
+
 #[async_trait]
 impl Queue for PostgresStore {
     async fn insert_messages(&self, batch: &[NewMessage]) -> StoreResult<Vec<InsertOutcome>> {
@@ -488,170 +798,13 @@ impl Queue for PostgresStore {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let saturated = saturated(req.in_flight, req.endpoint_cap);
-        let window = claim_window(req.limit);
-        // What each endpoint with requests in flight already has; the
-        // others have the whole cap (a FIFO endpoint: one).
-        let (busy, in_flight): (Vec<&str>, Vec<i64>) = req
-            .in_flight
-            .iter()
-            .map(|(id, n)| (id.as_str(), i64_of(*n)))
-            .unzip();
-        let token = ulid::Ulid::new().to_string();
-        let now_us = req.now.saturating_mul(1000);
-        let horizon_us = req
-            .now
-            .saturating_add(THROTTLE_HORIZON_MS)
-            .saturating_mul(1000);
-        // One statement, so one round trip and no explicit transaction: the
-        // row locks last only while it runs. SKIP LOCKED: rows another
-        // claimer is taking right now are left to it; this claim takes the
-        // next ones instead of waiting. Of the due rows, each endpoint gets
-        // no more than its room, earliest first, and `limit` in all.
-        // Held deliveries are not in `deliveries_due`; the pending ones of
-        // a disabled endpoint the window still meets (made pending after
-        // it was disabled) are held here, so no claim meets them again.
-        // Holding takes a share lock on their endpoint, as enabling it
-        // takes a stronger one: the two never cross, so a delivery held
-        // here is always one enabling will see; an endpoint locked by
-        // someone else is left for a later claim (SKIP LOCKED).
-        //
-        // Throttled and FIFO endpoints (issue 13): `full` are the throttled
-        // ones with no send slot left within the horizon, `heads` the
-        // first live delivery of each enabled FIFO endpoint in its queue;
-        // the due scan passes their other rows without counting them
-        // (rows never queued yet, `queued_at IS NULL`, go in: they are
-        // given their place here). Of a FIFO endpoint only its head is
-        // taken, one per claim (a delivering head is not due), and only by
-        // the claim holding the endpoint's row (`fifo_mine`, SKIP LOCKED):
-        // a concurrent claim's head is not committed yet, so another claim
-        // would take the next row for the head; of a
-        // throttled one only as many as its slots, which this claim
-        // reserves by moving its `endpoint_throttle` row on, locked with
-        // SKIP LOCKED (another claim moving it: none this time).
-        //
-        // Retries take at most `retry_share` of the slots while first
-        // attempts wait too (issue 13, item 4): when the due head holds
-        // more retries than that, `fresh` also reads the newest due first
-        // attempts (the other end of `deliveries_due`; a one-time filter,
-        // so nothing is read otherwise), and `picked` takes retries past
-        // their share last.
-        let rows = sqlx::query(
-            "WITH full_thr AS MATERIALIZED ( \
-                 SELECT t.endpoint_id FROM endpoint_throttle t JOIN endpoints e ON e.id = t.endpoint_id \
-                 WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
-             fifo AS MATERIALIZED ( \
-                 SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
-             fifo_mine AS MATERIALIZED ( \
-                 SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM fifo) \
-                 FOR NO KEY UPDATE SKIP LOCKED), \
-             fifo_heads AS MATERIALIZED ( \
-                 SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id FROM fifo_mine f CROSS JOIN LATERAL ( \
-                     SELECT x.id, x.queued_at, x.msg_id FROM deliveries x \
-                     WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
-                     ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
-             due_head AS MATERIALIZED ( \
-                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
-                        d.attempts \
-                 FROM deliveries d \
-                 WHERE d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 \
-                   AND d.endpoint_id <> ALL($2::text[]) \
-                   AND d.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr) \
-                   AND (d.endpoint_id NOT IN (SELECT id FROM fifo) \
-                        OR (d.endpoint_id IN (SELECT id FROM fifo_mine) \
-                            AND (d.queued_at IS NULL OR d.id IN (SELECT id FROM fifo_heads)))) \
-                 ORDER BY d.next_attempt_at LIMIT $3 \
-                 FOR UPDATE OF d SKIP LOCKED), \
-             fresh AS MATERIALIZED ( \
-                 SELECT d.id, d.endpoint_id, d.next_attempt_at, d.state, d.msg_id, d.queued_at, d.updated_at, \
-                        d.attempts \
-                 FROM deliveries d \
-                 WHERE (SELECT COUNT(*) FROM due_head WHERE attempts > 0) > $12 \
-                   AND d.state < 2 AND NOT d.held AND d.next_attempt_at <= $1 AND d.state = 0 \
-                   AND d.attempts = 0 AND d.endpoint_id <> ALL($2::text[]) \
-                   AND d.endpoint_id NOT IN (SELECT id FROM fifo) \
-                   AND d.endpoint_id NOT IN (SELECT endpoint_id FROM endpoint_throttle) \
-                 ORDER BY d.next_attempt_at DESC LIMIT $3 \
-                 FOR UPDATE OF d SKIP LOCKED), \
-             due AS MATERIALIZED (SELECT * FROM due_head UNION SELECT * FROM fresh), \
-             eps AS MATERIALIZED ( \
-                 SELECT e.id, e.disabled, e.ordering = 'fifo' AS fifo, \
-                        CASE WHEN e.rate_limit > 0 THEN e.rate_limit::int8 END AS rate \
-                 FROM endpoints e WHERE e.id IN (SELECT endpoint_id FROM due)), \
-             off AS MATERIALIZED (SELECT id FROM eps WHERE disabled), \
-             held AS ( \
-                 UPDATE deliveries d SET held = TRUE FROM due \
-                 WHERE d.id = due.id AND due.state = 0 \
-                   AND due.endpoint_id IN ( \
-                       SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
-                       FOR SHARE SKIP LOCKED)), \
-             heads AS MATERIALIZED ( \
-                 SELECT DISTINCT ON (c.endpoint_id) c.endpoint_id, c.id FROM ( \
-                     SELECT endpoint_id, id, k, msg_id FROM fifo_heads \
-                     UNION ALL \
-                     SELECT due.endpoint_id, due.id, due.updated_at, due.msg_id FROM due \
-                     JOIN eps ON eps.id = due.endpoint_id \
-                     WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL) c \
-                 ORDER BY c.endpoint_id, c.k, c.msg_id), \
-             thr AS MATERIALIZED ( \
-                 SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, \
-                        GREATEST((1000000 + eps.rate - 1) / eps.rate, (1010000 + eps.rate) / (eps.rate + 1)) AS step \
-                 FROM endpoint_throttle t JOIN eps ON eps.id = t.endpoint_id \
-                 WHERE eps.rate IS NOT NULL AND NOT eps.disabled \
-                 FOR UPDATE OF t SKIP LOCKED), \
-             ranked AS ( \
-                 SELECT due.id, due.next_attempt_at, due.endpoint_id, due.updated_at, \
-                        (eps.fifo OR eps.rate IS NOT NULL) AS queues, eps.fifo, \
-                        (due.attempts > 0 AND NOT eps.fifo AND eps.rate IS NULL) AS retry, \
-                        row_number() OVER (PARTITION BY due.endpoint_id ORDER BY due.next_attempt_at, due.id) AS nth, \
-                        row_number() OVER (PARTITION BY (due.attempts > 0) ORDER BY due.next_attempt_at, due.id) AS kth \
-                 FROM due JOIN eps ON eps.id = due.endpoint_id \
-                 WHERE NOT eps.disabled \
-                   AND (NOT eps.fifo OR due.id IN (SELECT id FROM heads)) \
-                   AND (eps.rate IS NULL OR due.endpoint_id IN (SELECT endpoint_id FROM thr))), \
-             picked AS ( \
-                 SELECT r.id, r.next_attempt_at, r.endpoint_id, r.nth, r.updated_at, r.queues, thr.base, thr.step \
-                 FROM ranked r \
-                 LEFT JOIN UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, n) ON b.endpoint_id = r.endpoint_id \
-                 LEFT JOIN thr ON thr.endpoint_id = r.endpoint_id \
-                 WHERE r.nth <= $6 - COALESCE(b.n, 0) \
-                   AND (NOT r.fifo OR r.nth <= 1) \
-                   AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
-                 ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
-             queued AS ( \
-                 UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
-                 WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
-                   AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
-             advanced AS ( \
-                 UPDATE endpoint_throttle t SET tat_us = c.base + c.n * c.step \
-                 FROM (SELECT endpoint_id, MAX(base) AS base, MAX(step) AS step, COUNT(*) AS n FROM picked \
-                       WHERE base IS NOT NULL GROUP BY endpoint_id) c \
-                 WHERE t.endpoint_id = c.endpoint_id) \
-             UPDATE deliveries d SET state = 1, next_attempt_at = $8, lease_token = $9, updated_at = $1, \
-                    queued_at = COALESCE(d.queued_at, CASE WHEN p.queues THEN p.updated_at END) \
-             FROM picked p, messages m, endpoints e \
-             WHERE d.id = p.id AND m.id = d.msg_id AND e.id = d.endpoint_id \
-             RETURNING p.next_attempt_at AS due_at, \
-                       CASE WHEN p.base IS NOT NULL THEN (p.base + (p.nth - 1) * p.step + 999) / 1000 END AS send_at, \
-                       d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
-                       d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
-                       e.url, e.secret, e.old_secrets, e.headers",
-        )
-        .bind(req.now)
-        .bind(&saturated)
-        .bind(i64_of(window))
-        .bind(&busy)
-        .bind(&in_flight)
-        .bind(i64_of(req.endpoint_cap))
-        .bind(i64_of(req.limit))
-        .bind(req.lease_until)
-        .bind(&token)
-        .bind(horizon_us)
-        .bind(now_us)
-        .bind(i64_of(retry_share(req.limit)))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        let args = ClaimArgs::new(req);
+        let rows = args
+            .bind(CLAIM_SQL)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(map_err)?;
+        let token = args.token.clone();
         let mut out = rows
             .iter()
             .map(|r| {
@@ -700,12 +853,21 @@ impl Queue for PostgresStore {
         // `claim`) are skipped. ORDER BY … LIMIT 1 (not MIN) walks
         // `deliveries_due` from its start and stops at the first row that
         // counts; MIN over the anti-join aggregates every live row first.
+        // Parked rows are due work too (as on SQLite): per enabled endpoint
+        // in `parked_endpoints`, its oldest, one seek of `deliveries_parked`.
         sqlx::query_scalar(
-            "SELECT d.next_attempt_at FROM deliveries d WHERE d.state < 2 AND NOT d.held \
-               AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
-             ORDER BY d.next_attempt_at LIMIT 1",
+            "SELECT MIN(due) FROM ( \
+               (SELECT d.next_attempt_at AS due FROM deliveries d \
+                 WHERE d.state < 2 AND NOT d.held AND NOT d.parked \
+                   AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id AND e.disabled) \
+                 ORDER BY d.next_attempt_at LIMIT 1) \
+               UNION ALL \
+               SELECT (SELECT MIN(d.next_attempt_at) FROM deliveries d \
+                        WHERE d.parked AND d.endpoint_id = p.endpoint_id) \
+                 FROM parked_endpoints p JOIN endpoints e ON e.id = p.endpoint_id \
+                WHERE NOT e.disabled) x",
         )
-        .fetch_optional(&self.pool)
+        .fetch_one(&self.pool)
         .await
         .map_err(map_err)
     }
@@ -1019,5 +1181,202 @@ impl Queue for PostgresStore {
             self.closing.clone(),
         ));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+
+    const URL_VAR: &str = "HERALD_TEST_POSTGRES_URL";
+    const NOW: Millis = 10_000_000;
+    const CAP: usize = 128;
+
+    /// A store in a fresh schema with one app, a `full` endpoint with
+    /// `backlog` pending deliveries long overdue (due at 1, 2, …, like a
+    /// backlog after an outage) and an `ok` one with 1,000 due behind them.
+    async fn backlog(url: &str, backlog: i64) -> (PostgresStore, String, EndpointId) {
+        let schema = format!("herald_test_{:016x}", rand::random::<u64>());
+        let store = PostgresStore::open(url, &schema).await.expect("open");
+        let app = App {
+            id: AppId::generate(),
+            uid: None,
+            name: "a".into(),
+            rate_limit: None,
+            metadata: Default::default(),
+            created_at: 0,
+            updated_at: 0,
+        };
+        store.create_app(&app).await.expect("app");
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let ep = Endpoint {
+                id: EndpointId::generate(),
+                app_id: app.id.clone(),
+                uid: None,
+                url: "http://127.0.0.1:9/".into(),
+                description: String::new(),
+                filter_types: None,
+                disabled: false,
+                rate_limit: None,
+                ordering: Default::default(),
+                metadata: Default::default(),
+                channels: None,
+                headers: Default::default(),
+                secret: herald_signing::Secret::generate().expose(),
+                created_at: 0,
+                updated_at: 0,
+            };
+            store.create_endpoint(&ep).await.expect("endpoint");
+            ids.push(ep.id);
+        }
+        for (ep, prefix, from, n) in [(&ids[0], "f", 0, backlog), (&ids[1], "o", backlog, 1_000)] {
+            sqlx::query(
+                "WITH m AS ( \
+                     INSERT INTO messages (id, app_id, event_type, payload, created_at) \
+                     SELECT 'msg_' || $1 || i, $2, 'x', '{}', $3 + i FROM generate_series(1, $4::int8) i \
+                     RETURNING id, created_at) \
+                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                         cycle_started_at, created_at, updated_at) \
+                 SELECT 'dlv_' || m.id, m.id, $5, $2, 0, m.created_at, m.created_at, m.created_at, \
+                        m.created_at FROM m",
+            )
+            .bind(prefix)
+            .bind(app.id.as_str())
+            .bind(from)
+            .bind(n)
+            .bind(ep.as_str())
+            .execute(&store.pool)
+            .await
+            .expect("fill");
+        }
+        let full = ids.swap_remove(0);
+        (store, schema, full)
+    }
+
+    fn count(v: &serde_json::Value, key: &str) -> u64 {
+        v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0)
+    }
+
+    /// Rows the plan node `v` and those under it read from `deliveries`
+    /// (returned or filtered out, over all loops), and the buffers the
+    /// whole statement touched.
+    fn rows_read(v: &serde_json::Value) -> u64 {
+        let own =
+            if v.get("Relation Name").and_then(serde_json::Value::as_str) == Some("deliveries") {
+                (count(v, "Actual Rows")
+                    + count(v, "Rows Removed by Filter")
+                    + count(v, "Rows Removed by Index Recheck"))
+                    * count(v, "Actual Loops").max(1)
+            } else {
+                0
+            };
+        let under: u64 = v
+            .get("Plans")
+            .and_then(serde_json::Value::as_array)
+            .map(|ps| ps.iter().map(rows_read).sum())
+            .unwrap_or(0);
+        own + under
+    }
+
+    /// One claim of 16 with `full` saturated, run under EXPLAIN ANALYZE:
+    /// (rows read from `deliveries`, shared buffers touched).
+    async fn explained_claim(store: &PostgresStore, full: &EndpointId) -> (u64, u64) {
+        let in_flight: HashMap<EndpointId, usize> = [(full.clone(), CAP)].into();
+        let req = ClaimRequest {
+            now: NOW,
+            lease_until: NOW + 60_000,
+            limit: 16,
+            in_flight: &in_flight,
+            endpoint_cap: CAP,
+        };
+        let args = ClaimArgs::new(&req);
+        let plan: String = args
+            .bind(AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
+            )))
+            .fetch_one(&store.pool)
+            .await
+            .expect("explain")
+            // `json`, read as its text (sqlx is built without its json type).
+            .try_get_unchecked(0)
+            .expect("plan");
+        let plan: serde_json::Value = serde_json::from_str(&plan).expect("plan json");
+        let top = &plan[0]["Plan"];
+        (
+            rows_read(top),
+            count(top, "Shared Hit Blocks") + count(top, "Shared Read Blocks"),
+        )
+    }
+
+    async fn scalar(store: &PostgresStore, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&store.pool)
+            .await
+            .expect("count")
+    }
+
+    /// The figures of one backlog: (rows read by the first claim, rows
+    /// read and buffers touched by a claim once the backlog is parked,
+    /// parked rows), its schema dropped.
+    async fn measure(url: &str, n: i64) -> (u64, u64, u64, i64) {
+        let (store, schema, full) = backlog(url, n).await;
+        sqlx::query("ANALYZE deliveries")
+            .execute(&store.pool)
+            .await
+            .expect("analyze");
+        let (first, _) = explained_claim(&store, &full).await;
+        // The claims park `PASSED_PER_CLAIM` rows each.
+        for _ in 0..n / PASSED_PER_CLAIM + 1 {
+            explained_claim(&store, &full).await;
+        }
+        // As autovacuum would after that many updates: the index entries of
+        // the rows' old versions go (dead ones are still read, if skipped).
+        sqlx::query("VACUUM ANALYZE deliveries")
+            .execute(&store.pool)
+            .await
+            .expect("vacuum");
+        explained_claim(&store, &full).await;
+        let (rows, buffers) = explained_claim(&store, &full).await;
+        let parked = scalar(&store, "SELECT COUNT(*) FROM deliveries WHERE parked").await;
+        store.close().await;
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
+            .execute(&mut conn)
+            .await
+            .expect("drop schema");
+        (first, rows, buffers, parked)
+    }
+
+    /// Issue 13, item 5 (SQLite: `a_claim_costs_what_it_takes_whatever_
+    /// claimable_backlog_lies_behind`): the due scan read past every row
+    /// of a saturated endpoint on every claim. Once parked, a claim reads
+    /// the same whether 1,000 or 40,000 of them wait.
+    #[tokio::test]
+    async fn a_claim_costs_the_same_whatever_saturated_backlog_waits() {
+        let Some(url) = std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty()) else {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED ({URL_VAR} unset)");
+            return;
+        };
+        let (first_small, rows_small, buffers_small, parked_small) = measure(&url, 1_000).await;
+        let (first_large, rows_large, buffers_large, parked_large) = measure(&url, 40_000).await;
+        eprintln!(
+            "first claim read {first_small} / {first_large} rows; parked: \
+             {rows_small} / {rows_large} rows, {buffers_small} / {buffers_large} buffers"
+        );
+        assert_eq!((parked_small, parked_large), (1_000, 40_000));
+        // What the statement read before parking: the whole backlog.
+        assert!(first_large >= 40_000, "{first_large}");
+        assert!(
+            rows_large < rows_small * 2 && rows_large < 2_000,
+            "a claim past 40,000 parked rows read {rows_large} rows, past 1,000 {rows_small}"
+        );
+        assert!(
+            buffers_large < buffers_small * 2,
+            "a claim past 40,000 parked rows touched {buffers_large} buffers, past 1,000 {buffers_small}"
+        );
     }
 }

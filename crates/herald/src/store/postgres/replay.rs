@@ -7,7 +7,7 @@ use super::*;
 /// again at its `updated_at`: the back of the queue.
 const REPLAY_SET: &str =
     "state = 0, next_attempt_at = $1, cycle_started_at = $1, cycle_base = attempts, \
-     manual = TRUE, lease_token = NULL, dead_reason = NULL, updated_at = $1, \
+     manual = TRUE, lease_token = NULL, dead_reason = NULL, parked = FALSE, updated_at = $1, \
      queued_at = NULL";
 
 /// The dead-letter filter as SQL over `deliveries d JOIN messages m`, its

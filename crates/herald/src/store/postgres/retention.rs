@@ -158,7 +158,7 @@ impl Retention for PostgresStore {
                      WHERE d.held AND d.endpoint_id = e.id AND d.cycle_started_at < $1 \
                      LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
                  WHERE e.disabled LIMIT $2) \
-             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, \
+             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, parked = FALSE, \
                     next_attempt_at = $3, updated_at = $3 \
              FROM old WHERE d.id = old.id",
         )
@@ -286,7 +286,7 @@ async fn kill_pending_of(
 ) -> StoreResult<u64> {
     let done = sqlx::query(
         "UPDATE deliveries SET state = 3, dead_reason = 'expunged', lease_token = NULL, \
-         held = FALSE, updated_at = $2 WHERE msg_id = ANY($1::text[]) AND state = 0",
+         held = FALSE, parked = FALSE, updated_at = $2 WHERE msg_id = ANY($1::text[]) AND state = 0",
     )
     .bind(msgs)
     .bind(now)

@@ -423,6 +423,16 @@ fn walk_due_head(
             }
         } else if saturated.contains(endpoint.as_str()) {
             if parkable {
+                // A FIFO or throttled endpoint's row gets its queue place
+                // as it is parked: `unpark` gives such an endpoint back its
+                // queue's head, which a row never queued would never be (a
+                // FIFO endpoint behind an open breaker lost its new rows).
+                let queues = throttled_rate(get(r, "rate_limit")?).is_some()
+                    || EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
+                        == EndpointOrdering::Fifo;
+                if queues && get::<Option<Millis>>(r, "queued_at")?.is_none() {
+                    head.queue.push((id.clone(), get(r, "updated_at")?));
+                }
                 head.park.push((id, endpoint));
                 passed += 1;
             }
@@ -729,7 +739,7 @@ fn complete_tx(
         .prepare_cached(
             "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_token = NULL, manual = 0, \
              dead_reason = ?4, last_status = ?5, last_error = ?6, updated_at = ?7 \
-             WHERE id = ?8 AND lease_token = ?9 RETURNING parked",
+             WHERE id = ?8 AND lease_token = ?9",
         )
         .map_err(map_err)?;
     let mut moved = Vec::with_capacity(batch.len());
@@ -758,34 +768,32 @@ fn complete_tx(
             NextState::Retry { at } => (DeliveryState::Pending, at, None),
             NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
         };
-        let parked: Option<i64> = update
-            .query_row(
-                params![
-                    state as i64,
-                    i64::from(a.attempt_number),
-                    next_at,
-                    reason,
-                    a.status_code.map(i64::from),
-                    a.error,
-                    c.now,
-                    a.delivery_id.as_str(),
-                    c.lease_token,
-                ],
-                |r| r.get(0),
-            )
-            .optional()
+        let changed = update
+            .execute(params![
+                state as i64,
+                i64::from(a.attempt_number),
+                next_at,
+                reason,
+                a.status_code.map(i64::from),
+                a.error,
+                c.now,
+                a.delivery_id.as_str(),
+                c.lease_token,
+            ])
             .map_err(map_err)?;
         // Names no `parked`: counts itself (counts.rs). Leased, so it was
-        // delivering.
-        if let Some(parked) = parked {
+        // delivering, and never held (only pending rows are parked or
+        // held). No RETURNING: SQLite would build a table for its rows on
+        // every completion.
+        if changed == 1 {
             counts::moved(
                 a.endpoint_id.as_str(),
                 DeliveryState::Delivering as i64,
                 state as i64,
-                parked == 2,
+                false,
             )?;
         }
-        moved.push(parked.is_some());
+        moved.push(changed == 1);
     }
     let (streaks, circuits) = record_endpoint_health(conn, batch, breaker)?;
     Ok(Completed {
