@@ -151,7 +151,7 @@ fn insert_messages_tx(
                     m.due_at()
                 ])
                 .map_err(map_err)?;
-            counts::counted(&d.endpoint_id, d.state as i64, false, 1)?;
+            counts::counted(d.endpoint_id, d.state as i64, false, 1)?;
             claimed.extend(d.claimed);
         }
         outcomes.push(InsertOutcome::Inserted { deliveries: fanned });
