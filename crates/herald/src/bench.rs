@@ -32,7 +32,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     pub payload_bytes: usize,
     /// Also run the fairness rows: three healthy endpoints with and without
-    /// a fourth that answers only after `--slow-delay`.
+    /// a fourth that answers only after `--slow-delay` (with `--postgres`,
+    /// on PostgreSQL too, for each `--worker-processes` count).
     #[arg(long)]
     pub fairness: bool,
     /// How long the slow endpoint takes to answer in the fairness rows.
@@ -789,6 +790,34 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         println!("{}", row(&label, &with_slow, None));
         let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
         println!("healthy endpoints' p99 with the stuck ones / without: {ratio:.2}×");
+        // The same two rows on PostgreSQL, for each worker-process count.
+        if let Some(url) = &args.postgres {
+            for &workers in &args.worker_processes {
+                let target = Target::Postgres {
+                    url: url.clone(),
+                    workers,
+                };
+                let base = herald_run_on(&args, all - stuck, 0, &target).await?;
+                let with_slow = herald_run_on(&args, all - stuck, stuck, &target).await?;
+                let label = format!("fairness on PostgreSQL ({workers} worker processes)");
+                println!(
+                    "{}",
+                    row(&format!("{label}: {} healthy", all - stuck), &base, None)
+                );
+                println!(
+                    "{}",
+                    row(
+                        &format!("{label}: {} healthy + {stuck} stuck", all - stuck),
+                        &with_slow,
+                        None
+                    )
+                );
+                let ratio = with_slow.p99.as_secs_f64() / base.p99.as_secs_f64().max(1e-9);
+                println!(
+                    "{label}: healthy endpoints' p99 with the stuck ones / without: {ratio:.2}×"
+                );
+            }
+        }
     }
     Ok(())
 }
