@@ -523,7 +523,7 @@ struct ClaimCost {
 /// what it finds (leased for an hour, so they stay out of the next one's
 /// way), and `next_due_at`.
 async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::Result<ClaimCost> {
-    use crate::ids::{AppId, EndpointId, MsgId};
+    use crate::ids::{AppId, MsgId};
     use crate::store::{App, ClaimRequest, Endpoint, NewMessage};
 
     let dir = tempfile::tempdir()?;
@@ -558,22 +558,13 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         created_at: now,
         updated_at: now,
     };
-    let new_endpoint = |app: &AppId| Endpoint {
-        id: EndpointId::generate(),
-        app_id: app.clone(),
-        uid: None,
-        url: "http://127.0.0.1:9/".to_owned(),
-        description: String::new(),
-        filter_types: None,
-        disabled: false,
-        rate_limit: None,
-        ordering: Default::default(),
-        metadata: Default::default(),
-        channels: None,
-        headers: Default::default(),
-        secret: herald_signing::Secret::generate().expose(),
-        created_at: now,
-        updated_at: now,
+    let new_endpoint = |app: &AppId| {
+        Endpoint::new(
+            app.clone(),
+            "http://127.0.0.1:9/",
+            herald_signing::Secret::generate().expose(),
+            now,
+        )
     };
     // Messages of `app` created evenly over [from, from + span), so their
     // deliveries fall due in that order.
@@ -891,7 +882,7 @@ async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
-    use crate::ids::{AppId, EndpointId};
+    use crate::ids::AppId;
     use crate::store::{App, Endpoint};
 
     let dir = tempfile::tempdir()?;
@@ -930,23 +921,12 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
     store.create_app(&app).await?;
     let mut first_endpoint = None;
     for _ in 0..READS_ENDPOINTS {
-        let e = Endpoint {
-            id: EndpointId::generate(),
-            app_id: app.id.clone(),
-            uid: None,
-            url: "http://127.0.0.1:9/".to_owned(),
-            description: String::new(),
-            filter_types: None,
-            disabled: false,
-            rate_limit: None,
-            metadata: Default::default(),
-            channels: None,
-            ordering: Default::default(),
-            headers: Default::default(),
-            secret: herald_signing::Secret::generate().expose(),
-            created_at: now,
-            updated_at: now,
-        };
+        let e = Endpoint::new(
+            app.id.clone(),
+            "http://127.0.0.1:9/",
+            herald_signing::Secret::generate().expose(),
+            now,
+        );
         store.create_endpoint(&e).await?;
         first_endpoint.get_or_insert(e.id);
     }

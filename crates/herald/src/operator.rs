@@ -569,21 +569,9 @@ async fn operator_endpoint(
         return Ok(ep);
     }
     let ep = Endpoint {
-        id: EndpointId::generate(),
-        app_id: app.id.clone(),
         uid: Some(OPERATOR_ENDPOINT_UID.to_owned()),
-        url: url.to_owned(),
         description: OPERATOR_APP_NAME.to_owned(),
-        filter_types: None,
-        disabled: false,
-        rate_limit: None,
-        ordering: Default::default(),
-        metadata: Default::default(),
-        channels: None,
-        headers: Default::default(),
-        secret: secret.to_owned(),
-        created_at: now,
-        updated_at: now,
+        ..Endpoint::new(app.id.clone(), url, secret, now)
     };
     match store.create_endpoint(&ep).await {
         Ok(()) => Ok(ep),

@@ -99,6 +99,37 @@ pub struct Endpoint {
     pub updated_at: Millis,
 }
 
+impl Endpoint {
+    /// A new enabled endpoint of `app_id` with a fresh id and every option
+    /// at its default (all event types and channels, no limit, no
+    /// ordering, no headers or metadata), created at `now`; set the rest
+    /// with struct update syntax.
+    pub fn new(
+        app_id: AppId,
+        url: impl Into<String>,
+        secret: impl Into<String>,
+        now: Millis,
+    ) -> Self {
+        Endpoint {
+            id: EndpointId::generate(),
+            app_id,
+            uid: None,
+            url: url.into(),
+            description: String::new(),
+            filter_types: None,
+            disabled: false,
+            rate_limit: None,
+            ordering: EndpointOrdering::default(),
+            metadata: BTreeMap::new(),
+            channels: None,
+            headers: BTreeMap::new(),
+            secret: secret.into(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Endpoint")

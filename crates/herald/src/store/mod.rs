@@ -61,10 +61,10 @@ pub use health::{
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
-    storable, storable_batch, AttemptRecord, ClaimRequest, ClaimedDelivery, Completed, Completion,
-    EndpointBatch, FanoutTarget, IngestClaim, InsertOutcome, Message, NewDelivery, NewMessage,
-    NextState, Queue, Room, SendTo, StreakUpdate, Subscriber, ThrottleSlots, ThrottleWaiting,
-    THROTTLE_HORIZON_MS,
+    storable, storable_batch, throttle_step_us, AttemptRecord, ClaimRequest, ClaimedDelivery,
+    Completed, Completion, EndpointBatch, FanoutTarget, IngestClaim, InsertOutcome, Message,
+    NewDelivery, NewMessage, NextState, Queue, Room, SendTo, StreakUpdate, Subscriber,
+    ThrottleSlots, ThrottleWaiting, THROTTLE_DRIFT_US, THROTTLE_HORIZON_MS,
 };
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};

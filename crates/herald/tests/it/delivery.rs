@@ -599,23 +599,12 @@ async fn ssrf_guard_refuses_private_addresses_when_connecting() {
     for url in [format!("http://localhost:{}/", rx.addr.port()), rx.url("/")] {
         let now = chrono::Utc::now().timestamp_millis();
         store
-            .create_endpoint(&herald::store::Endpoint {
-                id: herald::ids::EndpointId::generate(),
-                app_id: app_key.clone(),
-                uid: None,
+            .create_endpoint(&herald::store::Endpoint::new(
+                app_key.clone(),
                 url,
-                description: String::new(),
-                filter_types: None,
-                disabled: false,
-                rate_limit: None,
-                ordering: Default::default(),
-                metadata: Default::default(),
-                channels: None,
-                headers: Default::default(),
-                secret: herald_signing::Secret::generate().expose(),
-                created_at: now,
-                updated_at: now,
-            })
+                herald_signing::Secret::generate().expose(),
+                now,
+            ))
             .await
             .expect("endpoint stored");
     }

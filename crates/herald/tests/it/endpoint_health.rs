@@ -428,23 +428,12 @@ async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
     let now = chrono::Utc::now().timestamp_millis();
     app.running()
         .store
-        .create_endpoint(&herald::store::Endpoint {
-            id: herald::ids::EndpointId::generate(),
-            app_id: app_key,
-            uid: None,
-            url: customer.url("/"),
-            description: String::new(),
-            filter_types: None,
-            disabled: false,
-            rate_limit: None,
-            ordering: Default::default(),
-            metadata: Default::default(),
-            channels: None,
-            headers: Default::default(),
-            secret: secret.to_owned(),
-            created_at: now,
-            updated_at: now,
-        })
+        .create_endpoint(&herald::store::Endpoint::new(
+            app_key,
+            customer.url("/"),
+            secret,
+            now,
+        ))
         .await
         .expect("endpoint");
     send_n(&app, &app_id, 1).await;

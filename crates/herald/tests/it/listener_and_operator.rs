@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use herald::ids::{AppId, EndpointId, MsgId};
+use herald::ids::{AppId, MsgId};
 use herald::server::{self, Role};
 use herald::store::{ApiToken, App, Endpoint, NewMessage, Store};
 use serde_json::{json, Value};
@@ -505,21 +505,8 @@ async fn herald_uids_are_refused_to_the_api() {
 
 fn endpoint(app: &AppId, uid: &str, url: &str, secret: &str) -> Endpoint {
     Endpoint {
-        id: EndpointId::generate(),
-        app_id: app.clone(),
         uid: Some(uid.to_owned()),
-        url: url.to_owned(),
-        description: String::new(),
-        filter_types: None,
-        disabled: false,
-        rate_limit: None,
-        ordering: Default::default(),
-        metadata: Default::default(),
-        channels: None,
-        headers: Default::default(),
-        secret: secret.to_owned(),
-        created_at: now_ms(),
-        updated_at: now_ms(),
+        ..Endpoint::new(app.clone(), url, secret, now_ms())
     }
 }
 

@@ -260,21 +260,14 @@ pub(crate) async fn endpoint(
     disabled: bool,
 ) -> Endpoint {
     let e = Endpoint {
-        id: EndpointId::generate(),
-        app_id: app.clone(),
-        uid: None,
-        url: "http://127.0.0.1:9/".into(),
-        description: String::new(),
         filter_types: filter.map(|f| f.into_iter().map(str::to_owned).collect()),
         disabled,
-        rate_limit: None,
-        ordering: Default::default(),
-        metadata: Default::default(),
-        channels: None,
-        headers: Default::default(),
-        secret: herald_signing::Secret::generate().expose(),
-        created_at: T0,
-        updated_at: T0,
+        ..Endpoint::new(
+            app.clone(),
+            "http://127.0.0.1:9/",
+            herald_signing::Secret::generate().expose(),
+            T0,
+        )
     };
     store.create_endpoint(&e).await.expect("create endpoint");
     e

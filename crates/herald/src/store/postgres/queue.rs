@@ -476,7 +476,7 @@ impl<'a> ClaimArgs<'a> {
     }
 
     /// `sql` (the claim statement, or one that wraps it) with these values
-    /// bound as `$1` … `$14`.
+    /// bound as `$1` … `$15`.
     fn bind<'q>(
         &'q self,
         sql: impl sqlx::SqlSafeStr,
@@ -496,6 +496,7 @@ impl<'a> ClaimArgs<'a> {
             .bind(self.retry_share)
             .bind(self.now.saturating_sub(PARK_AFTER_MS))
             .bind(PASSED_PER_CLAIM)
+            .bind(THROTTLE_DRIFT_US)
     }
 }
 
@@ -649,7 +650,7 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          ORDER BY c.endpoint_id, c.k, c.msg_id), \
      thr AS MATERIALIZED ( \
          SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, \
-                GREATEST((1000000 + eps.rate - 1) / eps.rate, (1010000 + eps.rate) / (eps.rate + 1)) AS step \
+                GREATEST((1000000 + eps.rate - 1) / eps.rate, (1000000 + $15 + eps.rate) / (eps.rate + 1)) AS step \
          FROM endpoint_throttle t JOIN eps ON eps.id = t.endpoint_id \
          WHERE eps.rate IS NOT NULL AND NOT eps.disabled \
          FOR UPDATE OF t SKIP LOCKED), \
@@ -1212,23 +1213,12 @@ mod tests {
         store.create_app(&app).await.expect("app");
         let mut ids = Vec::new();
         for _ in 0..2 {
-            let ep = Endpoint {
-                id: EndpointId::generate(),
-                app_id: app.id.clone(),
-                uid: None,
-                url: "http://127.0.0.1:9/".into(),
-                description: String::new(),
-                filter_types: None,
-                disabled: false,
-                rate_limit: None,
-                ordering: Default::default(),
-                metadata: Default::default(),
-                channels: None,
-                headers: Default::default(),
-                secret: herald_signing::Secret::generate().expose(),
-                created_at: 0,
-                updated_at: 0,
-            };
+            let ep = Endpoint::new(
+                app.id.clone(),
+                "http://127.0.0.1:9/",
+                herald_signing::Secret::generate().expose(),
+                0,
+            );
             store.create_endpoint(&ep).await.expect("endpoint");
             ids.push(ep.id);
         }

@@ -227,7 +227,7 @@ fn claim_tx(
         .prepare_cached(
             "UPDATE deliveries SET state = 1, next_attempt_at = ?1, lease_token = ?2, updated_at = ?3 \
              WHERE id = ?4 \
-             RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual, parked",
+             RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual",
         )
         .map_err(map_err)?;
     let mut details = conn
@@ -249,25 +249,16 @@ fn claim_tx(
                     r.get::<_, i64>(5)?,
                     r.get::<_, i64>(6)?,
                     r.get::<_, i64>(7)?,
-                    r.get::<_, i64>(8)?,
                 ))
             })
             .map_err(map_err)?;
-        let (
-            id,
-            msg_id,
-            app_id,
-            endpoint_id,
-            attempts,
-            cycle_started_at,
-            cycle_base,
-            manual,
-            parked,
-        ) = claimed;
+        let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
+            claimed;
         // The take names no `parked`, so it counts itself (counts.rs): a
-        // pending row is now delivering; an expired lease stays so.
+        // pending row is now delivering; an expired lease stays so. Never
+        // held: the walk reads only rows with `parked = 0`.
         if !head.expired.contains(&id) {
-            counts::moved(&endpoint_id, 0, 1, parked == 2)?;
+            counts::moved(&endpoint_id, 0, 1, false)?;
         }
         let (event_type, payload, url, secret, old_secrets, headers, traceparent) = details
             .query_row(params![msg_id, endpoint_id], |r| {
@@ -427,9 +418,8 @@ fn walk_due_head(
                 // as it is parked: `unpark` gives such an endpoint back its
                 // queue's head, which a row never queued would never be (a
                 // FIFO endpoint behind an open breaker lost its new rows).
-                let queues = throttled_rate(get(r, "rate_limit")?).is_some()
-                    || EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
-                        == EndpointOrdering::Fifo;
+                let queues =
+                    !may_hand_off(true, get(r, "rate_limit")?, &get::<String>(r, "ordering")?);
                 if queues && get::<Option<Millis>>(r, "queued_at")?.is_none() {
                     head.queue.push((id.clone(), get(r, "updated_at")?));
                 }
