@@ -88,12 +88,28 @@ pub fn router(state: &ApiState) -> Router<ApiState> {
     }
     let csp_frame_ancestors = state.portal.frame_ancestors.clone();
     router
-        .fallback(|| async { Refused(DashError::NotFound("page")) })
+        .fallback(not_found)
         .layer(middleware::from_fn(dsession::same_origin_posts))
+        .layer(middleware::from_fn_with_state(
+            ThemedPages {
+                theme: state.portal.theme.clone(),
+                frame_ancestors: csp_frame_ancestors.clone(),
+            },
+            themed_bare_pages,
+        ))
         .layer(middleware::from_fn_with_state(
             csp_frame_ancestors,
             security_headers,
         ))
+}
+
+/// Any other path: 404, in the session's theme when there is one.
+async fn not_found(State(state): State<ApiState>, request: Request) -> Response {
+    let (mut parts, _) = request.into_parts();
+    // Read only for its theme (which it leaves for `themed_bare_pages`):
+    // without a live session the page is still a 404, not "link expired".
+    let _ = PortalSession::from_request_parts(&mut parts, &state).await;
+    Refused(DashError::NotFound("page")).into_response()
 }
 
 /// Headers on every portal response: the CSP (set by the page when it
@@ -127,6 +143,75 @@ async fn security_headers(
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+/// What [`themed_bare_pages`] needs: the configured theme and the CSP's
+/// `frame-ancestors`.
+#[derive(Clone)]
+struct ThemedPages {
+    theme: Theme,
+    frame_ancestors: String,
+}
+
+/// The theme of the request's session, once [`PortalSession`] has read it
+/// (a request without a live session leaves it empty).
+#[derive(Clone, Default)]
+struct SessionTheme(std::sync::Arc<Mutex<Option<Theme>>>);
+
+/// A page without the portal's frame (an error, "link expired"), made
+/// where neither the configured theme nor the session's is at hand:
+/// [`themed_bare_pages`] renders it with them.
+#[derive(Clone)]
+struct BarePage {
+    title: String,
+    body: Markup,
+}
+
+fn bare_page(status: StatusCode, title: &str, body: Markup) -> Response {
+    let mut response = status.into_response();
+    response.extensions_mut().insert(BarePage {
+        title: title.to_owned(),
+        body,
+    });
+    response
+}
+
+/// Renders a [`BarePage`] in the session's theme, or the configured one
+/// without a session, with the CSP that lets that theme's style apply.
+async fn themed_bare_pages(
+    State(themed): State<ThemedPages>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let session_theme = SessionTheme::default();
+    request.extensions_mut().insert(session_theme.clone());
+    let mut response = next.run(request).await;
+    let Some(page) = response.extensions_mut().remove::<BarePage>() else {
+        return response;
+    };
+    let theme = session_theme
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .unwrap_or(themed.theme);
+    let audience = Audience::Portal(&theme);
+    let csp =
+        layout::content_security_policy(audience.theme_style().as_deref(), &themed.frame_ancestors);
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let markup = layout::bare_page_for(&audience, &page.title, page.body);
+    let mut themed_response = markup.into_response();
+    *themed_response.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        themed_response.headers_mut().insert(name, value.clone());
+    }
+    if let Ok(value) = HeaderValue::from_str(&csp) {
+        themed_response
+            .headers_mut()
+            .insert(header::CONTENT_SECURITY_POLICY, value);
+    }
+    themed_response
 }
 
 /// A portal page's error: the dashboard's, shown in the portal's frame
@@ -172,17 +257,12 @@ impl IntoResponse for Refused {
             ),
         };
         let reason = status.canonical_reason().unwrap_or("Error");
-        let theme = Theme::default();
         let body = html! {
             h1 { (reason) }
             div.error { (text) }
             p { a href=(HOME) { "Back to the endpoints" } }
         };
-        (
-            status,
-            layout::bare_page_for(&Audience::Portal(&theme), reason, body),
-        )
-            .into_response()
+        bare_page(status, reason, body)
     }
 }
 
@@ -296,13 +376,17 @@ impl FromRequestParts<ApiState> for PortalSession {
         let Some(app_id) = session.app_id.clone() else {
             return Err(expired_page(StatusCode::UNAUTHORIZED));
         };
+        let theme = theme_of(&state.portal.theme, &session.theme);
+        if let Some(slot) = parts.extensions.get::<SessionTheme>() {
+            *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(theme.clone());
+        }
         if let Some(refused) = dsession::rate_limited(state, SessionKind::Portal, &key) {
             return Err(refused);
         }
         Ok(PortalSession {
             state: state.clone(),
             capabilities: Capabilities::parse_stored(session.capabilities.as_deref().unwrap_or("")),
-            theme: theme_of(&state.portal.theme, &session.theme),
+            theme,
             csrf: session.csrf,
             client: crate::audit::client_ip(parts),
             flash: Mutex::new(session.flash),
@@ -374,18 +458,13 @@ fn expired_page(status: StatusCode) -> Response {
 }
 
 fn expired_markup(status: StatusCode) -> Response {
-    let theme = Theme::default();
     let body = html! {
         div.login {
             h1 { "This link has expired" }
             p { "Portal links work once and for a limited time. Ask for a new link where you got this one." }
         }
     };
-    (
-        status,
-        layout::bare_page_for(&Audience::Portal(&theme), "Link expired", body),
-    )
-        .into_response()
+    bare_page(status, "Link expired", body)
 }
 
 fn session_cookie(state: &ApiState, value: &str, max_age_secs: i64) -> Option<HeaderValue> {

@@ -1120,3 +1120,107 @@ async fn the_message_page_resends_only_with_create_attempts() {
     assert_eq!(got.len(), 2, "one more attempt reached the receiver");
     assert_eq!(got[1].header("x-attempt"), "2");
 }
+
+/// Every inline style of `html`, each allowed by the page's CSP (by its
+/// hash): a style the CSP leaves out would not apply in a browser.
+fn styles_allowed_by(csp: &str, html: &str) -> Vec<String> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let mut styles = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find("<style>") {
+        let inner = &rest[at + 7..];
+        let end = inner.find("</style>").expect("a closed style");
+        let style = &inner[..end];
+        let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(style));
+        assert!(
+            csp.contains(&format!("'sha256-{hash}'")),
+            "a style the CSP does not allow: {style}\nCSP: {csp}"
+        );
+        styles.push(style.to_owned());
+        rest = &inner[end..];
+    }
+    styles
+}
+
+/// Error pages (a 404, the expired link) wear the session's theme, or the
+/// configured one without a session, with a CSP that lets it apply.
+#[tokio::test]
+async fn error_pages_wear_the_session_theme_or_the_configured_one() {
+    let app = spawn_app(&[("HERALD_PORTAL_PRIMARY_COLOR", "#123456")]).await;
+    let id = app.create_app().await;
+
+    // No session: the expired-link page, in the configured colour.
+    let response = browser()
+        .get(app.url("/portal/event-types"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let csp = response.headers()["content-security-policy"]
+        .to_str()
+        .expect("text")
+        .to_owned();
+    let html = response.text().await.expect("body");
+    assert!(html.contains("This link has expired"), "{html}");
+    let styles = styles_allowed_by(&csp, &html);
+    assert!(
+        styles.iter().any(|s| s.contains("--accent:#123456")),
+        "{styles:?}"
+    );
+
+    // A session whose link set a colour, a product name and dark mode:
+    // a 404 and a 403 in that theme.
+    let (_, out) = access(&app, &id, json!({"readOnly": true})).await;
+    let url = out["url"].as_str().expect("url");
+    let response = browser()
+        .get(app.url(&format!(
+            "{}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks",
+            path_of(url)
+        )))
+        .send()
+        .await
+        .expect("GET link");
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .expect("text")
+        .split(';')
+        .next()
+        .expect("pair")
+        .to_owned();
+    for (method, path, status) in [
+        (
+            Method::GET,
+            "/portal/endpoint/ep_2ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            StatusCode::NOT_FOUND,
+        ),
+        (Method::GET, "/portal/no-such-page", StatusCode::NOT_FOUND),
+        (Method::GET, "/portal/endpoint/new", StatusCode::FORBIDDEN),
+    ] {
+        let response = browser()
+            .request(method, app.url(path))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(response.status(), status, "{path}");
+        let csp = response.headers()["content-security-policy"]
+            .to_str()
+            .expect("text")
+            .to_owned();
+        let html = response.text().await.expect("body");
+        assert!(html.contains("Acme Hooks"), "{path}: {html}");
+        let styles = styles_allowed_by(&csp, &html);
+        assert!(
+            styles
+                .iter()
+                .any(|s| s.contains("--accent:#ff6600") && s.contains("#0d1117")),
+            "{path}: {styles:?}"
+        );
+        assert!(
+            !html.contains("#123456"),
+            "{path}: the session's theme, not the configured one"
+        );
+    }
+}
