@@ -201,6 +201,39 @@ impl Instance {
         Ok(app)
     }
 
+    /// When this Herald started each attempt to `app`'s endpoints, as its
+    /// attempt log says (milliseconds): what it sent, apart from when the
+    /// receiver, on the same cores, got round to reading it.
+    async fn attempts_started(&self, app: &str) -> anyhow::Result<Vec<i64>> {
+        let store = &self.running.store;
+        let app = crate::ids::AppId::from_trusted(app.to_owned());
+        let endpoints = store
+            .list_endpoints(
+                &app,
+                &crate::store::PageReq {
+                    limit: 10,
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let mut started = Vec::new();
+        for ep in &endpoints.items {
+            let mut page = crate::store::PageReq {
+                limit: 250,
+                ..Default::default()
+            };
+            loop {
+                let got = store.list_attempts_of_endpoint(&app, &ep.id, &page).await?;
+                started.extend(got.items.iter().map(|a| a.started_at));
+                match got.items.last() {
+                    Some(last) if got.has_more => page.after = Some(last.id.as_str().to_owned()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(started)
+    }
+
     /// Sends `n` messages to `app`, `concurrency` at a time; returns when
     /// each was sent (by message number).
     async fn send(&self, app: &str, n: usize, concurrency: usize) -> anyhow::Result<Vec<Instant>> {
@@ -296,8 +329,19 @@ async fn throttle(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Re
         h.send(&app, n, 16).await?;
         h.rx.wait_for("/throttled", n, args.timeout).await?;
         let at = h.rx.times("/throttled");
+        let mut sent = h.attempts_started(&app).await?;
+        sent.sort_unstable();
+        let busiest_sent = (0..sent.len())
+            .map(|s| {
+                sent[s..]
+                    .iter()
+                    .take_while(|t| **t - sent[s] < 1000)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
         println!(
-            "| throttle | {store} | throttleRate {rate}/s, {n} messages | {:.1}/s seen | busiest second {} |",
+            "| throttle | {store} | throttleRate {rate}/s, {n} messages | {:.1}/s seen | busiest second {} | busiest second as sent {busiest_sent} |",
             per_sec(&at),
             busiest_second(&at)
         );

@@ -17,6 +17,7 @@
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
 //! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
 //! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
+//! | `herald_throttle_paced_total` | counter | | sends to a throttled endpoint that waited past their send slot because the slot came late (a loaded host, a busy gate) and sending then would put more than `throttleRate` into one second (see the throttle in README) |
 //! | `herald_throttle_waiting` | gauge | `endpoint` | per endpoint with a `throttleRate`: pending deliveries a claim found waiting for a send slot (the first [`MAX_THROTTLE_LABELS`] such endpoints by id; the rest summed under `endpoint="other"`) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
@@ -58,6 +59,7 @@ use crate::store::{
 pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
+pub const THROTTLE_PACED: &str = "herald_throttle_paced_total";
 pub const CLAIMS: &str = "herald_dispatch_claims_total";
 pub const RELEASED: &str = "herald_dispatch_released_total";
 pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
@@ -189,6 +191,11 @@ fn describe() {
         "Endpoints whose circuit breaker is open or half-open (by endpoint, bounded)."
     );
     describe_counter!(
+        THROTTLE_PACED,
+        Unit::Count,
+        "Sends to a throttled endpoint held past their late slot so that no second holds more than its rate."
+    );
+    describe_counter!(
         CIRCUIT_OPENINGS,
         Unit::Count,
         "Circuit breakers opened (or reopened after a failed probe) by this process."
@@ -198,6 +205,11 @@ fn describe() {
 /// Sets `herald_endpoint_circuit_open` for one `endpoint` label value.
 pub fn circuit_open(label: &str, value: f64) {
     ::metrics::gauge!(CIRCUIT_OPEN, "endpoint" => label.to_owned()).set(value);
+}
+
+/// Counts one send held back by the throttle's pacer.
+pub fn throttle_paced() {
+    ::metrics::counter!(THROTTLE_PACED).increment(1);
 }
 
 /// Counts one opening of a circuit breaker.

@@ -759,8 +759,8 @@ pub async fn get_endpoint_health(
 }
 
 /// Reads one endpoint's health (three small reads: its row, its buckets,
-/// its circuit breaker; a fourth, of the few throttled endpoints'
-/// backlogs, when it has a `throttleRate`).
+/// its circuit breaker; a fourth, of its waiting deliveries, when it has a
+/// `throttleRate`).
 pub async fn endpoint_health(
     store: &std::sync::Arc<dyn crate::store::Store>,
     ep: &Endpoint,
@@ -780,13 +780,7 @@ pub async fn endpoint_health(
     }
     if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
         health.throttled = Some(crate::health::throttled_text(rate));
-        let waiting = store.throttle_waiting().await?;
-        health.throttle_waiting = Some(
-            waiting
-                .iter()
-                .find(|w| w.endpoint_id == ep.id)
-                .map_or(0, |w| w.waiting),
-        );
+        health.throttle_waiting = Some(store.throttle_waiting_of(&ep.id).await?);
     }
     Ok(health)
 }

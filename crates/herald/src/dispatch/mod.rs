@@ -46,6 +46,7 @@ use crate::store::{
 
 pub mod breaker;
 pub mod lanes;
+pub mod pacer;
 pub mod sender;
 pub use lanes::Lanes;
 pub use sender::Sender;
@@ -320,6 +321,8 @@ pub struct Dispatcher {
     running: OnceLock<(mpsc::WeakSender<Completion>, CancellationToken)>,
     /// Each endpoint's share of the slots, sized by how it answers.
     lanes: Lanes,
+    /// Keeps throttled endpoints' actual sends within their rate.
+    pacer: pacer::Pacer,
 }
 
 /// Sending slots reserved for one ingest batch's handoff (see
@@ -382,6 +385,7 @@ impl Dispatcher {
             wake,
             running: OnceLock::new(),
             lanes: Lanes::new(config.endpoint_concurrency),
+            pacer: pacer::Pacer::default(),
         })
     }
 
@@ -920,6 +924,18 @@ impl Dispatcher {
                 }
             } else {
                 None
+            };
+            // A slot that came late (its timer, the gate) must not bunch
+            // with on-time ones: the pacer holds it until the rate allows
+            // (only this endpoint's own gate is held meanwhile, and the
+            // lease is checked after).
+            let permit = match (permit, d.throttle_rate) {
+                (Some(p), Some(rate)) => tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => None,
+                    _ = this.pacer.turn(&endpoint, rate) => Some(p),
+                },
+                (permit, _) => permit,
             };
             match permit.map(|p| (p, this.may_send(&d, lease))) {
                 Some((_permit, Ok(()))) => {

@@ -62,6 +62,16 @@ pub trait Queue: Send + Sync {
     /// `herald_throttle_waiting` and the health API; cost linear in what
     /// waits, through `deliveries_fifo`.
     async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>>;
+    /// [`Queue::throttle_waiting`] of one endpoint (0 when it has no rate
+    /// or is disabled): what its health shows, without reading the others'.
+    async fn throttle_waiting_of(&self, endpoint: &EndpointId) -> StoreResult<u64> {
+        Ok(self
+            .throttle_waiting()
+            .await?
+            .iter()
+            .find(|w| w.endpoint_id == *endpoint)
+            .map_or(0, |w| w.waiting))
+    }
     /// Signals `wake` whenever another process commits work that may be
     /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
     /// it goes on in the background. A backend used by one process only
@@ -282,6 +292,9 @@ pub struct ClaimedDelivery {
     /// on its throttled endpoint (at most [`THROTTLE_HORIZON_MS`] after
     /// the claim). `None`: at once.
     pub send_at: Option<Millis>,
+    /// The endpoint's `throttleRate` when the claim gave it a send slot:
+    /// the dispatcher's pacer keeps actual sends within it.
+    pub throttle_rate: Option<u32>,
 }
 
 impl std::fmt::Debug for ClaimedDelivery {
@@ -594,6 +607,7 @@ pub fn throttle_step_us(rate: u32) -> i64 {
 /// `rate + 1` slots. The PostgreSQL claim computes the same in SQL.
 #[derive(Debug, Clone)]
 pub struct ThrottleSlots {
+    rate: u32,
     base_us: i64,
     step_us: i64,
     horizon_us: i64,
@@ -603,6 +617,7 @@ pub struct ThrottleSlots {
 impl ThrottleSlots {
     pub fn new(rate: u32, tat_us: i64, now: Millis) -> Self {
         ThrottleSlots {
+            rate,
             base_us: tat_us.max(now.saturating_mul(1000)),
             step_us: throttle_step_us(rate),
             horizon_us: now.saturating_add(THROTTLE_HORIZON_MS).saturating_mul(1000),
@@ -619,6 +634,10 @@ impl ThrottleSlots {
         }
         self.taken += 1;
         Some((at_us + 999) / 1000)
+    }
+
+    pub fn rate(&self) -> u32 {
+        self.rate
     }
 
     /// Whether a slot is left within the horizon.
@@ -806,6 +825,7 @@ impl IngestClaim {
             cycle_base: 0,
             manual: false,
             send_at: None,
+            throttle_rate: None,
         }
     }
 }

@@ -3760,10 +3760,25 @@ async fn claim_reserves_throttle_slots_within_the_horizon(store: Arc<dyn Store>)
         (50, 5),
         "{waiting:?}"
     );
+    assert_eq!(
+        store
+            .throttle_waiting_of(&waiting[0].endpoint_id)
+            .await
+            .expect("waiting of one"),
+        5
+    );
 
     // An unthrottled neighbour in the same claim goes at once, all of it.
     let b = app(&store, None).await;
     let free = endpoint(&store, &b.id, None, false).await;
+    assert_eq!(
+        store
+            .throttle_waiting_of(&free.id)
+            .await
+            .expect("waiting of one"),
+        0,
+        "an endpoint without a rate waits for no slot"
+    );
     messages_in_order(&store, &b.id, 4).await;
     let mixed = claim(&store, T0 + 30, 100, &none, 100).await;
     assert_eq!(mixed.len(), 4, "{mixed:?}");

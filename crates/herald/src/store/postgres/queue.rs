@@ -162,6 +162,34 @@ async fn create_inline_apps(
 }
 
 impl PostgresStore {
+    /// Every throttled, enabled endpoint's waiting deliveries, or only
+    /// `endpoint`'s.
+    async fn throttle_waiting_where(
+        &self,
+        endpoint: Option<&EndpointId>,
+    ) -> StoreResult<Vec<ThrottleWaiting>> {
+        let rows = sqlx::query(
+            "SELECT e.id, e.rate_limit::int8 AS rate_limit, \
+                    (SELECT COUNT(*) FROM deliveries d \
+                      WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state = 0 \
+                        AND NOT d.held) AS waiting \
+             FROM endpoints e WHERE e.rate_limit > 0 AND NOT e.disabled \
+               AND ($1::text IS NULL OR e.id = $1) ORDER BY e.id",
+        )
+        .bind(endpoint.map(|e| e.as_str().to_owned()))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ThrottleWaiting {
+                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+                    rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
+                    waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
     /// Stores `batch` with its deliveries; claims some of them when
     /// `claim` is given (see [`Queue::insert_messages_claiming`]). A batch
     /// with inline applications (Svix's `MessageIn.application`) creates
@@ -732,7 +760,7 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
                CASE WHEN p.base IS NOT NULL THEN (p.base + (p.nth - 1) * p.step + 999) / 1000 END AS send_at, \
                d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
                d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
-               e.url, e.secret, e.old_secrets, e.headers";
+               e.url, e.secret, e.old_secrets, e.headers, e.rate_limit::int8 AS rate_limit";
 
 #[async_trait]
 impl Queue for PostgresStore {
@@ -820,6 +848,7 @@ impl Queue for PostgresStore {
                     &get::<String>(r, "headers")?,
                     req.now,
                 )?;
+                let send_at: Option<Millis> = get(r, "send_at")?;
                 let d = ClaimedDelivery {
                     id: DeliveryId::from_trusted(get(r, "id")?),
                     lease_token: token.clone(),
@@ -838,7 +867,8 @@ impl Queue for PostgresStore {
                     cycle_started_at: get(r, "cycle_started_at")?,
                     cycle_base: u32_of(get(r, "cycle_base")?),
                     manual: get(r, "manual")?,
-                    send_at: get(r, "send_at")?,
+                    send_at,
+                    throttle_rate: send_at.and(throttled_rate(get(r, "rate_limit")?)),
                 };
                 Ok((due_at, d))
             })
@@ -1149,25 +1179,12 @@ impl Queue for PostgresStore {
     }
 
     async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>> {
-        let rows = sqlx::query(
-            "SELECT e.id, e.rate_limit::int8 AS rate_limit, \
-                    (SELECT COUNT(*) FROM deliveries d \
-                      WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state = 0 \
-                        AND NOT d.held) AS waiting \
-             FROM endpoints e WHERE e.rate_limit > 0 AND NOT e.disabled ORDER BY e.id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        rows.iter()
-            .map(|r| {
-                Ok(ThrottleWaiting {
-                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
-                    rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
-                    waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
-                })
-            })
-            .collect()
+        self.throttle_waiting_where(None).await
+    }
+
+    async fn throttle_waiting_of(&self, endpoint: &EndpointId) -> StoreResult<u64> {
+        let waiting = self.throttle_waiting_where(Some(endpoint)).await?;
+        Ok(waiting.first().map_or(0, |w| w.waiting))
     }
 
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {

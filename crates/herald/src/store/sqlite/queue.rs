@@ -300,7 +300,8 @@ fn claim_tx(
             cycle_started_at,
             cycle_base: u32_of(cycle_base),
             manual: manual != 0,
-            send_at: *send_at,
+            send_at: send_at.map(|(at, _)| at),
+            throttle_rate: send_at.map(|(_, rate)| rate),
         });
     }
     Ok(out)
@@ -311,7 +312,7 @@ fn claim_tx(
 struct DueHead {
     /// Claimable and within the claim's room: the claim takes these, each
     /// with its throttle slot if its endpoint has one.
-    picked: Vec<(String, Option<Millis>)>,
+    picked: Vec<(String, Option<(Millis, u32)>)>,
     /// (delivery, endpoint): of endpoints without room (full, throttled
     /// out of slots, or a FIFO endpoint's rows behind its head) and due
     /// for over `PARK_AFTER_MS`, to park.
@@ -480,7 +481,10 @@ fn walk_due_head(
                         room.take(&endpoint)
                     };
                     if took {
-                        let slot = rule.throttle.as_mut().and_then(ThrottleSlots::take);
+                        let slot = rule
+                            .throttle
+                            .as_mut()
+                            .and_then(|t| t.take().map(|at| (at, t.rate())));
                         head.picked.push((id, slot));
                         retries += usize::from(retry);
                     }
@@ -1055,7 +1059,27 @@ impl Queue for SqliteStore {
     }
 
     async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>> {
-        self.read(|c| {
+        self.read(|c| throttle_waiting_on(c, None)).await
+    }
+
+    async fn throttle_waiting_of(&self, endpoint: &EndpointId) -> StoreResult<u64> {
+        let endpoint = endpoint.as_str().to_owned();
+        self.read(move |c| {
+            let waiting = throttle_waiting_on(c, Some(endpoint))?;
+            Ok(waiting.first().map_or(0, |w| w.waiting))
+        })
+        .await
+    }
+}
+
+/// Every throttled, enabled endpoint's waiting deliveries, or only
+/// `endpoint`'s.
+fn throttle_waiting_on(
+    c: &Connection,
+    endpoint: Option<String>,
+) -> StoreResult<Vec<ThrottleWaiting>> {
+    {
+        {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT e.id, e.rate_limit, \
@@ -1063,18 +1087,18 @@ impl Queue for SqliteStore {
                               WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
                                 AND d.state = 0 AND d.parked < 2) AS waiting \
                      FROM endpoints e INDEXED BY endpoints_throttled \
-                     WHERE e.rate_limit > 0 AND e.disabled = 0 ORDER BY e.id",
+                     WHERE e.rate_limit > 0 AND e.disabled = 0 AND (?1 IS NULL OR e.id = ?1) \
+                     ORDER BY e.id",
                 )
                 .map_err(map_err)?;
-            rows(&mut stmt, [], |r| {
+            rows(&mut stmt, params![endpoint], |r| {
                 Ok(ThrottleWaiting {
                     endpoint_id: EndpointId::from_trusted(get(r, "id")?),
                     rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
                     waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
                 })
             })
-        })
-        .await
+        }
     }
 }
 
