@@ -73,6 +73,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
     include_str!("../../../migrations/sqlite/0018_counts_fold.sql"),
     include_str!("../../../migrations/sqlite/0019_failed_attempts_index.sql"),
+    include_str!("../../../migrations/sqlite/0020_attempts_by_success.sql"),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
