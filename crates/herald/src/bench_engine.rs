@@ -184,6 +184,29 @@ impl Instance {
             .await?)
     }
 
+    /// This process's claims so far that found nothing and that found
+    /// work (`herald_dispatch_claims_total`; every Herald of the bench
+    /// shares the one recorder, so take differences).
+    async fn claims(&self) -> anyhow::Result<(f64, f64)> {
+        let text = self
+            .client
+            .get(self.base.replace("/api/v1", "/metrics"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        let of = |found: &str| {
+            text.lines()
+                .find(|l| l.starts_with("herald_dispatch_claims_total") && l.contains(found))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        Ok((of("found=\"none\""), of("found=\"work\"")))
+    }
+
     async fn app(&self) -> anyhow::Result<String> {
         let app = self
             .post("/app", serde_json::json!({"name": "bench"}))
@@ -390,10 +413,12 @@ async fn backlog(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Res
             tokio::time::sleep(Duration::from_secs(settle)).await;
         }
         let healthy = h.app_with("/healthy", serde_json::json!({})).await?;
+        let claims_before = h.claims().await?;
         let start = Instant::now();
         h.send(&healthy, args.messages, args.concurrency).await?;
         h.rx.wait_for("/healthy", args.messages, args.timeout)
             .await?;
+        let claims_after = h.claims().await?;
         let at = h.rx.times("/healthy");
         let last = at.iter().max().copied().unwrap_or(start);
         let beside = match settle {
@@ -401,8 +426,10 @@ async fn backlog(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Res
             Some(s) => format!("beside 100,000 pending for a stuck endpoint, {s} s after the last"),
         };
         println!(
-            "| backlog | {store} | {beside} | {:.0} healthy deliveries/s |",
-            args.messages as f64 / last.duration_since(start).as_secs_f64().max(1e-9)
+            "| backlog | {store} | {beside} | {:.0} healthy deliveries/s | claims meanwhile: {:.0} found nothing, {:.0} found work |",
+            args.messages as f64 / last.duration_since(start).as_secs_f64().max(1e-9),
+            claims_after.0 - claims_before.0,
+            claims_after.1 - claims_before.1,
         );
         h.stop().await?;
     }
