@@ -190,6 +190,7 @@ impl PostgresStore {
             })
             .collect()
     }
+
     /// Stores `batch` with its deliveries; claims some of them when
     /// `claim` is given (see [`Queue::insert_messages_claiming`]). A batch
     /// with inline applications (Svix's `MessageIn.application`) creates

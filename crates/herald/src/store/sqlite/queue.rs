@@ -1078,28 +1078,24 @@ fn throttle_waiting_on(
     c: &Connection,
     endpoint: Option<String>,
 ) -> StoreResult<Vec<ThrottleWaiting>> {
-    {
-        {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT e.id, e.rate_limit, \
-                            (SELECT COUNT(*) FROM deliveries d INDEXED BY deliveries_fifo \
-                              WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
-                                AND d.state = 0 AND d.parked < 2) AS waiting \
-                     FROM endpoints e INDEXED BY endpoints_throttled \
-                     WHERE e.rate_limit > 0 AND e.disabled = 0 AND (?1 IS NULL OR e.id = ?1) \
-                     ORDER BY e.id",
-                )
-                .map_err(map_err)?;
-            rows(&mut stmt, params![endpoint], |r| {
-                Ok(ThrottleWaiting {
-                    endpoint_id: EndpointId::from_trusted(get(r, "id")?),
-                    rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
-                    waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
-                })
-            })
-        }
-    }
+    let mut stmt = c
+        .prepare_cached(
+            "SELECT e.id, e.rate_limit, \
+                    (SELECT COUNT(*) FROM deliveries d INDEXED BY deliveries_fifo \
+                      WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
+                        AND d.state = 0 AND d.parked < 2) AS waiting \
+             FROM endpoints e INDEXED BY endpoints_throttled \
+             WHERE e.rate_limit > 0 AND e.disabled = 0 AND (?1 IS NULL OR e.id = ?1) \
+             ORDER BY e.id",
+        )
+        .map_err(map_err)?;
+    rows(&mut stmt, params![endpoint], |r| {
+        Ok(ThrottleWaiting {
+            endpoint_id: EndpointId::from_trusted(get(r, "id")?),
+            rate: throttled_rate(get(r, "rate_limit")?).unwrap_or(0),
+            waiting: u64::try_from(get::<i64>(r, "waiting")?).unwrap_or(0),
+        })
+    })
 }
 
 #[cfg(test)]
