@@ -64,14 +64,7 @@ pub trait Queue: Send + Sync {
     async fn throttle_waiting(&self) -> StoreResult<Vec<ThrottleWaiting>>;
     /// [`Queue::throttle_waiting`] of one endpoint (0 when it has no rate
     /// or is disabled): what its health shows, without reading the others'.
-    async fn throttle_waiting_of(&self, endpoint: &EndpointId) -> StoreResult<u64> {
-        Ok(self
-            .throttle_waiting()
-            .await?
-            .iter()
-            .find(|w| w.endpoint_id == *endpoint)
-            .map_or(0, |w| w.waiting))
-    }
+    async fn throttle_waiting_of(&self, endpoint: &EndpointId) -> StoreResult<u64>;
     /// Signals `wake` whenever another process commits work that may be
     /// due (PostgreSQL: LISTEN/NOTIFY). Returns once listening has started;
     /// it goes on in the background. A backend used by one process only

@@ -1173,22 +1173,11 @@ async fn error_pages_wear_the_session_theme_or_the_configured_one() {
     // a 404 and a 403 in that theme.
     let (_, out) = access(&app, &id, json!({"readOnly": true})).await;
     let url = out["url"].as_str().expect("url");
-    let response = browser()
-        .get(app.url(&format!(
-            "{}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks",
-            path_of(url)
-        )))
-        .send()
-        .await
-        .expect("GET link");
-    assert_eq!(response.status(), StatusCode::SEE_OTHER);
-    let cookie = response.headers()["set-cookie"]
-        .to_str()
-        .expect("text")
-        .split(';')
-        .next()
-        .expect("pair")
-        .to_owned();
+    let cookie = open_link(
+        &app,
+        &format!("{url}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks"),
+    )
+    .await;
     for (method, path, status) in [
         (
             Method::GET,

@@ -212,8 +212,6 @@ impl Finder for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     use super::*;
 
     /// A store of `messages` messages with one delivery each, all delivered
@@ -247,26 +245,16 @@ mod tests {
         conn
     }
 
-    /// The search's ids and the SQLite VM instructions it ran (about: the
-    /// progress handler is called every 16).
+    /// The search's ids and the SQLite VM instructions it ran.
     fn counted_find(conn: &Connection, filter: &FindFilter, page: &PageReq) -> (Vec<String>, u64) {
-        let ops = Arc::new(AtomicU64::new(0));
-        let counter = ops.clone();
-        conn.progress_handler(
-            16,
-            Some(move || {
-                counter.fetch_add(16, Ordering::Relaxed);
-                false
-            }),
-        );
-        let found = find_messages_on(conn, filter, page).expect("find");
-        conn.progress_handler(0, None::<fn() -> bool>);
+        let (found, ops) = vm_instructions(conn, || find_messages_on(conn, filter, page));
         let ids = found
+            .expect("find")
             .items
             .iter()
             .map(|m| m.id.as_str().to_owned())
             .collect();
-        (ids, ops.load(Ordering::Relaxed))
+        (ids, ops)
     }
 
     fn ids(numbers: &[usize]) -> Vec<String> {

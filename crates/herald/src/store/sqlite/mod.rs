@@ -462,3 +462,23 @@ fn securely<T>(c: &Connection, erase: impl FnOnce() -> StoreResult<T>) -> StoreR
         .map_err(map_err)?;
     result
 }
+
+/// The SQLite VM instructions `f` runs on `conn` (about: the progress
+/// handler is called every 16), which the same statements over the same
+/// rows always repeat: a measure of a query's work that no timing gives.
+#[cfg(test)]
+fn vm_instructions<T>(conn: &Connection, f: impl FnOnce() -> T) -> (T, u64) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let ops = Arc::new(AtomicU64::new(0));
+    let counter = ops.clone();
+    conn.progress_handler(
+        16,
+        Some(move || {
+            counter.fetch_add(16, Ordering::Relaxed);
+            false
+        }),
+    );
+    let out = f();
+    conn.progress_handler(0, None::<fn() -> bool>);
+    (out, ops.load(Ordering::Relaxed))
+}

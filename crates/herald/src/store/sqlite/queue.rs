@@ -1100,8 +1100,6 @@ fn throttle_waiting_on(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     use super::*;
 
     /// A fresh database in `dir` with one app and `endpoints` enabled
@@ -1146,38 +1144,26 @@ mod tests {
     }
 
     /// One claim of `limit` with nothing in flight, and the SQLite VM
-    /// instructions it ran (about: the progress handler is called every
-    /// 16), which the same statements over the same rows always repeat.
+    /// instructions it ran ([`vm_instructions`]).
     fn counted_claim(
         (conn, counts): &(Connection, CountFold),
         now: Millis,
         limit: usize,
     ) -> (usize, u64) {
-        let ops = Arc::new(AtomicU64::new(0));
-        let counter = ops.clone();
-        conn.progress_handler(
-            16,
-            Some(move || {
-                counter.fetch_add(16, Ordering::Relaxed);
-                false
-            }),
-        );
-        let claimed = in_tx(conn, counts, |conn| {
-            let claimed = claim_tx(
-                conn,
-                &Keyring::plain(),
-                now,
-                now + 60_000,
-                limit,
-                &HashMap::new(),
-                128,
-            );
-            conn.progress_handler(0, None::<fn() -> bool>);
-            claimed
-        })
-        .expect("claim")
-        .len();
-        (claimed, ops.load(Ordering::Relaxed))
+        let (claimed, ops) = in_tx(conn, counts, |conn| {
+            vm_instructions(conn, || {
+                claim_tx(
+                    conn,
+                    &Keyring::plain(),
+                    now,
+                    now + 60_000,
+                    limit,
+                    &HashMap::new(),
+                    128,
+                )
+            })
+        });
+        (claimed.expect("claim").len(), ops)
     }
 
     fn count(conn: &Connection, sql: &str) -> i64 {
