@@ -288,6 +288,9 @@ pub struct ClaimedDelivery {
     /// The endpoint's `throttleRate` when the claim gave it a send slot:
     /// the dispatcher's pacer keeps actual sends within it.
     pub throttle_rate: Option<u32>,
+    /// The endpoint delivers in order (`"ordering": "fifo"`): its next
+    /// delivery becomes claimable once this one's outcome is written.
+    pub ordered: bool,
 }
 
 impl std::fmt::Debug for ClaimedDelivery {
@@ -819,6 +822,8 @@ impl IngestClaim {
             manual: false,
             send_at: None,
             throttle_rate: None,
+            // Only endpoints that queue nothing are handed off.
+            ordered: false,
         }
     }
 }

@@ -761,7 +761,8 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
                CASE WHEN p.base IS NOT NULL THEN (p.base + (p.nth - 1) * p.step + 999) / 1000 END AS send_at, \
                d.id, d.msg_id, d.app_id, d.endpoint_id, d.attempts, \
                d.cycle_started_at, d.cycle_base, d.manual, m.event_type, m.payload, m.traceparent, \
-               e.url, e.secret, e.old_secrets, e.headers, e.rate_limit::int8 AS rate_limit";
+               e.url, e.secret, e.old_secrets, e.headers, e.rate_limit::int8 AS rate_limit, \
+               e.ordering = 'fifo' AS ordered";
 
 #[async_trait]
 impl Queue for PostgresStore {
@@ -870,6 +871,7 @@ impl Queue for PostgresStore {
                     manual: get(r, "manual")?,
                     send_at,
                     throttle_rate: send_at.and(throttled_rate(get(r, "rate_limit")?)),
+                    ordered: get(r, "ordered")?,
                 };
                 Ok((due_at, d))
             })

@@ -232,7 +232,8 @@ fn claim_tx(
         .map_err(map_err)?;
     let mut details = conn
         .prepare_cached(
-            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers, m.traceparent FROM messages m, endpoints e \
+            "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers, m.traceparent, \
+             e.ordering = 'fifo' FROM messages m, endpoints e \
              WHERE m.id = ?1 AND e.id = ?2",
         )
         .map_err(map_err)?;
@@ -260,19 +261,21 @@ fn claim_tx(
         if !head.expired.contains(&id) {
             counts::moved(&endpoint_id, 0, 1, false)?;
         }
-        let (event_type, payload, url, secret, old_secrets, headers, traceparent) = details
-            .query_row(params![msg_id, endpoint_id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, Option<String>>(6)?,
-                ))
-            })
-            .map_err(map_err)?;
+        let (event_type, payload, url, secret, old_secrets, headers, traceparent, ordered) =
+            details
+                .query_row(params![msg_id, endpoint_id], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                        r.get::<_, bool>(7)?,
+                    ))
+                })
+                .map_err(map_err)?;
         let to = SendTo::from_columns(
             keys,
             &endpoint_id,
@@ -302,6 +305,7 @@ fn claim_tx(
             manual: manual != 0,
             send_at: send_at.map(|(at, _)| at),
             throttle_rate: send_at.map(|(_, rate)| rate),
+            ordered,
         });
     }
     Ok(out)
