@@ -785,6 +785,57 @@ pub async fn endpoint_health(
     Ok(health)
 }
 
+/// [`endpoint_health`] of each endpoint of a listed page (the dashboard's
+/// overview and application pages, the portal's home), from the status
+/// the list read: the stats buckets in one read, the broken circuit
+/// breakers in one, and a throttled endpoint's backlog each (side by side).
+pub async fn listed_health(
+    store: &std::sync::Arc<dyn crate::store::Store>,
+    rows: &[crate::store::EndpointOverview],
+    breaker: &herald_policy::breaker::BreakerRule,
+) -> ApiResult<Vec<crate::health::EndpointHealth>> {
+    let now = now_millis();
+    let ids: Vec<EndpointId> = rows.iter().map(|r| r.endpoint.id.clone()).collect();
+    let mut buckets = store
+        .endpoints_stats(&ids, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
+        .await?;
+    let circuits: std::collections::HashMap<EndpointId, herald_policy::breaker::Circuit> =
+        if rows.is_empty() {
+            std::collections::HashMap::new()
+        } else {
+            store
+                .broken_circuits()
+                .await?
+                .into_iter()
+                .map(|c| (c.endpoint_id, c.circuit))
+                .collect()
+        };
+    let waiting = futures::future::try_join_all(rows.iter().map(|r| async {
+        match crate::store::throttled_rate(r.endpoint.rate_limit.map(i64::from)) {
+            Some(_) => store.throttle_waiting_of(&r.endpoint.id).await.map(Some),
+            None => Ok(None),
+        }
+    }))
+    .await?;
+    Ok(rows
+        .iter()
+        .zip(waiting)
+        .map(|(r, waiting)| {
+            let ep = &r.endpoint;
+            let mine = buckets.remove(&ep.id).unwrap_or_default();
+            let mut health = crate::health::compute(&r.status, &mine, now);
+            if let Some(circuit) = circuits.get(&ep.id) {
+                health.circuit = crate::health::CircuitHealth::of(circuit, breaker, now);
+            }
+            if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
+                health.throttled = Some(crate::health::throttled_text(rate));
+                health.throttle_waiting = waiting;
+            }
+            health
+        })
+        .collect())
+}
+
 /// The longest disable reason kept (API and dashboard).
 pub const MAX_DISABLE_REASON_BYTES: usize = 1000;
 

@@ -12,8 +12,8 @@ use super::layout::{self, when, Nav};
 use super::overview::{app_label, endpoint_table};
 use super::session::Authed;
 use super::{query_string, Cursor, DashResult, PAGE_SIZE};
+use crate::api::endpoints::listed_health;
 use crate::api::ApiState;
-use crate::health::EndpointHealth;
 use crate::store::{now_millis, App};
 
 #[derive(Debug, Deserialize, Default)]
@@ -106,17 +106,7 @@ pub async fn app_body(view: &View, state: &ApiState, app: &App, offset: usize) -
         .await?;
     let has_more = rows.len() > PAGE_SIZE;
     rows.truncate(PAGE_SIZE);
-    let since = now - 24 * 3600 * 1000 - crate::health::BUCKET_MS;
-    let buckets = futures::future::try_join_all(
-        rows.iter()
-            .map(|r| state.store.endpoint_stats(&r.endpoint.id, since)),
-    )
-    .await?;
-    let healths: Vec<EndpointHealth> = rows
-        .iter()
-        .zip(&buckets)
-        .map(|(r, b)| crate::health::compute(&r.status, b, now))
-        .collect();
+    let healths = listed_health(&state.store, &rows, &state.breaker).await?;
     let here = view.app_href(&app.id);
     let link = |offset: usize| {
         let offset = offset.to_string();

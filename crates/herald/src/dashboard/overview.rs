@@ -9,6 +9,7 @@ use super::layout::{self, ago, badge, hourly_chart, latency, percent, truncate, 
 use super::session::Authed;
 use super::{query_string, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
+use crate::api::endpoints::listed_health;
 use crate::api::ApiState;
 use crate::health::{EndpointHealth, WindowFigures};
 use crate::store::{now_millis, App, EndpointOverview, Millis, QueueStats};
@@ -53,18 +54,7 @@ pub async fn page(
         .await?;
     let has_more = rows.len() > PAGE_SIZE;
     rows.truncate(PAGE_SIZE);
-    // One small read per endpoint (its stats buckets), side by side.
-    let since = now - 24 * 3600 * 1000 - crate::health::BUCKET_MS;
-    let buckets = futures::future::try_join_all(
-        rows.iter()
-            .map(|r| state.store.endpoint_stats(&r.endpoint.id, since)),
-    )
-    .await?;
-    let healths: Vec<EndpointHealth> = rows
-        .iter()
-        .zip(&buckets)
-        .map(|(r, b)| crate::health::compute(&r.status, b, now))
-        .collect();
+    let healths = listed_health(&state.store, &rows, &state.breaker).await?;
 
     let app_param = app.as_ref().map(|a| a.id.as_str()).unwrap_or("");
     let link = |offset: usize| {
@@ -131,8 +121,28 @@ fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {
     }
 }
 
-/// The state column: disabled (and why), failing (for how long), or ok.
+/// The state column: disabled (and why), failing (for how long), or ok;
+/// then a circuit breaker that is not closed, and a throttle.
 pub fn state_badge(health: &EndpointHealth, now: Millis) -> Markup {
+    html! {
+        (main_state(health, now))
+        @match health.circuit.state.as_str() {
+            "open" => div { (badge(Tone::Bad, "circuit open")) },
+            "halfOpen" => div { (badge(Tone::Warn, "circuit probing")) },
+            _ => {},
+        }
+        @if let Some(throttled) = &health.throttled {
+            div.small.muted {
+                (throttled)
+                @if let Some(n) = health.throttle_waiting.filter(|n| *n > 0) {
+                    " (" (n) " waiting)"
+                }
+            }
+        }
+    }
+}
+
+fn main_state(health: &EndpointHealth, now: Millis) -> Markup {
     if health.disabled {
         html! {
             (badge(Tone::Off, "disabled"))

@@ -10,7 +10,7 @@ use maud::{html, Markup};
 
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
-use crate::api::endpoints::{endpoint_health, find_endpoint};
+use crate::api::endpoints::{endpoint_health, find_endpoint, listed_health};
 use crate::api::{parse_json, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
 use crate::dashboard::overview::state_badge;
@@ -65,11 +65,12 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
         .store
         .list_endpoint_overview(Some(&session.app_id), 0, 250)
         .await?;
-    let mut rows = Vec::with_capacity(listed.len());
-    for o in listed {
-        let health = endpoint_health(&state.store, &o.endpoint, &state.breaker).await?;
-        rows.push((o.endpoint, health));
-    }
+    let healths = listed_health(&state.store, &listed, &state.breaker).await?;
+    let rows: Vec<_> = listed
+        .into_iter()
+        .map(|o| o.endpoint)
+        .zip(healths)
+        .collect();
     let body = html! {
         h1 { "Endpoints" small { (rows.len()) " of this application" } }
         @if session.capabilities.manage_endpoint() {

@@ -9,6 +9,13 @@ pub trait Health: Send + Sync {
     /// The endpoint's stats buckets starting at or after `since`.
     async fn endpoint_stats(&self, ep: &EndpointId, since: Millis)
         -> StoreResult<Vec<StatsBucket>>;
+    /// [`Health::endpoint_stats`] of each of `eps`, in one read (a page of
+    /// endpoints with their charts): an endpoint without buckets is absent.
+    async fn endpoints_stats(
+        &self,
+        eps: &[EndpointId],
+        since: Millis,
+    ) -> StoreResult<HashMap<EndpointId, Vec<StatsBucket>>>;
     /// Every endpoint (of `app`, or of all apps), failing ones first (by
     /// streak), then by id; `offset` paging for the dashboard.
     async fn list_endpoint_overview(

@@ -1213,3 +1213,87 @@ async fn error_pages_wear_the_session_theme_or_the_configured_one() {
         );
     }
 }
+
+/// The endpoint lists (the portal's home, the dashboard's overview and
+/// application page) show each endpoint's open circuit breaker and its
+/// throttle, read for the whole page at once.
+#[tokio::test]
+async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
+    let app = crate::helpers::spawn_stepped(&[
+        ("HERALD_BREAKER_MIN_ATTEMPTS", "4"),
+        ("HERALD_BREAKER_WINDOW", "1m"),
+        ("HERALD_BREAKER_FAILURE_RATE", "50%"),
+        ("HERALD_BREAKER_COOLDOWN", "1h"),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(500));
+    let app_id = app.create_app().await;
+    let failing = app
+        .create_endpoint(&app_id, &rx.url("/failing"), json!({}))
+        .await;
+    for n in 0..4 {
+        app.send_message(&app_id, "t.x", json!({ "n": n })).await;
+    }
+    let r = app.step().await;
+    assert_eq!((r.claimed, r.retried), (4, 4), "four failures open it");
+    // Created after the messages, so nothing is sent to it.
+    let throttled = app
+        .create_endpoint(&app_id, &rx.url("/throttled"), json!({ "throttleRate": 4 }))
+        .await;
+    let healthy = app
+        .create_endpoint(&app_id, &rx.url("/quiet"), json!({}))
+        .await;
+
+    let (_, link) = access(&app, &app_id, json!({})).await;
+    let cookie = open_link(&app, link["url"].as_str().expect("url")).await;
+    let (status, home) = page(&app, &cookie, "/portal").await;
+    assert_eq!(status, StatusCode::OK, "{home}");
+
+    let operator = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    operator
+        .post(app.url("/dashboard/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .expect("log in");
+    let mut pages = vec![("portal home", home)];
+    for path in [
+        format!("/dashboard?app={app_id}"),
+        format!("/dashboard/app/{app_id}"),
+    ] {
+        let resp = operator.get(app.url(&path)).send().await.expect("GET");
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        pages.push(("dashboard list", resp.text().await.expect("page")));
+    }
+    for (which, html) in &pages {
+        let row = |ep: &Value| {
+            let id = ep["id"].as_str().expect("id");
+            let at = html
+                .find(id)
+                .unwrap_or_else(|| panic!("{which} lists {id}"));
+            let end = html[at..].find("</tr>").map_or(html.len(), |e| at + e);
+            html[at..end].to_owned()
+        };
+        assert!(
+            row(&failing).contains("circuit open"),
+            "{which}: {}",
+            row(&failing)
+        );
+        assert!(
+            row(&throttled).contains("throttled at 4/s"),
+            "{which}: {}",
+            row(&throttled)
+        );
+        assert!(!row(&throttled).contains("circuit open"), "{which}");
+        let quiet = row(&healthy);
+        assert!(
+            !quiet.contains("circuit") && !quiet.contains("throttled"),
+            "{which}: {quiet}"
+        );
+    }
+}

@@ -1835,6 +1835,25 @@ async fn stats_buckets_add_up_per_endpoint_and_prune_by_age(store: Arc<dyn Store
         1,
         "since bounds the read"
     );
+    // A page's endpoints in one read: the same buckets, one without any
+    // absent, `since` bounding it alike.
+    let quiet = endpoint(&store, &a.id, None, false).await;
+    let page = [e.id.clone(), other.id.clone(), quiet.id.clone()];
+    let all = store.endpoints_stats(&page, start).await.expect("stats");
+    assert_eq!(all.get(&e.id), Some(&buckets));
+    assert_eq!(all.get(&other.id), Some(&theirs_buckets));
+    assert_eq!(all.len(), 2, "an endpoint without buckets is absent");
+    let later = store
+        .endpoints_stats(&page, start + 1)
+        .await
+        .expect("stats");
+    assert_eq!(later.get(&e.id).map(Vec::len), Some(1));
+    assert_eq!(later.get(&other.id), None);
+    assert!(store
+        .endpoints_stats(&[], start)
+        .await
+        .expect("stats")
+        .is_empty());
     assert_eq!(
         store.prune_stats(start + BUCKET_MS).await.expect("prune"),
         2

@@ -61,6 +61,35 @@ impl Health for PostgresStore {
         map_rows(&rows, stats_from_row)
     }
 
+    async fn endpoints_stats(
+        &self,
+        eps: &[EndpointId],
+        since: Millis,
+    ) -> StoreResult<HashMap<EndpointId, Vec<StatsBucket>>> {
+        if eps.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let ids: Vec<&str> = eps.iter().map(EndpointId::as_str).collect();
+        // One seek of the (endpoint_id, bucket) key per endpoint.
+        let rows = sqlx::query(
+            "SELECT * FROM endpoint_stats WHERE endpoint_id = ANY($1) AND bucket >= $2 \
+             ORDER BY endpoint_id, bucket",
+        )
+        .bind(&ids)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        let mut by_endpoint = HashMap::<EndpointId, Vec<StatsBucket>>::new();
+        for r in &rows {
+            by_endpoint
+                .entry(EndpointId::from_trusted(get::<String>(r, "endpoint_id")?))
+                .or_default()
+                .push(stats_from_row(r)?);
+        }
+        Ok(by_endpoint)
+    }
+
     async fn list_endpoint_overview(
         &self,
         app: Option<&AppId>,

@@ -59,6 +59,39 @@ impl Health for SqliteStore {
         .await
     }
 
+    async fn endpoints_stats(
+        &self,
+        eps: &[EndpointId],
+        since: Millis,
+    ) -> StoreResult<HashMap<EndpointId, Vec<StatsBucket>>> {
+        if eps.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let ids = to_json(&eps.iter().map(EndpointId::as_str).collect::<Vec<_>>())?;
+        self.read(move |c| {
+            // One seek of the (endpoint_id, bucket) key per endpoint.
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT * FROM endpoint_stats \
+                     WHERE endpoint_id IN (SELECT value FROM json_each(?1)) AND bucket >= ?2 \
+                     ORDER BY endpoint_id, bucket",
+                )
+                .map_err(map_err)?;
+            let found = rows(&mut stmt, params![ids, since], |r| {
+                Ok((get::<String>(r, "endpoint_id")?, stats_from_row(r)?))
+            })?;
+            let mut by_endpoint = HashMap::<EndpointId, Vec<StatsBucket>>::new();
+            for (ep, bucket) in found {
+                by_endpoint
+                    .entry(EndpointId::from_trusted(ep))
+                    .or_default()
+                    .push(bucket);
+            }
+            Ok(by_endpoint)
+        })
+        .await
+    }
+
     async fn list_endpoint_overview(
         &self,
         app: Option<&AppId>,
