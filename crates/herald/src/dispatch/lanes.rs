@@ -14,9 +14,12 @@
 //!
 //! Everything here is memory, per process, a lock per finished request: no
 //! store round trip. An endpoint this process has not seen yet gets its
-//! full room in its first claim, then its lane.
+//! full room in its first claim, then its lane; so does one that has no
+//! delivery here and was never slowed (a lane only starting out). A claim
+//! thus looks only at the lanes of endpoints with deliveries here and of
+//! slowed ones, not at every lane of the last minutes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -29,12 +32,14 @@ use crate::store::{now_millis, Millis};
 /// A lane nobody used for this long is forgotten (the endpoint starts
 /// afresh), which bounds the map by the endpoints of the last minutes.
 const FORGET_AFTER: Duration = Duration::from_secs(120);
+/// How often the forgetting runs (it walks every lane).
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// "Other deliveries want slots" lasts this long after it was last seen.
 const CONTENDED_FOR: Millis = 1_000;
 
 pub struct Lanes {
     rule: LaneRule,
-    lanes: Mutex<HashMap<EndpointId, Lane>>,
+    lanes: Mutex<LaneMap>,
     /// When a claim or a handoff last found fewer free slots than it could
     /// use (ms since the epoch; 0: never).
     contended_at: AtomicI64,
@@ -45,16 +50,43 @@ struct Lane {
     used_at: Instant,
 }
 
+struct LaneMap {
+    by_endpoint: HashMap<EndpointId, Lane>,
+    /// Endpoints whose lane a slow answer narrowed and that have not
+    /// widened back to the cap: withheld from even while idle here.
+    slowed: HashSet<EndpointId>,
+    swept_at: Instant,
+}
+
+impl LaneMap {
+    /// Forgets the lanes unused for [`FORGET_AFTER`], every
+    /// [`SWEEP_EVERY`] at most.
+    fn sweep(&mut self, now: Instant) {
+        if now.duration_since(self.swept_at) < SWEEP_EVERY {
+            return;
+        }
+        self.swept_at = now;
+        self.by_endpoint
+            .retain(|_, l| now.duration_since(l.used_at) < FORGET_AFTER);
+        let by_endpoint = &self.by_endpoint;
+        self.slowed.retain(|ep| by_endpoint.contains_key(ep));
+    }
+}
+
 impl Lanes {
     pub fn new(endpoint_cap: usize) -> Self {
         Lanes {
             rule: LaneRule::for_cap(endpoint_cap),
-            lanes: Mutex::new(HashMap::new()),
+            lanes: Mutex::new(LaneMap {
+                by_endpoint: HashMap::new(),
+                slowed: HashSet::new(),
+                swept_at: Instant::now(),
+            }),
             contended_at: AtomicI64::new(0),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<EndpointId, Lane>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LaneMap> {
         self.lanes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -72,6 +104,7 @@ impl Lanes {
         let mut lanes = self.lock();
         let now = Instant::now();
         lanes
+            .by_endpoint
             .entry(ep.clone())
             .and_modify(|l| l.used_at = now)
             .or_insert(Lane {
@@ -83,30 +116,51 @@ impl Lanes {
     /// A request to `ep` finished (answered or not) after `took`.
     pub fn finished(&self, ep: &EndpointId, took: Duration) {
         let contended = self.is_contended();
-        if let Some(lane) = self.lock().get_mut(ep) {
-            lane.size = next_lane(&self.rule, lane.size, took, contended);
-            lane.used_at = Instant::now();
+        let mut lanes = self.lock();
+        let Some(lane) = lanes.by_endpoint.get_mut(ep) else {
+            return;
+        };
+        let was = lane.size;
+        lane.size = next_lane(&self.rule, was, took, contended);
+        lane.used_at = Instant::now();
+        let size = lane.size;
+        if size < was {
+            lanes.slowed.insert(ep.clone());
+        } else if size >= self.rule.cap {
+            lanes.slowed.remove(ep);
         }
     }
 
     /// Raises `in_flight` (claimed deliveries per endpoint, as a claim
     /// counts them against `room_per_lane_slot × cap`) by what each narrow
     /// lane withholds, so the claim gives such an endpoint
-    /// `room_per_lane_slot × lane` at most.
+    /// `room_per_lane_slot × lane` at most: the endpoints listed (those
+    /// with deliveries here) and the slowed ones. Costs what those are,
+    /// not every lane known.
     pub fn narrow(&self, in_flight: &mut HashMap<EndpointId, usize>, room_per_lane_slot: usize) {
         let mut lanes = self.lock();
-        let now = Instant::now();
-        lanes.retain(|_, l| now.duration_since(l.used_at) < FORGET_AFTER);
-        for (ep, lane) in lanes.iter().filter(|(_, l)| l.size < self.rule.cap) {
-            let withheld = (self.rule.cap - lane.size).saturating_mul(room_per_lane_slot);
-            let count = in_flight.entry(ep.clone()).or_insert(0);
-            *count = count.saturating_add(withheld);
+        lanes.sweep(Instant::now());
+        let cap = self.rule.cap;
+        let withheld =
+            |lane: &Lane| (cap.saturating_sub(lane.size)).saturating_mul(room_per_lane_slot);
+        for (ep, count) in in_flight.iter_mut() {
+            if let Some(lane) = lanes.by_endpoint.get(ep) {
+                *count = count.saturating_add(withheld(lane));
+            }
+        }
+        for ep in &lanes.slowed {
+            if in_flight.contains_key(ep) {
+                continue;
+            }
+            if let Some(lane) = lanes.by_endpoint.get(ep) {
+                in_flight.insert(ep.clone(), withheld(lane));
+            }
         }
     }
 
     /// The lane of `ep`, if this process has one (tests, the dashboard).
     pub fn size_of(&self, ep: &EndpointId) -> Option<usize> {
-        self.lock().get(ep).map(|l| l.size)
+        self.lock().by_endpoint.get(ep).map(|l| l.size)
     }
 }
 
@@ -134,6 +188,53 @@ mod tests {
         // one, the whole 128 for the healthy one (not listed).
         assert_eq!(in_flight.get(&stuck), Some(&(3 + 2 * 62)));
         assert_eq!(in_flight.get(&healthy), None);
+    }
+
+    #[test]
+    fn a_claim_weighs_the_lanes_of_busy_and_slowed_endpoints_only() {
+        let lanes = Lanes::new(64);
+        let (busy, slowed, young, wide) = (
+            EndpointId::generate(),
+            EndpointId::generate(),
+            EndpointId::generate(),
+            EndpointId::generate(),
+        );
+        for ep in [&busy, &slowed, &young, &wide] {
+            lanes.claimed(ep);
+        }
+        for _ in 0..100 {
+            lanes.finished(&wide, Duration::from_millis(2));
+        }
+        lanes.contended();
+        lanes.finished(&slowed, Duration::from_secs(5));
+        assert_eq!(lanes.size_of(&slowed), Some(2));
+        assert_eq!(lanes.size_of(&young), Some(4));
+        // `busy` has 3 here; the others none.
+        let mut in_flight = HashMap::from([(busy.clone(), 3), (wide.clone(), 1)]);
+        lanes.narrow(&mut in_flight, 2);
+        assert_eq!(in_flight.get(&busy), Some(&(3 + 2 * 60)), "lane 4 of 64");
+        assert_eq!(
+            in_flight.get(&wide),
+            Some(&1),
+            "at the cap: nothing withheld"
+        );
+        assert_eq!(
+            in_flight.get(&slowed),
+            Some(&(2 * 62)),
+            "slowed, idle or not"
+        );
+        assert_eq!(
+            in_flight.get(&young),
+            None,
+            "idle and only starting out: its full room, as an unseen endpoint"
+        );
+        // Widened back to the cap, it is not slowed any more.
+        for _ in 0..100 {
+            lanes.finished(&slowed, Duration::from_millis(2));
+        }
+        let mut in_flight = HashMap::new();
+        lanes.narrow(&mut in_flight, 2);
+        assert!(in_flight.is_empty(), "{in_flight:?}");
     }
 
     #[test]
