@@ -235,6 +235,16 @@ pub async fn start(
             };
             format!("{scheme}://{local}")
         });
+        // Tokens revoked or ended through another process (PostgreSQL)
+        // leave this one's cache at once.
+        let tokens = Arc::new(api::auth::TokenCache::default());
+        let token_changes = Arc::new(tokio::sync::Notify::new());
+        store
+            .listen_for_token_changes(token_changes.clone())
+            .await?;
+        background.push(tokio::spawn(
+            tokens.clone().clear_on(token_changes, shutdown.clone()),
+        ));
         let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
@@ -244,7 +254,7 @@ pub async fn start(
             },
             admin_token_sha256: admin_digest,
             app_ids: Default::default(),
-            tokens: Default::default(),
+            tokens,
             operator,
             metrics,
             public_url,

@@ -424,7 +424,7 @@ pub async fn delete_app(
     }
     state.app_ids.forget(&app_id);
     // Its tokens went with it.
-    state.tokens.clear();
+    super::auth::tokens_changed(&state).await;
     actor
         .record(
             &*state.store,

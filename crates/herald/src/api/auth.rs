@@ -51,10 +51,12 @@ impl Principal {
 }
 
 /// Application tokens by digest, so that a request does not cost a read.
-/// Entries live 30 s: a token revoked or expired early (`expire-all`,
-/// `logout`) through another process stops working within that time (at
-/// once through this one, which clears the cache). A token's own expiry is
-/// checked on every use, cached or not.
+/// A token revoked or expired early (`expire-all`, `logout`, its app
+/// deleted) clears the cache of the process that did it, and through the
+/// store ([`crate::store::Tokens::announce_token_change`]) of the others
+/// sharing it; entries live 30 s all the same, which bounds how long a
+/// process that missed the news (its listening connection down) keeps one.
+/// A token's own expiry is checked on every use, cached or not.
 #[derive(Default)]
 pub struct TokenCache(RwLock<HashMap<[u8; 32], CachedToken>>);
 
@@ -82,6 +84,31 @@ impl TokenCache {
 
     pub fn clear(&self) {
         self.0.write().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Clears the cache whenever `changed` is signalled (another process
+    /// announced a token change), until `shutdown`.
+    pub async fn clear_on(
+        self: std::sync::Arc<Self>,
+        changed: std::sync::Arc<tokio::sync::Notify>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            tokio::select! {
+                _ = changed.notified() => self.clear(),
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Tokens were revoked or ended: this process forgets its cached lookups
+/// at once, and tells the others sharing the store to (should that fail,
+/// their entries still end within the cache's 30 s).
+pub async fn tokens_changed(state: &ApiState) {
+    state.tokens.clear();
+    if let Err(e) = state.store.announce_token_change().await {
+        tracing::warn!(error = %e, "cannot tell the other processes that tokens changed; their cached lookups end within 30 s");
     }
 }
 
@@ -453,8 +480,8 @@ pub async fn list_tokens(
     )))
 }
 
-/// `DELETE /app/{app}/token/{id}` (admin): revokes at once here, within
-/// 30 s in other processes.
+/// `DELETE /app/{app}/token/{id}` (admin): revokes at once, here and (told
+/// through the store) in the other processes.
 #[utoipa::path(
     delete,
     path = "/app/{app_id}/token/{token_id}",
@@ -474,7 +501,7 @@ pub async fn delete_token(
     if !state.store.delete_token(&app.id, &token_id).await? {
         return Err(ApiError::NotFound("token"));
     }
-    state.tokens.clear();
+    tokens_changed(&state).await;
     actor
         .record(
             &*state.store,
@@ -944,7 +971,7 @@ pub async fn expire_all(
         .store
         .expire_tokens(&app.id, at, session_ids.as_deref())
         .await?;
-    state.tokens.clear();
+    tokens_changed(&state).await;
     actor
         .record(
             &*state.store,
@@ -982,7 +1009,7 @@ pub async fn logout(
         ));
     };
     state.store.end_token(&token_id, now_millis()).await?;
-    state.tokens.clear();
+    tokens_changed(&state).await;
     actor
         .record(
             &*state.store,

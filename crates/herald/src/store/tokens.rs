@@ -39,6 +39,24 @@ pub trait Tokens: Send + Sync {
     ) -> StoreResult<u64>;
     /// Ends one token at once, with its portal sessions and link codes.
     async fn end_token(&self, token_id: &str, now: Millis) -> StoreResult<()>;
+    /// Tells the other processes sharing this store that tokens were
+    /// revoked or ended, so that they drop the lookups they cached
+    /// (PostgreSQL: a NOTIFY). A backend used by one process only has no
+    /// one to tell.
+    async fn announce_token_change(&self) -> StoreResult<()> {
+        Ok(())
+    }
+    /// Signals `changed` whenever another process announces a token change
+    /// (and once after the listening connection was lost, whatever was
+    /// announced meanwhile). Returns once listening has started; it goes on
+    /// in the background.
+    async fn listen_for_token_changes(
+        &self,
+        changed: std::sync::Arc<tokio::sync::Notify>,
+    ) -> StoreResult<()> {
+        let _ = changed;
+        Ok(())
+    }
     /// Starts a request carrying an Idempotency-Key (see [`IdemBegin`]).
     /// Records older than `valid_after` are forgotten; a still-running one
     /// older than `stale_before` is taken over (its process died).

@@ -1,5 +1,7 @@
 //! Application-scoped tokens and Idempotency-Key, end to end.
 
+use std::time::{Duration, Instant};
+
 use axum::http::StatusCode;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -300,4 +302,85 @@ async fn an_idempotency_key_compares_the_json_not_its_spelling() {
         "one message"
     );
     app.shutdown().await;
+}
+
+/// Polls `token` against `app` (bounded by `within`) until it is refused;
+/// returns whether it was.
+async fn refused_within(app: &TestApp, token: &str, path: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        let (s, _) = call(app, token, Method::GET, path, None).await;
+        if s == StatusCode::UNAUTHORIZED {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Two API processes share a PostgreSQL database. A token revoked through
+/// one (deleted; its application's tokens expired) is refused by the other
+/// at once, though the other had cached it as valid: the revoking process
+/// tells the others through the store. Checked well inside the cache's
+/// 30 s, which would otherwise keep it working there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_token_revoked_through_one_process_is_refused_by_the_others() {
+    let Some(pg) = PgSchema::new("tenancy::postgres_a_token_revoked_through_one_process") else {
+        return;
+    };
+    let backend = Backend::Postgres(pg);
+    let one = backend.spawn_stepped(&[]).await;
+    let two = backend.spawn_stepped(&[]).await;
+    let app_id = one.create_app().await;
+    let path = format!("/api/v1/app/{app_id}");
+    let mint = |name: &'static str| {
+        let (one, app_id) = (&one, &app_id);
+        async move {
+            let (s, t) = one
+                .post(
+                    &format!("/api/v1/app/{app_id}/token"),
+                    json!({ "name": name }),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED, "{t}");
+            (
+                t["id"].as_str().expect("id").to_owned(),
+                t["token"].as_str().expect("token").to_owned(),
+            )
+        }
+    };
+    let (deleted_id, deleted) = mint("deleted").await;
+    let (_, expired) = mint("expired").await;
+    // Both work through the other process, which caches them as valid.
+    for token in [&deleted, &expired] {
+        let (s, _) = call(&two, token, Method::GET, &path, None).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+
+    let (s, _) = one
+        .request(Method::DELETE, &format!("{path}/token/{deleted_id}"), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert!(
+        refused_within(&two, &deleted, &path, Duration::from_secs(10)).await,
+        "the other process still accepts the deleted token"
+    );
+    let (s, _) = call(&two, &expired, Method::GET, &path, None).await;
+    assert_eq!(s, StatusCode::OK, "the other token is untouched");
+
+    let (s, body) = one
+        .post(&format!("/api/v1/auth/app/{app_id}/expire-all"), json!({}))
+        .await;
+    assert!(s.is_success(), "{s} {body}");
+    assert!(
+        refused_within(&two, &expired, &path, Duration::from_secs(10)).await,
+        "the other process still accepts a token expired through the first"
+    );
+    one.shutdown().await;
+    two.shutdown().await;
+    if let Backend::Postgres(pg) = &backend {
+        pg.drop_schema().await;
+    }
 }

@@ -15,16 +15,64 @@ async fn start_listener(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx
     Ok(listener)
 }
 
-/// Turns every notification on `channel` into a wake-up, until `closing`.
-/// A lost connection is listened on again (with a growing pause while that
-/// fails), followed by one wake-up for whatever was notified meanwhile.
+/// The payload of the NOTIFY that says tokens were revoked or ended (see
+/// [`Tokens::announce_token_change`]); work notifications have none.
+pub(super) const TOKENS_NOTICE: &str = "tokens";
+
+/// What a listener passes on: work for the dispatcher (every notification
+/// but the tokens'), or token changes for the API's cache.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Notices {
+    Work,
+    Tokens,
+}
+
+impl Notices {
+    fn wants(self, payload: &str) -> bool {
+        (payload == TOKENS_NOTICE) == (self == Notices::Tokens)
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Notices::Work => "work",
+            Notices::Tokens => "token changes",
+        }
+    }
+}
+
+/// Listens on `channel` and starts [`listen_loop`] in the background.
+pub(super) async fn spawn_listener(
+    store: &PostgresStore,
+    notices: Notices,
+    wake: std::sync::Arc<Notify>,
+) -> StoreResult<()> {
+    let listener = start_listener(&store.pool, &store.wake_channel)
+        .await
+        .map_err(map_err)?;
+    tokio::spawn(listen_loop(
+        listener,
+        store.pool.clone(),
+        store.wake_channel.clone(),
+        notices,
+        wake,
+        store.closing.clone(),
+    ));
+    Ok(())
+}
+
+/// Turns every notification on `channel` that `notices` wants into a
+/// wake-up, until `closing`. A lost connection is listened on again (with a
+/// growing pause while that fails), followed by one wake-up for whatever
+/// was notified meanwhile.
 async fn listen_loop(
     first: PgListener,
     pool: PgPool,
     channel: String,
+    notices: Notices,
     wake: std::sync::Arc<Notify>,
     closing: CancellationToken,
 ) {
+    let what = notices.what();
     let mut listener = Some(first);
     let mut retry = LISTEN_RETRY_MIN;
     loop {
@@ -38,7 +86,7 @@ async fn listen_loop(
                 retry = (retry * 2).min(LISTEN_RETRY_MAX);
                 match start_listener(&pool, &channel).await {
                     Ok(l) => {
-                        tracing::info!(channel = %channel, "listening for work again");
+                        tracing::info!(channel = %channel, what, "listening again");
                         retry = LISTEN_RETRY_MIN;
                         wake.notify_one();
                         listener.insert(l)
@@ -47,7 +95,7 @@ async fn listen_loop(
                         if closing.is_cancelled() || pool.is_closed() {
                             return;
                         }
-                        tracing::warn!(error = %e, channel = %channel, "cannot listen for work; will retry");
+                        tracing::warn!(error = %e, channel = %channel, what, "cannot listen; will retry");
                         continue;
                     }
                 }
@@ -58,18 +106,19 @@ async fn listen_loop(
             r = current.try_recv() => r,
         };
         match received {
-            Ok(Some(_)) => wake.notify_one(),
+            Ok(Some(n)) if notices.wants(n.payload()) => wake.notify_one(),
+            Ok(Some(_)) => {}
             // The connection was lost and the listener has LISTENed again
             // on a new one; notifications in between are gone.
             Ok(None) => {
-                tracing::warn!(channel = %channel, "lost the connection listening for work; reconnected");
+                tracing::warn!(channel = %channel, what, "lost the listening connection; reconnected");
                 wake.notify_one();
             }
             Err(e) => {
                 if closing.is_cancelled() || pool.is_closed() {
                     return;
                 }
-                tracing::warn!(error = %e, channel = %channel, "lost the connection listening for work; will reconnect");
+                tracing::warn!(error = %e, channel = %channel, what, "lost the listening connection; will reconnect");
                 // Dropped, and started afresh above.
                 listener = None;
             }
@@ -1191,17 +1240,7 @@ impl Queue for PostgresStore {
     }
 
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
-        let listener = start_listener(&self.pool, &self.wake_channel)
-            .await
-            .map_err(map_err)?;
-        tokio::spawn(listen_loop(
-            listener,
-            self.pool.clone(),
-            self.wake_channel.clone(),
-            wake,
-            self.closing.clone(),
-        ));
-        Ok(())
+        spawn_listener(self, Notices::Work, wake).await
     }
 }
 

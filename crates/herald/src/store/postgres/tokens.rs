@@ -44,6 +44,23 @@ async fn insert_token<'e, E: sqlx::PgExecutor<'e>>(
 
 #[async_trait]
 impl Tokens for PostgresStore {
+    async fn announce_token_change(&self) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(&self.wake_channel)
+            .bind(super::queue::TOKENS_NOTICE)
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn listen_for_token_changes(
+        &self,
+        changed: std::sync::Arc<tokio::sync::Notify>,
+    ) -> StoreResult<()> {
+        super::queue::spawn_listener(self, super::queue::Notices::Tokens, changed).await
+    }
+
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
         insert_token(&self.pool, token, sha256_hex).await
     }
