@@ -64,8 +64,13 @@ async fn run(
     // store's own group commit may put both in one transaction.
     let in_flight = Arc::new(tokio::sync::Semaphore::new(BATCHES_IN_FLIGHT));
     while let Some((m, r)) = rx.recv().await {
-        let mut messages = Vec::with_capacity(MAX_BATCH);
-        let mut replies = Vec::with_capacity(MAX_BATCH);
+        // Sized to what is queued: a batch is mostly a few messages, and
+        // room for MAX_BATCH of them (hundreds of KB) was fresh memory,
+        // page-faulted (and zeroed by the kernel) anew for each batch: 3–6 %
+        // of the process's CPU in a profile of the headline bench.
+        let queued = rx.len().min(MAX_BATCH - 1) + 1;
+        let mut messages = Vec::with_capacity(queued);
+        let mut replies = Vec::with_capacity(queued);
         messages.push(m);
         replies.push(r);
         while messages.len() < MAX_BATCH {
