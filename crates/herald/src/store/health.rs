@@ -27,6 +27,21 @@ pub trait Health: Send + Sync {
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats>;
 }
 
+/// Stats buckets read for several endpoints (each row with its
+/// endpoint's id, in bucket order), grouped by endpoint.
+pub fn buckets_by_endpoint(
+    rows: impl IntoIterator<Item = (String, StatsBucket)>,
+) -> HashMap<EndpointId, Vec<StatsBucket>> {
+    let mut by_endpoint = HashMap::<EndpointId, Vec<StatsBucket>>::new();
+    for (ep, bucket) in rows {
+        by_endpoint
+            .entry(EndpointId::from_trusted(ep))
+            .or_default()
+            .push(bucket);
+    }
+    by_endpoint
+}
+
 /// Attempt counts of one endpoint in one 5-minute bucket.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsBucket {

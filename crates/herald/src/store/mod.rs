@@ -56,7 +56,8 @@ pub use endpoints::{
 pub use event_types::{EventType, EventTypes};
 pub use finder::{FindFilter, Finder, FoundMessage};
 pub use health::{
-    DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket, DUE_COUNT_CAP,
+    buckets_by_endpoint, DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket,
+    DUE_COUNT_CAP,
 };
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
 pub use queue::{

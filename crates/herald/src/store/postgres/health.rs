@@ -80,14 +80,11 @@ impl Health for PostgresStore {
         .fetch_all(&self.pool)
         .await
         .map_err(map_err)?;
-        let mut by_endpoint = HashMap::<EndpointId, Vec<StatsBucket>>::new();
-        for r in &rows {
-            by_endpoint
-                .entry(EndpointId::from_trusted(get::<String>(r, "endpoint_id")?))
-                .or_default()
-                .push(stats_from_row(r)?);
-        }
-        Ok(by_endpoint)
+        let found = rows
+            .iter()
+            .map(|r| Ok((get::<String>(r, "endpoint_id")?, stats_from_row(r)?)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        Ok(crate::store::buckets_by_endpoint(found))
     }
 
     async fn list_endpoint_overview(

@@ -80,14 +80,7 @@ impl Health for SqliteStore {
             let found = rows(&mut stmt, params![ids, since], |r| {
                 Ok((get::<String>(r, "endpoint_id")?, stats_from_row(r)?))
             })?;
-            let mut by_endpoint = HashMap::<EndpointId, Vec<StatsBucket>>::new();
-            for (ep, bucket) in found {
-                by_endpoint
-                    .entry(EndpointId::from_trusted(ep))
-                    .or_default()
-                    .push(bucket);
-            }
-            Ok(by_endpoint)
+            Ok(crate::store::buckets_by_endpoint(found))
         })
         .await
     }
