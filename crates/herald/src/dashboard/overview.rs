@@ -121,11 +121,12 @@ fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {
     }
 }
 
-/// The state column: disabled (and why), failing (for how long), or ok;
-/// then a circuit breaker that is not closed, and a throttle.
-pub fn state_badge(health: &EndpointHealth, now: Millis) -> Markup {
+/// The state column of a list (and the portal's endpoint page, which has
+/// no rows of its own for them): [`state_badge`], then a circuit breaker
+/// that is not closed, and a throttle.
+pub fn state_cell(health: &EndpointHealth, now: Millis) -> Markup {
     html! {
-        (main_state(health, now))
+        (state_badge(health, now))
         @match health.circuit.state.as_str() {
             "open" => div { (badge(Tone::Bad, "circuit open")) },
             "halfOpen" => div { (badge(Tone::Warn, "circuit probing")) },
@@ -142,7 +143,8 @@ pub fn state_badge(health: &EndpointHealth, now: Millis) -> Markup {
     }
 }
 
-fn main_state(health: &EndpointHealth, now: Millis) -> Markup {
+/// Disabled (and why), failing (for how long), or ok.
+pub fn state_badge(health: &EndpointHealth, now: Millis) -> Markup {
     if health.disabled {
         html! {
             (badge(Tone::Off, "disabled"))
@@ -214,7 +216,7 @@ pub fn endpoint_table(
                                     " · " span.mono { (ep.id) }
                                 }
                             }
-                            td { (state_badge(health, now)) }
+                            td { (state_cell(health, now)) }
                             (window_cells(&health.last_hour))
                             (window_cells(&health.last_day))
                             td { (ago(health.last_success_at, now)) }

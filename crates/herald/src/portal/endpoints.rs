@@ -13,7 +13,7 @@ use crate::api::auth::ResolvedApp;
 use crate::api::endpoints::{endpoint_health, find_endpoint, listed_health};
 use crate::api::{parse_json, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
-use crate::dashboard::overview::state_badge;
+use crate::dashboard::overview::state_cell;
 use crate::dashboard::see_other;
 use crate::dashboard::session::FormFields;
 use crate::store::{now_millis, Endpoint, EventType, PageReq};
@@ -91,7 +91,7 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
                                 a.clip href=(path_of(ep)) { (ep.url) }
                                 @if !ep.description.is_empty() { div.small.muted { (ep.description) } }
                             }
-                            td { (state_badge(h, now)) }
+                            td { (state_cell(h, now)) }
                             td.num { (percent(h.last_day.failure_rate, h.last_day.attempts)) }
                             td.num { (latency(h.last_day.p95_ms)) }
                             td {
@@ -386,7 +386,7 @@ pub async fn page(
                         }
                     }
                     dt { "Created" } dd { (when(ep.created_at)) }
-                    dt { "State" } dd { (state_badge(&health, now)) }
+                    dt { "State" } dd { (state_cell(&health, now)) }
                     dt { "Last error" }
                     dd { @match &health.last_error {
                         Some(e) => { (e) span.muted { " · " (ago(health.last_error_at, now)) } },

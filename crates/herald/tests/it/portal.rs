@@ -1216,7 +1216,8 @@ async fn error_pages_wear_the_session_theme_or_the_configured_one() {
 
 /// The endpoint lists (the portal's home, the dashboard's overview and
 /// application page) show each endpoint's open circuit breaker and its
-/// throttle, read for the whole page at once.
+/// throttle, read for the whole page at once; so does the portal's
+/// endpoint page.
 #[tokio::test]
 async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
     let app = crate::helpers::spawn_stepped(&[
@@ -1261,6 +1262,14 @@ async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
         .send()
         .await
         .expect("log in");
+    // The portal's endpoint page says it too (the dashboard's has rows of
+    // its own for the breaker and the throttle).
+    for (ep, text) in [(&failing, "circuit open"), (&throttled, "throttled at 4/s")] {
+        let id = ep["id"].as_str().expect("id");
+        let (status, html) = page(&app, &cookie, &format!("/portal/endpoint/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(html.contains(text), "{id}: {text}");
+    }
     let mut pages = vec![("portal home", home)];
     for path in [
         format!("/dashboard?app={app_id}"),
