@@ -771,18 +771,18 @@ pub async fn endpoint_health(
         .endpoint_status(&ep.id)
         .await?
         .ok_or(ApiError::NotFound("endpoint"))?;
-    let buckets = store
-        .endpoint_stats(&ep.id, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
-        .await?;
-    let mut health = crate::health::compute(&status, &buckets, now);
-    if let Some(circuit) = store.circuit_of(&ep.id).await? {
-        health.circuit = crate::health::CircuitHealth::of(&circuit, breaker, now);
-    }
-    if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
-        health.throttled = Some(crate::health::throttled_text(rate));
-        health.throttle_waiting = Some(store.throttle_waiting_of(&ep.id).await?);
-    }
-    Ok(health)
+    let buckets = store.endpoint_stats(&ep.id, health_since(now)).await?;
+    let circuit = store.circuit_of(&ep.id).await?;
+    let waiting = throttle_waiting_if_throttled(store, ep).await?;
+    Ok(assemble_health(
+        ep,
+        &status,
+        &buckets,
+        circuit.as_ref(),
+        waiting,
+        breaker,
+        now,
+    ))
 }
 
 /// [`endpoint_health`] of each endpoint of a listed page (the dashboard's
@@ -796,9 +796,7 @@ pub async fn listed_health(
 ) -> ApiResult<Vec<crate::health::EndpointHealth>> {
     let now = now_millis();
     let ids: Vec<EndpointId> = rows.iter().map(|r| r.endpoint.id.clone()).collect();
-    let mut buckets = store
-        .endpoints_stats(&ids, now - 24 * 3600 * 1000 - crate::health::BUCKET_MS)
-        .await?;
+    let mut buckets = store.endpoints_stats(&ids, health_since(now)).await?;
     let circuits: std::collections::HashMap<EndpointId, herald_policy::breaker::Circuit> =
         if rows.is_empty() {
             std::collections::HashMap::new()
@@ -810,12 +808,10 @@ pub async fn listed_health(
                 .map(|c| (c.endpoint_id, c.circuit))
                 .collect()
         };
-    let waiting = futures::future::try_join_all(rows.iter().map(|r| async {
-        match crate::store::throttled_rate(r.endpoint.rate_limit.map(i64::from)) {
-            Some(_) => store.throttle_waiting_of(&r.endpoint.id).await.map(Some),
-            None => Ok(None),
-        }
-    }))
+    let waiting = futures::future::try_join_all(
+        rows.iter()
+            .map(|r| throttle_waiting_if_throttled(store, &r.endpoint)),
+    )
     .await?;
     Ok(rows
         .iter()
@@ -823,17 +819,58 @@ pub async fn listed_health(
         .map(|(r, waiting)| {
             let ep = &r.endpoint;
             let mine = buckets.remove(&ep.id).unwrap_or_default();
-            let mut health = crate::health::compute(&r.status, &mine, now);
-            if let Some(circuit) = circuits.get(&ep.id) {
-                health.circuit = crate::health::CircuitHealth::of(circuit, breaker, now);
-            }
-            if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
-                health.throttled = Some(crate::health::throttled_text(rate));
-                health.throttle_waiting = waiting;
-            }
-            health
+            assemble_health(
+                ep,
+                &r.status,
+                &mine,
+                circuits.get(&ep.id),
+                waiting,
+                breaker,
+                now,
+            )
         })
         .collect())
+}
+
+/// Where the health figures' buckets start: the last 24 hours, and the
+/// bucket the window's start falls in.
+fn health_since(now: crate::store::Millis) -> crate::store::Millis {
+    now - 24 * 3600 * 1000 - crate::health::BUCKET_MS
+}
+
+/// A throttled endpoint's deliveries waiting for a slot; None without a
+/// `throttleRate` (nothing read).
+async fn throttle_waiting_if_throttled(
+    store: &std::sync::Arc<dyn crate::store::Store>,
+    ep: &Endpoint,
+) -> ApiResult<Option<u64>> {
+    if crate::store::throttled_rate(ep.rate_limit.map(i64::from)).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(store.throttle_waiting_of(&ep.id).await?))
+}
+
+/// An endpoint's health from what was read of it: its status and stats
+/// buckets, its circuit breaker (None: closed, as a new one), and its
+/// waiting deliveries when it has a `throttleRate`.
+fn assemble_health(
+    ep: &Endpoint,
+    status: &crate::store::EndpointStatus,
+    buckets: &[crate::store::StatsBucket],
+    circuit: Option<&herald_policy::breaker::Circuit>,
+    throttle_waiting: Option<u64>,
+    breaker: &herald_policy::breaker::BreakerRule,
+    now: crate::store::Millis,
+) -> crate::health::EndpointHealth {
+    let mut health = crate::health::compute(status, buckets, now);
+    if let Some(circuit) = circuit {
+        health.circuit = crate::health::CircuitHealth::of(circuit, breaker, now);
+    }
+    if let Some(rate) = crate::store::throttled_rate(ep.rate_limit.map(i64::from)) {
+        health.throttled = Some(crate::health::throttled_text(rate));
+        health.throttle_waiting = throttle_waiting;
+    }
+    health
 }
 
 /// The longest disable reason kept (API and dashboard).
