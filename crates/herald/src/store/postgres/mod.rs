@@ -67,6 +67,11 @@ pub struct PostgresStore {
     pool: PgPool,
     /// The schema's NOTIFY channel, as `herald_wake_channel()` names it.
     wake_channel: String,
+    /// The schema's channel for token changes (see
+    /// [`Tokens::announce_token_change`]): apart from the wake channel, so
+    /// that the API's cache hears none of the work notifications and the
+    /// dispatchers none of these.
+    tokens_channel: String,
     /// Cancelled on close (or drop): stops the listener tasks, which hold
     /// a pooled connection each.
     closing: CancellationToken,
@@ -161,13 +166,17 @@ impl PostgresStore {
         MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
         // Named in SQL (migration 0002), where the outbox function needs it
         // too, so both sides always agree.
-        let wake_channel = sqlx::query_scalar("SELECT herald_wake_channel()")
+        let wake_channel: String = sqlx::query_scalar("SELECT herald_wake_channel()")
             .fetch_one(&pool)
             .await
             .map_err(map_err)?;
+        // `herald_wake_…` with a prefix one byte shorter: within 63 bytes
+        // whenever the wake channel is.
+        let tokens_channel = wake_channel.replacen("herald_wake_", "herald_tok_", 1);
         Ok(PostgresStore {
             pool,
             wake_channel,
+            tokens_channel,
             closing: CancellationToken::new(),
             keys,
         })

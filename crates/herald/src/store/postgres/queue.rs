@@ -15,64 +15,39 @@ async fn start_listener(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx
     Ok(listener)
 }
 
-/// The payload of the NOTIFY that says tokens were revoked or ended (see
-/// [`Tokens::announce_token_change`]); work notifications have none.
-pub(super) const TOKENS_NOTICE: &str = "tokens";
-
-/// What a listener passes on: work for the dispatcher (every notification
-/// but the tokens'), or token changes for the API's cache.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Notices {
-    Work,
-    Tokens,
-}
-
-impl Notices {
-    fn wants(self, payload: &str) -> bool {
-        (payload == TOKENS_NOTICE) == (self == Notices::Tokens)
-    }
-
-    fn what(self) -> &'static str {
-        match self {
-            Notices::Work => "work",
-            Notices::Tokens => "token changes",
-        }
-    }
-}
-
-/// Listens on `channel` and starts [`listen_loop`] in the background.
+/// Listens on `channel` (`what` it carries, for the logs) and starts
+/// [`listen_loop`] in the background.
 pub(super) async fn spawn_listener(
     store: &PostgresStore,
-    notices: Notices,
+    channel: &str,
+    what: &'static str,
     wake: std::sync::Arc<Notify>,
 ) -> StoreResult<()> {
-    let listener = start_listener(&store.pool, &store.wake_channel)
+    let listener = start_listener(&store.pool, channel)
         .await
         .map_err(map_err)?;
     tokio::spawn(listen_loop(
         listener,
         store.pool.clone(),
-        store.wake_channel.clone(),
-        notices,
+        channel.to_owned(),
+        what,
         wake,
         store.closing.clone(),
     ));
     Ok(())
 }
 
-/// Turns every notification on `channel` that `notices` wants into a
-/// wake-up, until `closing`. A lost connection is listened on again (with a
-/// growing pause while that fails), followed by one wake-up for whatever
-/// was notified meanwhile.
+/// Turns every notification on `channel` into a wake-up, until `closing`.
+/// A lost connection is listened on again (with a growing pause while that
+/// fails), followed by one wake-up for whatever was notified meanwhile.
 async fn listen_loop(
     first: PgListener,
     pool: PgPool,
     channel: String,
-    notices: Notices,
+    what: &'static str,
     wake: std::sync::Arc<Notify>,
     closing: CancellationToken,
 ) {
-    let what = notices.what();
     let mut listener = Some(first);
     let mut retry = LISTEN_RETRY_MIN;
     loop {
@@ -106,8 +81,7 @@ async fn listen_loop(
             r = current.try_recv() => r,
         };
         match received {
-            Ok(Some(n)) if notices.wants(n.payload()) => wake.notify_one(),
-            Ok(Some(_)) => {}
+            Ok(Some(_)) => wake.notify_one(),
             // The connection was lost and the listener has LISTENed again
             // on a new one; notifications in between are gone.
             Ok(None) => {
@@ -1240,7 +1214,8 @@ impl Queue for PostgresStore {
     }
 
     async fn listen_for_work(&self, wake: std::sync::Arc<Notify>) -> StoreResult<()> {
-        spawn_listener(self, Notices::Work, wake).await
+        let channel = self.wake_channel.clone();
+        spawn_listener(self, &channel, "work", wake).await
     }
 }
 

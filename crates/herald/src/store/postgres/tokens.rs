@@ -45,9 +45,8 @@ async fn insert_token<'e, E: sqlx::PgExecutor<'e>>(
 #[async_trait]
 impl Tokens for PostgresStore {
     async fn announce_token_change(&self) -> StoreResult<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(&self.wake_channel)
-            .bind(super::queue::TOKENS_NOTICE)
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(&self.tokens_channel)
             .execute(&self.pool)
             .await
             .map_err(map_err)?;
@@ -58,7 +57,8 @@ impl Tokens for PostgresStore {
         &self,
         changed: std::sync::Arc<tokio::sync::Notify>,
     ) -> StoreResult<()> {
-        super::queue::spawn_listener(self, super::queue::Notices::Tokens, changed).await
+        let channel = self.tokens_channel.clone();
+        super::queue::spawn_listener(self, &channel, "token changes", changed).await
     }
 
     async fn create_token(&self, token: &ApiToken, sha256_hex: &str) -> StoreResult<()> {
