@@ -1244,13 +1244,9 @@ fn unrecorded(part: &[Completion], error: &StoreError) {
 mod tests {
     use super::*;
 
-    fn claimed() -> Claimed {
-        Claimed::new()
-    }
-
     #[test]
     fn reservations_and_claims_share_the_free_slots() {
-        let c = claimed();
+        let c = Claimed::new();
         let ep = EndpointId::generate();
         let _gate = c.add(&ep, 2);
         // One of four slots is claimed; a batch asks for more than is left.
@@ -1305,7 +1301,7 @@ mod tests {
     #[test]
     fn only_an_endpoint_short_of_room_wakes_the_loop_for_room() {
         use futures::FutureExt;
-        let c = claimed();
+        let c = Claimed::new();
         let (busy, other) = (EndpointId::generate(), EndpointId::generate());
         let _gates = (c.add(&busy, 1), c.add(&busy, 1), c.add(&other, 1));
         c.set_short_of_room([busy.clone()].into_iter().collect());
@@ -1324,7 +1320,7 @@ mod tests {
 
     #[test]
     fn a_closed_dispatcher_reserves_nothing() {
-        let c = claimed();
+        let c = Claimed::new();
         c.close();
         assert_eq!(c.reserve(4, 4).0, 0);
         assert_eq!(c.busy(), 0);

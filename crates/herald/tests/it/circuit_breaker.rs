@@ -58,18 +58,8 @@ async fn step_until_claimed(app: &TestApp) -> (herald::dispatch::BatchReport, us
 
 /// The dashboard page of `ep`, logged in as an operator.
 async fn dashboard_page(app: &TestApp, app_id: &str, ep: &str) -> String {
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds");
-    browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", crate::helpers::TOKEN)])
-        .send()
+    let resp = crate::helpers::logged_in(app)
         .await
-        .expect("log in");
-    let resp = browser
         .get(app.url(&format!("/dashboard/app/{app_id}/endpoint/{ep}")))
         .send()
         .await

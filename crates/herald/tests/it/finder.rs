@@ -12,23 +12,6 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
-/// A browser-like client (cookies kept, redirects shown), logged in.
-async fn logged_in(app: &TestApp) -> reqwest::Client {
-    let client = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds");
-    let resp = client
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("herald answers");
-    assert_eq!(resp.status(), 303, "logged in");
-    client
-}
-
 async fn page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
     let resp = client
         .get(app.url(path))

@@ -198,6 +198,24 @@ impl TestApp {
     }
 }
 
+/// A browser-like client (cookies kept, redirects shown), logged in to
+/// the dashboard as the operator.
+pub async fn logged_in(app: &TestApp) -> reqwest::Client {
+    let client = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client builds");
+    let resp = client
+        .post(app.url("/dashboard/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .expect("herald answers");
+    assert_eq!(resp.status(), 303, "logged in");
+    client
+}
+
 /// `method path` with `token` (any bearer token); status and JSON body
 /// (`Null` when empty).
 pub async fn call(

@@ -1251,17 +1251,7 @@ async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
     let (status, home) = page(&app, &cookie, "/portal").await;
     assert_eq!(status, StatusCode::OK, "{home}");
 
-    let operator = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client");
-    operator
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("log in");
+    let operator = logged_in(&app).await;
     // The portal's endpoint page says it too (the dashboard's has rows of
     // its own for the breaker and the throttle).
     for (ep, text) in [(&failing, "circuit open"), (&throttled, "throttled at 4/s")] {
