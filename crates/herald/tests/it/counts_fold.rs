@@ -48,6 +48,24 @@ fn connect(path: &std::path::Path) -> rusqlite::Connection {
 /// claim's moves) are kept.
 #[tokio::test]
 async fn a_job_rolled_back_inside_a_group_commit_leaves_the_counts_exact() {
+    job_rolled_back_in_a_group_commit(Poisoned::Second).await;
+}
+
+/// The same with the failing job first in its transaction, where it runs
+/// without a savepoint and the writer rolls the transaction back and
+/// begins another for the jobs after it.
+#[tokio::test]
+async fn a_failing_first_job_of_a_group_commit_leaves_the_others_and_the_counts_exact() {
+    job_rolled_back_in_a_group_commit(Poisoned::First).await;
+}
+
+/// Where the failing job is queued among the group commit's jobs.
+enum Poisoned {
+    First,
+    Second,
+}
+
+async fn job_rolled_back_in_a_group_commit(poisoned: Poisoned) {
     let db = sqlite().await;
     let store = &db.store;
     let a = app(store, None).await;
@@ -85,10 +103,15 @@ async fn a_job_rolled_back_inside_a_group_commit_leaves_the_counts_exact() {
         vec![doomed.clone(), poison.clone()],
         vec![last.clone()],
     );
+    // The order of the join is the order the jobs reach the writer.
+    let (queued_1, queued_2) = match poisoned {
+        Poisoned::First => (&b2, &b1),
+        Poisoned::Second => (&b1, &b2),
+    };
     let all = async {
         tokio::join!(
-            store.insert_messages(&b1),
-            store.insert_messages(&b2),
+            store.insert_messages(queued_1),
+            store.insert_messages(queued_2),
             store.insert_messages(&b3),
             claim(store, T0, 1, &no_flight, 10),
         )
@@ -98,7 +121,11 @@ async fn a_job_rolled_back_inside_a_group_commit_leaves_the_counts_exact() {
     // writer waits on the lock meanwhile.
     assert!(futures::poll!(all.as_mut()).is_pending());
     outside.execute_batch("COMMIT").expect("let the writer go");
-    let (r1, r2, r3, claimed) = all.await;
+    let (ra, rb, r3, claimed) = all.await;
+    let (r1, r2) = match poisoned {
+        Poisoned::First => (rb, ra),
+        Poisoned::Second => (ra, rb),
+    };
     r1.expect("the first batch commits");
     r3.expect("the last batch commits");
     let err = r2.expect_err("the poisoned batch fails");

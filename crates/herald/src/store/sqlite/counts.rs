@@ -39,7 +39,9 @@
 //!   function fails and so does the statement ("no such function" on a
 //!   connection without it), rather than lose a change silently;
 //! - a writer job rolled back to its savepoint takes its deltas back
-//!   ([`CountFold::job_start`] / [`CountFold::job_rollback`]);
+//!   ([`CountFold::job_start`] / [`CountFold::job_rollback`]), and a
+//!   failing first job, run without one, takes the transaction's
+//!   ([`CountFold::discard`], then `begin` for the next transaction);
 //! - a transaction that fails to commit loses nothing kept: the flushed
 //!   rows roll back with it, and the next `begin` starts from an empty map.
 
@@ -212,7 +214,8 @@ impl CountFold {
         f.armed = true;
     }
 
-    /// A writer job begins (in its own savepoint).
+    /// A writer job begins (in its own savepoint, or first in the
+    /// transaction).
     pub fn job_start(&self) {
         lock(&self.0).journal.clear();
     }
