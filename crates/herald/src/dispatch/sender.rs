@@ -1,13 +1,28 @@
 //! One HTTP attempt: sign, POST, read a short excerpt of the answer.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use herald_policy::{parse_retry_after, Outcome};
 use herald_signing::{signature_header, Secret};
+use http::header::{HeaderName, HeaderValue};
 
 use crate::config::Config;
-use crate::net::{GuardedResolver, NetworkPolicy, WebhookUrl};
+use crate::net::{GuardedResolver, NetworkPolicy, UrlError, WebhookUrl};
 use crate::store::ClaimedDelivery;
+
+// The names of the headers every request carries, made once: a name given
+// as a string is parsed and checked again on every request.
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const X_EVENT_ID: HeaderName = HeaderName::from_static("x-event-id");
+const X_EVENT_TYPE: HeaderName = HeaderName::from_static("x-event-type");
+const X_ATTEMPT: HeaderName = HeaderName::from_static("x-attempt");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// The part of a response body kept in the attempt log, in bytes of text.
 pub const EXCERPT_BYTES: usize = 4096;
@@ -44,6 +59,30 @@ struct Lane {
     /// The proxy's host: exempt from the guard when the client resolves it,
     /// so a target of that name is checked before the request too.
     proxy_host: Option<String>,
+    /// Endpoint URLs this lane has parsed and its policy has passed, by
+    /// their text: parsing one costs a few thousand instructions, on every
+    /// request, and a URL's verdict cannot change while the process runs
+    /// (the policy is fixed at start; a changed URL is another key).
+    passed: Arc<Mutex<HashMap<String, WebhookUrl>>>,
+}
+
+/// URLs a lane keeps parsed at most; past that it starts afresh.
+const PASSED_URLS_KEPT: usize = 4096;
+
+impl Lane {
+    fn webhook_url(&self, raw: &str) -> Result<WebhookUrl, UrlError> {
+        let passed = || self.passed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(url) = passed().get(raw) {
+            return Ok(url.clone());
+        }
+        let url = WebhookUrl::parse(raw, self.policy)?;
+        let mut kept = passed();
+        if kept.len() >= PASSED_URLS_KEPT {
+            kept.clear();
+        }
+        kept.insert(raw.to_owned(), url.clone());
+        Ok(url)
+    }
 }
 
 /// How the lanes reach receivers: the proxy, and the roots they trust.
@@ -143,6 +182,7 @@ impl Lane {
             policy,
             proxy_resolves,
             proxy_host,
+            passed: Arc::default(),
         })
     }
 }
@@ -219,7 +259,7 @@ impl Sender {
             &self.customers
         };
         // IP-literal hosts skip DNS, so the resolver's guard never sees them.
-        let url = match WebhookUrl::parse(&d.url, lane.policy) {
+        let url = match lane.webhook_url(&d.url) {
             Ok(url) => url,
             Err(e) => return failed(format!("refused: {e}")),
         };
@@ -265,7 +305,7 @@ impl Sender {
                 .iter()
                 .any(|(name, _)| name.eq_ignore_ascii_case("traceparent"))
             {
-                request = request.header("traceparent", traceparent);
+                request = request.header(TRACEPARENT, traceparent);
             }
         }
         // The endpoint's own Content-Type (for raw payloads) wins.
@@ -274,17 +314,17 @@ impl Sender {
             .iter()
             .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
         {
-            request = request.header(http::header::CONTENT_TYPE, "application/json");
+            request = request.header(http::header::CONTENT_TYPE, APPLICATION_JSON);
         }
         let request = request
-            .header("webhook-id", d.msg_id.as_str())
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .header("idempotency-key", d.id.as_str())
+            .header(WEBHOOK_ID, d.msg_id.as_str())
+            .header(WEBHOOK_TIMESTAMP, timestamp.to_string())
+            .header(WEBHOOK_SIGNATURE, signature)
+            .header(IDEMPOTENCY_KEY, d.id.as_str())
             // The design brief's receivers read this name for the same key.
-            .header("x-event-id", d.id.as_str())
-            .header("x-event-type", d.event_type.as_str())
-            .header("x-attempt", attempt_number.to_string())
+            .header(X_EVENT_ID, d.id.as_str())
+            .header(X_EVENT_TYPE, d.event_type.as_str())
+            .header(X_ATTEMPT, attempt_number.to_string())
             .body(d.payload.clone());
         let result = async {
             let mut response = request.send().await?;
