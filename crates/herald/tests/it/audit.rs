@@ -271,21 +271,6 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
     app.shutdown().await;
 }
 
-fn cookie_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds")
-}
-
-fn csrf_of(html: &str) -> String {
-    let marker = r#"name="csrf" value=""#;
-    let start = html.find(marker).expect("the page has a CSRF field") + marker.len();
-    let len = html[start..].find('"').expect("the value ends");
-    html[start..start + len].to_owned()
-}
-
 #[tokio::test]
 async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     let app = spawn_stepped(&[]).await;

@@ -10,16 +10,6 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
-/// A client that keeps cookies, as a browser, and shows redirects instead
-/// of following them.
-fn cookie_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds")
-}
-
 fn location(resp: &reqwest::Response) -> String {
     header_text(resp.headers(), "location")
 }
@@ -49,13 +39,6 @@ async fn post_form(
 }
 
 /// The CSRF token the page's forms carry.
-fn csrf_of(html: &str) -> String {
-    let marker = r#"name="csrf" value=""#;
-    let start = html.find(marker).expect("the page has a CSRF field") + marker.len();
-    let len = html[start..].find('"').expect("the value ends");
-    html[start..start + len].to_owned()
-}
-
 async fn delivery_state(app: &TestApp, app_id: &str, msg: &str) -> String {
     app.deliveries(app_id, msg).await[0]["state"]
         .as_str()

@@ -16,7 +16,9 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, header_text, spawn_app, wait_healthy, PATIENCE, TOKEN};
+use crate::helpers::{
+    closed_port, cookie_client, header_text, spawn_app, wait_healthy, PATIENCE, TOKEN,
+};
 
 /// One request as the probe saw it.
 #[derive(Debug, Clone)]
@@ -327,11 +329,7 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
     assert_eq!(health["throttled"], "throttled at 4/s", "{health}");
     assert_eq!(health["throttleWaiting"], 0, "all sent: {health}");
     // The dashboard's endpoint page says it too.
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client");
+    let browser = cookie_client();
     let login = browser
         .post(format!("{}/dashboard/login", app_under_test.base))
         .form(&[("token", TOKEN)])

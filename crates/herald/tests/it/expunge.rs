@@ -322,18 +322,7 @@ async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_paylo
             );
 
             // The dashboard's page of the delivery.
-            let browser = reqwest::Client::builder()
-                .cookie_store(true)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .expect("client");
-            let resp = browser
-                .post(app.url("/dashboard/login"))
-                .form(&[("token", TOKEN)])
-                .send()
-                .await
-                .expect("log in");
-            assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+            let browser = logged_in(&app).await;
             let d = app.deliveries(&app_id, &msg).await;
             let dlv = d[0]["id"].as_str().expect("id");
             let page = browser

@@ -36,13 +36,6 @@ fn set(ids: &[&String]) -> BTreeSet<String> {
     ids.iter().map(|s| (*s).clone()).collect()
 }
 
-fn csrf_of(html: &str) -> String {
-    let marker = r#"name="csrf" value=""#;
-    let start = html.find(marker).expect("the page has a CSRF field") + marker.len();
-    let len = html[start..].find('"').expect("the value ends");
-    html[start..start + len].to_owned()
-}
-
 async fn new_app(app: &TestApp, name: &str, uid: &str) -> String {
     let (status, body) = app
         .post("/api/v1/app", json!({ "name": name, "uid": uid }))

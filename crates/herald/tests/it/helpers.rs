@@ -198,14 +198,27 @@ impl TestApp {
     }
 }
 
-/// A browser-like client (cookies kept, redirects shown), logged in to
-/// the dashboard as the operator.
-pub async fn logged_in(app: &TestApp) -> reqwest::Client {
-    let client = reqwest::Client::builder()
+/// A browser-like client: it keeps cookies and shows redirects instead of
+/// following them.
+pub fn cookie_client() -> reqwest::Client {
+    reqwest::Client::builder()
         .cookie_store(true)
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .expect("client builds");
+        .expect("client builds")
+}
+
+/// The value of a page's CSRF form field.
+pub fn csrf_of(html: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let start = html.find(marker).expect("the page has a CSRF field") + marker.len();
+    let len = html[start..].find('"').expect("the value ends");
+    html[start..start + len].to_owned()
+}
+
+/// A [`cookie_client`] logged in to the dashboard as the operator.
+pub async fn logged_in(app: &TestApp) -> reqwest::Client {
+    let client = cookie_client();
     let resp = client
         .post(app.url("/dashboard/login"))
         .form(&[("token", TOKEN)])

@@ -24,24 +24,6 @@ fn nested(depth: usize) -> String {
     format!("{}{}", "[".repeat(depth), "]".repeat(depth))
 }
 
-/// A client that keeps cookies and shows redirects instead of following
-/// them, logged in to the dashboard.
-async fn dashboard_session(app: &TestApp) -> reqwest::Client {
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds");
-    let resp = browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("herald answers");
-    assert_eq!(resp.status(), 303, "logged in");
-    browser
-}
-
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -86,7 +68,7 @@ async fn deeply_nested_payloads_are_refused_at_ingest_and_kept_small_on_the_dash
 
     // Payloads stored before the limit (or by another path) are shown
     // cut, in a page of bounded size; the API still reads them byte-exact.
-    let browser = dashboard_session(&app).await;
+    let browser = logged_in(&app).await;
     let app_key = AppId::parse(&app_id).expect("app id");
     for depth in [5_000, 100_000] {
         let payload = nested(depth);
@@ -346,11 +328,7 @@ async fn login_with(browser: &reqwest::Client, app: &TestApp, token: &str) -> re
 #[tokio::test]
 async fn failed_dashboard_logins_are_limited_per_address() {
     let app = spawn_stepped(&[("HERALD_LOGIN_FAILURE_LIMIT", "3")]).await;
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("client builds");
+    let browser = cookie_client();
     for _ in 0..3 {
         assert_eq!(login_with(&browser, &app, "guess").await.status(), 401);
     }
