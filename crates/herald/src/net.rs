@@ -162,6 +162,10 @@ impl WebhookUrl {
         self.0.as_str()
     }
 
+    pub fn host_str(&self) -> Option<&str> {
+        self.0.host_str()
+    }
+
     pub fn into_url(self) -> url::Url {
         self.0
     }

@@ -268,8 +268,7 @@ impl Sender {
         // README, "Egress proxy").
         let names_proxy = || {
             let proxy = lane.proxy_host.as_deref()?;
-            let target = url::Url::parse(url.as_str()).ok()?;
-            Some(target.host_str()?.eq_ignore_ascii_case(proxy))
+            Some(url.host_str()?.eq_ignore_ascii_case(proxy))
         };
         if lane.proxy_resolves || names_proxy() == Some(true) {
             if let Err(e) = lane.policy.check_resolved(&url).await {
