@@ -25,6 +25,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LOGIN_FAILURE_LIMIT", "10", "Failed dashboard log-ins one client address may make at once; then one per second, others answered 429."),
     ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db`, `sqlite://relative.db` or `postgres://user@host/db`."),
     ("HERALD_DATABASE_SCHEMA", "herald", "PostgreSQL schema holding Herald's tables and functions."),
+    ("HERALD_DATABASE_WAIT", "30s", "At start, how long to keep retrying a store that cannot be reached (a database still starting) before giving up; `0s`: give up at once."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
     ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
     ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
@@ -86,6 +87,8 @@ pub struct Config {
     pub login_failure_limit: u32,
     pub database_url: String,
     pub database_schema: String,
+    /// `HERALD_DATABASE_WAIT`: how long start-up waits for an unreachable store.
+    pub database_wait: Duration,
     pub admin_token: Option<String>,
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
@@ -246,6 +249,7 @@ impl std::fmt::Debug for Config {
             .field("login_failure_limit", &self.login_failure_limit)
             .field("database_url", &redact_url(&self.database_url))
             .field("database_schema", &self.database_schema)
+            .field("database_wait", &self.database_wait)
             .field(
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
@@ -449,6 +453,8 @@ impl Config {
         let max_age = duration("HERALD_MAX_AGE")?;
         let request_timeout = duration("HERALD_REQUEST_TIMEOUT")?;
         let connect_timeout = duration("HERALD_CONNECT_TIMEOUT")?;
+        // Zero is allowed: fail at once when the store is unreachable.
+        let database_wait = duration("HERALD_DATABASE_WAIT")?;
         let lease = duration("HERALD_LEASE")?;
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
@@ -659,6 +665,7 @@ impl Config {
             login_failure_limit,
             database_url,
             database_schema,
+            database_wait,
             admin_token,
             retry: RetryPolicy {
                 schedule,

@@ -132,13 +132,46 @@ pub async fn rotate_encryption_key(config: &Config) -> anyhow::Result<u64> {
     Ok(done?)
 }
 
+/// Opens the store, waiting up to `HERALD_DATABASE_WAIT` while it cannot be
+/// reached: a database that is still starting (or, as CI saw, too busy to
+/// hand out a connection within the pool's short acquire timeout) should
+/// delay the start, not fail it. Any other error fails at once.
 async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     let shown = crate::config::redact_url(&config.database_url);
+    let deadline = tokio::time::Instant::now() + config.database_wait;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match open_backend_once(config).await {
+            Err(crate::store::StoreError::Unavailable(reason))
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::warn!(
+                    store = %shown,
+                    %reason,
+                    retry_in_ms = pause.as_millis() as u64,
+                    "store unreachable; waiting for it (HERALD_DATABASE_WAIT)"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) if config.database_url.starts_with("sqlite:") => {
+                return Err(e).with_context(|| format!("opening store {shown}"))
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("opening store {shown} (schema {})", config.database_schema)
+                })
+            }
+            Ok(backend) => return Ok(backend),
+        }
+    }
+}
+
+async fn open_backend_once(config: &Config) -> crate::store::StoreResult<Backend> {
     if config.database_url.starts_with("sqlite:") {
         let store =
             SqliteStore::open_with_keys(&config.database_url, config.encryption_keys.clone())
-                .await
-                .with_context(|| format!("opening store {shown}"))?;
+                .await?;
         Ok(Backend::Sqlite(Arc::new(store)))
     } else {
         let store = PostgresStore::open_with_keys(
@@ -146,8 +179,7 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
             &config.database_schema,
             config.encryption_keys.clone(),
         )
-        .await
-        .with_context(|| format!("opening store {shown} (schema {})", config.database_schema))?;
+        .await?;
         Ok(Backend::Postgres(Arc::new(store)))
     }
 }

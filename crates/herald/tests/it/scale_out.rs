@@ -356,3 +356,102 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
     w.wait_for_all(&accepted, Duration::from_secs(120)).await;
     drop_schema(&url, &schema).await;
 }
+
+/// Forwards every connection to `127.0.0.1:port_to` from a listener on
+/// `port_from`: a database "coming up" on a port Herald was already trying.
+async fn forward(port_from: u16, port_to: u16) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port_from))
+        .await
+        .expect("bind the forwarder");
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if let Ok(mut outbound) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", port_to)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    })
+}
+
+/// A database that is not reachable yet when Herald starts (it is still
+/// starting, or too busy to hand out a connection) delays the start for up
+/// to `HERALD_DATABASE_WAIT` instead of failing it; `0s` fails at once.
+#[tokio::test]
+async fn start_up_waits_for_a_database_that_comes_up_later() {
+    use tokio::io::AsyncBufReadExt;
+    let name = "scale_out::start_up_waits_for_a_database_that_comes_up_later";
+    let Some(url) = postgres_url(name) else {
+        return;
+    };
+    let mut real = reqwest::Url::parse(&url).expect("HERALD_TEST_POSTGRES_URL is a URL");
+    let real_port = real.port().unwrap_or(5432);
+    let late_port = closed_port().await;
+    real.set_port(Some(late_port)).expect("a port can be set");
+    let late_url = real.to_string();
+    let schema = format!(
+        "herald_wait_{}",
+        ulid::Ulid::new().to_string().to_ascii_lowercase()
+    );
+
+    // Nothing listens there: with no patience, the start fails, naming it.
+    let given_up = herald(&late_url, &schema)
+        .args(["serve"])
+        .env(
+            "HERALD_LISTEN",
+            format!("127.0.0.1:{}", closed_port().await),
+        )
+        .env("HERALD_DATABASE_WAIT", "0s")
+        .stderr(Stdio::piped())
+        .output();
+    let given_up = tokio::time::timeout(PATIENCE, given_up)
+        .await
+        .expect("HERALD_DATABASE_WAIT=0s gives up at once")
+        .expect("herald runs");
+    let said = String::from_utf8_lossy(&given_up.stderr);
+    assert!(!given_up.status.success(), "{said}");
+    assert!(
+        said.contains("opening store") && said.contains("unavailable"),
+        "{said}"
+    );
+
+    // With patience, it waits (and says so) until the database is there.
+    let port = closed_port().await;
+    let mut waiting = herald(&late_url, &schema)
+        .args(["serve"])
+        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+        .env("HERALD_DATABASE_WAIT", "5m")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("herald starts");
+    let mut lines =
+        tokio::io::BufReader::new(waiting.stderr.take().expect("stderr is piped")).lines();
+    let said_waiting = tokio::time::timeout(PATIENCE, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains("waiting for it (HERALD_DATABASE_WAIT)") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(said_waiting, Ok(true), "herald says it waits for the store");
+    // Keeps reading, so that a full pipe never blocks its log.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    assert!(
+        waiting.try_wait().expect("try_wait").is_none(),
+        "herald is still waiting, not gone"
+    );
+
+    let forwarder = forward(late_port, real_port).await;
+    wait_healthy(format!("127.0.0.1:{port}")).await;
+    let remote = Remote::new(format!("127.0.0.1:{port}"));
+    let app_id = remote.app_with_endpoint("http://127.0.0.1:9/hook").await;
+    assert!(app_id.starts_with("app_"), "{app_id}");
+
+    drop(waiting);
+    forwarder.abort();
+    drop_schema(&url, &schema).await;
+}
