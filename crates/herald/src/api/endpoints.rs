@@ -787,8 +787,10 @@ pub async fn endpoint_health(
 
 /// [`endpoint_health`] of each endpoint of a listed page (the dashboard's
 /// overview and application pages, the portal's home), from the status
-/// the list read: the stats buckets in one read, the broken circuit
-/// breakers in one, and a throttled endpoint's backlog each (side by side).
+/// and the breaker the list read: the stats buckets in one read, and a
+/// throttled endpoint's backlog each (side by side). Every read is of the
+/// listed endpoints only, so a portal page reads nothing of another
+/// application.
 pub async fn listed_health(
     store: &std::sync::Arc<dyn crate::store::Store>,
     rows: &[crate::store::EndpointOverview],
@@ -797,17 +799,6 @@ pub async fn listed_health(
     let now = now_millis();
     let ids: Vec<EndpointId> = rows.iter().map(|r| r.endpoint.id.clone()).collect();
     let mut buckets = store.endpoints_stats(&ids, health_since(now)).await?;
-    let circuits: std::collections::HashMap<EndpointId, herald_policy::breaker::Circuit> =
-        if rows.is_empty() {
-            std::collections::HashMap::new()
-        } else {
-            store
-                .broken_circuits()
-                .await?
-                .into_iter()
-                .map(|c| (c.endpoint_id, c.circuit))
-                .collect()
-        };
     let waiting = futures::future::try_join_all(
         rows.iter()
             .map(|r| throttle_waiting_if_throttled(store, &r.endpoint)),
@@ -823,7 +814,7 @@ pub async fn listed_health(
                 ep,
                 &r.status,
                 &mine,
-                circuits.get(&ep.id),
+                Some(&r.circuit),
                 waiting,
                 breaker,
                 now,

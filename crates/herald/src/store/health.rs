@@ -109,4 +109,8 @@ pub struct EndpointOverview {
     pub endpoint: Endpoint,
     pub app_name: String,
     pub status: EndpointStatus,
+    /// Its circuit breaker, read in the same statement: a listed page's
+    /// health needs no other read of the breakers (none store-wide, none
+    /// outside the page's application).
+    pub circuit: Circuit,
 }

@@ -3562,6 +3562,20 @@ async fn circuit_breakers_are_stepped_by_completions_and_stored(store: Arc<dyn S
             circuit: open.clone(),
         }]
     );
+    // The overview a listed page reads carries each endpoint's breaker, so
+    // the page needs no store-wide read of them.
+    let listed: HashMap<EndpointId, Circuit> = store
+        .list_endpoint_overview(Some(&a.id), 0, 10)
+        .await
+        .expect("overview")
+        .into_iter()
+        .map(|o| (o.endpoint.id, o.circuit))
+        .collect();
+    assert_eq!(listed.get(&e.id), Some(&open));
+    assert_eq!(
+        listed.get(&other.id).map(|c| c.state),
+        Some(CircuitState::Closed)
+    );
 
     // A late answer while open changes nothing.
     let late = claim(&store, T0 + 70_000, 10, &HashMap::new(), 10).await;

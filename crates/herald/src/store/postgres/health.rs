@@ -94,7 +94,7 @@ impl Health for PostgresStore {
         limit: usize,
     ) -> StoreResult<Vec<EndpointOverview>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, a.name AS app_name \
+            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, {CIRCUIT_COLUMNS}, a.name AS app_name \
              FROM endpoints e JOIN applications a ON a.id = e.app_id \
              WHERE ($1::text IS NULL OR e.app_id = $1) \
              ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
@@ -111,6 +111,7 @@ impl Health for PostgresStore {
                     endpoint: endpoint_from_row(r, &self.keys)?,
                     app_name: get(r, "app_name")?,
                     status: status_from_row(r)?,
+                    circuit: super::circuits::circuit_of_pg_row(r)?,
                 })
             })
             .collect()

@@ -17,6 +17,24 @@ pub(super) fn circuit_of_row(r: &Row<'_>) -> rusqlite::Result<Circuit> {
     ))
 }
 
+/// The breaker from a row holding [`CIRCUIT_COLUMNS`] by name.
+pub(super) fn circuit_of_named_row(r: &Row<'_>) -> StoreResult<Circuit> {
+    Ok(circuit_from_columns(
+        get(r, "circuit_state")?,
+        get(r, "circuit_since")?,
+        get(r, "circuit_until")?,
+        get(r, "circuit_cooldown_ms")?,
+        get(r, "circuit_probe_by")?,
+        [
+            get(r, "circuit_window_at")?,
+            get(r, "circuit_attempts")?,
+            get(r, "circuit_failures")?,
+            get(r, "circuit_prev_attempts")?,
+            get(r, "circuit_prev_failures")?,
+        ],
+    ))
+}
+
 #[async_trait]
 impl Circuits for SqliteStore {
     async fn broken_circuits(&self) -> StoreResult<Vec<EndpointCircuit>> {

@@ -110,6 +110,7 @@ impl Health for SqliteStore {
                     endpoint: endpoint_from_row(r, &keys)?,
                     app_name: get(r, "app_name")?,
                     status: status_from_row(r)?,
+                    circuit: super::circuits::circuit_of_named_row(r)?,
                 })
             })
         })
