@@ -140,7 +140,7 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     let shown = crate::config::redact_url(&config.database_url);
     let deadline = tokio::time::Instant::now() + config.database_wait;
     let mut pause = Duration::from_millis(250);
-    loop {
+    let opened = loop {
         match open_backend_once(config).await {
             Err(crate::store::StoreError::Unavailable(reason))
                 if tokio::time::Instant::now() + pause < deadline =>
@@ -154,17 +154,16 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            Err(e) if config.database_url.starts_with("sqlite:") => {
-                return Err(e).with_context(|| format!("opening store {shown}"))
-            }
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("opening store {shown} (schema {})", config.database_schema)
-                })
-            }
-            Ok(backend) => return Ok(backend),
+            other => break other,
         }
-    }
+    };
+    opened.with_context(|| {
+        if config.database_url.starts_with("sqlite:") {
+            format!("opening store {shown}")
+        } else {
+            format!("opening store {shown} (schema {})", config.database_schema)
+        }
+    })
 }
 
 async fn open_backend_once(config: &Config) -> crate::store::StoreResult<Backend> {

@@ -111,7 +111,7 @@ impl Health for PostgresStore {
                     endpoint: endpoint_from_row(r, &self.keys)?,
                     app_name: get(r, "app_name")?,
                     status: status_from_row(r)?,
-                    circuit: super::circuits::circuit_of_pg_row(r)?,
+                    circuit: circuit_of_pg_row(r)?,
                 })
             })
             .collect()
