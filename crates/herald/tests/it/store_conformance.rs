@@ -4179,3 +4179,102 @@ async fn fifo_and_throttled_backlogs_set_aside_come_back_in_order(store: Arc<dyn
     let want: Vec<_> = ms.iter().map(|m| m.id.clone()).collect();
     assert_eq!(order, want, "the throttled backlog in its order, once each");
 }
+
+/// Two processes' claims racing on one FIFO endpoint whose new deliveries
+/// have no queue place yet. A claim reads a snapshot, then locks the FIFO
+/// endpoints' rows; one whose snapshot predates another claim's commit but
+/// whose lock comes after it saw the head still unclaimed, and took the
+/// delivery behind it (found in CI: message 1 sent while message 0 was
+/// waiting for its retry). Thousands of other FIFO endpoints, locked by
+/// every claim before this one, widen that window from microseconds to
+/// milliseconds, so staggered claims meet it within a few rounds.
+#[tokio::test]
+async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
+    use sqlx::Connection;
+    let Some(f) =
+        postgres("store_conformance::postgres_racing_claims_never_take_two_of_a_fifo_endpoint")
+            .await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run_postgres(|first| async move {
+        let store: Arc<dyn Store> = first;
+        let second = Arc::new(
+            herald::store::postgres::PostgresStore::open(&url, &schema)
+                .await
+                .expect("open the second store"),
+        );
+        let other: Arc<dyn Store> = second.clone();
+        // The other FIFO endpoints, of another application (so the
+        // messages below do not go to them), made before the one raced
+        // for, so that claims lock them first.
+        let elsewhere = app(&store, None).await;
+        let model = endpoint_with(&store, &elsewhere.id, None, EndpointOrdering::Fifo).await;
+        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET search_path TO \"{schema}\""
+        )))
+        .execute(&mut conn)
+        .await
+        .expect("search_path");
+        sqlx::query(
+            "INSERT INTO endpoints SELECT (jsonb_populate_record(NULL::endpoints, \
+               to_jsonb(e) || jsonb_build_object('id', e.id || '_' || g, 'uid', NULL))).* \
+             FROM endpoints e, generate_series(1, 5000) g WHERE e.id = $1",
+        )
+        .bind(model.id.as_str())
+        .execute(&mut conn)
+        .await
+        .expect("other endpoints");
+        conn.close().await.expect("close");
+        let a = app(&store, None).await;
+        endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+        let none = HashMap::new();
+        let mut overlaps = Vec::new();
+        for round in 0..40i64 {
+            let ms: Vec<_> = (0..3)
+                .map(|i| NewMessage {
+                    created_at: T0 + round * 10 + i,
+                    ..message(&a.id, "x", None)
+                })
+                .collect();
+            let now = T0 + 1_000_000 + round * 10;
+            let stagger = Duration::from_millis(u64::try_from(round % 20).unwrap_or(0) * 3);
+            // The head first; the two behind it come once the first claim
+            // has read its snapshot, before the second claim reads its.
+            store.insert_messages(&ms[..1]).await.expect("insert");
+            let (s1, s2, n1, n2) = (store.clone(), other.clone(), none.clone(), none.clone());
+            let one = tokio::spawn(async move { claim(&s1, now, 10, &n1, 10).await });
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            store.insert_messages(&ms[1..]).await.expect("insert");
+            let two = tokio::spawn(async move {
+                tokio::time::sleep(stagger).await;
+                claim(&s2, now, 10, &n2, 10).await
+            });
+            let mut got = one.await.expect("claim one");
+            got.extend(two.await.expect("claim two"));
+            if got.len() > 1 {
+                overlaps.push((
+                    round,
+                    got.iter().map(|d| d.msg_id.clone()).collect::<Vec<_>>(),
+                ));
+            }
+            // Deliver the round's three, one at a time, in order.
+            let mut open = got;
+            for _ in 0..4 {
+                for d in open.drain(..) {
+                    store
+                        .complete(&[completion(&d, NextState::Delivered, now)])
+                        .await
+                        .expect("complete");
+                }
+                open = claim(&store, now, 10, &none, 10).await;
+            }
+            assert!(open.is_empty(), "round {round}: all delivered");
+        }
+        assert!(overlaps.is_empty(), "two in flight at once: {overlaps:?}");
+        second.close().await;
+    })
+    .await;
+}

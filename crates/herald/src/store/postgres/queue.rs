@@ -573,8 +573,13 @@ impl<'a> ClaimArgs<'a> {
 /// `queued_at IS NULL`, go in: they are given their place here). Of a FIFO
 /// endpoint only its head is taken, one per claim (a delivering head is
 /// not due), and only by the claim holding the endpoint's row
-/// (`fifo_mine`, SKIP LOCKED): a concurrent claim's head is not committed
-/// yet, so another claim would take the next row for the head; of a
+/// (`fifo_locked`, SKIP LOCKED): a concurrent claim's head is not committed
+/// yet, so another claim would take the next row for the head. The lock
+/// comes after the statement's snapshot, so it may follow another claim's
+/// commit the snapshot does not show; every claim that changes a FIFO
+/// endpoint's rows moves its `fifo_turns` on (`turned`), and `fifo_mine`
+/// keeps only the endpoints whose locked (newest) row has the `fifo_turns`
+/// the snapshot saw (migration 0020); of a
 /// throttled one only as many as its slots, which this claim reserves by
 /// moving its `endpoint_throttle` row on, locked with SKIP LOCKED (another
 /// claim moving it: none this time).
@@ -620,10 +625,12 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          SELECT t.endpoint_id FROM endpoint_throttle t JOIN endpoints e ON e.id = t.endpoint_id \
          WHERE t.tat_us >= $10 AND e.rate_limit > 0), \
      fifo AS MATERIALIZED ( \
-         SELECT e.id FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
-     fifo_mine AS MATERIALIZED ( \
-         SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM fifo) \
+         SELECT e.id, e.fifo_turns FROM endpoints e WHERE e.ordering = 'fifo' AND NOT e.disabled), \
+     fifo_locked AS MATERIALIZED ( \
+         SELECT e.id, e.fifo_turns FROM endpoints e WHERE e.id IN (SELECT id FROM fifo) \
          FOR NO KEY UPDATE SKIP LOCKED), \
+     fifo_mine AS MATERIALIZED ( \
+         SELECT l.id FROM fifo_locked l JOIN fifo f ON f.id = l.id AND f.fifo_turns = l.fifo_turns), \
      fifo_heads AS MATERIALIZED ( \
          SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id, h.parked FROM fifo_mine f CROSS JOIN LATERAL ( \
              SELECT x.id, x.queued_at, x.msg_id, x.parked FROM deliveries x \
@@ -728,7 +735,8 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
      queued AS ( \
          UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
          WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
-           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
+           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked) \
+         RETURNING d.endpoint_id), \
      advanced AS ( \
          UPDATE endpoint_throttle t SET tat_us = c.base + c.n * c.step \
          FROM (SELECT endpoint_id, MAX(base) AS base, MAX(step) AS step, COUNT(*) AS n FROM picked \
@@ -760,6 +768,11 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          FROM to_park p JOIN no_room n ON n.id = p.endpoint_id \
          WHERE d.id = p.id \
          RETURNING d.endpoint_id), \
+     turned AS ( \
+         UPDATE endpoints e SET fifo_turns = e.fifo_turns + 1 \
+         WHERE e.id IN (SELECT id FROM fifo_mine) \
+           AND e.id IN (SELECT endpoint_id FROM picked UNION SELECT endpoint_id FROM queued \
+                        UNION SELECT endpoint_id FROM parked_now)), \
      remembered AS ( \
          INSERT INTO parked_endpoints AS p (endpoint_id) \
          SELECT DISTINCT endpoint_id FROM parked_now ORDER BY endpoint_id \
