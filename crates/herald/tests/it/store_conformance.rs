@@ -4211,13 +4211,7 @@ async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
         // for, so that claims lock them first.
         let elsewhere = app(&store, None).await;
         let model = endpoint_with(&store, &elsewhere.id, None, EndpointOrdering::Fifo).await;
-        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET search_path TO \"{schema}\""
-        )))
-        .execute(&mut conn)
-        .await
-        .expect("search_path");
+        let (mut conn, _) = pg_connection(&url, &schema).await;
         sqlx::query(
             "INSERT INTO endpoints SELECT (jsonb_populate_record(NULL::endpoints, \
                to_jsonb(e) || jsonb_build_object('id', e.id || '_' || g, 'uid', NULL))).* \
