@@ -6,7 +6,9 @@
 //!   requests per second the receiver saw against the setting, and the
 //!   busiest one-second window.
 //! - `fifo`: one ordered endpoint, the receiver answering after 0, 5 and
-//!   20 ms; deliveries per second against the round trip.
+//!   20 ms, then after 0 ms beside 5,000 idle FIFO endpoints (PostgreSQL:
+//!   just made, then analyzed); deliveries per second against the round
+//!   trip.
 //! - `backlog`: healthy traffic (`--messages` to one endpoint), alone and
 //!   beside 100,000 pending deliveries of a stuck endpoint (it never
 //!   answers in time), 2 s and 12 s after the last of them went in;
@@ -225,6 +227,39 @@ impl Instance {
         Ok(app)
     }
 
+    /// `n` FIFO endpoints, to which no message is sent, made through the
+    /// API by 16 tasks, each in an application of its own (an application
+    /// may have `HERALD_MAX_ENDPOINTS_PER_APP`, 1,000).
+    async fn idle_fifo_endpoints(&self, n: usize) -> anyhow::Result<()> {
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let app = self.app().await?;
+            let (client, url, target, next) = (
+                self.client.clone(),
+                format!("{}/app/{app}/endpoint", self.base),
+                format!("{}/idle", self.rx_base),
+                next.clone(),
+            );
+            tasks.spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < n {
+                    client
+                        .post(&url)
+                        .bearer_auth(TOKEN)
+                        .json(&serde_json::json!({"url": target, "ordering": "fifo"}))
+                        .send()
+                        .await?
+                        .error_for_status()?;
+                }
+                Ok::<_, anyhow::Error>(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        Ok(())
+    }
+
     /// When this Herald started each attempt to `app`'s endpoints, as its
     /// attempt log says (milliseconds): what it sent, apart from when the
     /// receiver, on the same cores, got round to reading it.
@@ -299,6 +334,28 @@ impl Instance {
             .collect())
     }
 
+    /// On PostgreSQL, what autovacuum's analyze would do a while after
+    /// many rows went in: the planner's statistics of this schema's tables.
+    async fn analyze(&self) -> anyhow::Result<()> {
+        if let Some((url, name)) = &self.schema {
+            let pool = sqlx::PgPool::connect(url).await?;
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) \
+                 FROM pg_tables WHERE schemaname = $1",
+            )
+            .bind(name)
+            .fetch_all(&pool)
+            .await?;
+            for table in tables {
+                sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+                    .execute(&pool)
+                    .await?;
+            }
+            pool.close().await;
+        }
+        Ok(())
+    }
+
     async fn stop(self) -> anyhow::Result<()> {
         self.running.shutdown().await?;
         if let Some((url, name)) = self.schema {
@@ -367,17 +424,44 @@ async fn throttle(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Re
 }
 
 async fn fifo(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
-    for rtt in [0u64, 5, 20] {
+    // The last runs: the same ordered endpoint beside this many idle FIFO
+    // endpoints (on PostgreSQL a claim locks the row of each FIFO
+    // endpoint it may take from); on PostgreSQL once just after they were
+    // made and once analyzed, as autovacuum does within a minute of that
+    // many new rows.
+    const IDLE: usize = 5_000;
+    let mut runs = vec![
+        (0u64, 0, false),
+        (5, 0, false),
+        (20, 0, false),
+        (0, IDLE, false),
+    ];
+    if pg.is_some() {
+        runs.push((0, IDLE, true));
+    }
+    for (rtt, idle, analyze) in runs {
         let h = Instance::start(pg, &[]).await?;
         h.rx.rule("/ordered", Duration::from_millis(rtt), false);
+        if idle > 0 {
+            h.idle_fifo_endpoints(idle).await?;
+        }
+        if analyze {
+            h.analyze().await?;
+        }
         let app = h
             .app_with("/ordered", serde_json::json!({"ordering": "fifo"}))
             .await?;
         let n = 300;
         h.send(&app, n, 1).await?;
         h.rx.wait_for("/ordered", n, args.timeout).await?;
+        let beside = match (idle, analyze) {
+            (0, _) => String::new(),
+            (_, false) if pg.is_some() => format!(", beside {idle} idle FIFO endpoints just made"),
+            (_, false) => format!(", beside {idle} idle FIFO endpoints"),
+            (_, true) => format!(", beside {idle} idle FIFO endpoints, analyzed"),
+        };
         println!(
-            "| fifo | {store} | receiver answers after {rtt} ms | {:.0} deliveries/s |",
+            "| fifo | {store} | receiver answers after {rtt} ms{beside} | {:.0} deliveries/s |",
             per_sec(&h.rx.times("/ordered"))
         );
         h.stop().await?;
