@@ -564,7 +564,9 @@ impl<'a> ClaimArgs<'a> {
 /// share lock on their endpoint, as enabling it takes a stronger one: the
 /// two never cross, so a delivery held here is always one enabling will
 /// see; an endpoint locked by someone else is left for a later claim
-/// (SKIP LOCKED).
+/// (SKIP LOCKED). That lock's list is one `ARRAY(…)`, read once: as an
+/// `IN (…)` the planner re-ran it, lock and all, for each due row (708
+/// times, 20 ms, in one claim beside 100 endpoints).
 ///
 /// Throttled and FIFO endpoints (issue 13): `full_thr` are the throttled
 /// ones with no send slot left within the horizon, `fifo_heads` the first
@@ -724,9 +726,9 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
      held AS ( \
          UPDATE deliveries d SET held = TRUE FROM due \
          WHERE d.id = due.id AND due.state = 0 \
-           AND due.endpoint_id IN ( \
-               SELECT e.id FROM endpoints e WHERE e.id IN (SELECT id FROM off) AND e.disabled \
-               FOR SHARE SKIP LOCKED)), \
+           AND due.endpoint_id = ANY (ARRAY( \
+               SELECT e.id FROM endpoints e WHERE e.id = ANY (ARRAY(SELECT id FROM off)) AND e.disabled \
+               FOR SHARE SKIP LOCKED))), \
      heads AS MATERIALIZED ( \
          SELECT DISTINCT ON (c.endpoint_id) c.endpoint_id, c.id FROM ( \
              SELECT endpoint_id, id, k, msg_id FROM fifo_heads \
