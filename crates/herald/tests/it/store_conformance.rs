@@ -4187,7 +4187,10 @@ async fn fifo_and_throttled_backlogs_set_aside_come_back_in_order(store: Arc<dyn
 /// delivery behind it (found in CI: message 1 sent while message 0 was
 /// waiting for its retry). Thousands of other FIFO endpoints, locked by
 /// every claim before this one, widen that window from microseconds to
-/// milliseconds, so staggered claims meet it within a few rounds.
+/// milliseconds, so staggered claims meet it within a few rounds. A claim
+/// locks only FIFO endpoints with work in reach, so each of them has a
+/// request in flight (its lease far off) and a delivery set aside behind
+/// it: noted in `parked_endpoints`, locked by every claim, taken by none.
 #[tokio::test]
 async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
     use sqlx::Connection;
@@ -4221,6 +4224,36 @@ async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
         .execute(&mut conn)
         .await
         .expect("other endpoints");
+        sqlx::query(
+            "INSERT INTO messages (id, app_id, event_type, payload, created_at) \
+             VALUES ('msg_filler_head', $1, 'x', '{}', 1), ('msg_filler_next', $1, 'x', '{}', 2)",
+        )
+        .bind(elsewhere.id.as_str())
+        .execute(&mut conn)
+        .await
+        .expect("their messages");
+        sqlx::query(
+            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                     lease_token, queued_at, parked, cycle_started_at, \
+                                     created_at, updated_at) \
+             SELECT 'dlv_head_' || e.id, 'msg_filler_head', e.id, e.app_id, 1, $2, 'filler', \
+                    1, FALSE, 1, 1, 1 FROM endpoints e WHERE e.app_id = $1 \
+             UNION ALL \
+             SELECT 'dlv_next_' || e.id, 'msg_filler_next', e.id, e.app_id, 0, 2, NULL, \
+                    2, TRUE, 2, 2, 2 FROM endpoints e WHERE e.app_id = $1",
+        )
+        .bind(elsewhere.id.as_str())
+        .bind(i64::MAX / 2)
+        .execute(&mut conn)
+        .await
+        .expect("their deliveries");
+        sqlx::query(
+            "INSERT INTO parked_endpoints (endpoint_id) SELECT id FROM endpoints WHERE app_id = $1",
+        )
+        .bind(elsewhere.id.as_str())
+        .execute(&mut conn)
+        .await
+        .expect("noted as having parked rows");
         conn.close().await.expect("close");
         let a = app(&store, None).await;
         endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
