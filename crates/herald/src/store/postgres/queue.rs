@@ -1278,10 +1278,19 @@ mod tests {
     /// cause).
     static PLANS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-    /// A store in a fresh schema with one app, a `full` endpoint with
-    /// `backlog` pending deliveries long overdue (due at 1, 2, …, like a
-    /// backlog after an outage) and an `ok` one with 1,000 due behind them.
-    async fn backlog(url: &str, backlog: i64) -> (PostgresStore, String, EndpointId) {
+    /// The database URL of these tests, or `None` (said on stderr) when
+    /// it is not set.
+    fn test_url() -> Option<String> {
+        let url = std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty());
+        if url.is_none() {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED ({URL_VAR} unset)");
+        }
+        url
+    }
+
+    /// A store in a fresh schema (its name returned) with one application.
+    async fn store_with_app(url: &str) -> (PostgresStore, String, App) {
         let schema = format!("herald_test_{:016x}", rand::random::<u64>());
         let store = PostgresStore::open(url, &schema).await.expect("open");
         let app = App {
@@ -1294,6 +1303,54 @@ mod tests {
             updated_at: 0,
         };
         store.create_app(&app).await.expect("app");
+        (store, schema, app)
+    }
+
+    /// `n` messages of `app` (`msg_{prefix}1` …, created at `from + 1` …),
+    /// each with a pending delivery to `ep` due at its creation.
+    async fn pending(
+        store: &PostgresStore,
+        app: &App,
+        ep: &EndpointId,
+        prefix: &str,
+        from: i64,
+        n: i64,
+    ) {
+        sqlx::query(
+            "WITH m AS ( \
+                 INSERT INTO messages (id, app_id, event_type, payload, created_at) \
+                 SELECT 'msg_' || $1 || i, $2, 'x', '{}', $3 + i FROM generate_series(1, $4::int8) i \
+                 RETURNING id, created_at) \
+             INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                     cycle_started_at, created_at, updated_at) \
+             SELECT 'dlv_' || m.id, m.id, $5, $2, 0, m.created_at, m.created_at, m.created_at, \
+                    m.created_at FROM m",
+        )
+        .bind(prefix)
+        .bind(app.id.as_str())
+        .bind(from)
+        .bind(n)
+        .bind(ep.as_str())
+        .execute(&store.pool)
+        .await
+        .expect("fill");
+    }
+
+    /// Closes `store` and drops its schema.
+    async fn drop_schema(store: PostgresStore, url: &str, schema: &str) {
+        store.close().await;
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
+            .execute(&mut conn)
+            .await
+            .expect("drop schema");
+    }
+
+    /// A store in a fresh schema with one app, a `full` endpoint with
+    /// `backlog` pending deliveries long overdue (due at 1, 2, …, like a
+    /// backlog after an outage) and an `ok` one with 1,000 due behind them.
+    async fn backlog(url: &str, backlog: i64) -> (PostgresStore, String, EndpointId) {
+        let (store, schema, app) = store_with_app(url).await;
         let mut ids = Vec::new();
         for _ in 0..2 {
             let ep = Endpoint::new(
@@ -1306,24 +1363,7 @@ mod tests {
             ids.push(ep.id);
         }
         for (ep, prefix, from, n) in [(&ids[0], "f", 0, backlog), (&ids[1], "o", backlog, 1_000)] {
-            sqlx::query(
-                "WITH m AS ( \
-                     INSERT INTO messages (id, app_id, event_type, payload, created_at) \
-                     SELECT 'msg_' || $1 || i, $2, 'x', '{}', $3 + i FROM generate_series(1, $4::int8) i \
-                     RETURNING id, created_at) \
-                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                                         cycle_started_at, created_at, updated_at) \
-                 SELECT 'dlv_' || m.id, m.id, $5, $2, 0, m.created_at, m.created_at, m.created_at, \
-                        m.created_at FROM m",
-            )
-            .bind(prefix)
-            .bind(app.id.as_str())
-            .bind(from)
-            .bind(n)
-            .bind(ep.as_str())
-            .execute(&store.pool)
-            .await
-            .expect("fill");
+            pending(&store, &app, ep, prefix, from, n).await;
         }
         let full = ids.swap_remove(0);
         (store, schema, full)
@@ -1419,12 +1459,7 @@ mod tests {
         explained_claim(&store, &full).await;
         let (rows, buffers) = explained_claim(&store, &full).await;
         let parked = scalar(&store, "SELECT COUNT(*) FROM deliveries WHERE parked").await;
-        store.close().await;
-        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
-        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(&mut conn)
-            .await
-            .expect("drop schema");
+        drop_schema(store, url, &schema).await;
         (first, rows, buffers, parked)
     }
 
@@ -1434,9 +1469,7 @@ mod tests {
     /// the same whether 1,000 or 40,000 of them wait.
     #[tokio::test]
     async fn a_claim_costs_the_same_whatever_saturated_backlog_waits() {
-        let Some(url) = std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty()) else {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED ({URL_VAR} unset)");
+        let Some(url) = test_url() else {
             return;
         };
         let _alone = PLANS.lock().await;
@@ -1480,24 +1513,11 @@ mod tests {
     /// one's head, and forgets an idle one's `parked_endpoints` entry.
     #[tokio::test]
     async fn a_claim_locks_only_the_fifo_endpoints_it_may_take_from() {
-        let Some(url) = std::env::var(URL_VAR).ok().filter(|u| !u.trim().is_empty()) else {
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIPPED ({URL_VAR} unset)");
+        let Some(url) = test_url() else {
             return;
         };
         let _alone = PLANS.lock().await;
-        let schema = format!("herald_test_{:016x}", rand::random::<u64>());
-        let store = PostgresStore::open(&url, &schema).await.expect("open");
-        let app = App {
-            id: AppId::generate(),
-            uid: None,
-            name: "a".into(),
-            rate_limit: None,
-            metadata: Default::default(),
-            created_at: 0,
-            updated_at: 0,
-        };
-        store.create_app(&app).await.expect("app");
+        let (store, schema, app) = store_with_app(&url).await;
         let fifo = |url: &str| {
             let mut ep = Endpoint::new(
                 app.id.clone(),
@@ -1524,21 +1544,7 @@ mod tests {
         .execute(&store.pool)
         .await
         .expect("idle endpoints");
-        sqlx::query(
-            "WITH m AS ( \
-                 INSERT INTO messages (id, app_id, event_type, payload, created_at) \
-                 SELECT 'msg_b' || i, $1, 'x', '{}', i FROM generate_series(1, 3) i \
-                 RETURNING id, created_at) \
-             INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                                     cycle_started_at, created_at, updated_at) \
-             SELECT 'dlv_' || m.id, m.id, $2, $1, 0, m.created_at, m.created_at, m.created_at, \
-                    m.created_at FROM m",
-        )
-        .bind(app.id.as_str())
-        .bind(busy.id.as_str())
-        .execute(&store.pool)
-        .await
-        .expect("busy deliveries");
+        pending(&store, &app, &busy.id, "b", 0, 3).await;
         // An idle one noted as having parked rows, as when its last
         // parked row was delivered: a claim forgets it, as it would if it
         // were not FIFO.
@@ -1616,11 +1622,6 @@ mod tests {
             [busy.id.as_str()],
             "endpoints noted as having parked rows"
         );
-        store.close().await;
-        let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
-        sqlx::query(AssertSqlSafe(format!("DROP SCHEMA \"{schema}\" CASCADE")))
-            .execute(&mut conn)
-            .await
-            .expect("drop schema");
+        drop_schema(store, &url, &schema).await;
     }
 }
