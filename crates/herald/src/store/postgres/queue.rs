@@ -762,10 +762,12 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
            AND (NOT r.fifo OR r.nth <= 1) \
            AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
          ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
+     to_queue AS MATERIALIZED ( \
+         SELECT due.id, due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
+         WHERE due.queued_at IS NULL AND NOT eps.disabled \
+           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
      queued AS ( \
-         UPDATE deliveries d SET queued_at = due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
-         WHERE d.id = due.id AND due.queued_at IS NULL AND NOT eps.disabled \
-           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked) \
+         UPDATE deliveries d SET queued_at = q.updated_at FROM to_queue q WHERE d.id = q.id \
          RETURNING d.endpoint_id), \
      advanced AS ( \
          UPDATE endpoint_throttle t SET tat_us = c.base + c.n * c.step \
