@@ -1375,13 +1375,6 @@ mod tests {
         v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0)
     }
 
-    /// Rows the plan node `v` and those under it read from `deliveries`
-    /// (returned or filtered out, over all loops), and the buffers the
-    /// whole statement touched.
-    fn rows_read(v: &serde_json::Value) -> u64 {
-        rows_of(v, "deliveries")
-    }
-
     /// Rows the plan node `v` and those under it read from `table`
     /// (returned or filtered out, over all loops).
     fn rows_of(v: &serde_json::Value, table: &str) -> u64 {
@@ -1426,7 +1419,7 @@ mod tests {
         let plan: serde_json::Value = serde_json::from_str(&plan).expect("plan json");
         let top = &plan[0]["Plan"];
         (
-            rows_read(top),
+            rows_of(top, "deliveries"),
             count(top, "Shared Hit Blocks") + count(top, "Shared Read Blocks"),
         )
     }
