@@ -311,6 +311,13 @@ async fn herald_run_on(
         allow_private_networks: true,
         ..Config::load(None)?
     };
+    // Every bench request comes from 127.0.0.1 over up to `concurrency`
+    // connections, and the client's pool may open a few more while a
+    // finished one is on its way back: at `--concurrency 256` the default
+    // bound (256) reset connections and ended the run.
+    config.max_connections_per_ip = config
+        .max_connections_per_ip
+        .max(args.concurrency.saturating_mul(2));
     let mut role = Role::All;
     let mut schema = None;
     if let Target::Postgres { url, workers } = target {
