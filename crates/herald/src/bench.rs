@@ -311,13 +311,7 @@ async fn herald_run_on(
         allow_private_networks: true,
         ..Config::load(None)?
     };
-    // Every bench request comes from 127.0.0.1 over up to `concurrency`
-    // connections, and the client's pool may open a few more while a
-    // finished one is on its way back: at `--concurrency 256` the default
-    // bound (256) reset connections and ended the run.
-    config.max_connections_per_ip = config
-        .max_connections_per_ip
-        .max(args.concurrency.saturating_mul(2));
+    admit_the_bench_client(&mut config, args.concurrency);
     let mut role = Role::All;
     let mut schema = None;
     if let Target::Postgres { url, workers } = target {
@@ -465,6 +459,16 @@ async fn herald_run_on(
         schema.drop_it().await;
     }
     Ok(result)
+}
+
+/// Every bench request comes from 127.0.0.1 over up to `concurrency`
+/// connections, and the client's pool may open a few more while a finished
+/// one is on its way back: at `--concurrency 256` the default per-address
+/// bound (256) reset connections and ended the run.
+pub(crate) fn admit_the_bench_client(config: &mut Config, concurrency: usize) {
+    config.max_connections_per_ip = config
+        .max_connections_per_ip
+        .max(concurrency.saturating_mul(2));
 }
 
 /// The same client and receiver, without Herald in between.

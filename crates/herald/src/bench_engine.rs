@@ -124,7 +124,11 @@ struct Instance {
 }
 
 impl Instance {
-    async fn start(postgres: Option<&str>, overrides: &[(&str, &str)]) -> anyhow::Result<Self> {
+    async fn start(
+        args: &BenchArgs,
+        postgres: Option<&str>,
+        overrides: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let mut values: BTreeMap<String, String> = [
             (
@@ -151,7 +155,8 @@ impl Instance {
         for (k, v) in overrides {
             values.insert((*k).to_owned(), (*v).to_owned());
         }
-        let config = Config::from_values(&values)?;
+        let mut config = Config::from_values(&values)?;
+        crate::bench::admit_the_bench_client(&mut config, args.concurrency);
         let rx = Arc::new(Rx::default());
         let app = axum::Router::new().fallback(answer).with_state(rx.clone());
         let rx_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -403,7 +408,7 @@ fn p99(mut d: Vec<Duration>) -> Duration {
 
 async fn throttle(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
     for rate in [10usize, 100, 1000] {
-        let h = Instance::start(pg, &[]).await?;
+        let h = Instance::start(args, pg, &[]).await?;
         let app = h
             .app_with("/throttled", serde_json::json!({"throttleRate": rate}))
             .await?;
@@ -440,7 +445,7 @@ async fn fifo(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result
         runs.push((0, IDLE, true));
     }
     for (rtt, idle, analyze) in runs {
-        let h = Instance::start(pg, &[]).await?;
+        let h = Instance::start(args, pg, &[]).await?;
         h.rx.rule("/ordered", Duration::from_millis(rtt), false);
         if idle > 0 {
             h.idle_fifo_endpoints(idle).await?;
@@ -477,6 +482,7 @@ async fn backlog(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Res
     // then 12 s after (settled).
     for settle in [None, Some(2u64), Some(12)] {
         let h = Instance::start(
+            args,
             pg,
             &[("HERALD_REQUEST_TIMEOUT", "30s"), ("HERALD_LEASE", "70s")],
         )
@@ -515,6 +521,7 @@ async fn backlog(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Res
 async fn storm(args: &BenchArgs, pg: Option<&str>, store: &str) -> anyhow::Result<()> {
     for with_storm in [false, true] {
         let h = Instance::start(
+            args,
             pg,
             &[("HERALD_RETRY_SCHEDULE", "3s"), ("HERALD_JITTER", "none")],
         )
