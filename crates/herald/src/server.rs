@@ -294,13 +294,16 @@ pub async fn start(
                 config.auth_failure_limit,
                 Duration::from_secs(1),
             ),
-            known_tokens: Default::default(),
             max_headers_per_endpoint: config.max_headers_per_endpoint,
             max_endpoints_per_app: config.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             max_age: config.retry.max_age,
             breaker: config.breaker,
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
+            portal_login_limiter: Arc::new(LoginLimiter::new(
+                config.login_failure_limit,
+                LOGIN_REFILL,
+            )),
         });
         // Every request's body has its deadline; trailing slashes are
         // optional, as in Svix: normalise before routing.

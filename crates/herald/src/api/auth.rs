@@ -112,45 +112,6 @@ pub async fn tokens_changed(state: &ApiState) {
     }
 }
 
-/// Tokens that have authenticated from an address, by digest, a few per
-/// address. While an address is throttled for its failures, a request that
-/// presents one of them is still checked (and served): someone failing
-/// from the same address (a shared NAT, a proxy) does not lock out a client
-/// that already proved its token there, and no guess is ever checked early,
-/// since only a digest that authenticated from that very address before
-/// passes. Any other token waits like a guess.
-#[derive(Default)]
-pub struct KnownTokens(RwLock<HashMap<IpAddr, Vec<[u8; 32]>>>);
-
-impl KnownTokens {
-    const PER_ADDRESS: usize = 8;
-    const MAX_ADDRESSES: usize = 10_000;
-
-    fn contains(&self, ip: IpAddr, digest: &[u8; 32]) -> bool {
-        let map = self.0.read().unwrap_or_else(|p| p.into_inner());
-        map.get(&ip).is_some_and(|known| known.contains(digest))
-    }
-
-    fn remember(&self, ip: IpAddr, digest: [u8; 32]) {
-        // Every authenticated request comes here: a read lock unless the
-        // token is new from this address.
-        if self.contains(ip, &digest) {
-            return;
-        }
-        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::MAX_ADDRESSES && !map.contains_key(&ip) {
-            map.clear();
-        }
-        let known = map.entry(ip).or_default();
-        if !known.contains(&digest) {
-            if known.len() >= Self::PER_ADDRESS {
-                known.remove(0);
-            }
-            known.push(digest);
-        }
-    }
-}
-
 /// The application a `/app/{app_id}/…` path names, resolved once by
 /// [`require_token`] when the request's headers arrived, for admin and
 /// application tokens alike. Handlers act on this id and never look the
@@ -221,9 +182,21 @@ fn client_ip(request: &Request) -> IpAddr {
         .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip())
 }
 
-/// The `/api/v1` middleware: 401 without a known token (429 after too many
-/// failures from the caller's address); resolves the path's `{app_id}`
-/// ([`ResolvedApp`]); for application tokens, the route rules below.
+/// The longest a wrong token's 401 is held back once its address is past
+/// `HERALD_AUTH_FAILURE_LIMIT`: enough to make guessing slow, short enough
+/// that a client with a stale token is not stuck behind its own retries.
+const FAILURE_DELAY_MAX: Duration = Duration::from_secs(1);
+
+/// The `/api/v1` middleware: 401 without a known token; resolves the path's
+/// `{app_id}` ([`ResolvedApp`]); for application tokens, the route rules
+/// below.
+///
+/// A token is always checked, whatever its address did before: a valid one
+/// is never refused for other clients' failures (behind a NAT or a reverse
+/// proxy every client shares one address), and a wrong one is always told
+/// 401. Failures are counted per address; past `HERALD_AUTH_FAILURE_LIMIT`
+/// in a burst each further wrong token's 401 is slowed (up to
+/// [`FAILURE_DELAY_MAX`]), which is what makes guessing expensive.
 pub async fn require_token(
     State(state): State<ApiState>,
     request: Request,
@@ -236,26 +209,19 @@ pub async fn require_token(
     // nothing about the token itself.
     let digest = token_sha256(token);
     let client = client_ip(&request);
-    if let Err(wait) = state.auth_failures.check(client) {
-        if !state.known_tokens.contains(client, &digest) {
-            tracing::debug!(client = %client, "API authentication refused: too many failures");
-            let retry_after_secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            return ApiError::TooManyRequests {
-                retry_after_secs: retry_after_secs.max(1),
-            }
-            .into_response();
-        }
-    }
     let principal = match authenticate(&state, &digest).await {
         Ok(Some(principal)) => principal,
         Ok(None) => {
+            let over_the_limit = state.auth_failures.check(client).err();
             state.auth_failures.failed(client);
             tracing::info!(client = %client, "API authentication failed: unknown bearer token");
+            if let Some(wait) = over_the_limit {
+                tokio::time::sleep(wait.min(FAILURE_DELAY_MAX)).await;
+            }
             return ApiError::Unauthorized.into_response();
         }
         Err(e) => return e.into_response(),
     };
-    state.known_tokens.remember(client, digest);
     if let Err(wait) = state.rate_limit.check(principal.scope()) {
         return ApiError::TooManyRequests {
             retry_after_secs: crate::limits::retry_after_secs(wait),

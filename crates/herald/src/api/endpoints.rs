@@ -137,6 +137,11 @@ pub struct EndpointOut {
     pub metadata: BTreeMap<String, String>,
     pub created_at: String,
     pub updated_at: String,
+    /// Herald's own, present only when true: the endpoint's stored secret
+    /// or headers do not open with the configured `HERALD_ENCRYPTION_KEY`,
+    /// and nothing is sent to it until they do.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unreadable: bool,
 }
 
 impl From<Endpoint> for EndpointOut {
@@ -157,6 +162,7 @@ impl From<Endpoint> for EndpointOut {
             metadata: e.metadata,
             created_at: rfc3339(e.created_at),
             updated_at: rfc3339(e.updated_at),
+            unreadable: e.unreadable,
         }
     }
 }
@@ -403,6 +409,7 @@ async fn insert_endpoint(
         secret: secret.expose(),
         created_at: now,
         updated_at: now,
+        unreadable: false,
     };
     state.store.create_endpoint(&ep).await?;
     state
@@ -722,6 +729,7 @@ pub async fn get_endpoint_secret(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<SecretOut>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    credentials_readable(&ep)?;
     // Names the endpoint, never the secret.
     actor
         .record(
@@ -1043,6 +1051,20 @@ pub async fn rotate_endpoint_secret(
     }))
 }
 
+/// 409 for an endpoint whose stored credentials did not open (see
+/// [`Endpoint::unreadable`]): its secret and headers cannot be shown, and a
+/// rotation or header patch would have to rewrite what cannot be read.
+pub fn credentials_readable(ep: &Endpoint) -> ApiResult<()> {
+    if ep.unreadable {
+        return Err(ApiError::Conflict(format!(
+            "the stored secret or headers of endpoint {} do not open with the configured \
+             HERALD_ENCRYPTION_KEY (see the log); configure the key they were sealed with",
+            ep.id
+        )));
+    }
+    Ok(())
+}
+
 /// Makes `secret` the endpoint's; the current one keeps signing for
 /// `grace_seconds` (the API and the dashboard both rotate through here).
 pub async fn rotate_secret(
@@ -1051,6 +1073,7 @@ pub async fn rotate_secret(
     secret: &Secret,
     grace_seconds: u64,
 ) -> ApiResult<()> {
+    credentials_readable(ep)?;
     let now = now_millis();
     let grace_ms = i64::try_from(grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
     if state
@@ -1070,12 +1093,50 @@ pub async fn rotate_secret(
     }
 }
 
-/// `GET …/headers`: the endpoint's extra headers. Herald does not mark any
-/// as sensitive, so `sensitive` is always empty (the SDK expects it).
+/// `GET …/headers`: the endpoint's extra headers, as Svix answers them:
+/// the values of sensitive headers (credentials: see
+/// [`is_sensitive_header`]) are redacted, that is left out of `headers` and
+/// their names listed in `sensitive`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct HeadersOut {
     pub headers: BTreeMap<String, String>,
     pub sensitive: Vec<String>,
+}
+
+impl HeadersOut {
+    /// `names_only`: every value is withheld (a caller that may read the
+    /// endpoint but not its credentials, such as a read-only portal
+    /// session), so every name is in `sensitive`.
+    pub fn redacted(all: BTreeMap<String, String>, names_only: bool) -> Self {
+        let (sensitive, headers): (BTreeMap<_, _>, BTreeMap<_, _>) = all
+            .into_iter()
+            .partition(|(name, _)| names_only || is_sensitive_header(name));
+        HeadersOut {
+            headers,
+            sensitive: sensitive.into_keys().collect(),
+        }
+    }
+}
+
+/// Whether a header's value is a credential, never shown once written:
+/// `Authorization`, `Proxy-Authorization`, cookies, and any name that
+/// speaks of a key, token, secret, password, signature or session (API-key
+/// and token headers: `X-Api-Key`, `X-Auth-Token`, …).
+pub fn is_sensitive_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "auth",
+        "token",
+        "secret",
+        "key",
+        "cookie",
+        "password",
+        "signature",
+        "session",
+        "credential",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
 }
 
 /// The rules of `EndpointIn.headers` apply.
@@ -1107,14 +1168,19 @@ pub struct HeadersPatch {
 )]
 pub async fn get_endpoint_headers(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<HeadersOut>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    Ok(Json(HeadersOut {
-        headers: ep.headers,
-        sensitive: Vec::new(),
-    }))
+    credentials_readable(&ep)?;
+    // A portal token that may not change the endpoint gets names only: the
+    // values are what it would need to impersonate the sender.
+    let names_only = matches!(
+        &principal,
+        super::auth::Principal::App { capabilities: Some(caps), .. } if !caps.manage_endpoint()
+    );
+    Ok(Json(HeadersOut::redacted(ep.headers, names_only)))
 }
 
 /// Writes the headers and nothing else of the endpoint.
@@ -1200,6 +1266,8 @@ pub async fn patch_endpoint_headers(
     ApiJson(body): ApiJson<HeadersPatch>,
 ) -> ApiResult<StatusCode> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    // The headers it keeps could not be read: patching would drop them.
+    credentials_readable(&ep)?;
     let mut headers = ep.headers.clone();
     for (name, value) in body.headers {
         match value {

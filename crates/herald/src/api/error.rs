@@ -70,8 +70,8 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("validation failed")]
     Validation(Vec<FieldError>),
-    /// Too many failed authentications from the caller's address.
-    #[error("too many failed authentications from this address; retry after {retry_after_secs} s")]
+    /// The caller is over `HERALD_API_RATE_LIMIT`.
+    #[error("too many requests; retry after {retry_after_secs} s")]
     TooManyRequests { retry_after_secs: u64 },
     #[error("service unavailable")]
     Unavailable,

@@ -85,15 +85,16 @@ pub struct ApiShared {
     pub public_url: String,
     /// The portal's embedding and theme settings.
     pub portal: crate::config::PortalConfig,
-    /// Failed log-ins per client address (per server, in memory).
+    /// Failed dashboard log-ins per client address (per server, in memory).
     pub login_limiter: Arc<crate::limits::LoginLimiter>,
+    /// Failed portal link exchanges per client address: a limit of its own,
+    /// so that unauthenticated clients trying codes never hold the
+    /// operator out of the dashboard.
+    pub portal_login_limiter: Arc<crate::limits::LoginLimiter>,
     /// Renders `/metrics` (with this instance's queue gauges).
     pub metrics: Arc<crate::metrics::Exporter>,
     /// Failed bearer-token checks per client address (`auth::require_token`).
     pub auth_failures: crate::limits::LoginLimiter,
-    /// Tokens that authenticated from an address, which its failures do
-    /// not lock out.
-    pub known_tokens: auth::KnownTokens,
     /// `HERALD_MAX_HEADERS_PER_ENDPOINT`.
     pub max_headers_per_endpoint: usize,
     /// `HERALD_MAX_ENDPOINTS_PER_APP`.

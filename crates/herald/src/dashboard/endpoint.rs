@@ -138,9 +138,13 @@ pub async fn page(
                     }
                     dt { "Signing secret" }
                     dd {
-                        span.mono #secret { (masked(&ep.secret)) }
-                        " "
-                        a href=(format!("{here}/secret")) data-reveal="secret" { "reveal" }
+                        @if ep.unreadable {
+                            span.alert { "unreadable: its secret or headers do not open with the configured HERALD_ENCRYPTION_KEY; nothing is sent to it" }
+                        } @else {
+                            span.mono #secret { (masked(&ep.secret)) }
+                            " "
+                            a href=(format!("{here}/secret")) data-reveal="secret" { "reveal" }
+                        }
                     }
                     dt { "Created" }
                     dd { (when(ep.created_at)) }
@@ -252,6 +256,7 @@ pub async fn secret(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    crate::api::endpoints::credentials_readable(&ep)?;
     // Names the endpoint, never the secret.
     session
         .actor()

@@ -216,7 +216,12 @@ pub fn endpoint_table(
                                     " · " span.mono { (ep.id) }
                                 }
                             }
-                            td { (state_cell(health, now)) }
+                            td {
+                                (state_cell(health, now))
+                                @if ep.unreadable {
+                                    div.small.alert title="Its stored secret or headers do not open with the configured HERALD_ENCRYPTION_KEY: nothing is sent to it" { "unreadable" }
+                                }
+                            }
                             (window_cells(&health.last_hour))
                             (window_cells(&health.last_day))
                             td { (ago(health.last_success_at, now)) }

@@ -351,19 +351,18 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
     }
 }
 
-/// `POST /dashboard/login`: the admin token for a session cookie. An
-/// address that failed too often is refused (429) before its token is
-/// looked at, so a right guess then gains nothing either.
+/// `POST /dashboard/login`: the admin token for a session cookie. The right
+/// token always logs in, whatever its address failed before (a proxy or a
+/// NAT puts many clients behind one address); a wrong one is told 401, or
+/// 429 once its address is past `HERALD_LOGIN_FAILURE_LIMIT`. The admin
+/// token's length, not the limit, is what defeats guessing.
 pub async fn login(
     State(state): State<ApiState>,
     ClientIp(client): ClientIp,
     form: FormFields,
 ) -> Response {
-    if let Err(wait) = state.login_limiter.check(client) {
-        tracing::debug!(%client, "dashboard log-in refused: too many failures");
-        return too_many_failures(wait);
-    }
     if token_sha256(form.text("token")) != state.admin_token_sha256 {
+        let over_the_limit = state.login_limiter.check(client).err();
         state.login_limiter.failed(client);
         tracing::info!(%client, "dashboard log-in failed: not the admin token");
         // No session, and never the attempted token.
@@ -376,6 +375,9 @@ pub async fn login(
                 serde_json::Value::Null,
             )
             .await;
+        if let Some(wait) = over_the_limit {
+            return too_many_failures(wait);
+        }
         // Slows guessing down a little; the limiter and the token's length
         // do the rest.
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -484,16 +484,13 @@ fn session_cookie(state: &ApiState, value: &str, max_age_secs: i64) -> Option<He
 
 /// `GET /portal/login?code=…`: the link's one-time code for a session
 /// cookie, then 303 to the home page (the code leaves the address bar).
-/// Failed exchanges count against the address like failed log-ins.
+/// Failed exchanges are limited per address (a limit of the portal's own,
+/// apart from the dashboard's log-ins).
 pub async fn login(
     State(state): State<ApiState>,
     ClientIp(client): ClientIp,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
-    if state.login_limiter.check(client).is_err() {
-        tracing::debug!(%client, "portal link refused: too many failures");
-        return expired_page(StatusCode::TOO_MANY_REQUESTS);
-    }
     let pairs: Vec<(String, String)> =
         url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
             .into_owned()
@@ -517,8 +514,14 @@ pub async fn login(
         }
     };
     let Some(token) = token else {
-        state.login_limiter.failed(client);
+        // A right code is never refused for others' failures; wrong ones
+        // are told 410 until the address is past its limit.
+        let over_the_limit = state.portal_login_limiter.check(client).is_err();
+        state.portal_login_limiter.failed(client);
         tracing::info!(%client, "portal link refused: used, unknown or expired");
+        if over_the_limit {
+            return expired_page(StatusCode::TOO_MANY_REQUESTS);
+        }
         return expired_page(StatusCode::GONE);
     };
     let expires_at = token.expires_at.unwrap_or(now + 7 * 24 * 3_600_000);

@@ -97,6 +97,10 @@ pub struct Endpoint {
     pub secret: String,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Its stored secret or headers did not open with the configured keys
+    /// (see [`crate::store::open_endpoint_credentials`]): `secret` and
+    /// `headers` are empty, and must not be written back or shown.
+    pub unreadable: bool,
 }
 
 impl Endpoint {
@@ -126,6 +130,7 @@ impl Endpoint {
             secret: secret.into(),
             created_at: now,
             updated_at: now,
+            unreadable: false,
         }
     }
 }

@@ -70,8 +70,8 @@ pub use queue::{
 pub use replay::{wanted_by, DeadFilter, MissingBatch, Replay, ResendOutcome, REPLAY_BATCH};
 pub use retention::{PruneReport, Retention};
 pub use secrets::{
-    open_column, open_or_fail, seal_column, ResealScope, SealedSample, SecretColumn, SecretRow,
-    Secrets, RESEAL_BATCH,
+    open_column, open_endpoint_credentials, open_or_fail, seal_column, ResealScope, SealedSample,
+    SecretColumn, SecretRow, Secrets, RESEAL_BATCH,
 };
 pub use sessions::{Session, SessionKind, Sessions};
 pub use settings::Settings;

@@ -90,6 +90,55 @@ pub fn open_or_fail(
     })
 }
 
+/// An endpoint's signing secret and headers (JSON) as a read of the whole
+/// endpoint gets them; `unreadable` when a value did not open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedCredentials {
+    pub secret: String,
+    pub headers_json: String,
+    pub unreadable: bool,
+}
+
+/// Opens an endpoint's `secret` and `headers` for reading the endpoint.
+/// A value that does not open (sealed under a key this process lacks, as
+/// during a key roll, or copied from another row) is logged, named by
+/// endpoint and column and never by value, and gives empty credentials
+/// and `unreadable`: one such row must not fail a page that lists many,
+/// and nothing is ever sent to it (the claim makes the same check).
+pub fn open_endpoint_credentials(
+    keys: &Keyring,
+    endpoint_id: &str,
+    secret: &str,
+    headers: &str,
+) -> OpenedCredentials {
+    let opened = open_column(keys, endpoint_id, SecretColumn::Secret, secret).and_then(|s| {
+        Ok((
+            s,
+            open_column(keys, endpoint_id, SecretColumn::Headers, headers)?,
+        ))
+    });
+    match opened {
+        Ok((secret, headers_json)) => OpenedCredentials {
+            secret,
+            headers_json,
+            unreadable: false,
+        },
+        Err(e) => {
+            tracing::warn!(
+                endpoint = endpoint_id,
+                error = %e,
+                "endpoint credentials do not open with the configured {}: shown as unreadable, nothing is sent to it",
+                crate::crypto::ENV_KEY
+            );
+            OpenedCredentials {
+                secret: String::new(),
+                headers_json: "{}".to_owned(),
+                unreadable: true,
+            }
+        }
+    }
+}
+
 /// One sealed value per (column, key id) found in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealedSample {

@@ -326,7 +326,7 @@ async fn login_with(browser: &reqwest::Client, app: &TestApp, token: &str) -> re
 }
 
 #[tokio::test]
-async fn failed_dashboard_logins_are_limited_per_address() {
+async fn failed_dashboard_logins_are_limited_per_address_but_never_the_right_token() {
     let app = spawn_stepped(&[("HERALD_LOGIN_FAILURE_LIMIT", "3")]).await;
     let browser = cookie_client();
     for _ in 0..3 {
@@ -340,22 +340,11 @@ async fn failed_dashboard_logins_are_limited_per_address() {
     assert!((1..=2).contains(&retry_after), "{retry_after}");
     let page = limited.text().await.expect("page");
     assert!(page.contains("Too many failed log-ins"), "{page}");
-    // While limited, even the right token is refused: guessing gains
-    // nothing from the answer.
+    // While the address is limited, the right token still logs in: behind
+    // a proxy, someone else's failures must not hold the operator out.
     let resp = login_with(&browser, &app, TOKEN).await;
-    assert_eq!(resp.status(), 429);
-    assert!(resp.headers().get("set-cookie").is_none());
-    // A second later the address may try again.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let resp = login_with(&browser, &app, TOKEN).await;
-        if resp.status() == 303 {
-            break;
-        }
-        assert_eq!(resp.status(), 429);
-        assert!(Instant::now() < deadline, "never allowed again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(resp.status(), 303);
+    assert!(resp.headers().get("set-cookie").is_some());
     let resp = browser
         .get(app.url("/dashboard"))
         .send()

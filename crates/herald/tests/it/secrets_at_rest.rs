@@ -124,6 +124,34 @@ impl Db {
         }
     }
 
+    /// Overwrites the endpoint's stored `secret` column.
+    async fn set_raw_secret(&self, ep: &str, stored: &str) {
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
+                conn.busy_timeout(PATIENCE).expect("busy timeout");
+                conn.execute(
+                    "UPDATE endpoints SET secret = ?1 WHERE id = ?2",
+                    [stored, ep],
+                )
+                .expect("update");
+            }
+            Db::Postgres(pg) => {
+                let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE \"{}\".endpoints SET secret = $1 WHERE id = $2",
+                    pg.schema
+                )))
+                .bind(stored)
+                .bind(ep)
+                .execute(&pool)
+                .await
+                .expect("update");
+                pool.close().await;
+            }
+        }
+    }
+
     async fn done(self) {
         if let Db::Postgres(pg) = self {
             pg.drop_schema().await;
@@ -183,7 +211,9 @@ async fn sealed_and_delivered(db: Db) {
     let (_, got) = app
         .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/headers"))
         .await;
-    assert_eq!(got["headers"]["Authorization"], AUTH, "{got}");
+    // A credential's value is never shown again, only its name.
+    assert!(got["headers"].get("Authorization").is_none(), "{got}");
+    assert_eq!(got["sensitive"], json!(["Authorization"]), "{got}");
 
     app.send_message(&app_id, "a.b", json!({"n": 1})).await;
     app.step().await;
@@ -402,4 +432,77 @@ async fn a_secret_that_does_not_decrypt_is_never_sent() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert!(rx.requests().is_empty(), "nothing reached the receiver");
     app.shutdown().await;
+}
+
+/// One endpoint whose stored secret does not open (here: another row's
+/// ciphertext swapped in, as a bad restore or a key roll would leave it)
+/// is shown as unreadable and sent nothing; the list, the dashboard and
+/// the other endpoints carry on.
+async fn one_unreadable_row_spoils_nothing_else(db: Db) {
+    let app = db.start(Some(&key(1))).await;
+    let rx = Receiver::start().await;
+    let (app_id, bad) = endpoint(&app, &rx).await;
+    let good = app
+        .create_endpoint(&app_id, &rx.url("/good"), json!({"secret": NEW_SECRET}))
+        .await;
+    let good = good["id"].as_str().expect("id").to_owned();
+    let (good_secret, _, _) = db.raw(&good).await;
+    db.set_raw_secret(&bad, &good_secret).await;
+
+    let (status, list) = app.get(&format!("/api/v1/app/{app_id}/endpoint")).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let data = list["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2, "{list}");
+    for ep in data {
+        let unreadable = ep["id"] == json!(bad);
+        assert_eq!(
+            ep.get("unreadable").cloned().unwrap_or(json!(false)),
+            json!(unreadable),
+            "{ep}"
+        );
+    }
+    for what in ["secret", "headers"] {
+        let (status, out) = app
+            .get(&format!("/api/v1/app/{app_id}/endpoint/{bad}/{what}"))
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{what}: {out}");
+        assert!(out.to_string().contains("HERALD_ENCRYPTION_KEY"), "{out}");
+        assert!(!out.to_string().contains(NEW_SECRET), "{out}");
+    }
+    let browser = logged_in(&app).await;
+    let page = browser
+        .get(app.url("/dashboard"))
+        .send()
+        .await
+        .expect("herald answers");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.text().await.expect("page").contains("unreadable"));
+
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    assert_eq!(got.len(), 1, "only the readable endpoint got it");
+    assert!(got[0].path.ends_with("/good"), "{:?}", got[0].path);
+    assert!(verifies_with(NEW_SECRET, &got[0]));
+    let attempts = app.attempts_of_msg(&app_id, &msg).await;
+    assert!(
+        attempts.iter().any(|a| a.to_string().contains("not sent")),
+        "{attempts:?}"
+    );
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_one_unreadable_row_spoils_nothing_else() {
+    one_unreadable_row_spoils_nothing_else(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_unreadable_row_spoils_nothing_else() {
+    let Some(db) = Db::postgres("secrets_at_rest::postgres_one_unreadable_row_spoils_nothing_else")
+    else {
+        return;
+    };
+    one_unreadable_row_spoils_nothing_else(db).await;
 }

@@ -13,18 +13,12 @@ const ENDPOINT_COLUMNS: &str =
 pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoint> {
     let filter: Option<String> = get(r, "filter_types")?;
     let id: String = get(r, "id")?;
-    let headers = open_or_fail(
+    let opened = open_endpoint_credentials(
         keys,
         &id,
-        SecretColumn::Headers,
-        &get::<String>(r, "headers")?,
-    )?;
-    let secret = open_or_fail(
-        keys,
-        &id,
-        SecretColumn::Secret,
         &get::<String>(r, "secret")?,
-    )?;
+        &get::<String>(r, "headers")?,
+    );
     Ok(Endpoint {
         id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
@@ -40,8 +34,9 @@ pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoi
             .as_deref()
             .map(from_json)
             .transpose()?,
-        headers: from_json(&headers)?,
-        secret,
+        headers: from_json(&opened.headers_json)?,
+        secret: opened.secret,
+        unreadable: opened.unreadable,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })

@@ -9,18 +9,12 @@ use crate::crypto::Keyring;
 pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endpoint> {
     let filter: Option<String> = get(r, "filter_types")?;
     let id: String = get(r, "id")?;
-    let headers = open_or_fail(
+    let opened = open_endpoint_credentials(
         keys,
         &id,
-        SecretColumn::Headers,
-        &get::<String>(r, "headers")?,
-    )?;
-    let secret = open_or_fail(
-        keys,
-        &id,
-        SecretColumn::Secret,
         &get::<String>(r, "secret")?,
-    )?;
+        &get::<String>(r, "headers")?,
+    );
     Ok(Endpoint {
         id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
@@ -33,8 +27,9 @@ pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endp
         ordering: EndpointOrdering::from_stored(&get::<String>(r, "ordering")?),
         metadata: from_json(&get::<String>(r, "metadata")?)?,
         channels: json_opt(get(r, "channels")?)?,
-        headers: from_json(&headers)?,
-        secret,
+        headers: from_json(&opened.headers_json)?,
+        secret: opened.secret,
+        unreadable: opened.unreadable,
         created_at: get(r, "created_at")?,
         updated_at: get(r, "updated_at")?,
     })
