@@ -234,6 +234,10 @@ pub async fn start(
     )?);
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
+    background.push(tokio::spawn(run_count_fold(
+        store.clone(),
+        shutdown.clone(),
+    )));
     if role.dispatches() {
         // Other processes' commits (PostgreSQL) wake this dispatcher too.
         store.listen_for_work(wake.clone()).await?;
@@ -677,6 +681,24 @@ async fn trace_request(request: Request, next: Next) -> Response {
 }
 
 /// How often retention looks for history to prune.
+/// How often a process folds the kept counts' deltas (PostgreSQL): it
+/// bounds the deltas readers add up, not what they see.
+const COUNT_FOLD_EVERY: Duration = Duration::from_secs(1);
+
+/// Folds the kept delivery counts' deltas, in every process (folders skip
+/// each other's rows, so several never wait on one another).
+async fn run_count_fold(store: Arc<dyn crate::store::Store>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(COUNT_FOLD_EVERY) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        if let Err(e) = store.fold_delivery_counts().await {
+            tracing::warn!(error = %e, "folding the kept delivery counts failed; readers still add the deltas");
+        }
+    }
+}
+
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 const RETENTION_BATCH: usize = 500;
 

@@ -25,6 +25,14 @@ pub trait Health: Send + Sync {
         limit: usize,
     ) -> StoreResult<Vec<EndpointOverview>>;
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats>;
+    /// Folds the kept counts' changes not yet added into their totals,
+    /// where a store keeps them apart (PostgreSQL: `delivery_count_deltas`,
+    /// see its `counts` module); how many changes it folded. Readers see
+    /// the same counts before and after. SQLite folds in each writing
+    /// transaction and has nothing to do here.
+    async fn fold_delivery_counts(&self) -> StoreResult<u64> {
+        Ok(0)
+    }
 }
 
 /// Stats buckets read for several endpoints (each row with its

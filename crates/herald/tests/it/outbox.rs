@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald::ids::{DeliveryId, MsgId};
+use herald::ids::{DeliveryId, EndpointId, MsgId};
 use herald::outbox::OutboxError;
 use herald::store::postgres::PostgresStore;
 use herald::store::*;
@@ -35,6 +35,7 @@ struct World {
     app: App,
     endpoint: Endpoint,
     conn: PgConnection,
+    url: String,
 }
 
 async fn world(pg: &Arc<PostgresStore>, url: &str, schema: &str) -> World {
@@ -57,6 +58,7 @@ async fn world(pg: &Arc<PostgresStore>, url: &str, schema: &str) -> World {
         app,
         endpoint,
         conn,
+        url: url.to_owned(),
     }
 }
 
@@ -383,6 +385,128 @@ async fn unknown_apps_and_duplicate_event_ids_are_clear_errors() {
             assert_eq!(constraint.as_deref(), Some("messages_app_id_event_id_key"));
             assert_eq!(w.rows("messages").await, 1);
         },
+    )
+    .await;
+}
+
+/// Counts per state of `ep`, counted afresh from `deliveries`.
+async fn fresh_counts(w: &mut World, ep: &EndpointId) -> DeliveryCounts {
+    let rows: Vec<(i16, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT state, count(*) FROM \"{}\".deliveries WHERE endpoint_id = $1 GROUP BY state",
+        w.schema
+    )))
+    .bind(ep.as_str())
+    .fetch_all(&mut w.conn)
+    .await
+    .expect("count deliveries");
+    let mut counts = DeliveryCounts::default();
+    for (state, n) in rows {
+        counts.set(i64::from(state), n);
+    }
+    counts
+}
+
+/// A caller's transaction held open around `send_message` delays no one:
+/// a claim that moves the same endpoint's deliveries, and another
+/// producer's message to it, go on while it is open (the kept counts once
+/// made them wait for its commit); the counts stay exact.
+async fn an_open_outbox_transaction_delays_no_claim(_pg: Arc<PostgresStore>, mut w: World) {
+    const LIVENESS: Duration = Duration::from_secs(20);
+    let mut producer = PgConnection::connect(&w.url).await.expect("connect");
+    let committed = format!(
+        "SELECT \"{}\".send_message('acme', 'order.created', '{{}}'::jsonb)",
+        w.schema
+    );
+    for _ in 0..2 {
+        sqlx::query(sqlx::AssertSqlSafe(committed.clone()))
+            .execute(&mut producer)
+            .await
+            .expect("a committed message");
+    }
+    let mut tx = w.conn.begin().await.expect("begin");
+    order_and_message(&mut tx, &w.schema, Via::Sql, "ord_1", None)
+        .await
+        .expect("send_message");
+    // Held open: the claim takes the committed deliveries meanwhile.
+    let got = tokio::time::timeout(
+        LIVENESS,
+        claim(&w.store, now_millis() + 1_000, 10, &HashMap::new(), 10),
+    )
+    .await
+    .expect("a claim does not wait for an open outbox transaction");
+    assert_eq!(got.len(), 2, "the committed ones only");
+    tokio::time::timeout(
+        LIVENESS,
+        sqlx::query(sqlx::AssertSqlSafe(committed.clone())).execute(&mut producer),
+    )
+    .await
+    .expect("another producer does not wait for it either")
+    .expect("a committed message");
+    tx.commit().await.expect("commit");
+
+    let ep = w.endpoint.id.clone();
+    let kept = w.store.endpoint_delivery_counts(&ep).await.expect("counts");
+    assert_eq!(kept, fresh_counts(&mut w, &ep).await, "before a fold");
+    assert!(w.store.fold_delivery_counts().await.expect("fold") > 0);
+    let kept = w.store.endpoint_delivery_counts(&ep).await.expect("counts");
+    assert_eq!(kept, fresh_counts(&mut w, &ep).await, "after a fold");
+    assert_eq!(
+        (kept.pending, kept.delivering),
+        (2, 2),
+        "two committed after the claim (one through the outbox), two claimed"
+    );
+}
+
+#[tokio::test]
+async fn an_open_outbox_transaction_delays_no_claim_nor_producer() {
+    with_world(
+        "outbox::an_open_outbox_transaction_delays_no_claim_nor_producer",
+        an_open_outbox_transaction_delays_no_claim,
+    )
+    .await;
+}
+
+/// Deleting an endpoint leaves no kept-count row of it, folded or not.
+async fn deleted_endpoints_leave_no_counts(_pg: Arc<PostgresStore>, mut w: World) {
+    let mut producer = PgConnection::connect(&w.url).await.expect("connect");
+    for _ in 0..3 {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT \"{}\".send_message('acme', 'order.created', '{{}}'::jsonb)",
+            w.schema
+        )))
+        .execute(&mut producer)
+        .await
+        .expect("a committed message");
+    }
+    claim(&w.store, now_millis() + 1_000, 1, &HashMap::new(), 10).await;
+    w.store.fold_delivery_counts().await.expect("fold");
+    let ep = w.endpoint.id.clone();
+    assert!(w
+        .store
+        .delete_endpoint(&w.app.id, &ep)
+        .await
+        .expect("delete"));
+    w.store.fold_delivery_counts().await.expect("fold");
+    for table in ["delivery_counts", "delivery_count_deltas"] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".{table} WHERE endpoint_id = $1",
+            w.schema
+        )))
+        .bind(ep.as_str())
+        .fetch_one(&mut w.conn)
+        .await
+        .expect("count");
+        assert_eq!(n, 0, "{table} still describes the deleted endpoint");
+    }
+    let stats = w.store.queue_stats(now_millis()).await.expect("stats");
+    assert_eq!((stats.pending, stats.delivering), (0, 0), "{stats:?}");
+}
+
+#[tokio::test]
+async fn deleting_an_endpoint_leaves_no_kept_counts_of_it() {
+    with_world(
+        "outbox::deleting_an_endpoint_leaves_no_kept_counts_of_it",
+        deleted_endpoints_leave_no_counts,
     )
     .await;
 }

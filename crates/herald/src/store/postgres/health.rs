@@ -29,10 +29,19 @@ fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
 
 #[async_trait]
 impl Health for PostgresStore {
+    async fn fold_delivery_counts(&self) -> StoreResult<u64> {
+        super::counts::fold(&self.pool).await
+    }
+
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
         let rows = sqlx::query(
-            // The trigger-kept counts (migration 0017): ≤ 8 rows.
-            "SELECT state, sum(n)::int8 AS n FROM delivery_counts WHERE endpoint_id = $1 GROUP BY state",
+            // The trigger-kept counts (migrations 0017, 0022): ≤ 8 folded
+            // rows and the deltas not yet folded.
+            "SELECT state, sum(n)::int8 AS n FROM ( \
+                 SELECT state, n FROM delivery_counts WHERE endpoint_id = $1 \
+                 UNION ALL \
+                 SELECT state, n FROM delivery_count_deltas WHERE endpoint_id = $1 \
+             ) k GROUP BY state",
         )
         .bind(ep.as_str())
         .fetch_all(&self.pool)
@@ -118,17 +127,20 @@ impl Health for PostgresStore {
     }
 
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
-        // Totals from the trigger-kept counts (one row per endpoint, state
-        // and held; rows an endpoint's deletion left behind are joined
-        // away); due ones counted up to the cap by a bounded walk of the
+        // Totals from the trigger-kept counts (folded rows per endpoint,
+        // state and held, plus the deltas not yet folded; a row whose
+        // endpoint was deleted meanwhile is joined away); due ones counted up to the cap by a bounded walk of the
         // claim index and of the parked rows (as on SQLite); the oldest due
         // is the claim index's first entry past the few delivering rows, or
         // a parked endpoint's oldest. (Held deliveries are pending, counted apart
         // from due ones: they wait for their endpoint's enabling.)
         let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
         let totals = sqlx::query(
-            "SELECT c.state, c.held, sum(c.n)::int8 AS n FROM delivery_counts c \
-             JOIN endpoints e ON e.id = c.endpoint_id GROUP BY c.state, c.held",
+            "SELECT c.state, c.held, sum(c.n)::int8 AS n FROM ( \
+                 SELECT endpoint_id, state, held, n FROM delivery_counts \
+                 UNION ALL \
+                 SELECT endpoint_id, state, held, n FROM delivery_count_deltas \
+             ) c JOIN endpoints e ON e.id = c.endpoint_id GROUP BY c.state, c.held",
         )
         .fetch_all(&self.pool)
         .await

@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 
 mod circuits;
+mod counts;
 use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
