@@ -658,6 +658,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
                 limit,
                 in_flight: &in_flight,
                 endpoint_cap: cap,
+                unlisted_cap: cap,
             })
             .await?;
         times.push(began.elapsed());

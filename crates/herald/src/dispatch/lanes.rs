@@ -13,9 +13,13 @@
 //! withholds).
 //!
 //! Everything here is memory, per process, a lock per finished request: no
-//! store round trip. An endpoint this process has not seen yet gets its
-//! full room in its first claim, then its lane; so does one that has no
-//! delivery here and was never slowed (a lane only starting out). A claim
+//! store round trip. An endpoint this process has no delivery of and never
+//! slowed, whether it has not seen it yet (after a restart, or two minutes
+//! idle) or its lane is only starting out, gets a new lane's room in a
+//! claim ([`Lanes::narrow`]'s answer, the claim's `unlisted_cap`), never
+//! its whole cap: ten stuck endpoints with backlogs once took 128 slots
+//! each in their first claims after a restart, and healthy endpoints
+//! waited seconds. Once it has deliveries here its lane decides. A claim
 //! thus looks only at the lanes of endpoints with deliveries here and of
 //! slowed ones, not at every lane of the last minutes.
 
@@ -135,9 +139,15 @@ impl Lanes {
     /// counts them against `room_per_lane_slot × cap`) by what each narrow
     /// lane withholds, so the claim gives such an endpoint
     /// `room_per_lane_slot × lane` at most: the endpoints listed (those
-    /// with deliveries here) and the slowed ones. Costs what those are,
-    /// not every lane known.
-    pub fn narrow(&self, in_flight: &mut HashMap<EndpointId, usize>, room_per_lane_slot: usize) {
+    /// with deliveries here) and the slowed ones. Returns the room of an
+    /// endpoint left unlisted (the claim's `unlisted_cap`): a new lane's,
+    /// `room_per_lane_slot × start`. Costs what those are, not every lane
+    /// known.
+    pub fn narrow(
+        &self,
+        in_flight: &mut HashMap<EndpointId, usize>,
+        room_per_lane_slot: usize,
+    ) -> usize {
         let mut lanes = self.lock();
         lanes.sweep(Instant::now());
         let cap = self.rule.cap;
@@ -156,6 +166,7 @@ impl Lanes {
                 in_flight.insert(ep.clone(), withheld(lane));
             }
         }
+        self.rule.start.saturating_mul(room_per_lane_slot)
     }
 
     /// The lane of `ep`, if this process has one (tests, the dashboard).

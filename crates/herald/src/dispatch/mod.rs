@@ -408,6 +408,8 @@ struct Finished {
 pub struct HandoffTicket {
     reserved: usize,
     in_flight: HashMap<EndpointId, usize>,
+    /// The room of an endpoint `in_flight` does not list (a new lane's).
+    unlisted_cap: usize,
     now: crate::store::Millis,
     lease_until: crate::store::Millis,
     endpoint_cap: usize,
@@ -422,6 +424,7 @@ impl HandoffTicket {
             limit: self.reserved,
             in_flight: &self.in_flight,
             endpoint_cap: self.endpoint_cap,
+            unlisted_cap: self.unlisted_cap,
         }
     }
 }
@@ -466,10 +469,12 @@ impl Dispatcher {
         now.saturating_add(i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX))
     }
 
+    /// `per_endpoint`: the room of an endpoint `in_flight` lists (less what
+    /// it counts); `unlisted`: of any other.
     async fn claim(
         &self,
         limit: usize,
-        per_endpoint: usize,
+        (per_endpoint, unlisted): (usize, usize),
         in_flight: &HashMap<EndpointId, usize>,
     ) -> StoreResult<(Vec<ClaimedDelivery>, Lease)> {
         let now = now_millis();
@@ -495,6 +500,7 @@ impl Dispatcher {
                 limit,
                 in_flight: &shaped,
                 endpoint_cap: per_endpoint,
+                unlisted_cap: unlisted,
             })
             .instrument(span.clone())
             .await;
@@ -541,7 +547,7 @@ impl Dispatcher {
         if reserved == 0 {
             return None;
         }
-        self.lanes.narrow(&mut in_flight, 2);
+        let unlisted_cap = self.lanes.narrow(&mut in_flight, 2);
         // No room for a broken circuit's endpoint (not even a half-open
         // probe: that is the loop's claim's alone).
         let _ = self.breakers.shape(
@@ -554,6 +560,7 @@ impl Dispatcher {
         Some(HandoffTicket {
             reserved,
             in_flight,
+            unlisted_cap,
             now,
             lease_until: self.lease_from(now),
             // As the loop's claims: the endpoint's cap in flight, as many
@@ -683,10 +690,14 @@ impl Dispatcher {
     /// step the engine without sleeping.
     pub async fn process_batch(&self) -> StoreResult<BatchReport> {
         let (free, mut in_flight) = self.claimed.reserve(self.max_in_flight, self.max_in_flight);
+        // Stepping gives an endpoint it has not seen its whole cap (tests
+        // step a known number of deliveries at once); the loop does not.
         self.lanes.narrow(&mut in_flight, 1);
         // Stepping sees the breakers as stored now, not as of 250 ms ago.
         self.refresh_breakers(now_millis(), true).await;
-        let claimed = self.claim(free, self.endpoint_cap, &in_flight).await;
+        let claimed = self
+            .claim(free, (self.endpoint_cap, self.endpoint_cap), &in_flight)
+            .await;
         self.claimed.unreserve(free, None);
         let (claimed, _lease) = claimed?;
         for d in &claimed {
@@ -899,17 +910,17 @@ impl Dispatcher {
                 }
                 continue;
             }
-            self.lanes.narrow(&mut in_flight, 2);
-            let claimed =
-                self.claim(free, per_endpoint, &in_flight)
-                    .await
-                    .map(|(claimed, lease)| {
-                        let n = claimed.len();
-                        for d in claimed {
-                            self.spawn_delivery(d, lease, &done_tx, &shutdown);
-                        }
-                        n
-                    });
+            let unlisted = self.lanes.narrow(&mut in_flight, 2);
+            let claimed = self
+                .claim(free, (per_endpoint, unlisted), &in_flight)
+                .await
+                .map(|(claimed, lease)| {
+                    let n = claimed.len();
+                    for d in claimed {
+                        self.spawn_delivery(d, lease, &done_tx, &shutdown);
+                    }
+                    n
+                });
             // The claimed ones are registered now; the rest is free again.
             self.claimed.unreserve(free, None);
             match claimed {

@@ -145,6 +145,12 @@ pub struct ClaimRequest<'a> {
     /// the slots go to deliveries that can be sent now.
     pub in_flight: &'a HashMap<EndpointId, usize>,
     pub endpoint_cap: usize,
+    /// The room of an endpoint `in_flight` does not list (at most
+    /// `endpoint_cap`): the dispatcher gives an endpoint it has not seen
+    /// lately a new lane's room, not its whole cap, so that endpoints it
+    /// knows nothing of (after a restart, say) cannot take every slot in
+    /// their first claims before their answers show how they fare.
+    pub unlisted_cap: usize,
 }
 
 /// How many due rows a claim for `limit` free slots looks at: a little
@@ -181,11 +187,20 @@ pub struct Room {
     used: HashMap<String, usize>,
     /// Per endpoint: in flight before this claim.
     before: HashMap<String, usize>,
+    /// The cap of an endpoint `before` does not list.
+    unlisted_cap: usize,
     taken: usize,
 }
 
 impl Room {
-    pub fn new(limit: usize, in_flight: &HashMap<EndpointId, usize>, cap: usize) -> Self {
+    /// `cap` for the endpoints `in_flight` lists, `unlisted_cap` (at most
+    /// `cap`) for the others (see [`ClaimRequest::unlisted_cap`]).
+    pub fn new(
+        limit: usize,
+        in_flight: &HashMap<EndpointId, usize>,
+        cap: usize,
+        unlisted_cap: usize,
+    ) -> Self {
         let before: HashMap<String, usize> = in_flight
             .iter()
             .map(|(ep, n)| (ep.as_str().to_owned(), *n))
@@ -195,7 +210,17 @@ impl Room {
             cap,
             used: before.clone(),
             before,
+            unlisted_cap: unlisted_cap.min(cap),
             taken: 0,
+        }
+    }
+
+    /// The most `endpoint_id` may hold, what it has in flight included.
+    fn cap_of(&self, endpoint_id: &str) -> usize {
+        if self.before.contains_key(endpoint_id) {
+            self.cap
+        } else {
+            self.unlisted_cap
         }
     }
 
@@ -225,8 +250,9 @@ impl Room {
             return false;
         }
         let before = self.before.get(endpoint_id).copied().unwrap_or(0);
+        let cap = self.cap_of(endpoint_id);
         let n = self.used.entry(endpoint_id.to_owned()).or_default();
-        if *n >= self.cap || *n > before {
+        if *n >= cap || *n > before {
             return false;
         }
         *n += 1;
@@ -239,8 +265,9 @@ impl Room {
         if self.is_full() {
             return false;
         }
+        let cap = self.cap_of(endpoint_id);
         let n = self.used.entry(endpoint_id.to_owned()).or_default();
-        if *n >= self.cap {
+        if *n >= cap {
             return false;
         }
         *n += 1;
@@ -773,7 +800,7 @@ impl IngestClaim {
             now: req.now,
             lease_until: req.lease_until,
             token: ulid::Ulid::new().to_string(),
-            room: Room::new(req.limit, req.in_flight, req.endpoint_cap),
+            room: Room::new(req.limit, req.in_flight, req.endpoint_cap, req.unlisted_cap),
         }
     }
 

@@ -193,6 +193,7 @@ async fn claim_all(app: &TestApp) -> Vec<herald::store::ClaimedDelivery> {
             limit: 100,
             in_flight: &HashMap::new(),
             endpoint_cap: 100,
+            unlisted_cap: 100,
         })
         .await
         .expect("claim")

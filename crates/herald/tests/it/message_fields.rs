@@ -579,6 +579,7 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
             limit: 10,
             in_flight: &none,
             endpoint_cap: 10,
+            unlisted_cap: 10,
         })
         .await
         .expect("claim");
@@ -590,6 +591,7 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
             limit: 10,
             in_flight: &none,
             endpoint_cap: 10,
+            unlisted_cap: 10,
         })
         .await
         .expect("claim");

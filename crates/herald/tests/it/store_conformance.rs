@@ -162,6 +162,7 @@ backends!(
     duplicate_event_ids_are_refused_within_and_across_batches,
     claim_leases_and_expired_leases_come_back,
     claim_respects_the_limit_and_the_endpoint_cap,
+    claim_gives_unlisted_endpoints_their_own_cap,
     claim_and_next_due_at_skip_disabled_endpoints,
     ingest_claims_new_deliveries_within_the_limits,
     completion_moves_deliveries_and_logs_attempts,
@@ -304,6 +305,7 @@ pub(crate) async fn claim(
             limit,
             in_flight,
             endpoint_cap: cap,
+            unlisted_cap: cap,
         })
         .await
         .expect("claim")
@@ -719,6 +721,52 @@ async fn claim_respects_the_limit_and_the_endpoint_cap(store: Arc<dyn Store>) {
     assert_eq!(limited.len(), 1);
 }
 
+/// `unlisted_cap`: an endpoint the request's `in_flight` does not list
+/// gets that much room (a new lane's), a listed one `endpoint_cap` less
+/// what it counts; the same for a backlog set aside and given back.
+async fn claim_gives_unlisted_endpoints_their_own_cap(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let unseen = endpoint(&store, &a.id, None, false).await;
+    let b = app(&store, None).await;
+    let known = endpoint(&store, &b.id, None, false).await;
+    for app_id in [&a.id, &b.id] {
+        let ms: Vec<_> = (0..20)
+            .map(|_| NewMessage {
+                created_at: T0 - 1000,
+                ..message(app_id, "x", None)
+            })
+            .collect();
+        store.insert_messages(&ms).await.expect("insert");
+    }
+    let take = |in_flight: HashMap<EndpointId, usize>| {
+        let store = store.clone();
+        async move {
+            store
+                .claim(&ClaimRequest {
+                    now: T0,
+                    lease_until: T0 + 60_000,
+                    limit: 100,
+                    in_flight: &in_flight,
+                    endpoint_cap: 10,
+                    unlisted_cap: 3,
+                })
+                .await
+                .expect("claim")
+        }
+    };
+    let got = take([(known.id.clone(), 0)].into()).await;
+    let count = |ep: &EndpointId| got.iter().filter(|d| d.endpoint_id == *ep).count();
+    assert_eq!(
+        (count(&unseen.id), count(&known.id)),
+        (3, 10),
+        "unlisted: 3; listed with nothing in flight: the whole cap"
+    );
+    // Listed now, with what it holds: the cap minus that.
+    let got = take([(unseen.id.clone(), 3), (known.id.clone(), 10)].into()).await;
+    assert_eq!(got.len(), 7, "{got:?}");
+    assert!(got.iter().all(|d| d.endpoint_id == unseen.id));
+}
+
 async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
@@ -790,6 +838,7 @@ async fn ingest_claims_new_deliveries_within_the_limits(store: Arc<dyn Store>) {
                 limit: 4,
                 in_flight: &in_flight,
                 endpoint_cap: 2,
+                unlisted_cap: 2,
             },
         )
         .await
@@ -2658,6 +2707,7 @@ async fn delivery_counts_stay_exact_through_every_state_change(store: Arc<dyn St
                 limit: 3,
                 in_flight: &HashMap::new(),
                 endpoint_cap: 10,
+                unlisted_cap: 10,
             },
         )
         .await
@@ -3963,6 +4013,7 @@ async fn throttled_and_fifo_endpoints_are_never_handed_off_at_ingest(store: Arc<
         limit: 100,
         in_flight: &none,
         endpoint_cap: 100,
+        unlisted_cap: 100,
     };
     let (outcomes, handed) = store
         .insert_messages_claiming(&[message(&a.id, "x", None)], &req)

@@ -491,6 +491,8 @@ struct ClaimArgs<'a> {
     busy: Vec<&'a str>,
     in_flight: Vec<i64>,
     cap: i64,
+    /// The room of an endpoint `busy` does not list.
+    unlisted_cap: i64,
     limit: i64,
     lease_until: Millis,
     token: String,
@@ -515,6 +517,7 @@ impl<'a> ClaimArgs<'a> {
             busy,
             in_flight,
             cap: i64_of(req.endpoint_cap),
+            unlisted_cap: i64_of(req.unlisted_cap.min(req.endpoint_cap)),
             limit: i64_of(req.limit),
             lease_until: req.lease_until,
             token: ulid::Ulid::new().to_string(),
@@ -528,7 +531,7 @@ impl<'a> ClaimArgs<'a> {
     }
 
     /// `sql` (the claim statement, or one that wraps it) with these values
-    /// bound as `$1` … `$15`.
+    /// bound as `$1` … `$16`.
     fn bind<'q>(
         &'q self,
         sql: impl sqlx::SqlSafeStr,
@@ -549,6 +552,7 @@ impl<'a> ClaimArgs<'a> {
             .bind(self.now.saturating_sub(PARK_AFTER_MS))
             .bind(PASSED_PER_CLAIM)
             .bind(THROTTLE_DRIFT_US)
+            .bind(self.unlisted_cap)
     }
 }
 
@@ -692,11 +696,11 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          SELECT b.endpoint_id, b.n FROM UNNEST($4::text[], $5::int8[]) AS b(endpoint_id, n)), \
      parked_eps AS MATERIALIZED ( \
          SELECT p.endpoint_id, p.parks, e.ordering = 'fifo' AS fifo, \
-                LEAST($6 - COALESCE(b.n, 0), $7) AS room \
+                LEAST(COALESCE($6 - b.n, $16), $7) AS room \
          FROM parked_endpoints p JOIN endpoints e ON e.id = p.endpoint_id \
          LEFT JOIN room_of b ON b.endpoint_id = p.endpoint_id \
          WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM parked_endpoints)) \
-           AND NOT e.disabled AND $6 - COALESCE(b.n, 0) > 0 \
+           AND NOT e.disabled AND COALESCE($6 - b.n, $16) > 0 \
            AND p.endpoint_id <> ALL($2::text[]) \
            AND p.endpoint_id NOT IN (SELECT endpoint_id FROM full_thr)), \
      unparked AS MATERIALIZED ( \
@@ -758,7 +762,7 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          FROM ranked r \
          LEFT JOIN room_of b ON b.endpoint_id = r.endpoint_id \
          LEFT JOIN thr ON thr.endpoint_id = r.endpoint_id \
-         WHERE r.nth <= $6 - COALESCE(b.n, 0) \
+         WHERE r.nth <= COALESCE($6 - b.n, $16) \
            AND (NOT r.fifo OR r.nth <= 1) \
            AND (thr.base IS NULL OR thr.base + (r.nth - 1) * thr.step < $10) \
          ORDER BY (r.retry AND r.kth > $12), r.next_attempt_at, r.id LIMIT $7), \
@@ -1404,6 +1408,7 @@ mod tests {
             limit: 16,
             in_flight: &in_flight,
             endpoint_cap: CAP,
+            unlisted_cap: CAP,
         };
         let args = ClaimArgs::new(&req);
         let plan: String = args
@@ -1561,6 +1566,7 @@ mod tests {
             limit: 16,
             in_flight: &none,
             endpoint_cap: CAP,
+            unlisted_cap: CAP,
         };
         // Under EXPLAIN ANALYZE the statement runs, and so takes the head.
         let plan: String = ClaimArgs::new(&req)

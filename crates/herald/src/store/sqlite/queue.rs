@@ -200,11 +200,11 @@ fn claim_tx(
     lease_until: Millis,
     limit: usize,
     in_flight: &HashMap<EndpointId, usize>,
-    endpoint_cap: usize,
+    (endpoint_cap, unlisted_cap): (usize, usize),
 ) -> StoreResult<Vec<ClaimedDelivery>> {
     let saturated: HashSet<&str> = saturated(in_flight, endpoint_cap).into_iter().collect();
-    unpark(conn, now, in_flight, endpoint_cap)?;
-    let mut room = Room::new(limit, in_flight, endpoint_cap);
+    unpark(conn, now, in_flight, (endpoint_cap, unlisted_cap))?;
+    let mut room = Room::new(limit, in_flight, endpoint_cap, unlisted_cap);
     let mut head = walk_due_head(conn, now, claim_window(limit), &mut room, &saturated)?;
     if !head.spare.is_empty() && !room.is_full() {
         fresh_from_the_top(conn, now, &mut room, &saturated, &mut head)?;
@@ -609,7 +609,7 @@ fn unpark(
     conn: &Connection,
     now: Millis,
     in_flight: &HashMap<EndpointId, usize>,
-    endpoint_cap: usize,
+    (endpoint_cap, unlisted_cap): (usize, usize),
 ) -> StoreResult<()> {
     let parked: Vec<(String, bool, Option<i64>, String, i64)> = {
         let mut stmt = conn
@@ -658,11 +658,10 @@ fn unpark(
         if disabled {
             continue;
         }
-        let busy = in_flight
-            .get(&EndpointId::from_trusted(ep.clone()))
-            .copied()
-            .unwrap_or(0);
-        let mut room = endpoint_cap.saturating_sub(busy);
+        let mut room = match in_flight.get(&EndpointId::from_trusted(ep.clone())) {
+            Some(busy) => endpoint_cap.saturating_sub(*busy),
+            None => unlisted_cap.min(endpoint_cap),
+        };
         if room == 0 {
             continue;
         }
@@ -994,8 +993,12 @@ impl Queue for SqliteStore {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let (now, lease_until, limit, cap) =
-            (req.now, req.lease_until, req.limit, req.endpoint_cap);
+        let (now, lease_until, limit, cap) = (
+            req.now,
+            req.lease_until,
+            req.limit,
+            (req.endpoint_cap, req.unlisted_cap),
+        );
         let (in_flight, keys) = (req.in_flight.clone(), self.keys.clone());
         self.write(move |c| claim_tx(c, &keys, now, lease_until, limit, &in_flight, cap))
             .await
@@ -1163,7 +1166,7 @@ mod tests {
                     now + 60_000,
                     limit,
                     &HashMap::new(),
-                    128,
+                    (128, 128),
                 )
             })
         });
@@ -1216,7 +1219,15 @@ mod tests {
         let full: HashMap<EndpointId, usize> =
             [(EndpointId::from_trusted("ep_0000".to_owned()), 128)].into();
         let got = in_tx(&conn, &counts, |c| {
-            claim_tx(c, &Keyring::plain(), now, now + 60_000, 100, &full, 128)
+            claim_tx(
+                c,
+                &Keyring::plain(),
+                now,
+                now + 60_000,
+                100,
+                &full,
+                (128, 128),
+            )
         })
         .expect("claim");
         assert_eq!(got.len(), 10);
@@ -1234,7 +1245,7 @@ mod tests {
                 now + 60_000,
                 100,
                 &HashMap::new(),
-                4,
+                (4, 4),
             )
         })
         .expect("claim");
