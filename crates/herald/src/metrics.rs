@@ -17,7 +17,7 @@
 //! | `herald_endpoints_disabled` | gauge | | endpoints currently disabled |
 //! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
 //! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
-//! | `herald_throttle_paced_total` | counter | | sends to a throttled endpoint that waited past their send slot because the slot came late (a loaded host, a busy gate) and sending then would put more than `throttleRate` into one second (see the throttle in README) |
+//! | `herald_throttle_paced_total` | counter | | sends to a throttled endpoint that would have left more than 10 ms after their send slot (a loaded host, a busy gate) and went back unsent for a new slot, so that no second holds more than `throttleRate` + 1 (see the throttle in README) |
 //! | `herald_throttle_waiting` | gauge | `endpoint` | per endpoint with a `throttleRate`: pending deliveries a claim found waiting for a send slot (the first [`MAX_THROTTLE_LABELS`] such endpoints by id; the rest summed under `endpoint="other"`) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
@@ -207,7 +207,7 @@ pub fn circuit_open(label: &str, value: f64) {
     ::metrics::gauge!(CIRCUIT_OPEN, "endpoint" => label.to_owned()).set(value);
 }
 
-/// Counts one send held back by the throttle's pacer.
+/// Counts one throttled send given back for a new slot: it came late.
 pub fn throttle_paced() {
     ::metrics::counter!(THROTTLE_PACED).increment(1);
 }

@@ -46,7 +46,6 @@ use crate::store::{
 
 pub mod breaker;
 pub mod lanes;
-pub mod pacer;
 pub mod sender;
 pub use lanes::Lanes;
 pub use sender::Sender;
@@ -105,6 +104,12 @@ fn short_of_room<'a>(
         .filter(|(_, n)| *n >= room_each)
         .map(|(ep, _)| ep.clone())
         .collect()
+}
+
+/// Whether a throttled delivery's send at `now` is later than its slot
+/// `send_at` allows (the slots' spacing absorbs `THROTTLE_DRIFT_US`).
+fn is_late(send_at: Option<crate::store::Millis>, now: crate::store::Millis) -> bool {
+    send_at.is_some_and(|at| now > at.saturating_add(crate::store::THROTTLE_DRIFT_US / 1000))
 }
 
 /// Until `d`'s throttle slot, if it has one (never longer than the claim's
@@ -389,8 +394,6 @@ pub struct Dispatcher {
     running: OnceLock<(mpsc::WeakSender<Finished>, CancellationToken)>,
     /// Each endpoint's share of the slots, sized by how it answers.
     lanes: Lanes,
-    /// Keeps throttled endpoints' actual sends within their rate.
-    pacer: pacer::Pacer,
 }
 
 /// A finished attempt on its way to the completer.
@@ -461,7 +464,6 @@ impl Dispatcher {
             wake,
             running: OnceLock::new(),
             lanes: Lanes::new(config.endpoint_concurrency),
-            pacer: pacer::Pacer::default(),
         })
     }
 
@@ -1029,18 +1031,6 @@ impl Dispatcher {
             } else {
                 None
             };
-            // A slot that came late (its timer, the gate) must not bunch
-            // with on-time ones: the pacer holds it until the rate allows
-            // (only this endpoint's own gate is held meanwhile, and the
-            // lease is checked after).
-            let permit = match (permit, d.throttle_rate) {
-                (Some(p), Some(rate)) => tokio::select! {
-                    biased;
-                    _ = shutdown.cancelled() => None,
-                    _ = this.pacer.turn(&endpoint, rate) => Some(p),
-                },
-                (permit, _) => permit,
-            };
             match permit.map(|p| (p, this.may_send(&d, lease))) {
                 Some((_permit, Ok(()))) => {
                     let completion = this.attempt(d).await;
@@ -1078,6 +1068,16 @@ impl Dispatcher {
     /// Whether `d`, through its gate now, may be sent: its endpoint was not
     /// stopped since it was claimed, and its lease covers a whole request.
     fn may_send(&self, d: &ClaimedDelivery, lease: Lease) -> Result<(), &'static str> {
+        // A throttled send later than its slot's drift margin (its timer
+        // on a loaded host, a wait at a busy gate) would share a second
+        // with the slots after it, claimed by this process or another:
+        // it goes back for a new slot instead, so the receiver never
+        // counts more than `rate + 1` in a second, however many processes
+        // send.
+        if is_late(d.send_at, now_millis()) {
+            crate::metrics::throttle_paced();
+            return Err("late");
+        }
         if self.claimed.is_stopped(&d.endpoint_id, lease.claimed_at) {
             return Err("disabled");
         }

@@ -313,7 +313,7 @@ pub struct ClaimedDelivery {
     /// the claim). `None`: at once.
     pub send_at: Option<Millis>,
     /// The endpoint's `throttleRate` when the claim gave it a send slot:
-    /// the dispatcher's pacer keeps actual sends within it.
+    /// a send later than its slot's drift margin goes back for a new one.
     pub throttle_rate: Option<u32>,
     /// The endpoint delivers in order (`"ordering": "fifo"`): its next
     /// delivery becomes claimable once this one's outcome is written.

@@ -197,6 +197,7 @@ backends!(
     only_one_of_two_concurrent_probers_wins,
     retention_expires_deliveries_held_by_an_open_breaker,
     claim_reserves_throttle_slots_within_the_horizon,
+    a_changed_throttle_rate_moves_the_next_slot,
     claim_takes_only_a_fifo_endpoints_head_one_at_a_time,
     throttled_and_fifo_endpoints_are_never_handed_off_at_ingest,
     first_attempts_get_their_share_of_a_claim_during_a_retry_storm,
@@ -3803,6 +3804,60 @@ async fn messages_in_order(store: &Arc<dyn Store>, app: &AppId, n: i64) -> Vec<N
 /// `THROTTLE_HORIZON_MS`, each delivery with its slot, `1/rate` apart and
 /// moving on from where the last claim left off; other endpoints are not
 /// held up; a rate lifted shows at the next claim.
+/// A new `throttleRate` moves the next slot as if the last one taken had
+/// been spaced at it: a raise applies from the next claim; a lowered rate
+/// waits a second after the last slot (the old slots were denser, and no
+/// second may hold more than the new rate + 1).
+async fn a_changed_throttle_rate_moves_the_next_slot(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    // 5/s: slots 200 ms apart; the first claim takes T0 only (the next,
+    // T0 + 200, is past the 100 ms horizon).
+    let ep = endpoint_with(&store, &a.id, Some(5), EndpointOrdering::None).await;
+    messages_in_order(&store, &a.id, 20).await;
+    let none = HashMap::new();
+    let first = claim(&store, T0, 100, &none, 100).await;
+    assert_eq!(
+        first.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        vec![Some(T0)]
+    );
+    let rate = |r: u16| EndpointChanges {
+        rate_limit: Some(Some(r)),
+        ..EndpointChanges::default()
+    };
+    // Raised to 50/s: the next slot is 20 ms after the last, not 200.
+    assert!(store
+        .update_endpoint(&a.id, &ep.id, &rate(50), T0)
+        .await
+        .expect("raise"));
+    let raised = claim(&store, T0 + 1, 100, &none, 100).await;
+    assert_eq!(
+        raised.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        vec![
+            Some(T0 + 20),
+            Some(T0 + 40),
+            Some(T0 + 60),
+            Some(T0 + 80),
+            Some(T0 + 100)
+        ],
+        "the raise applies from the next claim"
+    );
+    // Lowered to 2/s: nothing until a second after the last slot.
+    assert!(store
+        .update_endpoint(&a.id, &ep.id, &rate(2), T0 + 1)
+        .await
+        .expect("lower"));
+    assert!(
+        claim(&store, T0 + 1_000, 100, &none, 100).await.is_empty(),
+        "within a second of the last slot"
+    );
+    let lowered = claim(&store, T0 + 1_050, 100, &none, 100).await;
+    assert_eq!(
+        lowered.iter().map(|d| d.send_at).collect::<Vec<_>>(),
+        vec![Some(T0 + 1_100)],
+        "a second after the last slot, then 500 ms apart"
+    );
+}
+
 async fn claim_reserves_throttle_slots_within_the_horizon(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     // 50/s: a slot every 20 ms, five within the 100 ms horizon.

@@ -139,12 +139,26 @@ impl Endpoints for SqliteStore {
         } = changes.json_columns()?;
         self.write(move |c| {
             // Only the columns the caller set: a column it did not name may
-            // have been changed since it read the endpoint.
+            // have been changed since it read the endpoint. A new rate moves
+            // the throttle's next slot (`throttle_tat`, µs) as if the last
+            // slot taken had been spaced at it: a raise applies from the
+            // next claim; a lowered rate waits a second after the last
+            // slot, so no second the receiver counts holds more than the
+            // new rate + 1 (1,010,000: a second and THROTTLE_DRIFT_US, as
+            // in `throttle_step_us`). The PostgreSQL twin is migration
+            // 0024's trigger.
             let n = c
                 .prepare_cached(
                     "UPDATE endpoints SET uid = CASE WHEN ?1 THEN ?2 ELSE uid END, \
                      url = COALESCE(?3, url), description = COALESCE(?4, description), \
                      filter_types = CASE WHEN ?5 THEN ?6 ELSE filter_types END, \
+                     throttle_tat = CASE WHEN ?7 AND rate_limit > 0 AND COALESCE(?8, 0) > 0 \
+                         AND ?8 <> rate_limit THEN throttle_tat \
+                         - MAX((1000000 + rate_limit - 1) / rate_limit, (1010000 + rate_limit) / (rate_limit + 1)) \
+                         + CASE WHEN ?8 > rate_limit \
+                           THEN MAX((1000000 + ?8 - 1) / ?8, (1010000 + ?8) / (?8 + 1)) \
+                           ELSE 1000000 END \
+                         ELSE throttle_tat END, \
                      rate_limit = CASE WHEN ?7 THEN ?8 ELSE rate_limit END, \
                      metadata = COALESCE(?9, metadata), \
                      channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12, \
