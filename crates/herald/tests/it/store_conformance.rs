@@ -203,6 +203,7 @@ backends!(
     first_attempts_get_their_share_of_a_claim_during_a_retry_storm,
     a_full_endpoints_backlog_waits_aside_and_comes_back_oldest_first,
     fifo_and_throttled_backlogs_set_aside_come_back_in_order,
+    a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -4284,6 +4285,68 @@ async fn fifo_and_throttled_backlogs_set_aside_come_back_in_order(store: Arc<dyn
     }
     let want: Vec<_> = ms.iter().map(|m| m.id.clone()).collect();
     assert_eq!(order, want, "the throttled backlog in its order, once each");
+}
+
+/// The ids of `got`'s messages.
+fn msg_ids(got: &[ClaimedDelivery]) -> Vec<MsgId> {
+    got.iter().map(|d| d.msg_id.clone()).collect()
+}
+
+/// Review of the release binary, item 10: a scheduled message (`deliverAt`)
+/// takes its queue place when a claim first meets it, by its creation; one
+/// created before the FIFO head in flight replaced that head and went out
+/// beside it, on both stores. Now it waits, neither taken nor set aside,
+/// while the head is in flight (also when the endpoint is full, an open
+/// breaker, and its rows are parked), then takes its place in order: it
+/// goes first, before the rows created after it.
+async fn a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let scheduled = NewMessage {
+        created_at: T0 - 20_000,
+        deliver_at: Some(T0 + 5_000),
+        ..message(&a.id, "x", None)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&scheduled))
+        .await
+        .expect("insert");
+    let ms = messages_in_order(&store, &a.id, 3).await;
+    let none = HashMap::new();
+    let first = claim(&store, T0, 100, &none, 100).await;
+    assert_eq!(msg_ids(&first), vec![ms[0].id.clone()], "not due yet");
+    // Due, while the head is in flight (its lease runs to T0 + 60 s).
+    let beside = claim(&store, T0 + 5_000, 100, &none, 100).await;
+    assert!(
+        beside.is_empty(),
+        "sent beside the head in flight: {beside:?}"
+    );
+    // Overdue while the endpoint has no room (its rows are parked), then
+    // room again with the head still out: still nothing.
+    let full: HashMap<EndpointId, usize> = [(ep.id.clone(), 100)].into();
+    assert!(claim(&store, T0 + 7_000, 100, &full, 100).await.is_empty());
+    let beside = claim(&store, T0 + 7_000, 100, &none, 100).await;
+    assert!(
+        beside.is_empty(),
+        "sent beside the head in flight: {beside:?}"
+    );
+    deliver_all(&store, &first, T0 + 8_000).await;
+    let mut order = Vec::new();
+    for step in 0..3 {
+        let now = T0 + 8_000 + step;
+        let got = claim(&store, now, 100, &none, 100).await;
+        assert_eq!(got.len(), 1, "one at a time: {got:?}");
+        let behind = claim(&store, now, 100, &none, 100).await;
+        assert!(behind.is_empty(), "two in flight: {behind:?}");
+        order.extend(msg_ids(&got));
+        deliver_all(&store, &got, now).await;
+    }
+    assert_eq!(
+        order,
+        vec![scheduled.id.clone(), ms[1].id.clone(), ms[2].id.clone()],
+        "the scheduled message in its place (created first), then the rest"
+    );
+    assert!(claim(&store, T0 + 9_000, 100, &none, 100).await.is_empty());
 }
 
 /// Two processes' claims racing on one FIFO endpoint whose new deliveries

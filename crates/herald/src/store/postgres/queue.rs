@@ -578,7 +578,11 @@ impl<'a> ClaimArgs<'a> {
 /// passes their other rows without counting them (rows never queued yet,
 /// `queued_at IS NULL`, go in: they are given their place here). Of a FIFO
 /// endpoint only its head is taken, one per claim (a delivering head is
-/// not due), and only by the claim holding the endpoint's row
+/// not due; while it is in flight, `busy`, a row never queued that would
+/// come before it, such as a scheduled message fallen due that was created
+/// earlier, neither becomes the head nor is queued or parked: it takes its
+/// place once that attempt is over, so one request is ever open), and
+/// only by the claim holding the endpoint's row
 /// (`fifo_locked`, SKIP LOCKED): a concurrent claim's head is not committed
 /// yet, so another claim would take the next row for the head. The lock
 /// comes after the statement's snapshot, so it may follow another claim's
@@ -661,8 +665,10 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
      fifo_mine AS MATERIALIZED ( \
          SELECT l.id FROM fifo_locked l JOIN fifo_live f ON f.id = l.id AND f.fifo_turns = l.fifo_turns), \
      fifo_heads AS MATERIALIZED ( \
-         SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id, h.parked FROM fifo_mine f CROSS JOIN LATERAL ( \
-             SELECT x.id, x.queued_at, x.msg_id, x.parked FROM deliveries x \
+         SELECT f.id AS endpoint_id, h.id, h.queued_at AS k, h.msg_id, h.parked, \
+                h.state = 1 AND h.next_attempt_at > $1 AS busy \
+         FROM fifo_mine f CROSS JOIN LATERAL ( \
+             SELECT x.id, x.queued_at, x.msg_id, x.parked, x.state, x.next_attempt_at FROM deliveries x \
              WHERE x.endpoint_id = f.id AND x.queued_at IS NOT NULL AND x.state < 2 \
              ORDER BY x.queued_at, x.msg_id LIMIT 1) h), \
      due_head AS MATERIALIZED ( \
@@ -739,7 +745,8 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
              UNION ALL \
              SELECT due.endpoint_id, due.id, due.updated_at, due.msg_id FROM due \
              JOIN eps ON eps.id = due.endpoint_id \
-             WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL) c \
+             WHERE eps.fifo AND NOT eps.disabled AND due.queued_at IS NULL \
+               AND due.endpoint_id NOT IN (SELECT endpoint_id FROM fifo_heads WHERE busy)) c \
          ORDER BY c.endpoint_id, c.k, c.msg_id), \
      thr AS MATERIALIZED ( \
          SELECT t.endpoint_id, GREATEST(t.tat_us, $11) AS base, \
@@ -769,7 +776,9 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
      to_queue AS MATERIALIZED ( \
          SELECT due.id, due.updated_at FROM due JOIN eps ON eps.id = due.endpoint_id \
          WHERE due.queued_at IS NULL AND NOT eps.disabled \
-           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked)), \
+           AND (eps.fifo OR eps.rate IS NOT NULL) AND due.id NOT IN (SELECT id FROM picked) \
+           AND NOT EXISTS (SELECT 1 FROM fifo_heads h WHERE h.endpoint_id = due.endpoint_id AND h.busy \
+                             AND (due.updated_at, due.msg_id) < (h.k, h.msg_id))), \
      queued AS ( \
          UPDATE deliveries d SET queued_at = q.updated_at FROM to_queue q WHERE d.id = q.id \
          RETURNING d.endpoint_id), \
@@ -782,7 +791,8 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          SELECT CASE WHEN COUNT(*) >= $3 THEN MAX(next_attempt_at) ELSE $1 END AS until FROM due_head), \
      no_room AS MATERIALIZED ( \
          SELECT e.id, (e.id = ANY($2::text[]) OR e.id IN (SELECT endpoint_id FROM full_thr)) AS stuck, \
-                (e.ordering = 'fifo' OR COALESCE(e.rate_limit, 0) > 0) AS queues \
+                (e.ordering = 'fifo' OR COALESCE(e.rate_limit, 0) > 0) AS queues, \
+                e.ordering = 'fifo' AS fifo \
          FROM endpoints e \
          WHERE e.id IN (SELECT unnest($2::text[]) UNION SELECT endpoint_id FROM full_thr \
                         UNION SELECT id FROM fifo_mine) \
@@ -796,6 +806,13 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
            AND d.endpoint_id IN (SELECT id FROM no_room) \
            AND (d.endpoint_id IN (SELECT id FROM no_room WHERE stuck) \
                 OR (d.queued_at IS NOT NULL AND d.id NOT IN (SELECT id FROM fifo_heads))) \
+           AND (d.queued_at IS NOT NULL OR d.endpoint_id NOT IN (SELECT id FROM no_room WHERE fifo) \
+                OR NOT EXISTS ( \
+                    SELECT 1 FROM (SELECT x.state, x.next_attempt_at, x.queued_at, x.msg_id FROM deliveries x \
+                                   WHERE x.endpoint_id = d.endpoint_id AND x.queued_at IS NOT NULL \
+                                     AND x.state < 2 ORDER BY x.queued_at, x.msg_id LIMIT 1) h \
+                    WHERE h.state = 1 AND h.next_attempt_at > $1 \
+                      AND (d.updated_at, d.msg_id) < (h.queued_at, h.msg_id))) \
          ORDER BY d.next_attempt_at LIMIT $14 \
          FOR UPDATE OF d SKIP LOCKED), \
      parked_now AS ( \

@@ -341,6 +341,10 @@ struct DueHead {
 /// delivery id), ordered by key then message id.
 type Head = (Millis, String, String);
 
+/// A FIFO endpoint's stored head, and whether it is in flight
+/// (delivering under a lease that has not ended).
+type StoredHead = Option<(Head, bool)>;
+
 /// What a claim's walk holds of an endpoint it met: read with its first
 /// row (one join per row, no query per endpoint but a FIFO endpoint's head).
 struct EndpointRule {
@@ -349,19 +353,40 @@ struct EndpointRule {
     /// A FIFO endpoint's live delivery first in its queue (None: none
     /// queued yet).
     head: Option<Head>,
+    /// That head is in flight. It is out already, so no row met for the
+    /// first time takes a place before it, and nothing of the endpoint is
+    /// claimable until its attempt is over: one request at a time.
+    in_flight: bool,
 }
 
-/// The first live delivery of FIFO endpoint `endpoint` in queue order.
-fn fifo_head(conn: &Connection, endpoint: &str) -> StoreResult<Option<Head>> {
+/// The first live delivery of FIFO endpoint `endpoint` in queue order, and
+/// whether it is in flight at `now`. A FIFO endpoint's delivery in flight is
+/// always its head: it was the head when claimed, a row met later never
+/// takes a place before it (`walk_due_head`).
+fn fifo_head(conn: &Connection, endpoint: &str, now: Millis) -> StoreResult<StoredHead> {
     conn.prepare_cached(
-        "SELECT queued_at, msg_id, id FROM deliveries INDEXED BY deliveries_fifo \
+        "SELECT queued_at, msg_id, id, state = 1 AND next_attempt_at > ?2 \
+         FROM deliveries INDEXED BY deliveries_fifo \
          WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 \
          ORDER BY queued_at, msg_id LIMIT 1",
     )
     .map_err(map_err)?
-    .query_row(params![endpoint], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    .query_row(params![endpoint, now], |r| {
+        Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get(3)?))
+    })
     .optional()
     .map_err(map_err)
+}
+
+/// Whether a row met for the first time with queue place `me` would come
+/// before a FIFO endpoint's head in flight: such a row (a scheduled
+/// message fallen due, created before the head was queued) waits
+/// unqueued, neither taken nor parked, until that attempt is over; then
+/// it takes its place in order.
+fn ahead_of_flight(stored: &StoredHead, me: &Head) -> bool {
+    stored
+        .as_ref()
+        .is_some_and(|(head, in_flight)| *in_flight && me < head)
 }
 
 /// Walks the due head of `deliveries_due`, oldest first, once: picks the
@@ -398,6 +423,11 @@ fn walk_due_head(
     let overdue = now.saturating_sub(PARK_AFTER_MS);
     let mut head = DueHead::default();
     let mut rules: HashMap<String, EndpointRule> = HashMap::new();
+    // The stored heads of full FIFO endpoints with rows never queued, read
+    // once per walk (such a row is queued once, as it is parked).
+    let mut full_heads: HashMap<String, StoredHead> = HashMap::new();
+    // Where in `head.picked` each FIFO endpoint's head taken by this walk is.
+    let mut fifo_picked: HashMap<String, usize> = HashMap::new();
     let (mut claimable, mut passed, mut retries) = (0, 0, 0);
     let limit = room.remaining();
     let retry_share = retry_share(limit);
@@ -423,10 +453,25 @@ fn walk_due_head(
                 // as it is parked: `unpark` gives such an endpoint back its
                 // queue's head, which a row never queued would never be (a
                 // FIFO endpoint behind an open breaker lost its new rows).
-                let queues =
-                    !may_hand_off(true, get(r, "rate_limit")?, &get::<String>(r, "ordering")?);
+                let ordering = get::<String>(r, "ordering")?;
+                let queues = !may_hand_off(true, get(r, "rate_limit")?, &ordering);
                 if queues && get::<Option<Millis>>(r, "queued_at")?.is_none() {
-                    head.queue.push((id.clone(), get(r, "updated_at")?));
+                    let key: Millis = get(r, "updated_at")?;
+                    if EndpointOrdering::from_stored(&ordering) == EndpointOrdering::Fifo {
+                        let stored = match full_heads.get(&endpoint) {
+                            Some(h) => h.clone(),
+                            None => {
+                                let h = fifo_head(conn, &endpoint, now)?;
+                                full_heads.insert(endpoint.clone(), h.clone());
+                                h
+                            }
+                        };
+                        let me = (key, get::<String>(r, "msg_id")?, id.clone());
+                        if ahead_of_flight(&stored, &me) {
+                            continue;
+                        }
+                    }
+                    head.queue.push((id.clone(), key));
                 }
                 head.park.push((id, endpoint));
                 passed += 1;
@@ -436,15 +481,18 @@ fn walk_due_head(
                 let fifo = EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
                     == EndpointOrdering::Fifo;
                 let tat: i64 = get(r, "throttle_tat")?;
+                let stored = if fifo {
+                    fifo_head(conn, &endpoint, now)?
+                } else {
+                    None
+                };
+                let in_flight = stored.as_ref().is_some_and(|(_, busy)| *busy);
                 let rule = EndpointRule {
                     fifo,
                     throttle: throttled_rate(get(r, "rate_limit")?)
                         .map(|rate| ThrottleSlots::new(rate, tat, now)),
-                    head: if fifo {
-                        fifo_head(conn, &endpoint)?
-                    } else {
-                        None
-                    },
+                    head: stored.map(|(h, _)| h),
+                    in_flight,
                 };
                 rules.insert(endpoint.clone(), rule);
             }
@@ -452,20 +500,30 @@ fn walk_due_head(
                 continue;
             };
             let special = rule.fifo || rule.throttle.is_some();
+            // A row kept out of the queue this time (see `ahead_of_flight`):
+            // unqueued, so it must not be parked either (`unpark` gives a
+            // FIFO endpoint back only its queued head).
+            let mut waits_unqueued = false;
             if special && get::<Option<Millis>>(r, "queued_at")?.is_none() {
                 let key: Millis = get(r, "updated_at")?;
-                head.queue.push((id.clone(), key));
                 // Not yet in the index `fifo_head` read: it may be the
-                // head itself.
+                // head itself, unless the head is in flight.
                 let me = (key, get::<String>(r, "msg_id")?, id.clone());
-                if rule.fifo && rule.head.as_ref().is_none_or(|h| me < *h) {
-                    rule.head = Some(me);
+                if rule.fifo && rule.in_flight && rule.head.as_ref().is_some_and(|h| me < *h) {
+                    waits_unqueued = true;
+                } else {
+                    head.queue.push((id.clone(), key));
+                    if rule.fifo && rule.head.as_ref().is_none_or(|h| me < *h) {
+                        rule.head = Some(me);
+                    }
                 }
             }
-            let blocked = (rule.fifo && rule.head.as_ref().is_some_and(|h| h.2 != id))
+            // A head in flight is not due, so every row met is behind it.
+            let blocked = (rule.fifo
+                && (rule.in_flight || rule.head.as_ref().is_some_and(|h| h.2 != id)))
                 || rule.throttle.as_ref().is_some_and(|t| !t.available());
             if blocked {
-                if parkable {
+                if parkable && !waits_unqueued {
                     head.park.push((id, endpoint));
                     passed += 1;
                 }
@@ -478,6 +536,16 @@ fn walk_due_head(
                     if head.spare.len() < limit {
                         head.spare.push((id, endpoint));
                     }
+                } else if let Some(&at) = fifo_picked.get(&endpoint) {
+                    // This FIFO endpoint's head was taken earlier in this
+                    // walk, and this row, never queued (a scheduled message
+                    // fallen due: met later, as it is due later than it was
+                    // created), comes before it: the head is this one now
+                    // (same endpoint, same room and slot). The row it
+                    // replaces waits behind it, with its queue place.
+                    if let Some(p) = head.picked.get_mut(at) {
+                        p.0 = id;
+                    }
                 } else {
                     let took = if rule.fifo {
                         room.take_one(&endpoint)
@@ -485,6 +553,9 @@ fn walk_due_head(
                         room.take(&endpoint)
                     };
                     if took {
+                        if rule.fifo {
+                            fifo_picked.insert(endpoint.clone(), head.picked.len());
+                        }
                         let slot = rule
                             .throttle
                             .as_mut()
