@@ -204,6 +204,7 @@ backends!(
     a_full_endpoints_backlog_waits_aside_and_comes_back_oldest_first,
     fifo_and_throttled_backlogs_set_aside_come_back_in_order,
     a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due,
+    switching_to_fifo_queues_what_is_due_behind_what_is_in_flight,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -4347,6 +4348,95 @@ async fn a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due(store: A
         "the scheduled message in its place (created first), then the rest"
     );
     assert!(claim(&store, T0 + 9_000, 100, &none, 100).await.is_empty());
+}
+
+/// Switches `ep` of `app` to FIFO at `now`.
+async fn switch_to_fifo(store: &Arc<dyn Store>, app: &AppId, ep: &EndpointId, now: Millis) {
+    let changes = EndpointChanges {
+        ordering: Some(EndpointOrdering::Fifo),
+        ..EndpointChanges::default()
+    };
+    assert!(store
+        .update_endpoint(app, ep, &changes, now)
+        .await
+        .expect("update"));
+}
+
+/// Claims a FIFO endpoint's deliveries one at a time from `now` on,
+/// delivering each, until a claim finds none; their messages in order.
+async fn drain_fifo(store: &Arc<dyn Store>, now: Millis) -> Vec<MsgId> {
+    let none = HashMap::new();
+    let mut order = Vec::new();
+    for step in 0..20 {
+        let at = now + step;
+        let got = claim(store, at, 100, &none, 100).await;
+        if got.is_empty() {
+            break;
+        }
+        assert_eq!(got.len(), 1, "one at a time: {got:?}");
+        let behind = claim(store, at, 100, &none, 100).await;
+        assert!(behind.is_empty(), "two in flight: {behind:?}");
+        order.extend(msg_ids(&got));
+        deliver_all(store, &got, at).await;
+    }
+    order
+}
+
+/// Review of the release binary, item 12: switching an endpoint to FIFO
+/// queued every live delivery by creation, a scheduled one not due for an
+/// hour too, which so became the head and held the whole queue until it
+/// fell due. Now only due ones take their places then (the scheduled one
+/// takes its own once due); and those in flight at the switch go first,
+/// so the pending ones wait for them (one request at a time from the
+/// switch on), not only for the first of them.
+async fn switching_to_fifo_queues_what_is_due_behind_what_is_in_flight(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let ep = endpoint(&store, &a.id, None, false).await;
+    let scheduled = NewMessage {
+        created_at: T0 - 20_000,
+        deliver_at: Some(T0 + 3_600_000),
+        ..message(&a.id, "x", None)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&scheduled))
+        .await
+        .expect("insert");
+    let ms = messages_in_order(&store, &a.id, 3).await;
+    switch_to_fifo(&store, &a.id, &ep.id, T0).await;
+    assert_eq!(
+        drain_fifo(&store, T0).await,
+        msg_ids_of(&ms),
+        "the due ones at once, in order, not held by the scheduled one"
+    );
+    assert_eq!(
+        drain_fifo(&store, T0 + 3_600_000).await,
+        vec![scheduled.id.clone()],
+        "the scheduled one when due"
+    );
+
+    // Two in flight at the switch, the older of them failed since and due
+    // for its retry: nothing goes until the other is over.
+    let b = app(&store, None).await;
+    let ep = endpoint(&store, &b.id, None, false).await;
+    let ms = messages_in_order(&store, &b.id, 4).await;
+    let none = HashMap::new();
+    let out = claim(&store, T0, 2, &none, 100).await;
+    assert_eq!(msg_ids(&out), msg_ids_of(&ms[..2]));
+    let retry = completion(&out[0], NextState::Retry { at: T0 }, T0);
+    store.complete(&[retry]).await.expect("complete");
+    switch_to_fifo(&store, &b.id, &ep.id, T0).await;
+    let beside = claim(&store, T0, 100, &none, 100).await;
+    assert!(beside.is_empty(), "sent beside one in flight: {beside:?}");
+    deliver_all(&store, &out[1..], T0 + 1).await;
+    assert_eq!(
+        drain_fifo(&store, T0 + 2).await,
+        vec![ms[0].id.clone(), ms[2].id.clone(), ms[3].id.clone()]
+    );
+}
+
+/// The ids of `ms`.
+fn msg_ids_of(ms: &[NewMessage]) -> Vec<MsgId> {
+    ms.iter().map(|m| m.id.clone()).collect()
 }
 
 /// Two processes' claims racing on one FIFO endpoint whose new deliveries

@@ -140,7 +140,12 @@ impl Endpoints for PostgresStore {
         // held work claimable (the flag is not among them): no wake-up.
         // Switched to FIFO: its waiting deliveries take their places in
         // the queue (by creation) in the same statement, after the
-        // endpoint's row (the lock order).
+        // endpoint's row (the lock order). Only those due by now: one due
+        // later (a scheduled message) would be the head and hold the rest
+        // until it fell due; it takes its place when a claim meets it due.
+        // Those in flight go first, before every pending one: they are out
+        // already and hold the queue until their attempts are over (an
+        // in-flight delivery of a FIFO endpoint is always its head).
         let updated: i64 = sqlx::query_scalar(
             "WITH e AS ( \
                  UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
@@ -152,9 +157,15 @@ impl Endpoints for PostgresStore {
                  ordering = COALESCE($15, ordering) \
                  WHERE id = $13 AND app_id = $14 RETURNING id), \
              q AS ( \
-                 UPDATE deliveries SET queued_at = created_at \
-                 WHERE $15 = 'fifo' AND endpoint_id IN (SELECT id FROM e) AND state < 2 \
-                   AND queued_at IS NULL) \
+                 UPDATE deliveries d SET queued_at = CASE WHEN d.state = 1 \
+                     THEN LEAST(COALESCE(d.queued_at, d.created_at), w.first - 1) \
+                     ELSE d.created_at END \
+                 FROM (SELECT MIN(COALESCE(x.queued_at, x.created_at)) AS first FROM deliveries x \
+                       WHERE x.endpoint_id IN (SELECT id FROM e) AND x.state = 0 \
+                         AND (x.queued_at IS NOT NULL OR x.next_attempt_at <= $12)) w \
+                 WHERE $15 = 'fifo' AND d.endpoint_id IN (SELECT id FROM e) \
+                   AND (d.state = 1 OR (d.state = 0 AND d.queued_at IS NULL \
+                                        AND d.next_attempt_at <= $12))) \
              SELECT COUNT(*) FROM e",
         )
         .bind(changes.uid.is_some())

@@ -185,7 +185,7 @@ impl Endpoints for SqliteStore {
                 ])
                 .map_err(map_err)?;
             if n == 1 && ch.ordering == Some(EndpointOrdering::Fifo) {
-                queue_waiting(c, &ep)?;
+                queue_waiting(c, &ep, now)?;
             }
             Ok(n == 1)
         })

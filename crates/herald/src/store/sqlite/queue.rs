@@ -362,7 +362,8 @@ struct EndpointRule {
 /// The first live delivery of FIFO endpoint `endpoint` in queue order, and
 /// whether it is in flight at `now`. A FIFO endpoint's delivery in flight is
 /// always its head: it was the head when claimed, a row met later never
-/// takes a place before it (`walk_due_head`).
+/// takes a place before it (`walk_due_head`), and switching an endpoint to
+/// FIFO puts those in flight first (`queue_waiting`).
 fn fifo_head(conn: &Connection, endpoint: &str, now: Millis) -> StoreResult<StoredHead> {
     conn.prepare_cached(
         "SELECT queued_at, msg_id, id, state = 1 AND next_attempt_at > ?2 \
@@ -765,12 +766,31 @@ fn unpark(
 }
 
 /// A FIFO endpoint's waiting deliveries take their places in its queue,
-/// by creation (when it is switched to FIFO; those made later get theirs
-/// from the claim that first meets them).
-pub(super) fn queue_waiting(conn: &Connection, endpoint_id: &str) -> StoreResult<()> {
+/// by creation (when it is switched to FIFO at `now`; those made later get
+/// theirs from the claim that first meets them). Only those due by `now`:
+/// a pending one due later (a scheduled message) would be the head and
+/// hold every one behind it until it fell due (up to `HERALD_MAX_AGE`); it
+/// takes its place when a claim meets it due, as any row never queued.
+/// Those in flight (delivering) go first, before every pending one: they
+/// are out already, so they hold the queue until their attempts are over,
+/// and an in-flight delivery of a FIFO endpoint is always its head (see
+/// `fifo_head`).
+pub(super) fn queue_waiting(conn: &Connection, endpoint_id: &str, now: Millis) -> StoreResult<()> {
     conn.prepare_cached(
         "UPDATE deliveries SET queued_at = created_at \
-         WHERE endpoint_id = ?1 AND state < 2 AND queued_at IS NULL",
+         WHERE endpoint_id = ?1 AND state < 2 AND queued_at IS NULL \
+           AND (state = 1 OR next_attempt_at <= ?2)",
+    )
+    .map_err(map_err)?
+    .execute(params![endpoint_id, now])
+    .map_err(map_err)?;
+    conn.prepare_cached(
+        "UPDATE deliveries SET queued_at = ( \
+             SELECT MIN(queued_at) - 1 FROM deliveries INDEXED BY deliveries_fifo \
+             WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 AND state = 0) \
+         WHERE endpoint_id = ?1 AND state = 1 AND queued_at >= ( \
+             SELECT MIN(queued_at) FROM deliveries INDEXED BY deliveries_fifo \
+             WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 AND state = 0)",
     )
     .map_err(map_err)?
     .execute(params![endpoint_id])
