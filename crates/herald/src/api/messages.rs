@@ -564,7 +564,8 @@ pub async fn list_message_deliveries(
 }
 
 /// Svix's resend: one more attempt of this message to this endpoint now,
-/// with the delivery's own Idempotency-Key.
+/// with the delivery's own Idempotency-Key. 409 while the delivery is
+/// delivering (an attempt in flight), or when the payload was expunged.
 #[utoipa::path(
     post,
     path = "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
@@ -572,7 +573,7 @@ pub async fn list_message_deliveries(
     params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 202, description = "Queued: one more attempt now", body = super::EmptyOut),
-        UnauthorizedResponse, NotFoundResponse,
+        UnauthorizedResponse, NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn resend(
@@ -622,6 +623,10 @@ pub async fn resend_to(
             "the message's payload was expunged: there is nothing to send".into(),
         )),
         ResendOutcome::NoSuchEndpoint => Err(ApiError::NotFound("endpoint")),
+        // Sent again now, it would go beside the attempt in flight.
+        ResendOutcome::InFlight => Err(ApiError::Conflict(
+            "the delivery is in flight: resend it once its attempt is over".into(),
+        )),
     }
 }
 

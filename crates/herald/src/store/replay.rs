@@ -61,7 +61,8 @@ pub trait Replay: Send + Sync {
         self.replay_all_dead_matching(&filter, now).await
     }
     /// Svix's resend: a manual attempt of (message, endpoint) now, reusing
-    /// the delivery (and so its Idempotency-Key) if one exists.
+    /// the delivery (and so its Idempotency-Key) if one exists; refused
+    /// (`InFlight`, nothing changed) while that delivery is delivering.
     async fn resend(
         &self,
         app: &AppId,
@@ -131,6 +132,12 @@ pub enum ResendOutcome {
     Queued,
     /// The message's payload was expunged: nothing is sent.
     Expunged,
+    /// The delivery is `delivering`: an attempt is in flight (or its lease
+    /// has not ended). Resending it then sent it again at once, beside that
+    /// attempt, with the same Idempotency-Key and `X-Attempt` (on a FIFO
+    /// endpoint two requests open); so nothing changes, and the caller may
+    /// resend once the attempt's outcome is written.
+    InFlight,
     NoSuchMessage,
     NoSuchEndpoint,
 }

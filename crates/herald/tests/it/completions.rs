@@ -292,8 +292,10 @@ async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: Ar
     app.shutdown().await;
 }
 
-/// An attempt decided dead whose delivery was resent while it was in
-/// flight: the outcome is logged but changes nothing, so no
+/// An attempt decided dead whose delivery another claim took over while it
+/// was in flight (as a worker does once a lease has ended; a resend did
+/// this once, and is refused now): the outcome is logged but changes
+/// nothing, so no
 /// `message.attempt.exhausted` is sent. A dead outcome that does move its
 /// delivery is still reported. The stale failure counts in the endpoint's
 /// failing streak: it was the endpoint's answer.
@@ -321,25 +323,46 @@ async fn a_stale_dead_outcome_sends_no_exhausted_event(db: Arc<Db>) {
         tokio::spawn(async move { dispatcher.process_batch().await })
     };
     rx.wait_for(1).await;
-    let (status, body) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{}/resend", eps[0]),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let taken = app
+        .running()
+        .store
+        .claim(&ClaimRequest {
+            now: later,
+            lease_until: later + 60_000,
+            limit: 100,
+            in_flight: &HashMap::new(),
+            endpoint_cap: 100,
+        })
+        .await
+        .expect("claim");
+    // (The operator's own events, such as the endpoint's creation, are
+    // taken too, and given back below.)
+    let mine = taken.iter().filter(|d| d.msg_id.as_str() == msg).count();
+    assert_eq!(mine, 1, "the lease taken over");
     gate.add_permits(1);
     let report = stepping.await.expect("step task").expect("batch processed");
     assert_eq!((report.dead, report.unrecorded), (1, 0));
     let ds = app.deliveries(&app_id, &msg).await;
-    assert_eq!(ds[0]["state"], "pending", "the resend's, untouched: {ds:?}");
+    assert_eq!(
+        ds[0]["state"], "delivering",
+        "the new holder's, untouched: {ds:?}"
+    );
     let (_, h) = app
         .get(&format!("/api/v1/app/{app_id}/endpoint/{}/health", eps[0]))
         .await;
     assert_eq!(h["failureStreak"], 1, "{h}");
 
-    // The resend is sent (200), and any operator event queued meanwhile
-    // would be sent in the same step.
+    // Given back by its holder, it is sent (200), and any operator event
+    // queued meanwhile would be sent in the same step.
+    let now = chrono::Utc::now().timestamp_millis();
+    for d in &taken {
+        app.running()
+            .store
+            .release(&d.id, &d.lease_token, now)
+            .await
+            .expect("release");
+    }
     app.step().await;
     app.wait_for_state(&app_id, &msg, "delivered").await;
     let events: Vec<Value> = ops

@@ -727,3 +727,59 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     );
     app.shutdown().await;
 }
+
+crate::on_both_stores!(resending_a_delivery_in_flight_is_refused_until_its_outcome_is_written);
+
+/// Review of the release binary, item 13: a resend of a delivery whose
+/// attempt was in flight made it pending and due at once, so it was sent
+/// again beside that attempt (same Idempotency-Key, same `X-Attempt`; on a
+/// FIFO endpoint two requests open). Now it is refused with 409 and a JSON
+/// error, nothing is sent; once the attempt's outcome is written it is
+/// accepted, and `X-Attempt` goes on counting.
+async fn resending_a_delivery_in_flight_is_refused_until_its_outcome_is_written(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    rx.script([Reply::status(200).held(&gate)]);
+    let app_id = app.create_app().await;
+    let ep = app
+        .create_endpoint(&app_id, &rx.url("/"), json!({"ordering": "fifo"}))
+        .await;
+    let ep_id = ep["id"].as_str().expect("id").to_owned();
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
+    let resend = format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{ep_id}/resend");
+    // The first attempt is held open at the receiver while we resend.
+    let (report, (refused, body)) = tokio::join!(app.step(), async {
+        rx.wait_for(1).await;
+        let answer = app.post(&resend, json!(null)).await;
+        gate.add_permits(1);
+        answer
+    });
+    assert_eq!(refused, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "conflict");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("in flight")),
+        "{body}"
+    );
+    assert_eq!(report.delivered, 1, "the attempt's outcome is written");
+    assert_eq!(app.step().await.claimed, 0, "nothing was queued again");
+    assert_eq!(rx.requests().len(), 1);
+
+    let (s, _) = app.post(&resend, json!(null)).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "resent once the attempt is over");
+    assert_eq!(app.step().await.delivered, 1);
+    let got = rx.requests();
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        got[1].header("idempotency-key"),
+        got[0].header("idempotency-key")
+    );
+    assert_eq!(
+        (got[0].header("x-attempt"), got[1].header("x-attempt")),
+        ("1".to_owned(), "2".to_owned()),
+        "X-Attempt goes on counting across a resend"
+    );
+    app.shutdown().await;
+}

@@ -171,6 +171,7 @@ backends!(
     completion_tells_which_completions_moved_their_delivery,
     dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle,
     resend_reuses_the_delivery_or_creates_one,
+    resend_refuses_a_delivery_in_flight,
     deleting_an_endpoint_removes_its_deliveries,
     prune_removes_old_finished_history_only,
     streaks_count_failures_in_a_row_and_reset_on_success,
@@ -1081,16 +1082,15 @@ async fn completion_tells_which_completions_moved_their_delivery(store: Arc<dyn 
     store.insert_messages(&ms).await.expect("insert");
     let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
     let (resent, kept) = (&got[0], &got[1]);
-    // A resend while the first is in flight clears its lease: its outcome
-    // is stale. The second is completed twice under the same lease: only
-    // the first of those moves it.
-    assert_eq!(
-        store
-            .resend(&a.id, &resent.msg_id, &e.id, T0 + 1)
-            .await
-            .expect("resend"),
-        ResendOutcome::Queued
-    );
+    // The first released (pending again, its lease cleared) while its
+    // outcome was on the way: that outcome is stale. (A resend of it did
+    // this once; a resend of a delivery in flight is refused now.) The
+    // second is completed twice under the same lease: only the first of
+    // those moves it.
+    store
+        .release(&resent.id, &resent.lease_token, T0 + 1)
+        .await
+        .expect("release");
     let batch = [
         completion(kept, NextState::Delivered, T0 + 2),
         completion(kept, NextState::Dead(DeadReason::Exhausted), T0 + 3),
@@ -1112,7 +1112,7 @@ async fn completion_tells_which_completions_moved_their_delivery(store: Arc<dyn 
     assert_eq!(
         state(resent).await,
         DeliveryState::Pending,
-        "left to the resend"
+        "left as the release made it"
     );
     assert_eq!(state(kept).await, DeliveryState::Delivered);
     // Every attempt is logged all the same, and the failed ones count in
@@ -1265,6 +1265,49 @@ async fn resend_reuses_the_delivery_or_creates_one(store: Arc<dyn Store>) {
             .expect("resend"),
         ResendOutcome::NoSuchEndpoint
     );
+}
+
+/// Review of the release binary, item 13: a resend of a delivery in flight
+/// made it pending and due at once beside its attempt. It is refused
+/// (`InFlight`) and changes nothing: the lease holder's outcome still moves
+/// it; then a resend queues it again, its attempts counted on.
+async fn resend_refuses_a_delivery_in_flight(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let got = claim_n(&store, &a.id, 1, T0).await;
+    assert_eq!(got.len(), 1);
+    let m = got[0].msg_id.clone();
+    assert_eq!(
+        store
+            .resend(&a.id, &m, &e.id, T0 + 1)
+            .await
+            .expect("resend"),
+        ResendOutcome::InFlight
+    );
+    let none = HashMap::new();
+    assert!(
+        claim(&store, T0 + 2, 100, &none, 100).await.is_empty(),
+        "nothing queued again beside the attempt in flight"
+    );
+    let done = completion(&got[0], NextState::Delivered, T0 + 3);
+    let moved = store.complete(&[done]).await.expect("complete");
+    let ds = store
+        .list_deliveries_of_message(&a.id, &m)
+        .await
+        .expect("list");
+    assert_eq!(ds[0].state, DeliveryState::Delivered, "{moved:?}");
+    assert_eq!(
+        store
+            .resend(&a.id, &m, &e.id, T0 + 4)
+            .await
+            .expect("resend"),
+        ResendOutcome::Queued
+    );
+    let again = claim(&store, T0 + 5, 100, &none, 100).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, got[0].id, "the same delivery, so the same key");
+    assert_eq!(again[0].attempts, 1, "X-Attempt 2: attempts count on");
+    assert!(again[0].manual);
 }
 
 async fn deleting_an_endpoint_removes_its_deliveries(store: Arc<dyn Store>) {

@@ -236,11 +236,13 @@ impl Replay for PostgresStore {
                 ResendOutcome::NoSuchMessage
             });
         }
-        // Reuse the delivery so the Idempotency-Key stays the same;
-        // clearing the lease token makes an in-flight outcome leave the
-        // state alone.
+        // Reuse the delivery so the Idempotency-Key stays the same. Not
+        // one that is delivering: its attempt is in flight, and a resend
+        // would send it again beside it (see `ResendOutcome::InFlight`). A
+        // claim committing meanwhile holds the row's lock: the update
+        // waits for it and then finds the row delivering.
         let done = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = $2 AND endpoint_id = $3"
+            "UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = $2 AND endpoint_id = $3 AND state <> 1"
         )))
         .bind(now)
         .bind(msg.as_str())
@@ -248,6 +250,18 @@ impl Replay for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(map_err)?;
+        let in_flight = done.rows_affected() == 0
+            && sqlx::query("SELECT 1 FROM deliveries WHERE msg_id = $1 AND endpoint_id = $2")
+                .bind(msg.as_str())
+                .bind(ep.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?
+                .is_some();
+        if in_flight {
+            tx.rollback().await.map_err(map_err)?;
+            return Ok(ResendOutcome::InFlight);
+        }
         if done.rows_affected() == 0 {
             sqlx::query(
                 "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \

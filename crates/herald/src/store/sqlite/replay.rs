@@ -115,9 +115,20 @@ impl Replay for SqliteStore {
             if !exists("SELECT 1 FROM endpoints WHERE id = ?1 AND app_id = ?2", &ep)? {
                 return Ok(ResendOutcome::NoSuchEndpoint);
             }
-            // Reuse the delivery so the Idempotency-Key stays the same;
-            // clearing the lease token makes an in-flight outcome leave the
-            // state alone.
+            // Reuse the delivery so the Idempotency-Key stays the same. Not
+            // one that is delivering: its attempt is in flight, and a resend
+            // would send it again beside it (see `ResendOutcome::InFlight`).
+            let state: Option<i64> = c
+                .query_row(
+                    "SELECT state FROM deliveries WHERE msg_id = ?1 AND endpoint_id = ?2",
+                    params![msg, ep],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(map_err)?;
+            if state == Some(DeliveryState::Delivering as i64) {
+                return Ok(ResendOutcome::InFlight);
+            }
             let n = c
                 .execute(
                     &format!("UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"),
