@@ -187,8 +187,9 @@ pub enum EndpointOrdering {
     /// Whatever is due goes, up to the concurrency cap (the default).
     #[default]
     None,
-    /// At most one request in flight, the deliveries in message creation
-    /// order (ties broken by message id); a replayed or resent delivery
+    /// At most one request in flight, the deliveries in the order their
+    /// messages are stored (their create requests commit; ties broken by
+    /// message id); a replayed or resent delivery
     /// goes to the back of the queue. The head retries on the normal
     /// schedule while the others wait; once it is delivered or dead the
     /// next one goes.

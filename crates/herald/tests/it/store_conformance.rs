@@ -206,6 +206,7 @@ backends!(
     fifo_and_throttled_backlogs_set_aside_come_back_in_order,
     a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due,
     switching_to_fifo_queues_what_is_due_behind_what_is_in_flight,
+    a_fifo_endpoints_order_is_the_order_its_messages_are_stored_in,
 );
 
 fn dead_of(app: &AppId, ep: Option<&EndpointId>) -> DeadFilter {
@@ -4480,6 +4481,104 @@ async fn switching_to_fifo_queues_what_is_due_behind_what_is_in_flight(store: Ar
 /// The ids of `ms`.
 fn msg_ids_of(ms: &[NewMessage]) -> Vec<MsgId> {
     ms.iter().map(|m| m.id.clone()).collect()
+}
+
+/// Review of the release binary, item 11: a FIFO endpoint's order is the
+/// order in which its messages are stored (their batches commit), not
+/// their `created_at`, which the API takes before: of two API processes'
+/// messages, the one made first may be stored second, after a claim took
+/// the other. It used to take its place by `created_at`, before that one,
+/// and went ahead of its retry. Now it comes after it.
+async fn a_fifo_endpoints_order_is_the_order_its_messages_are_stored_in(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let made_first = NewMessage {
+        created_at: T0 - 10,
+        ..message(&a.id, "x", None)
+    };
+    let stored_first = NewMessage {
+        created_at: T0 - 5,
+        ..message(&a.id, "x", None)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&stored_first))
+        .await
+        .expect("insert");
+    let none = HashMap::new();
+    let got = claim(&store, T0, 100, &none, 100).await;
+    assert_eq!(msg_ids(&got), vec![stored_first.id.clone()]);
+    let retry = completion(&got[0], NextState::Retry { at: T0 + 1_000 }, T0);
+    store.complete(&[retry]).await.expect("complete");
+    store
+        .insert_messages(std::slice::from_ref(&made_first))
+        .await
+        .expect("insert");
+    assert!(
+        claim(&store, T0 + 500, 100, &none, 100).await.is_empty(),
+        "behind the first one stored, waiting for its retry"
+    );
+    assert_eq!(
+        drain_fifo(&store, T0 + 1_000).await,
+        vec![stored_first.id.clone(), made_first.id.clone()]
+    );
+}
+
+/// Item 11 with batches really concurrent: another process's batch holds
+/// the FIFO endpoint's row (here the test's transaction, which has moved
+/// its `fifo_last` on, as a batch does); a batch made meanwhile waits for
+/// it, its statement's snapshot older than that commit. Its place must
+/// come after the place the other one took: read from the row as locked
+/// (the newest version), not from its snapshot.
+#[tokio::test]
+async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for() {
+    use sqlx::Connection;
+    let Some(f) = postgres(
+        "store_conformance::postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for",
+    )
+    .await
+    else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run_postgres(|pg| async move {
+        let store: Arc<dyn Store> = pg;
+        let a = app(&store, None).await;
+        let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+        let (mut monitor, _) = pg_connection(&url, &schema).await;
+        let (mut other, other_pid) = pg_connection(&url, &schema).await;
+        let mut held = other.begin().await.expect("begin");
+        let taken = T0 + 1_000;
+        sqlx::query("UPDATE endpoints SET fifo_last = $2 WHERE id = $1")
+            .bind(ep.id.as_str())
+            .bind(taken)
+            .execute(&mut *held)
+            .await
+            .expect("the other batch's place");
+        let made = NewMessage {
+            created_at: T0 - 10,
+            ..message(&a.id, "x", None)
+        };
+        let inserting = {
+            let (store, made) = (store.clone(), made.clone());
+            tokio::spawn(async move { store.insert_messages(&[made]).await })
+        };
+        let deadline = tokio::time::Instant::now() + crate::helpers::PATIENCE;
+        while blocked_by(&mut monitor, other_pid).await.is_empty() {
+            assert!(!inserting.is_finished(), "the batch never waited");
+            assert!(tokio::time::Instant::now() < deadline, "nothing waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        held.commit().await.expect("commit");
+        inserting.await.expect("task").expect("insert");
+        let place: Option<i64> =
+            sqlx::query_scalar("SELECT queued_at FROM deliveries WHERE msg_id = $1")
+                .bind(made.id.as_str())
+                .fetch_one(&mut monitor)
+                .await
+                .expect("place");
+        assert_eq!(place, Some(taken + 1), "after the batch it waited for");
+    })
+    .await;
 }
 
 /// Two processes' claims racing on one FIFO endpoint whose new deliveries

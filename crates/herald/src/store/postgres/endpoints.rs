@@ -145,7 +145,9 @@ impl Endpoints for PostgresStore {
         // until it fell due; it takes its place when a claim meets it due.
         // Those in flight go first, before every pending one: they are out
         // already and hold the queue until their attempts are over (an
-        // in-flight delivery of a FIFO endpoint is always its head).
+        // in-flight delivery of a FIFO endpoint is always its head). The
+        // places new deliveries get at ingest follow those (`fifo_last`,
+        // migration 0021).
         let updated: i64 = sqlx::query_scalar(
             "WITH e AS ( \
                  UPDATE endpoints SET uid = CASE WHEN $1 THEN $2 ELSE uid END, \
@@ -154,7 +156,8 @@ impl Endpoints for PostgresStore {
                  rate_limit = CASE WHEN $7 THEN $8 ELSE rate_limit END, \
                  metadata = COALESCE($9::jsonb, metadata), \
                  channels = CASE WHEN $10 THEN $11 ELSE channels END, updated_at = $12, \
-                 ordering = COALESCE($15, ordering) \
+                 ordering = COALESCE($15, ordering), \
+                 fifo_last = CASE WHEN $15 = 'fifo' THEN GREATEST(fifo_last, $12) ELSE fifo_last END \
                  WHERE id = $13 AND app_id = $14 RETURNING id), \
              q AS ( \
                  UPDATE deliveries d SET queued_at = CASE WHEN d.state = 1 \

@@ -341,6 +341,19 @@ impl PostgresStore {
         // without locks: one disabled since is judged again here, on the
         // row as locked, by the rule routing applies (disabled by a person:
         // no delivery; by Herald: held, so never born delivering).
+        // A FIFO endpoint's deliveries get their queue place here, in the
+        // order the batches commit (`created_at` is taken before, in the
+        // API process, so two processes' messages could commit in the
+        // other order, and a claim took the later one first): its row is
+        // locked until the commit (`f`, NO KEY UPDATE, in id order, after
+        // KEY SHARE as the lock order says; claims skip it meanwhile),
+        // `fifo_last` read as locked (the newest version, whoever
+        // committed before), the batch's places put after it in message
+        // order (`k`: at least each message's `created_at`, so the keys
+        // stay times, as those claims give) and it moved on (`placed`;
+        // migration 0021). A scheduled message's (`deliverAt` ahead) gets
+        // none: a head not due would hold the queue; it takes its place
+        // when a claim meets it due.
         let rows = sqlx::query(
             "WITH a AS MATERIALIZED ( \
                  SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
@@ -348,6 +361,10 @@ impl PostgresStore {
                  SELECT id, disabled, disabled_by FROM endpoints \
                  WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
                  ORDER BY id FOR KEY SHARE), \
+             f AS MATERIALIZED ( \
+                 SELECT id, fifo_last FROM endpoints \
+                 WHERE id = ANY (ARRAY(SELECT id FROM e)) AND ordering = 'fifo' \
+                 ORDER BY id FOR NO KEY UPDATE), \
              m AS ( \
                  INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
                                        tags, deliver_at, payload_expires_at) \
@@ -361,19 +378,29 @@ impl PostgresStore {
                  ORDER BY ord \
                  ON CONFLICT DO NOTHING \
                  RETURNING id), \
-             d AS ( \
-                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                                         lease_token, cycle_started_at, created_at, updated_at) \
-                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
-                        CASE WHEN e.disabled THEN 0 ELSE v.state END, \
-                        CASE WHEN e.disabled THEN v.start ELSE v.due END, \
-                        CASE WHEN e.disabled THEN NULL ELSE v.token END, v.start, v.at, v.at \
-                 FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], $14::int8[], \
-                             $16::int2[], $17::int8[], $18::text[], $22::int8[]) \
+             nv AS MATERIALIZED ( \
+                 SELECT v.*, e.disabled FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], \
+                             $14::int8[], $16::int2[], $17::int8[], $18::text[], $22::int8[]) \
                       AS v(id, msg_id, endpoint_id, app_id, at, state, due, token, start) \
                       JOIN e ON e.id = v.endpoint_id \
                  WHERE v.msg_id IN (SELECT id FROM m) \
-                   AND (NOT e.disabled OR e.disabled_by = 'auto') \
+                   AND (NOT e.disabled OR e.disabled_by = 'auto')), \
+             k AS MATERIALIZED ( \
+                 SELECT v.id, v.endpoint_id, GREATEST(f.fifo_last + row_number() OVER ( \
+                            PARTITION BY v.endpoint_id ORDER BY v.at, v.msg_id), v.at) AS place \
+                 FROM nv v JOIN f ON f.id = v.endpoint_id WHERE v.start <= v.at), \
+             placed AS ( \
+                 UPDATE endpoints x SET fifo_last = k.last \
+                 FROM (SELECT endpoint_id, MAX(place) AS last FROM k GROUP BY endpoint_id) k \
+                 WHERE x.id = k.endpoint_id), \
+             d AS ( \
+                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+                                         lease_token, cycle_started_at, created_at, updated_at, queued_at) \
+                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
+                        CASE WHEN v.disabled THEN 0 ELSE v.state END, \
+                        CASE WHEN v.disabled THEN v.start ELSE v.due END, \
+                        CASE WHEN v.disabled THEN NULL ELSE v.token END, v.start, v.at, v.at, k.place \
+                 FROM nv v LEFT JOIN k ON k.id = v.id \
                  RETURNING id, msg_id, state) \
              SELECT 'a' AS kind, id, NULL AS delivery FROM a \
              UNION ALL SELECT 'm', id, NULL FROM m \
@@ -587,7 +614,9 @@ impl<'a> ClaimArgs<'a> {
 /// yet, so another claim would take the next row for the head. The lock
 /// comes after the statement's snapshot, so it may follow another claim's
 /// commit the snapshot does not show; every claim that changes a FIFO
-/// endpoint's rows moves its `fifo_turns` on (`turned`), and `fifo_mine`
+/// endpoint's rows moves its `fifo_turns` on (`turned`, which also moves
+/// `fifo_last` past the queue places it gave, so ingest never places a new
+/// delivery before one in flight: migration 0021), and `fifo_mine`
 /// keeps only the endpoints whose locked (newest) row has the `fifo_turns`
 /// the snapshot saw (migration 0020). A claim locks only the FIFO
 /// endpoints with work in reach (`fifo_live`): those among the first due
@@ -822,7 +851,9 @@ const CLAIM_SQL: &str = "WITH full_thr AS MATERIALIZED ( \
          WHERE d.id = p.id \
          RETURNING d.endpoint_id), \
      turned AS ( \
-         UPDATE endpoints e SET fifo_turns = e.fifo_turns + 1 \
+         UPDATE endpoints e SET fifo_turns = e.fifo_turns + 1, \
+                fifo_last = GREATEST(e.fifo_last, COALESCE((SELECT MAX(x.updated_at) FROM due x \
+                                                            WHERE x.endpoint_id = e.id AND x.queued_at IS NULL), 0)) \
          WHERE e.id IN (SELECT id FROM fifo_mine) \
            AND e.id IN (SELECT endpoint_id FROM picked UNION SELECT endpoint_id FROM queued \
                         UNION SELECT endpoint_id FROM parked_now)), \

@@ -42,9 +42,27 @@ fn insert_messages_tx(
     let mut insert_delivery = conn
         .prepare_cached(
             "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, lease_token, \
-             cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9, ?8, ?8)",
+             cycle_started_at, created_at, updated_at, queued_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9, ?8, ?8, ?10)",
         )
         .map_err(map_err)?;
+    // A FIFO endpoint's deliveries take their queue place here, in the
+    // order the writer stores them (which is the order of the commits):
+    // after every live delivery's place (among them the one in flight), and
+    // at least their message's `created_at`, so the keys stay times, as
+    // those claims give. `created_at` alone is taken before, in the API
+    // handler, so a message could be stored after a later one a claim had
+    // taken already, and then came before that one's retry. A scheduled
+    // message's (`deliverAt` ahead) gets none: a head not due would hold
+    // the queue; it takes its place when a claim meets it due. One index
+    // seek per FIFO endpoint and batch (its last place), none per delivery.
+    let mut last_place = conn
+        .prepare_cached(
+            "SELECT MAX(queued_at) FROM deliveries INDEXED BY deliveries_fifo \
+             WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2",
+        )
+        .map_err(map_err)?;
+    let mut fifo_last: HashMap<String, Option<Millis>> = HashMap::new();
     let mut app_exists = conn
         .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
         .map_err(map_err)?;
@@ -110,6 +128,18 @@ fn insert_messages_tx(
                 .query(params![m.app_id.as_str()])
                 .map_err(map_err)?;
             while let Some(r) = rs.next().map_err(map_err)? {
+                if EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
+                    == EndpointOrdering::Fifo
+                {
+                    if let std::collections::hash_map::Entry::Vacant(slot) =
+                        fifo_last.entry(get::<String>(r, "id")?)
+                    {
+                        let last: Option<Millis> = last_place
+                            .query_row(params![slot.key()], |row| row.get(0))
+                            .map_err(map_err)?;
+                        slot.insert(last);
+                    }
+                }
                 eps.push(FanoutTarget::from_row(
                     get(r, "id")?,
                     get::<Option<String>>(r, "filter_types")?.as_deref(),
@@ -137,7 +167,16 @@ fn insert_messages_tx(
         }
         let deliveries = fan_out(&endpoints_of, m, &mut claim);
         let fanned = deliveries.len();
+        let scheduled = m.due_at() > m.created_at;
         for d in deliveries {
+            let place = match fifo_last.get_mut(d.endpoint_id) {
+                Some(last) if !scheduled => {
+                    let place = last.map_or(m.created_at, |l| (l + 1).max(m.created_at));
+                    *last = Some(place);
+                    Some(place)
+                }
+                _ => None,
+            };
             insert_delivery
                 .execute(params![
                     d.id.as_str(),
@@ -148,7 +187,8 @@ fn insert_messages_tx(
                     d.due,
                     d.lease_token(),
                     m.created_at,
-                    m.due_at()
+                    m.due_at(),
+                    place
                 ])
                 .map_err(map_err)?;
             counts::counted(d.endpoint_id, d.state as i64, false, 1)?;

@@ -1,0 +1,18 @@
+-- FIFO order across concurrent producers (review item 11). A message's
+-- `created_at` is taken in the API process before its batch commits, so
+-- with two API processes a claim could take a later message before an
+-- earlier one had committed, and the earlier one then came after it (or
+-- beside it). The order of a FIFO endpoint's deliveries is now the order
+-- in which their ingest batches commit: each batch locks its FIFO
+-- endpoints' rows (FOR NO KEY UPDATE, in id order, until its commit),
+-- reads this column as locked (the newest version), gives its deliveries
+-- queue places after it and moves it on. A batch that waited for another's
+-- lock so always comes after it. Claims move it past every queue place
+-- they give (rows never queued at insert: scheduled messages fallen due,
+-- the outbox's, replays and resends), so a new delivery never takes a
+-- place before a delivery in flight.
+--
+-- Additive only: a process of the previous version ignores the column (its
+-- new deliveries take their queue place when a claim meets them, as they
+-- did).
+ALTER TABLE endpoints ADD COLUMN fifo_last BIGINT NOT NULL DEFAULT 0;
