@@ -333,6 +333,7 @@ async fn a_stale_dead_outcome_sends_no_exhausted_event(db: Arc<Db>) {
             limit: 100,
             in_flight: &HashMap::new(),
             endpoint_cap: 100,
+            unlisted_cap: 100,
         })
         .await
         .expect("claim");
