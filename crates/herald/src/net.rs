@@ -7,6 +7,28 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+/// Whether an endpoint URL carries credentials in its userinfo
+/// (`https://user:pass@host/`): sealed at rest and masked when shown.
+pub fn url_has_credentials(url: &str) -> bool {
+    url::Url::parse(url).is_ok_and(|u| !u.username().is_empty() || u.password().is_some())
+}
+
+/// `url` with its userinfo masked (`https://••••@host/…`), for whoever may
+/// not read the endpoint's secret, and for the attempt log; a URL without
+/// credentials (or one that does not parse) as it is.
+pub fn masked_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            // Both setters only fail for URLs that cannot have userinfo,
+            // which these have.
+            let _ = u.set_password(None);
+            let _ = u.set_username("****");
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// True when `ip` is a public unicast address on the internet.
 pub fn is_global(ip: IpAddr) -> bool {
     match ip {

@@ -144,6 +144,31 @@ pub struct EndpointOut {
     pub unreadable: bool,
 }
 
+impl EndpointOut {
+    /// As `principal` may see it: credentials in the URL (userinfo) are
+    /// masked unless it may read the endpoint's secret (a portal token
+    /// without `ViewEndpointSecret` or more may not).
+    pub fn shown_to(ep: Endpoint, principal: &super::auth::Principal) -> Self {
+        let mut out = EndpointOut::from(ep);
+        if !may_read_secrets(principal) {
+            out.url = crate::net::masked_url(&out.url);
+        }
+        out
+    }
+}
+
+/// Whether `principal` may read an endpoint's secret, and so the
+/// credentials in its URL: the admin token, an application token, a portal
+/// token with `ViewEndpointSecret` (or a capability that implies it).
+pub fn may_read_secrets(principal: &super::auth::Principal) -> bool {
+    match principal {
+        super::auth::Principal::Admin => true,
+        super::auth::Principal::App { capabilities, .. } => {
+            capabilities.as_ref().is_none_or(|c| c.view_secret())
+        }
+    }
+}
+
 impl From<Endpoint> for EndpointOut {
     fn from(e: Endpoint) -> Self {
         EndpointOut {
@@ -454,12 +479,12 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
 )]
 pub async fn get_endpoint(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EndpointOut>> {
-    Ok(Json(
-        find_endpoint(&state, &app.id, &endpoint_id).await?.into(),
-    ))
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    Ok(Json(EndpointOut::shown_to(ep, &principal)))
 }
 
 #[utoipa::path(
@@ -474,6 +499,7 @@ pub async fn get_endpoint(
 )]
 pub async fn list_endpoints(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     app: ResolvedApp,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointOut>>> {
@@ -481,7 +507,11 @@ pub async fn list_endpoints(
         .store
         .list_endpoints(&app.id, &params.page(true)?)
         .await?;
-    let data = page.items.into_iter().map(EndpointOut::from).collect();
+    let data = page
+        .items
+        .into_iter()
+        .map(|ep| EndpointOut::shown_to(ep, &principal))
+        .collect();
     Ok(Json(ListResponse::new(
         data,
         page.has_more,

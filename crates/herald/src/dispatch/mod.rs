@@ -669,7 +669,9 @@ impl Dispatcher {
                 msg_id: d.msg_id,
                 endpoint_id: d.endpoint_id,
                 app_id: d.app_id,
-                url: d.url,
+                // The attempt log is read by whoever reads the endpoint's
+                // history: credentials in the URL stay out of it.
+                url: crate::net::masked_url(&d.url),
                 attempt_number,
                 started_at,
                 duration_ms: i64::try_from(observed.duration.as_millis()).unwrap_or(i64::MAX),

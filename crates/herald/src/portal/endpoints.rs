@@ -88,7 +88,7 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
                     @for (ep, h) in &rows {
                         tr.disabled[h.disabled] .failing[!h.disabled && h.failure_streak > 0] {
                             td {
-                                a.clip href=(path_of(ep)) { (ep.url) }
+                                a.clip href=(path_of(ep)) { (shown_url(&session, &ep.url)) }
                                 @if !ep.description.is_empty() { div.small.muted { (ep.description) } }
                             }
                             td { (state_cell(h, now)) }
@@ -332,6 +332,16 @@ pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> Port
 }
 
 /// `GET /portal/endpoint/{ep}`: settings, health, chart, attempts and the
+/// An endpoint's URL as the session may see it: credentials in it
+/// (userinfo) masked unless it may read the endpoint's secret.
+fn shown_url(session: &PortalSession, url: &str) -> String {
+    if session.capabilities.view_secret() {
+        url.to_owned()
+    } else {
+        crate::net::masked_url(url)
+    }
+}
+
 /// actions the session's capabilities allow.
 pub async fn page(
     session: PortalSession,
@@ -363,7 +373,7 @@ pub async fn page(
         div.columns {
             section {
                 dl.facts {
-                    dt { "URL" } dd.mono { (ep.url) }
+                    dt { "URL" } dd.mono { (shown_url(&session, &ep.url)) }
                     @if !ep.description.is_empty() { dt { "Description" } dd { (ep.description) } }
                     dt { "Event types" }
                     dd { @match &ep.filter_types {

@@ -706,13 +706,14 @@ impl SendTo {
     ) -> StoreResult<Self> {
         let opened = (|| {
             Ok::<_, crate::crypto::OpenError>((
+                open_column(keys, endpoint_id, SecretColumn::Url, &url)?,
                 open_column(keys, endpoint_id, SecretColumn::Secret, secret)?,
                 open_column(keys, endpoint_id, SecretColumn::OldSecrets, old_secrets)?,
                 open_column(keys, endpoint_id, SecretColumn::Headers, headers)?,
             ))
         })();
         match opened {
-            Ok((secret, old_secrets, headers)) => Ok(SendTo {
+            Ok((url, secret, old_secrets, headers)) => Ok(SendTo {
                 url,
                 secret,
                 old_secrets: valid_old_secrets(&old_secrets, now)?,
@@ -720,7 +721,12 @@ impl SendTo {
                 unreadable: None,
             }),
             Err(e) => Ok(SendTo {
-                url,
+                // Never sent; the attempt log shows it masked.
+                url: if crate::crypto::is_sealed(&url) {
+                    "(sealed)".to_owned()
+                } else {
+                    url
+                },
                 secret: String::new(),
                 old_secrets: Vec::new(),
                 headers: Vec::new(),

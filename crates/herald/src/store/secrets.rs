@@ -1,5 +1,5 @@
 //! Secrets at rest: the endpoint columns that hold credentials (`secret`,
-//! `old_secrets`, `headers`) are sealed with the store's [`Keyring`] when
+//! `old_secrets`, `headers`, and `url` when it carries userinfo) are sealed with the store's [`Keyring`] when
 //! written and opened when read, here at the store boundary, so nothing
 //! above the store sees a sealed value. Each column is sealed whole (the
 //! JSON of `old_secrets` and `headers`), bound to its endpoint and column by
@@ -24,13 +24,17 @@ pub enum SecretColumn {
     Secret,
     OldSecrets,
     Headers,
+    /// Sealed only when the URL carries credentials (userinfo); plain
+    /// otherwise, so that the common endpoint costs no decryption.
+    Url,
 }
 
 impl SecretColumn {
-    pub const ALL: [SecretColumn; 3] = [
+    pub const ALL: [SecretColumn; 4] = [
         SecretColumn::Secret,
         SecretColumn::OldSecrets,
         SecretColumn::Headers,
+        SecretColumn::Url,
     ];
 
     pub fn name(self) -> &'static str {
@@ -38,16 +42,23 @@ impl SecretColumn {
             SecretColumn::Secret => "secret",
             SecretColumn::OldSecrets => "old_secrets",
             SecretColumn::Headers => "headers",
+            SecretColumn::Url => "url",
         }
     }
 
     /// The value that holds nothing, stored as it is.
     fn empty(self) -> Option<&'static str> {
         match self {
-            SecretColumn::Secret => None,
+            SecretColumn::Secret | SecretColumn::Url => None,
             SecretColumn::OldSecrets => Some("[]"),
             SecretColumn::Headers => Some("{}"),
         }
+    }
+
+    /// Whether `plain` is stored as it is (nothing secret in it).
+    fn stays_plain(self, plain: &str) -> bool {
+        self.empty() == Some(plain)
+            || (self == SecretColumn::Url && !crate::net::url_has_credentials(plain))
     }
 
     /// What binds a sealed value to its row and column.
@@ -58,7 +69,7 @@ impl SecretColumn {
 
 /// `value` as column `col` of endpoint `endpoint_id` stores it.
 pub fn seal_column(keys: &Keyring, endpoint_id: &str, col: SecretColumn, value: &str) -> String {
-    if col.empty() == Some(value) {
+    if col.stays_plain(value) {
         return value.to_owned();
     }
     keys.seal(value, &col.aad(endpoint_id))
@@ -90,10 +101,11 @@ pub fn open_or_fail(
     })
 }
 
-/// An endpoint's signing secret and headers (JSON) as a read of the whole
-/// endpoint gets them; `unreadable` when a value did not open.
+/// An endpoint's URL, signing secret and headers (JSON) as a read of the
+/// whole endpoint gets them; `unreadable` when a value did not open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenedCredentials {
+    pub url: String,
     pub secret: String,
     pub headers_json: String,
     pub unreadable: bool,
@@ -108,17 +120,20 @@ pub struct OpenedCredentials {
 pub fn open_endpoint_credentials(
     keys: &Keyring,
     endpoint_id: &str,
+    url: &str,
     secret: &str,
     headers: &str,
 ) -> OpenedCredentials {
-    let opened = open_column(keys, endpoint_id, SecretColumn::Secret, secret).and_then(|s| {
-        Ok((
-            s,
+    let opened = (|| {
+        Ok::<_, OpenError>((
+            open_column(keys, endpoint_id, SecretColumn::Url, url)?,
+            open_column(keys, endpoint_id, SecretColumn::Secret, secret)?,
             open_column(keys, endpoint_id, SecretColumn::Headers, headers)?,
         ))
-    });
+    })();
     match opened {
-        Ok((secret, headers_json)) => OpenedCredentials {
+        Ok((url, secret, headers_json)) => OpenedCredentials {
+            url,
             secret,
             headers_json,
             unreadable: false,
@@ -131,6 +146,12 @@ pub fn open_endpoint_credentials(
                 crate::crypto::ENV_KEY
             );
             OpenedCredentials {
+                // What is stored, masked: enough to tell the endpoint by.
+                url: if is_sealed(url) {
+                    "(sealed)".to_owned()
+                } else {
+                    crate::net::masked_url(url)
+                },
                 secret: String::new(),
                 headers_json: "{}".to_owned(),
                 unreadable: true,
@@ -175,6 +196,7 @@ pub struct SecretRow {
     pub secret: String,
     pub old_secrets: String,
     pub headers: String,
+    pub url: String,
 }
 
 impl SecretRow {
@@ -187,8 +209,10 @@ impl SecretRow {
             (SecretColumn::Secret, &mut out.secret),
             (SecretColumn::OldSecrets, &mut out.old_secrets),
             (SecretColumn::Headers, &mut out.headers),
+            (SecretColumn::Url, &mut out.url),
         ] {
-            if col.empty() == Some(value.as_str()) || value.starts_with(keep) {
+            let plain_for_good = !is_sealed(value) && col.stays_plain(value);
+            if plain_for_good || value.starts_with(keep) {
                 continue;
             }
             let plain = open_or_fail(keys, &self.id, col, value)?;
@@ -277,11 +301,15 @@ mod tests {
             secret: s.clone(),
             old_secrets: "[]".into(),
             headers: r#"{"A":"b"}"#.into(),
+            url: "https://user:pass@example.com/hook".into(),
         };
         let keep = ResealScope::Plain.keep_prefix(&keys).unwrap();
         let out = row.resealed(&keys, &keep).unwrap().unwrap();
         assert_eq!(out.secret, s);
         assert!(is_sealed(&out.headers));
+        assert!(is_sealed(&out.url), "a URL with credentials is sealed");
+        let plain_url = seal_column(&keys, "ep_1", SecretColumn::Url, "https://example.com/");
+        assert_eq!(plain_url, "https://example.com/", "one without stays plain");
         assert_eq!(out.resealed(&keys, &keep).unwrap(), None);
     }
 }

@@ -124,6 +124,32 @@ impl Db {
         }
     }
 
+    /// The endpoint's `url` as stored.
+    async fn raw_url(&self, ep: &str) -> String {
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
+                conn.query_row("SELECT url FROM endpoints WHERE id = ?1", [ep], |r| {
+                    r.get(0)
+                })
+                .expect("row")
+            }
+            Db::Postgres(pg) => {
+                let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
+                let url: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT url FROM \"{}\".endpoints WHERE id = $1",
+                    pg.schema
+                )))
+                .bind(ep)
+                .fetch_one(&pool)
+                .await
+                .expect("row");
+                pool.close().await;
+                url
+            }
+        }
+    }
+
     /// Overwrites the endpoint's stored `secret` column.
     async fn set_raw_secret(&self, ep: &str, stored: &str) {
         match self {
@@ -505,4 +531,120 @@ async fn postgres_one_unreadable_row_spoils_nothing_else() {
         return;
     };
     one_unreadable_row_spoils_nothing_else(db).await;
+}
+
+/// Credentials in an endpoint's URL (userinfo) are sealed at rest like the
+/// secret, used when sending, and shown masked to whoever may not read the
+/// secret (a read-only portal token, its pages) and in the attempt log.
+async fn url_credentials_sealed_and_masked(db: Db) {
+    const PASS: &str = "url-pass-93e1";
+    let app = db.start(Some(&key(1))).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let url = rx
+        .url("/hook")
+        .replace("http://", &format!("http://hook-user:{PASS}@"));
+    let ep = app
+        .create_endpoint(&app_id, &url, json!({"secret": SECRET}))
+        .await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+
+    let stored = db.raw_url(&ep).await;
+    assert_sealed(&stored, 1, &[PASS, "hook-user"]);
+
+    // The admin (who may read the secret) sees the URL as given.
+    let (status, got) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(got["url"], json!(url));
+
+    // Sent with the credentials (reqwest makes them Basic auth).
+    app.send_message(&app_id, "a.b", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("hook-user:{PASS}"));
+    assert_eq!(got[0].header("authorization"), format!("Basic {basic}"));
+    assert!(verifies_with(SECRET, &got[0]));
+
+    // A read-only portal token sees it masked, in the API and its pages;
+    // the attempt log holds it masked.
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/auth/app-portal-access/{app_id}"),
+            json!({"capabilities": ["ViewBase"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let token = out["token"].as_str().expect("token");
+    for path in [
+        format!("/api/v1/app/{app_id}/endpoint/{ep}"),
+        format!("/api/v1/app/{app_id}/endpoint"),
+        format!("/api/v1/app/{app_id}/attempt/endpoint/{ep}"),
+    ] {
+        let (status, got) = call(&app, token, reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {got}");
+        let text = got.to_string();
+        assert!(!text.contains(PASS), "{path}: {text}");
+        assert!(!text.contains("hook-user"), "{path}: {text}");
+    }
+    let (_, one) = call(
+        &app,
+        token,
+        reqwest::Method::GET,
+        &format!("/api/v1/app/{app_id}/endpoint/{ep}"),
+        None,
+    )
+    .await;
+    assert!(one["url"].as_str().expect("url").contains("****@"), "{one}");
+    let link = out["url"].as_str().expect("link");
+    let parsed = url::Url::parse(link).expect("link");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = browser
+        .get(app.url(&format!(
+            "{}?{}",
+            parsed.path(),
+            parsed.query().unwrap_or("")
+        )))
+        .send()
+        .await
+        .expect("login");
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .split(';')
+        .next()
+        .expect("name=value")
+        .to_owned();
+    for page in ["/portal".to_owned(), format!("/portal/endpoint/{ep}")] {
+        let html = browser
+            .get(app.url(&page))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("html");
+        assert!(!html.contains(PASS), "{page}: {html}");
+        assert!(html.contains("****@"), "{page} shows the endpoint masked");
+    }
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_url_credentials_are_sealed_and_masked() {
+    url_credentials_sealed_and_masked(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_url_credentials_are_sealed_and_masked() {
+    let Some(db) = Db::postgres("postgres_url_credentials_are_sealed_and_masked") else {
+        return;
+    };
+    url_credentials_sealed_and_masked(db).await;
 }

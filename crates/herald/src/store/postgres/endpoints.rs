@@ -16,6 +16,7 @@ pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoi
     let opened = open_endpoint_credentials(
         keys,
         &id,
+        &get::<String>(r, "url")?,
         &get::<String>(r, "secret")?,
         &get::<String>(r, "headers")?,
     );
@@ -23,7 +24,7 @@ pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoi
         id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
         uid: get(r, "uid")?,
-        url: get(r, "url")?,
+        url: opened.url,
         description: get(r, "description")?,
         filter_types: filter.as_deref().map(from_json).transpose()?,
         disabled: get(r, "disabled")?,
@@ -74,7 +75,7 @@ impl Endpoints for PostgresStore {
         .bind(ep.id.as_str())
         .bind(ep.app_id.as_str())
         .bind(ep.uid.as_deref())
-        .bind(&ep.url)
+        .bind(seal_column(&self.keys, ep.id.as_str(), SecretColumn::Url, &ep.url))
         .bind(&ep.description)
         .bind(filter)
         .bind(ep.disabled)
@@ -173,7 +174,12 @@ impl Endpoints for PostgresStore {
         )
         .bind(changes.uid.is_some())
         .bind(changes.uid.as_ref().and_then(|u| u.as_deref()))
-        .bind(changes.url.as_deref())
+        .bind(
+            changes
+                .url
+                .as_deref()
+                .map(|u| seal_column(&self.keys, ep.as_str(), SecretColumn::Url, u)),
+        )
         .bind(changes.description.as_deref())
         .bind(filter.is_some())
         .bind(filter.flatten())

@@ -43,10 +43,12 @@ impl Secrets for PostgresStore {
             let mut missed = 0u64;
             loop {
                 let found = sqlx::query(
-                    "SELECT id, secret, old_secrets, headers FROM endpoints \
+                    "SELECT id, secret, old_secrets, headers, url FROM endpoints \
                      WHERE id > $1 AND (substr(secret, 1, length($2)) <> $2 \
                        OR (old_secrets <> '[]' AND substr(old_secrets, 1, length($2)) <> $2) \
-                       OR (headers <> '{}' AND substr(headers, 1, length($2)) <> $2)) \
+                       OR (headers <> '{}' AND substr(headers, 1, length($2)) <> $2) \
+                       OR (substr(url, 1, 4) = 'enc:' AND substr(url, 1, length($2)) <> $2) \
+                       OR (substr(url, 1, 4) <> 'enc:' AND strpos(url, '@') > 0)) \
                      ORDER BY id LIMIT $3",
                 )
                 .bind(&after)
@@ -61,6 +63,7 @@ impl Secrets for PostgresStore {
                         secret: get(r, "secret")?,
                         old_secrets: get(r, "old_secrets")?,
                         headers: get(r, "headers")?,
+                        url: get(r, "url")?,
                     })
                 })?;
                 let Some(last) = batch.last() else { break };
@@ -76,7 +79,7 @@ impl Secrets for PostgresStore {
                 }
                 // One statement per batch, compare-and-set on what was read:
                 // a rotate-secret or headers write in between wins.
-                let mut cols: [Vec<&str>; 7] = Default::default();
+                let mut cols: [Vec<&str>; 9] = Default::default();
                 for (old, new) in &writes {
                     for (i, v) in [
                         &new.secret,
@@ -86,6 +89,8 @@ impl Secrets for PostgresStore {
                         &old.secret,
                         &old.old_secrets,
                         &old.headers,
+                        &new.url,
+                        &old.url,
                     ]
                     .into_iter()
                     .enumerate()
@@ -94,10 +99,12 @@ impl Secrets for PostgresStore {
                     }
                 }
                 let done = sqlx::query(
-                    "UPDATE endpoints e SET secret = w.ns, old_secrets = w.no, headers = w.nh \
-                     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-                          AS w(ns, no, nh, id, os, oo, oh) \
-                     WHERE e.id = w.id AND e.secret = w.os AND e.old_secrets = w.oo AND e.headers = w.oh",
+                    "UPDATE endpoints e SET secret = w.ns, old_secrets = w.no, headers = w.nh, url = w.nu \
+                     FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                                 $8::text[], $9::text[]) \
+                          AS w(ns, no, nh, id, os, oo, oh, nu, ou) \
+                     WHERE e.id = w.id AND e.secret = w.os AND e.old_secrets = w.oo AND e.headers = w.oh \
+                       AND e.url = w.ou",
                 )
                 .bind(&cols[0])
                 .bind(&cols[1])
@@ -106,6 +113,8 @@ impl Secrets for PostgresStore {
                 .bind(&cols[4])
                 .bind(&cols[5])
                 .bind(&cols[6])
+                .bind(&cols[7])
+                .bind(&cols[8])
                 .execute(&self.pool)
                 .await
                 .map_err(map_err)?

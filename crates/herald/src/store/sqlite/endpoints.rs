@@ -12,6 +12,7 @@ pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endp
     let opened = open_endpoint_credentials(
         keys,
         &id,
+        &get::<String>(r, "url")?,
         &get::<String>(r, "secret")?,
         &get::<String>(r, "headers")?,
     );
@@ -19,7 +20,7 @@ pub(super) fn endpoint_from_row(r: &Row<'_>, keys: &Keyring) -> StoreResult<Endp
         id: EndpointId::from_trusted(id),
         app_id: AppId::from_trusted(get(r, "app_id")?),
         uid: get(r, "uid")?,
-        url: get(r, "url")?,
+        url: opened.url,
         description: get(r, "description")?,
         filter_types: filter.as_deref().map(from_json).transpose()?,
         disabled: get::<i64>(r, "disabled")? != 0,
@@ -64,6 +65,7 @@ impl Endpoints for SqliteStore {
             &to_json(&ep.headers)?,
         );
         let secret = seal_column(&self.keys, ep.id.as_str(), SecretColumn::Secret, &ep.secret);
+        let url = seal_column(&self.keys, ep.id.as_str(), SecretColumn::Url, &ep.url);
         self.write(move |c| {
             c.execute(
                 "INSERT INTO endpoints (id, app_id, uid, url, description, filter_types, disabled, rate_limit, \
@@ -73,7 +75,7 @@ impl Endpoints for SqliteStore {
                     ep.id.as_str(),
                     ep.app_id.as_str(),
                     ep.uid,
-                    ep.url,
+                    url,
                     ep.description,
                     filter,
                     i64::from(ep.disabled),
@@ -131,7 +133,10 @@ impl Endpoints for SqliteStore {
         now: Millis,
     ) -> StoreResult<bool> {
         let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
-        let ch = changes.clone();
+        let mut ch = changes.clone();
+        ch.url = ch
+            .url
+            .map(|u| seal_column(&self.keys, &ep, SecretColumn::Url, &u));
         let EndpointChangesJson {
             filter_types: filter,
             metadata,

@@ -50,10 +50,12 @@ impl Secrets for SqliteStore {
                     .read(move |c| {
                         let mut stmt = c
                             .prepare_cached(
-                                "SELECT id, secret, old_secrets, headers FROM endpoints \
+                                "SELECT id, secret, old_secrets, headers, url FROM endpoints \
                                  WHERE id > ?1 AND (substr(secret, 1, length(?2)) <> ?2 \
                                    OR (old_secrets <> '[]' AND substr(old_secrets, 1, length(?2)) <> ?2) \
-                                   OR (headers <> '{}' AND substr(headers, 1, length(?2)) <> ?2)) \
+                                   OR (headers <> '{}' AND substr(headers, 1, length(?2)) <> ?2) \
+                                   OR (substr(url, 1, 4) = 'enc:' AND substr(url, 1, length(?2)) <> ?2) \
+                                   OR (substr(url, 1, 4) <> 'enc:' AND instr(url, '@') > 0)) \
                                  ORDER BY id LIMIT ?3",
                             )
                             .map_err(map_err)?;
@@ -63,6 +65,7 @@ impl Secrets for SqliteStore {
                                 secret: get(r, "secret")?,
                                 old_secrets: get(r, "old_secrets")?,
                                 headers: get(r, "headers")?,
+                                url: get(r, "url")?,
                             })
                         })
                     })
@@ -80,8 +83,9 @@ impl Secrets for SqliteStore {
                     .write(move |c| {
                         let mut stmt = c
                             .prepare_cached(
-                                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3 \
-                                 WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7",
+                                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3, url = ?8 \
+                                 WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7 \
+                                   AND url = ?9",
                             )
                             .map_err(map_err)?;
                         let mut n = 0u64;
@@ -94,7 +98,9 @@ impl Secrets for SqliteStore {
                                     old.id,
                                     old.secret,
                                     old.old_secrets,
-                                    old.headers
+                                    old.headers,
+                                    new.url,
+                                    old.url
                                 ])
                                 .map_err(map_err)? as u64;
                         }
