@@ -25,6 +25,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LOGIN_FAILURE_LIMIT", "10", "Failed dashboard log-ins one client address may make at once, and as many failed portal links (a limit of their own); then one per second, further failures answered 429. The right token or link is never refused."),
     ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db`, `sqlite://relative.db` or `postgres://user@host/db`."),
     ("HERALD_DATABASE_SCHEMA", "herald", "PostgreSQL schema holding Herald's tables and functions."),
+    ("HERALD_AUTO_MIGRATE", "true", "At start, apply the store's pending migrations; `false`: refuse to start while any is pending (naming them), so that `herald migrate` runs as a step of the deploy."),
     ("HERALD_DATABASE_WAIT", "30s", "At start, how long to keep retrying a store that cannot be reached (a database still starting) before giving up; `0s`: give up at once."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
     ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
@@ -89,6 +90,9 @@ pub struct Config {
     pub database_schema: String,
     /// `HERALD_DATABASE_WAIT`: how long start-up waits for an unreachable store.
     pub database_wait: Duration,
+    /// `HERALD_AUTO_MIGRATE`: whether opening the store applies pending
+    /// migrations (else a store with any pending is refused).
+    pub auto_migrate: bool,
     pub admin_token: Option<String>,
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
@@ -250,6 +254,7 @@ impl std::fmt::Debug for Config {
             .field("database_url", &redact_url(&self.database_url))
             .field("database_schema", &self.database_schema)
             .field("database_wait", &self.database_wait)
+            .field("auto_migrate", &self.auto_migrate)
             .field(
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
@@ -455,6 +460,7 @@ impl Config {
         let connect_timeout = duration("HERALD_CONNECT_TIMEOUT")?;
         // Zero is allowed: fail at once when the store is unreachable.
         let database_wait = duration("HERALD_DATABASE_WAIT")?;
+        let auto_migrate = boolean("HERALD_AUTO_MIGRATE")?;
         let lease = duration("HERALD_LEASE")?;
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
@@ -666,6 +672,7 @@ impl Config {
             database_url,
             database_schema,
             database_wait,
+            auto_migrate,
             admin_token,
             retry: RetryPolicy {
                 schedule,

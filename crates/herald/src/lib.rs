@@ -24,3 +24,15 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+
+/// What `herald --version` prints: the version, the commit it was built
+/// from, and the newest schema version it knows on each store.
+pub fn version_line() -> String {
+    format!(
+        "{} (commit {}; newest schema: SQLite {}, PostgreSQL {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("HERALD_GIT_COMMIT"),
+        store::sqlite::migrations::newest_version(),
+        store::postgres::migrations::newest_version()
+    )
+}

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 // glibc's allocator spends a fifth of the CPU on this workload's
 // many small, cross-thread allocations; mimalloc does not.
@@ -35,10 +35,18 @@ enum Command {
         #[arg(long, value_enum, default_value = "all")]
         role: Role,
     },
-    /// Apply the store's migrations and exit.
+    /// Apply the store's migrations and exit (whatever HERALD_AUTO_MIGRATE
+    /// says).
     Migrate {
         #[arg(long)]
         config: Option<PathBuf>,
+        /// List applied and pending migrations; exit 0 when none is
+        /// pending, 1 otherwise. Applies nothing.
+        #[arg(long, conflicts_with = "dry_run")]
+        status: bool,
+        /// Print the migrations that would run. Applies nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Re-encrypt stored secrets with the first key of HERALD_ENCRYPTION_KEY
     /// (safe while Herald serves); then older keys can be removed.
@@ -71,7 +79,13 @@ fn main() -> std::process::ExitCode {
     // still overrides it.
     // SAFETY: sets a plain integer option before any other thread exists.
     unsafe { libmimalloc_sys::mi_option_set_default(MI_OPTION_PURGE_DELAY, 1000) };
-    let cli = Cli::parse();
+    // clap takes a `&'static str`; the line lives as long as the process.
+    let version: &'static str = Box::leak(herald::version_line().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,7 +99,17 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve { config, role } => serve(config, role).await,
-            Command::Migrate { config } => migrate(config).await,
+            Command::Migrate {
+                config,
+                status: true,
+                ..
+            } => migrate_status(config).await,
+            Command::Migrate {
+                config,
+                dry_run: true,
+                ..
+            } => migrate_dry_run(config).await,
+            Command::Migrate { config, .. } => migrate(config).await,
             Command::RotateEncryptionKey { config } => rotate_encryption_key(config).await,
             Command::Bench(args) => herald::bench::run(args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
@@ -95,6 +119,9 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<PendingMigrations>().is_some() => {
+            std::process::ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("herald: {e:#}");
             std::process::ExitCode::FAILURE
@@ -137,8 +164,66 @@ async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     stopped
 }
 
-async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+/// `migrate --status` found migrations pending: exit 1, having said so.
+#[derive(Debug)]
+struct PendingMigrations;
+
+impl std::fmt::Display for PendingMigrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("migrations pending")
+    }
+}
+
+impl std::error::Error for PendingMigrations {}
+
+async fn migrate_status(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
+    let status = server::migration_status(&config).await?;
+    println!(
+        "store {}: {} applied, {} pending (this Herald knows up to {})",
+        herald::config::redact_url(&config.database_url),
+        status.applied.len(),
+        status.pending.len(),
+        status.newest_known
+    );
+    for m in &status.applied {
+        println!("  applied  {m}");
+    }
+    for m in &status.pending {
+        println!("  pending  {m}");
+    }
+    if let Some(newer) = status.newer_than_this_binary() {
+        anyhow::bail!("{newer}");
+    }
+    if status.pending.is_empty() {
+        Ok(())
+    } else {
+        Err(PendingMigrations.into())
+    }
+}
+
+async fn migrate_dry_run(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    let status = server::migration_status(&config).await?;
+    if let Some(newer) = status.newer_than_this_binary() {
+        anyhow::bail!("{newer}");
+    }
+    if status.pending.is_empty() {
+        println!(
+            "nothing to run: {} is up to date",
+            herald::config::redact_url(&config.database_url)
+        );
+    }
+    for m in &status.pending {
+        println!("would run  {m}");
+    }
+    Ok(())
+}
+
+async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let mut config = Config::load(config_file.as_deref())?;
+    // This is the step HERALD_AUTO_MIGRATE=false leaves to the operator.
+    config.auto_migrate = true;
     let _telemetry = init_logging(&config)?;
     // Opening a store applies its migrations.
     let backend = server::open_store(&config).await?;

@@ -166,7 +166,39 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     })
 }
 
+/// The configured store's migrations, read without applying any.
+pub async fn migration_status(
+    config: &Config,
+) -> crate::store::StoreResult<crate::store::MigrationStatus> {
+    if config.database_url.starts_with("sqlite:") {
+        let path = crate::store::sqlite::sqlite_path(&config.database_url).ok_or_else(|| {
+            crate::store::StoreError::Internal(format!(
+                "not a sqlite URL: {}",
+                crate::config::redact_url(&config.database_url)
+            ))
+        })?;
+        crate::store::sqlite::migrations::status(&path)
+    } else {
+        crate::store::postgres::migrations::status(&config.database_url, &config.database_schema)
+            .await
+    }
+}
+
 async fn open_backend_once(config: &Config) -> crate::store::StoreResult<Backend> {
+    // Read before anything is applied: a store a newer Herald migrated is
+    // refused on both backends, and with HERALD_AUTO_MIGRATE=false so is
+    // one with migrations pending.
+    let status = migration_status(config).await?;
+    if let Some(newer) = status.newer_than_this_binary() {
+        return Err(crate::store::StoreError::Internal(newer));
+    }
+    if !config.auto_migrate && !status.pending.is_empty() {
+        return Err(crate::store::StoreError::Internal(format!(
+            "{} migration(s) pending ({}) and HERALD_AUTO_MIGRATE is false: run `herald migrate` first",
+            status.pending.len(),
+            status.pending_names()
+        )));
+    }
     if config.database_url.starts_with("sqlite:") {
         let store =
             SqliteStore::open_with_keys(&config.database_url, config.encryption_keys.clone())

@@ -32,6 +32,7 @@ mod event_types;
 mod finder;
 mod health;
 mod history;
+mod migrations;
 pub mod postgres;
 mod queue;
 mod replay;
@@ -60,6 +61,7 @@ pub use health::{
     DUE_COUNT_CAP,
 };
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
+pub use migrations::{Migration, MigrationStatus};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
     storable, storable_batch, throttle_step_us, AttemptRecord, ClaimRequest, ClaimedDelivery,

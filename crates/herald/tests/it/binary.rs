@@ -522,3 +522,122 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     assert_eq!(get_app(app_token).await, 401);
     proc.child.kill().await.expect("kill");
 }
+
+/// `herald <args>` with `envs`: (exit code, stdout, stderr).
+async fn run(args: &[&str], envs: &[(&str, String)]) -> (Option<i32>, String, String) {
+    let mut cmd = herald();
+    cmd.args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(PATIENCE, cmd.output())
+        .await
+        .expect("herald ends within the patience")
+        .expect("herald runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The upgrade steps an operator scripts: `migrate --status` (0: nothing
+/// pending, 1: some) and `--dry-run` apply nothing; with
+/// `HERALD_AUTO_MIGRATE=false` `serve` refuses a store with migrations
+/// pending, naming them, until `herald migrate` ran; a store a newer
+/// Herald migrated is refused by all of them; `--version` names the
+/// commit and the newest schema.
+async fn migrations_are_listed_gated_and_refused_when_newer(store: &[(&str, String)]) {
+    let (code, out, err) = run(&["migrate", "--status"], store).await;
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("0 applied"), "{out}");
+    assert!(out.contains("pending  0001 initial"), "{out}");
+    let (code, out, _) = run(&["migrate", "--dry-run"], store).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("would run  0001 initial"), "{out}");
+    let (code, _, _) = run(&["migrate", "--status"], store).await;
+    assert_eq!(code, Some(1), "the dry run applied nothing");
+
+    let mut gated = store.to_vec();
+    gated.push(("HERALD_AUTO_MIGRATE", "false".into()));
+    gated.push((
+        "HERALD_LISTEN",
+        format!("127.0.0.1:{}", closed_port().await),
+    ));
+    let (code, _, err) = run(&["serve"], &gated).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("HERALD_AUTO_MIGRATE"), "{err}");
+    assert!(err.contains("0001 initial"), "names what is pending: {err}");
+
+    let (code, out, err) = run(&["migrate"], &gated).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, _) = run(&["migrate", "--status"], store).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains(" 0 pending"), "{out}");
+    let (code, out, _) = run(&["migrate", "--dry-run"], store).await;
+    assert_eq!(code, Some(0));
+    assert!(out.contains("nothing to run"), "{out}");
+
+    let (code, version, _) = run(&["--version"], &[]).await;
+    assert_eq!(code, Some(0));
+    assert!(version.contains("commit "), "{version}");
+    assert!(version.contains("newest schema: SQLite "), "{version}");
+}
+
+#[tokio::test]
+async fn sqlite_migrations_are_listed_gated_and_refused_when_newer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("h.db");
+    let store = [("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()))];
+    migrations_are_listed_gated_and_refused_when_newer(&store).await;
+    // A newer Herald's schema.
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    conn.pragma_update(None, "user_version", 999)
+        .expect("bump the schema version");
+    drop(conn);
+    let mut store = store.to_vec();
+    store.push((
+        "HERALD_LISTEN",
+        format!("127.0.0.1:{}", closed_port().await),
+    ));
+    for args in [&["migrate", "--status"][..], &["migrate"], &["serve"]] {
+        let (code, _, err) = run(args, &store).await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("newer than this Herald"), "{args:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn postgres_migrations_are_listed_gated_and_refused_when_newer() {
+    let Some(pg) = crate::helpers::PgSchema::new(
+        "binary::postgres_migrations_are_listed_gated_and_refused_when_newer",
+    ) else {
+        return;
+    };
+    let store = [
+        ("HERALD_DATABASE_URL", pg.url.clone()),
+        ("HERALD_DATABASE_SCHEMA", pg.schema.clone()),
+    ];
+    migrations_are_listed_gated_and_refused_when_newer(&store).await;
+    let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{}\"._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', TRUE, '\\x00'::bytea, 0)",
+        pg.schema
+    )))
+    .execute(&pool)
+    .await
+    .expect("a newer Herald's migration");
+    pool.close().await;
+    let mut store = store.to_vec();
+    store.push((
+        "HERALD_LISTEN",
+        format!("127.0.0.1:{}", closed_port().await),
+    ));
+    for args in [&["migrate", "--status"][..], &["migrate"], &["serve"]] {
+        let (code, _, err) = run(args, &store).await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("newer than this Herald"), "{args:?}: {err}");
+    }
+    pg.drop_schema().await;
+}

@@ -50,6 +50,7 @@ mod event_types;
 mod finder;
 mod health;
 mod history;
+pub mod migrations;
 mod queue;
 mod replay;
 mod retention;

@@ -42,6 +42,7 @@ mod event_types;
 mod finder;
 mod health;
 mod history;
+pub mod migrations;
 mod queue;
 mod replay;
 mod retention;
@@ -53,29 +54,90 @@ mod tokens;
 use circuits::circuit_of_row;
 pub use counts::{CountFold, COUNT_FUNCTION};
 
-/// The schema, in order. A database records how many it has applied in
-/// `PRAGMA user_version`; at open the rest are applied in a transaction.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../../../migrations/sqlite/0001_initial.sql"),
-    include_str!("../../../migrations/sqlite/0002_parking.sql"),
-    include_str!("../../../migrations/sqlite/0003_health.sql"),
-    include_str!("../../../migrations/sqlite/0004_secret_rotation.sql"),
-    include_str!("../../../migrations/sqlite/0005_event_types.sql"),
-    include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
-    include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
-    include_str!("../../../migrations/sqlite/0008_held.sql"),
-    include_str!("../../../migrations/sqlite/0009_audit.sql"),
-    include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
-    include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
-    include_str!("../../../migrations/sqlite/0012_expunge.sql"),
-    include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
-    include_str!("../../../migrations/sqlite/0014_portal.sql"),
-    include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
-    include_str!("../../../migrations/sqlite/0016_finder.sql"),
-    include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
-    include_str!("../../../migrations/sqlite/0018_counts_fold.sql"),
-    include_str!("../../../migrations/sqlite/0019_failed_attempts_index.sql"),
-    include_str!("../../../migrations/sqlite/0020_attempts_by_success.sql"),
+/// The schema, in order, by name. A database records how many it has
+/// applied in `PRAGMA user_version`; at open the rest are applied in a
+/// transaction.
+pub(crate) const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_initial",
+        include_str!("../../../migrations/sqlite/0001_initial.sql"),
+    ),
+    (
+        "0002_parking",
+        include_str!("../../../migrations/sqlite/0002_parking.sql"),
+    ),
+    (
+        "0003_health",
+        include_str!("../../../migrations/sqlite/0003_health.sql"),
+    ),
+    (
+        "0004_secret_rotation",
+        include_str!("../../../migrations/sqlite/0004_secret_rotation.sql"),
+    ),
+    (
+        "0005_event_types",
+        include_str!("../../../migrations/sqlite/0005_event_types.sql"),
+    ),
+    (
+        "0006_channels_headers",
+        include_str!("../../../migrations/sqlite/0006_channels_headers.sql"),
+    ),
+    (
+        "0007_tokens_idempotency",
+        include_str!("../../../migrations/sqlite/0007_tokens_idempotency.sql"),
+    ),
+    (
+        "0008_held",
+        include_str!("../../../migrations/sqlite/0008_held.sql"),
+    ),
+    (
+        "0009_audit",
+        include_str!("../../../migrations/sqlite/0009_audit.sql"),
+    ),
+    (
+        "0010_traceparent",
+        include_str!("../../../migrations/sqlite/0010_traceparent.sql"),
+    ),
+    (
+        "0011_message_fields",
+        include_str!("../../../migrations/sqlite/0011_message_fields.sql"),
+    ),
+    (
+        "0012_expunge",
+        include_str!("../../../migrations/sqlite/0012_expunge.sql"),
+    ),
+    (
+        "0013_payload_expiry",
+        include_str!("../../../migrations/sqlite/0013_payload_expiry.sql"),
+    ),
+    (
+        "0014_portal",
+        include_str!("../../../migrations/sqlite/0014_portal.sql"),
+    ),
+    (
+        "0015_throttle_fifo",
+        include_str!("../../../migrations/sqlite/0015_throttle_fifo.sql"),
+    ),
+    (
+        "0016_finder",
+        include_str!("../../../migrations/sqlite/0016_finder.sql"),
+    ),
+    (
+        "0017_circuit_breaker",
+        include_str!("../../../migrations/sqlite/0017_circuit_breaker.sql"),
+    ),
+    (
+        "0018_counts_fold",
+        include_str!("../../../migrations/sqlite/0018_counts_fold.sql"),
+    ),
+    (
+        "0019_failed_attempts_index",
+        include_str!("../../../migrations/sqlite/0019_failed_attempts_index.sql"),
+    ),
+    (
+        "0020_attempts_by_success",
+        include_str!("../../../migrations/sqlite/0020_attempts_by_success.sql"),
+    ),
 ];
 
 /// Jobs per transaction at most; the rest wait for the next one.
@@ -205,7 +267,7 @@ fn migrate(conn: &mut Connection, counts: &CountFold) -> StoreResult<()> {
     }
     let tx = conn.transaction().map_err(map_err)?;
     counts.begin();
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
+    for (i, (_, sql)) in MIGRATIONS.iter().enumerate().skip(applied) {
         tx.execute_batch(sql)
             .map_err(|e| StoreError::Internal(format!("migration {} failed: {e}", i + 1)))?;
         tx.pragma_update(None, "user_version", i + 1)
