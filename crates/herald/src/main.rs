@@ -136,6 +136,8 @@ fn init_logging(config: &Config) -> anyhow::Result<herald::telemetry::Telemetry>
 async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
     let telemetry = init_logging(&config)?;
+    // Held until the process ends.
+    let _store_lock = server::hold_sqlite_store(&config)?;
     let https = config.tls.is_some();
     let listener = match role {
         Role::Worker => None,

@@ -166,6 +166,41 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     })
 }
 
+/// A serving process's hold on its SQLite store: an exclusive lock on
+/// `<file>.lock`, released when the process ends however it ends (kill -9
+/// too). One process per SQLite file: a second `serve` on it is refused.
+/// `herald migrate` and `rotate-encryption-key` do not take it (they are
+/// safe beside a serving Herald). `None` on PostgreSQL, where many
+/// processes share the store.
+pub fn hold_sqlite_store(config: &Config) -> anyhow::Result<Option<std::fs::File>> {
+    if !config.database_url.starts_with("sqlite:") {
+        return Ok(None);
+    }
+    let path = crate::store::sqlite::sqlite_path(&config.database_url)
+        .context("HERALD_DATABASE_URL: not a sqlite URL")?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let mut lock_path = path.clone().into_os_string();
+    lock_path.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open {}", std::path::Path::new(&lock_path).display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another Herald process is serving the SQLite store {}: one process per SQLite file \
+             (stop it first, or use PostgreSQL to run several)",
+            path.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => Err(e)
+            .with_context(|| format!("cannot lock {}", std::path::Path::new(&lock_path).display())),
+    }
+}
+
 /// The configured store's migrations, read without applying any.
 pub async fn migration_status(
     config: &Config,

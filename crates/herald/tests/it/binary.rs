@@ -641,3 +641,34 @@ async fn postgres_migrations_are_listed_gated_and_refused_when_newer() {
     }
     pg.drop_schema().await;
 }
+
+/// One serving process per SQLite file: a second `serve` on it is refused
+/// with a clear error (two writers would each believe their leases and
+/// counts their own), and the file can be served again once the first
+/// process is gone, however it ended.
+#[tokio::test]
+async fn a_second_serve_on_one_sqlite_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("h.db");
+    let mut first = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    let store = [
+        ("HERALD_DATABASE_URL", format!("sqlite://{}", db.display())),
+        (
+            "HERALD_LISTEN",
+            format!("127.0.0.1:{}", closed_port().await),
+        ),
+        ("HERALD_ADMIN_TOKEN", TOKEN.to_owned()),
+    ];
+    let (code, _, err) = run(&["serve"], &store).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("another Herald process is serving the SQLite store"),
+        "{err}"
+    );
+    // Safe beside it: the migration step.
+    let (code, _, err) = run(&["migrate"], &store).await;
+    assert_eq!(code, Some(0), "{err}");
+    first.child.kill().await.expect("kill -9");
+    let second = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    drop(second);
+}
