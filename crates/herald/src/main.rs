@@ -48,6 +48,25 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Write a consistent copy of the SQLite store to PATH while Herald
+    /// serves, check it and print what it holds (PostgreSQL: use pg_dump).
+    Backup {
+        /// Where the copy goes (refused if it exists, unless --force).
+        path: PathBuf,
+        /// Replace an existing file at PATH (never a served store).
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Put a backup in place as the SQLite store (Herald stopped); the
+    /// replaced store is kept aside beside it.
+    Restore {
+        /// The backup file.
+        path: PathBuf,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Re-encrypt stored secrets with the first key of HERALD_ENCRYPTION_KEY
     /// (safe while Herald serves); then older keys can be removed.
     RotateEncryptionKey {
@@ -111,6 +130,12 @@ fn main() -> std::process::ExitCode {
             } => migrate_dry_run(config).await,
             Command::Migrate { config, .. } => migrate(config).await,
             Command::RotateEncryptionKey { config } => rotate_encryption_key(config).await,
+            Command::Backup {
+                path,
+                force,
+                config,
+            } => backup(config, path, force).await,
+            Command::Restore { path, config } => restore(config, path).await,
             Command::Bench(args) => herald::bench::run(args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
@@ -234,6 +259,28 @@ async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
         "migrations applied to {}",
         herald::config::redact_url(&config.database_url)
     );
+    Ok(())
+}
+
+async fn backup(config_file: Option<PathBuf>, path: PathBuf, force: bool) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    let summary = server::backup(&config, path.clone(), force).await?;
+    println!("backup {}: {summary}", path.display());
+    Ok(())
+}
+
+async fn restore(config_file: Option<PathBuf>, path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    let (summary, aside) = server::restore(&config, path.clone()).await?;
+    let shown = herald::config::redact_url(&config.database_url);
+    match aside {
+        Some(aside) => println!(
+            "restored {} as {shown}: {summary}; the replaced store is at {}",
+            path.display(),
+            aside.display()
+        ),
+        None => println!("restored {} as {shown}: {summary}", path.display()),
+    }
     Ok(())
 }
 

@@ -176,29 +176,122 @@ pub fn hold_sqlite_store(config: &Config) -> anyhow::Result<Option<std::fs::File
     if !config.database_url.starts_with("sqlite:") {
         return Ok(None);
     }
-    let path = crate::store::sqlite::sqlite_path(&config.database_url)
-        .context("HERALD_DATABASE_URL: not a sqlite URL")?;
+    let path = sqlite_store_path(config)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let mut lock_path = path.clone().into_os_string();
-    lock_path.push(".lock");
+    match lock_sqlite_file(&path)? {
+        Some(lock) => Ok(Some(lock)),
+        None => anyhow::bail!(
+            "another Herald process is serving the SQLite store {}: one process per SQLite file \
+             (stop it first, or use PostgreSQL to run several)",
+            path.display()
+        ),
+    }
+}
+
+/// The configured SQLite store's file.
+fn sqlite_store_path(config: &Config) -> anyhow::Result<std::path::PathBuf> {
+    crate::store::sqlite::sqlite_path(&config.database_url)
+        .context("HERALD_DATABASE_URL: not a sqlite URL")
+}
+
+/// The lock on `<path>.lock` that a serving process holds; `None` when
+/// another process holds it.
+fn lock_sqlite_file(path: &std::path::Path) -> anyhow::Result<Option<std::fs::File>> {
+    let lock_path = crate::store::sqlite::backup::with_suffix(path, ".lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .with_context(|| format!("cannot open {}", std::path::Path::new(&lock_path).display()))?;
+        .with_context(|| format!("cannot open {}", lock_path.display()))?;
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "another Herald process is serving the SQLite store {}: one process per SQLite file \
-             (stop it first, or use PostgreSQL to run several)",
-            path.display()
-        ),
-        Err(std::fs::TryLockError::Error(e)) => Err(e)
-            .with_context(|| format!("cannot lock {}", std::path::Path::new(&lock_path).display())),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", lock_path.display()))
+        }
     }
+}
+
+/// `herald backup TARGET`: a consistent copy of the configured SQLite
+/// store, taken while it serves (see `store::sqlite::backup`). Refuses an
+/// existing `target` unless `force`, and never a target that is a served
+/// store (its own or another's).
+pub async fn backup(
+    config: &Config,
+    target: std::path::PathBuf,
+    force: bool,
+) -> anyhow::Result<crate::store::sqlite::backup::Summary> {
+    if !config.database_url.starts_with("sqlite:") {
+        anyhow::bail!(
+            "{}",
+            crate::store::postgres::backup::advice(&config.database_schema)
+        );
+    }
+    let store = sqlite_store_path(config)?;
+    if target.exists() {
+        if !force {
+            anyhow::bail!(
+                "{} exists: choose another path, or --force to replace it",
+                target.display()
+            );
+        }
+        let same = std::fs::canonicalize(&target).ok() == std::fs::canonicalize(&store).ok();
+        let served = lock_sqlite_file(&target)?.is_none();
+        if same || served {
+            anyhow::bail!(
+                "{} is a store a Herald process serves (or the configured store itself): \
+                 a backup never replaces it",
+                target.display()
+            );
+        }
+    }
+    tokio::task::spawn_blocking(move || crate::store::sqlite::backup::backup(&store, &target))
+        .await
+        .context("the backup task failed")?
+        .map_err(Into::into)
+}
+
+/// `herald restore BACKUP`: puts a checked backup in place as the
+/// configured SQLite store, the replaced one kept aside. Refused while a
+/// Herald process serves the store.
+pub async fn restore(
+    config: &Config,
+    backup: std::path::PathBuf,
+) -> anyhow::Result<(
+    crate::store::sqlite::backup::Summary,
+    Option<std::path::PathBuf>,
+)> {
+    if !config.database_url.starts_with("sqlite:") {
+        anyhow::bail!(
+            "{}",
+            crate::store::postgres::backup::advice(&config.database_schema)
+        );
+    }
+    let store = sqlite_store_path(config)?;
+    if !backup.is_file() {
+        anyhow::bail!("no backup file at {}", backup.display());
+    }
+    if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Held while the files move: no `serve` can start on them meanwhile.
+    let Some(lock) = lock_sqlite_file(&store)? else {
+        anyhow::bail!(
+            "a Herald process is serving {}: stop it before restoring",
+            store.display()
+        );
+    };
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let done = tokio::task::spawn_blocking(move || {
+        crate::store::sqlite::backup::restore(&backup, &store, &stamp)
+    })
+    .await
+    .context("the restore task failed")?;
+    drop(lock);
+    Ok(done?)
 }
 
 /// The configured store's migrations, read without applying any.

@@ -672,3 +672,136 @@ async fn a_second_serve_on_one_sqlite_file_is_refused() {
     let second = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
     drop(second);
 }
+
+/// The message ids (`webhook-id`) a receiver got after its first `skip`
+/// requests.
+fn received_ids(rx: &crate::helpers::Receiver, skip: usize) -> HashSet<String> {
+    rx.requests()
+        .iter()
+        .skip(skip)
+        .map(|r| r.header("webhook-id"))
+        .collect()
+}
+
+/// `herald backup` while Herald serves and accepts messages, then `herald
+/// restore` of it: refused while serving, onto a served store, over an
+/// existing file without --force, from a corrupt file or a newer schema;
+/// once restored, every message answered 202 before the backup began is
+/// delivered, the ones in flight at the snapshot after their lease, and
+/// the replaced store is kept aside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_while_serving_then_restore_loses_nothing() {
+    use crate::helpers::{Receiver, Reply};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("h.db");
+    let store_url = format!("sqlite://{}", db.display());
+    let timing = [
+        ("HERALD_ADMIN_TOKEN", TOKEN),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+        ("HERALD_REQUEST_TIMEOUT", "1s"),
+        ("HERALD_LEASE", "3500ms"),
+        ("HERALD_RETRY_SCHEDULE", "100ms,100ms,100ms,100ms"),
+        ("HERALD_JITTER", "none"),
+    ];
+    let rx = Receiver::start().await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    rx.always(Reply::status(200).held(&gate));
+    let mut first = serve(&db, &timing).await;
+    let remote = Remote::new(first.addr);
+    let app = remote.app_with_endpoint(&rx.url("/hook")).await;
+    let before = remote.send_all(&app, "backup.test", 20, 4).await;
+    assert_eq!(before.len(), 20);
+    rx.wait_for(1).await;
+
+    // The backup runs while more messages come in.
+    let target = dir.path().join("copy.db");
+    let envs = [("HERALD_DATABASE_URL", store_url.clone())];
+    let more = {
+        let (remote, app) = (remote.clone(), app.clone());
+        tokio::spawn(async move { remote.send_all(&app, "backup.test", 20, 2).await })
+    };
+    let (code, out, err) = run(&["backup", target.to_str().expect("path")], &envs).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("messages") && out.contains("pending"), "{out}");
+    more.await.expect("more messages");
+    for (args, says) in [
+        (vec!["backup", target.to_str().expect("path")], "exists"),
+        (
+            vec!["backup", "--force", db.to_str().expect("path")],
+            "serves",
+        ),
+        (vec!["restore", target.to_str().expect("path")], "serving"),
+    ] {
+        let (code, _, err) = run(&args, &envs).await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (code, _, err) = run(
+        &["backup", "--force", target.to_str().expect("path")],
+        &envs,
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+
+    // Bad backups are refused.
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, b"not a database at all, not even close").expect("write");
+    let newer = dir.path().join("newer.db");
+    std::fs::copy(&target, &newer).expect("copy");
+    rusqlite::Connection::open(&newer)
+        .expect("open")
+        .pragma_update(None, "user_version", 999)
+        .expect("bump");
+    first.child.kill().await.expect("kill -9");
+    for (file, says) in [(&garbage, "not a Herald SQLite store"), (&newer, "newer")] {
+        let (code, _, err) = run(&["restore", file.to_str().expect("path")], &envs).await;
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+
+    // Restored over the store that went on after the backup.
+    let (code, out, err) = run(&["restore", target.to_str().expect("path")], &envs).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("the replaced store is at"), "{out}");
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().contains(".replaced-"))
+        .collect();
+    assert!(!aside.is_empty(), "the replaced store is kept aside");
+
+    gate.add_permits(1_000_000);
+    // Only what the restored store sends counts.
+    let seen = rx.requests().len();
+    let second = serve(&db, &timing).await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let got = received_ids(&rx, seen);
+        let missing: Vec<_> = before.iter().filter(|id| !got.contains(*id)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "accepted before the backup, never delivered from the restored store: {missing:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(second);
+}
+
+#[tokio::test]
+async fn backup_and_restore_on_postgres_name_the_tools_to_use() {
+    let envs = [
+        (
+            "HERALD_DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/test".to_owned(),
+        ),
+        ("HERALD_DATABASE_SCHEMA", "herald_backup_advice".to_owned()),
+    ];
+    for args in [&["backup", "/tmp/x.db"][..], &["restore", "/tmp/x.db"]] {
+        let (code, _, err) = run(args, &envs).await;
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("pg_dump"), "{err}");
+    }
+}

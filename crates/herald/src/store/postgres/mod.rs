@@ -45,6 +45,7 @@ mod counts;
 use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
+pub mod backup;
 mod endpoints;
 mod event_types;
 mod finder;

@@ -35,6 +35,7 @@ use super::*;
 
 mod apps;
 mod audit;
+pub mod backup;
 mod circuits;
 mod counts;
 mod endpoints;
