@@ -25,6 +25,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_LOGIN_FAILURE_LIMIT", "10", "Failed dashboard log-ins one client address may make at once, and as many failed portal links (a limit of their own); then one per second, further failures answered 429. The right token or link is never refused."),
     ("HERALD_DATABASE_URL", "sqlite://herald-data/herald.db", "Store: `sqlite:///abs/path.db`, `sqlite://relative.db` or `postgres://user@host/db`."),
     ("HERALD_DATABASE_SCHEMA", "herald", "PostgreSQL schema holding Herald's tables and functions."),
+    ("HERALD_BACKUP_DIR", "", "SQLite: the folder scheduled backups go to (with HERALD_BACKUP_INTERVAL)."),
+    ("HERALD_BACKUP_INTERVAL", "", "SQLite: take a backup (as `herald backup`) this often into HERALD_BACKUP_DIR, e.g. `1h`; empty: no scheduled backups."),
+    ("HERALD_BACKUP_KEEP", "24", "Scheduled backups kept; the oldest beyond this many are removed."),
     ("HERALD_AUTO_MIGRATE", "true", "At start, apply the store's pending migrations; `false`: refuse to start while any is pending (naming them), so that `herald migrate` runs as a step of the deploy."),
     ("HERALD_DATABASE_WAIT", "30s", "At start, how long to keep retrying a store that cannot be reached (a database still starting) before giving up; `0s`: give up at once."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
@@ -77,6 +80,14 @@ pub enum ConfigError {
     File { path: PathBuf, message: String },
 }
 
+/// Scheduled backups of the SQLite store (`HERALD_BACKUP_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledBackups {
+    pub dir: std::path::PathBuf,
+    pub every: Duration,
+    pub keep: usize,
+}
+
 #[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -93,6 +104,9 @@ pub struct Config {
     /// `HERALD_AUTO_MIGRATE`: whether opening the store applies pending
     /// migrations (else a store with any pending is refused).
     pub auto_migrate: bool,
+    /// `HERALD_BACKUP_DIR` / `_INTERVAL` / `_KEEP`: scheduled backups of
+    /// the SQLite store; `None`: off.
+    pub backups: Option<ScheduledBackups>,
     pub admin_token: Option<String>,
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
@@ -255,6 +269,7 @@ impl std::fmt::Debug for Config {
             .field("database_schema", &self.database_schema)
             .field("database_wait", &self.database_wait)
             .field("auto_migrate", &self.auto_migrate)
+            .field("backups", &self.backups)
             .field(
                 "admin_token",
                 &self.admin_token.as_ref().map(|_| "<redacted>"),
@@ -461,6 +476,47 @@ impl Config {
         // Zero is allowed: fail at once when the store is unreachable.
         let database_wait = duration("HERALD_DATABASE_WAIT")?;
         let auto_migrate = boolean("HERALD_AUTO_MIGRATE")?;
+        let backups = {
+            let dir = get("HERALD_BACKUP_DIR").trim().to_owned();
+            let interval = get("HERALD_BACKUP_INTERVAL").trim().to_owned();
+            let keep = usize::try_from(number("HERALD_BACKUP_KEEP")?)
+                .map_err(|_| invalid("HERALD_BACKUP_KEEP", "too large".into()))?;
+            if keep == 0 {
+                return Err(invalid("HERALD_BACKUP_KEEP", "must keep at least 1".into()));
+            }
+            match (dir.is_empty(), interval.is_empty()) {
+                (_, true) => None,
+                (true, false) => {
+                    return Err(invalid(
+                        "HERALD_BACKUP_DIR",
+                        "must name a folder when HERALD_BACKUP_INTERVAL is set".into(),
+                    ))
+                }
+                (false, false) => {
+                    if !get("HERALD_DATABASE_URL").starts_with("sqlite:") {
+                        return Err(invalid(
+                            "HERALD_BACKUP_INTERVAL",
+                            "scheduled backups are for the SQLite store; on PostgreSQL use \
+                             pg_dump or continuous archiving"
+                                .into(),
+                        ));
+                    }
+                    let every = parse_duration(&interval)
+                        .map_err(|m| invalid("HERALD_BACKUP_INTERVAL", m))?;
+                    if every.is_zero() {
+                        return Err(invalid(
+                            "HERALD_BACKUP_INTERVAL",
+                            "must be longer than 0s (leave it empty for no backups)".into(),
+                        ));
+                    }
+                    Some(ScheduledBackups {
+                        dir: std::path::PathBuf::from(dir),
+                        every,
+                        keep,
+                    })
+                }
+            }
+        };
         let lease = duration("HERALD_LEASE")?;
         let poll_interval = duration("HERALD_POLL_INTERVAL")?;
         let retention = duration("HERALD_RETENTION")?;
@@ -673,6 +729,7 @@ impl Config {
             database_schema,
             database_wait,
             auto_migrate,
+            backups,
             admin_token,
             retry: RetryPolicy {
                 schedule,

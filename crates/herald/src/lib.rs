@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod audit;
+pub mod backups;
 pub mod bench;
 pub mod bench_engine;
 pub mod cli;

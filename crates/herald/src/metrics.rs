@@ -18,6 +18,8 @@
 //! | `herald_endpoint_circuit_open` | gauge | `endpoint` | 1 while the endpoint's circuit breaker is open or half-open, as this process's dispatcher sees it (refreshed every 250 ms); `endpoint="other"` counts those past the label bound |
 //! | `herald_endpoint_circuit_openings_total` | counter | | circuit breakers this process's completer opened (closed → open, and half-open → open after a failed probe) |
 //! | `herald_throttle_paced_total` | counter | | sends to a throttled endpoint that would have left more than 10 ms after their send slot (a loaded host, a busy gate) and went back unsent for a new slot, so that no second holds more than `throttleRate` + 1 (see the throttle in README) |
+//! | `herald_backup_last_success_timestamp_seconds` | gauge | | when the last scheduled backup of the SQLite store succeeded (Unix seconds; absent until one has) |
+//! | `herald_backup_failures_total` | counter | | scheduled backups that failed (each logged at warn level; delivery goes on) |
 //! | `herald_throttle_waiting` | gauge | `endpoint` | per endpoint with a `throttleRate`: pending deliveries a claim found waiting for a send slot (the first [`MAX_THROTTLE_LABELS`] such endpoints by id; the rest summed under `endpoint="other"`) |
 //!
 //! The counters and the histogram are per process (they restart at zero);
@@ -60,6 +62,8 @@ pub const ATTEMPTS: &str = "herald_attempts_total";
 pub const ATTEMPT_DURATION: &str = "herald_attempt_duration_seconds";
 pub const MESSAGES_INGESTED: &str = "herald_messages_ingested_total";
 pub const THROTTLE_PACED: &str = "herald_throttle_paced_total";
+pub const BACKUP_LAST_SUCCESS: &str = "herald_backup_last_success_timestamp_seconds";
+pub const BACKUP_FAILURES: &str = "herald_backup_failures_total";
 pub const CLAIMS: &str = "herald_dispatch_claims_total";
 pub const RELEASED: &str = "herald_dispatch_released_total";
 pub const COMPLETIONS_UNRECORDED: &str = "herald_completions_unrecorded_total";
@@ -193,7 +197,17 @@ fn describe() {
     describe_counter!(
         THROTTLE_PACED,
         Unit::Count,
-        "Sends to a throttled endpoint held past their late slot so that no second holds more than its rate."
+        "Throttled sends that came late for their slot and went back unsent for a new one."
+    );
+    describe_gauge!(
+        BACKUP_LAST_SUCCESS,
+        Unit::Seconds,
+        "When the last scheduled backup succeeded (Unix time)."
+    );
+    describe_counter!(
+        BACKUP_FAILURES,
+        Unit::Count,
+        "Scheduled backups that failed."
     );
     describe_counter!(
         CIRCUIT_OPENINGS,
@@ -205,6 +219,16 @@ fn describe() {
 /// Sets `herald_endpoint_circuit_open` for one `endpoint` label value.
 pub fn circuit_open(label: &str, value: f64) {
     ::metrics::gauge!(CIRCUIT_OPEN, "endpoint" => label.to_owned()).set(value);
+}
+
+/// Notes a scheduled backup that succeeded at `at` (ms since the epoch).
+pub fn backup_succeeded(at: Millis) {
+    ::metrics::gauge!(BACKUP_LAST_SUCCESS).set(at as f64 / 1000.0);
+}
+
+/// Counts one scheduled backup that failed.
+pub fn backup_failed() {
+    ::metrics::counter!(BACKUP_FAILURES).increment(1);
 }
 
 /// Counts one throttled send given back for a new slot: it came late.

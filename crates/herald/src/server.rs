@@ -398,6 +398,11 @@ pub async fn start(
         store.clone(),
         shutdown.clone(),
     )));
+    let backups = Arc::new(crate::backups::Backups::new(config.backups.clone()));
+    if config.backups.is_some() {
+        let path = sqlite_store_path(&config)?;
+        background.push(tokio::spawn(backups.clone().run(path, shutdown.clone())));
+    }
     if role.dispatches() {
         // Other processes' commits (PostgreSQL) wake this dispatcher too.
         store.listen_for_work(wake.clone()).await?;
@@ -463,6 +468,7 @@ pub async fn start(
             rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
             max_age: config.retry.max_age,
             breaker: config.breaker,
+            backups,
             login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
             portal_login_limiter: Arc::new(LoginLimiter::new(
                 config.login_failure_limit,

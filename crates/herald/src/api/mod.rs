@@ -85,6 +85,8 @@ pub struct ApiShared {
     pub public_url: String,
     /// The portal's embedding and theme settings.
     pub portal: crate::config::PortalConfig,
+    /// Scheduled backups of the SQLite store, for the dashboard's line.
+    pub backups: Arc<crate::backups::Backups>,
     /// Failed dashboard log-ins per client address (per server, in memory).
     pub login_limiter: Arc<crate::limits::LoginLimiter>,
     /// Failed portal link exchanges per client address: a limit of its own,

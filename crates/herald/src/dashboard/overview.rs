@@ -70,6 +70,7 @@ pub async fn page(
     let body = html! {
         h1 { "Overview" }
         (queue_cards(&stats, now))
+        (backup_line(&state.backups, now))
         h2 {
             @if let Some(app) = &app {
                 "Endpoints of " (app.name)
@@ -87,6 +88,30 @@ pub async fn page(
         (layout::pager(prev, next, None))
     };
     Ok(layout::page(&session, "Overview", Nav::Overview, body))
+}
+
+/// The scheduled backups' line (`HERALD_BACKUP_*`); nothing when off.
+fn backup_line(backups: &crate::backups::Backups, now: Millis) -> Markup {
+    let Some(schedule) = &backups.schedule else {
+        return html! {};
+    };
+    let state = backups.state();
+    html! {
+        p.backups.alert[state.failures > 0] {
+            "Scheduled backups every " (layout::duration_text(i64::try_from(schedule.every.as_millis()).unwrap_or(i64::MAX)))
+            " into " code { (schedule.dir.display()) } " (" (schedule.keep) " kept): "
+            @match &state.last_success {
+                Some((at, file)) => {
+                    "last backup " (layout::duration_text(now - at)) " ago, "
+                    code { (file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()) }
+                }
+                None => "none taken yet",
+            }
+            @if state.failures > 0 {
+                "; " (state.failures) " failed, the last: " (state.last_error.clone().unwrap_or_default())
+            }
+        }
+    }
 }
 
 fn queue_cards(stats: &QueueStats, now: Millis) -> Markup {

@@ -4,6 +4,7 @@
 
 mod api;
 mod audit;
+mod backups;
 mod binary;
 mod circuit_breaker;
 mod completions;
