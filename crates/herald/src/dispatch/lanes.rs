@@ -20,8 +20,9 @@
 //! its whole cap: ten stuck endpoints with backlogs once took 128 slots
 //! each in their first claims after a restart, and healthy endpoints
 //! waited seconds. Once it has deliveries here its lane decides. A claim
-//! thus looks only at the lanes of endpoints with deliveries here and of
-//! slowed ones, not at every lane of the last minutes.
+//! thus looks only at the lanes of endpoints with deliveries here, of
+//! slowed ones and of wide ones used in the last seconds, not at every
+//! lane of the last minutes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -40,6 +41,11 @@ const FORGET_AFTER: Duration = Duration::from_secs(120);
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// "Other deliveries want slots" lasts this long after it was last seen.
 const CONTENDED_FOR: Millis = 1_000;
+/// A lane wider than a new one's, used this recently, keeps its room in a
+/// claim even while the endpoint has nothing in flight here: a busy
+/// endpoint whose requests all finished between two claims must not start
+/// over at a new lane's room.
+const RECENTLY_USED: Duration = Duration::from_secs(2);
 
 pub struct Lanes {
     rule: LaneRule,
@@ -166,6 +172,15 @@ impl Lanes {
                 in_flight.insert(ep.clone(), withheld(lane));
             }
         }
+        let now = Instant::now();
+        for (ep, lane) in &lanes.by_endpoint {
+            if lane.size > self.rule.start
+                && now.duration_since(lane.used_at) < RECENTLY_USED
+                && !in_flight.contains_key(ep)
+            {
+                in_flight.insert(ep.clone(), withheld(lane));
+            }
+        }
         self.rule.start.saturating_mul(room_per_lane_slot)
     }
 
@@ -194,11 +209,13 @@ mod tests {
         assert_eq!(lanes.size_of(&stuck), Some(2), "4 halved");
 
         let mut in_flight = HashMap::from([(stuck.clone(), 3)]);
-        lanes.narrow(&mut in_flight, 2);
+        let unlisted = lanes.narrow(&mut in_flight, 2);
         // The claim's room is 2 × 64 − count: 2 × 2 − 3 = 1 for the stuck
-        // one, the whole 128 for the healthy one (not listed).
+        // one, the whole 128 for the healthy one (idle here, but used just
+        // now: listed with nothing withheld); an unseen one gets 2 × 4.
         assert_eq!(in_flight.get(&stuck), Some(&(3 + 2 * 62)));
-        assert_eq!(in_flight.get(&healthy), None);
+        assert_eq!(in_flight.get(&healthy), Some(&0));
+        assert_eq!(unlisted, 2 * 4);
     }
 
     #[test]
@@ -237,15 +254,17 @@ mod tests {
         assert_eq!(
             in_flight.get(&young),
             None,
-            "idle and only starting out: its full room, as an unseen endpoint"
+            "idle and only starting out: a new lane's room, as an unseen endpoint"
         );
-        // Widened back to the cap, it is not slowed any more.
+        // Widened back to the cap, it is not slowed any more; used just
+        // now, it keeps its whole room while idle here.
         for _ in 0..100 {
             lanes.finished(&slowed, Duration::from_millis(2));
         }
         let mut in_flight = HashMap::new();
         lanes.narrow(&mut in_flight, 2);
-        assert!(in_flight.is_empty(), "{in_flight:?}");
+        assert_eq!(in_flight.get(&slowed), Some(&0), "{in_flight:?}");
+        assert_eq!(in_flight.get(&young), None, "{in_flight:?}");
     }
 
     #[test]

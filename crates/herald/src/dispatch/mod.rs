@@ -87,10 +87,12 @@ const BLOCKED_RECHECK_MAX: Duration =
 
 /// The endpoints a claim left without room: what they held (as the claim
 /// counted it, `in_flight`) and what it gave them (`claimed`, one endpoint
-/// per delivery) reach `room_each`.
+/// per delivery) reach `room_each`; for an endpoint `in_flight` did not
+/// list, what it was given reaches `unlisted_room` (it may have more due,
+/// and once its requests come back a claim gives it its lane's room).
 fn short_of_room<'a>(
     in_flight: &'a HashMap<EndpointId, usize>,
-    room_each: usize,
+    (room_each, unlisted_room): (usize, usize),
     claimed: impl IntoIterator<Item = &'a EndpointId>,
 ) -> std::collections::HashSet<EndpointId> {
     let mut held = HashMap::<&EndpointId, usize>::new();
@@ -101,7 +103,14 @@ fn short_of_room<'a>(
         *held.entry(ep).or_insert(0) += n;
     }
     held.into_iter()
-        .filter(|(_, n)| *n >= room_each)
+        .filter(|(ep, n)| {
+            let room = if in_flight.contains_key(*ep) {
+                room_each
+            } else {
+                unlisted_room
+            };
+            *n >= room
+        })
         .map(|(ep, _)| ep.clone())
         .collect()
 }
@@ -514,7 +523,7 @@ impl Dispatcher {
         let claimed = claimed?;
         self.claimed.set_short_of_room(short_of_room(
             &shaped,
-            per_endpoint,
+            (per_endpoint, unlisted),
             claimed.iter().map(|d| &d.endpoint_id),
         ));
         span.record("claimed", claimed.len());
@@ -1303,12 +1312,15 @@ mod tests {
             (idle.clone(), 3),
         ]);
         let claimed = [&filled, &filled, &filled, &roomy];
-        let short = short_of_room(&in_flight, 4, claimed);
+        let short = short_of_room(&in_flight, (4, 2), claimed);
         assert_eq!(short, [full, filled].into_iter().collect());
-        // A first claim's endpoint (not counted before) given all its room.
+        // A first claim's endpoint (not counted before) given all of an
+        // unlisted endpoint's room (2), though less than a listed one's.
         let first = EndpointId::generate();
-        let short = short_of_room(&HashMap::new(), 2, [&first, &first]);
-        assert_eq!(short, [first].into_iter().collect());
+        let short = short_of_room(&HashMap::new(), (4, 2), [&first, &first]);
+        assert_eq!(short, [first.clone()].into_iter().collect());
+        let short = short_of_room(&HashMap::new(), (4, 3), [&first, &first]);
+        assert!(short.is_empty(), "{short:?}");
     }
 
     #[test]
