@@ -418,7 +418,10 @@ pub async fn create_token(
         .await;
     let mut out = TokenOut::from(token);
     out.token = Some(secret);
-    Ok((StatusCode::CREATED, Json(out)).into_response())
+    Ok(super::idempotency::shown_once((
+        StatusCode::CREATED,
+        Json(out),
+    )))
 }
 
 /// `GET /app/{app}/token` (admin): the app's tokens, without secrets.
@@ -732,7 +735,7 @@ pub async fn app_portal_access(
     Path(app_key): Path<String>,
     app: MaybeResolvedApp,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<AppPortalAccessIn>,
-) -> ApiResult<Json<AppPortalAccessOut>> {
+) -> ApiResult<Response> {
     let expiry = body.expiry.unwrap_or(MAX_EXPIRY_SECS);
     if !(MIN_EXPIRY_SECS..=MAX_EXPIRY_SECS).contains(&expiry) {
         return Err(ApiError::field(
@@ -770,7 +773,7 @@ pub async fn app_portal_access(
         flags.join(","),
     )
     .await?;
-    Ok(Json(out))
+    Ok(super::idempotency::shown_once(Json(out)))
 }
 
 /// `POST /auth/dashboard-access/{app_id}` (admin): Svix's deprecated
@@ -789,7 +792,7 @@ pub async fn dashboard_access(
     State(state): State<ApiState>,
     actor: crate::audit::Actor,
     app: ResolvedApp,
-) -> ApiResult<Json<AppPortalAccessOut>> {
+) -> ApiResult<Response> {
     let out = mint_portal_access(
         &state,
         &actor,
@@ -800,7 +803,7 @@ pub async fn dashboard_access(
         String::new(),
     )
     .await?;
-    Ok(Json(out))
+    Ok(super::idempotency::shown_once(Json(out)))
 }
 
 /// Creates the application of an app-portal-access request's

@@ -1046,7 +1046,7 @@ pub async fn rotate_endpoint_secret(
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
-) -> ApiResult<Json<SecretOut>> {
+) -> ApiResult<axum::response::Response> {
     let secret = match &body.key {
         Some(k) => Secret::parse(k).map_err(|e| ApiError::field("key", e.to_string()))?,
         None => Secret::generate(),
@@ -1076,9 +1076,10 @@ pub async fn rotate_endpoint_secret(
         .await;
     // The official SDKs (2.x) read the new key from the answer; older
     // ones ignore the body: 200 with `{"key"}` suits both.
-    Ok(Json(SecretOut {
+    // Not kept for an Idempotency-Key repeat (`idempotency`'s module).
+    Ok(super::idempotency::shown_once(Json(SecretOut {
         key: secret.expose(),
-    }))
+    })))
 }
 
 /// 409 for an endpoint whose stored credentials did not open (see

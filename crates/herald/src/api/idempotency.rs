@@ -7,6 +7,13 @@
 //! JSON body re-serialised (other spacing, other key order) is the same
 //! request ([`request_digest`]).
 //!
+//! An answer that shows a secret once (an endpoint secret, an application
+//! token, a portal link and its token: [`ShownOnce`]) is never kept: the
+//! stored record is a 409 saying so, and a repeat gets that 409 (and
+//! changes nothing) instead of the secret. The table holds no secret with
+//! or without `HERALD_ENCRYPTION_KEY`, and a "shown once" secret is shown
+//! once; a client that lost the answer asks again with a new key.
+//!
 //! The Svix SDKs send `idempotency-key: auto_<uuid>` on every POST, so this
 //! runs on the hot path: one write before (claim the key) and one after
 //! (keep the answer), both joining the store's group commits.
@@ -21,6 +28,33 @@ use sha2::{Digest, Sha256};
 use super::auth::Principal;
 use super::{ApiError, ApiState, MAX_BODY_BYTES};
 use crate::store::{now_millis, IdemBegin};
+
+/// Marks a response (an extension) whose body shows a secret once; see
+/// the module. Set by [`shown_once`].
+#[derive(Debug, Clone, Copy)]
+pub struct ShownOnce;
+
+/// `response`, marked [`ShownOnce`].
+pub fn shown_once(response: impl IntoResponse) -> Response {
+    let mut response = response.into_response();
+    response.extensions_mut().insert(ShownOnce);
+    response
+}
+
+/// What is kept for, and replayed to, a repeat of a request whose answer
+/// showed a secret: a 409 and its JSON body.
+fn not_kept() -> (StatusCode, String) {
+    let body = super::error::ErrorBody {
+        code: "conflict",
+        detail: "this Idempotency-Key was already used: the request succeeded, and its answer \
+                 showed a secret once, which is not kept; send a new Idempotency-Key to make \
+                 another request"
+            .to_owned(),
+    };
+    let text = serde_json::to_string(&body)
+        .unwrap_or_else(|_| r#"{"code":"conflict","detail":"answer not kept"}"#.to_owned());
+    (StatusCode::CONFLICT, text)
+}
 
 /// How long a key is remembered.
 pub const KEY_LIFETIME_MS: i64 = 12 * 3600 * 1000;
@@ -119,10 +153,14 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
             return ApiError::Internal.into_response();
         }
     };
-    let text = String::from_utf8_lossy(&bytes);
+    let (kept_status, kept_body) = if parts.extensions.get::<ShownOnce>().is_some() {
+        not_kept()
+    } else {
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    };
     if let Err(e) = state
         .store
-        .idempotency_finish(&scope, &key, status.as_u16(), &text)
+        .idempotency_finish(&scope, &key, kept_status.as_u16(), &kept_body)
         .await
     {
         // The answer stands; a repeat would run again once the key is

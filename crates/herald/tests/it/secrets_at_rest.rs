@@ -178,6 +178,39 @@ impl Db {
         }
     }
 
+    /// Every kept Idempotency-Key answer: its status and body as stored.
+    async fn idempotency_rows(&self) -> Vec<(i64, String)> {
+        match self {
+            Db::Sqlite(dir) => {
+                let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
+                let mut stmt = conn
+                    .prepare("SELECT status, body FROM idempotency ORDER BY created_at")
+                    .expect("prepare");
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .expect("query")
+                    .collect::<Result<Vec<(i64, String)>, _>>()
+                    .expect("rows");
+                rows
+            }
+            Db::Postgres(pg) => {
+                use sqlx::Row;
+                let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT status, body FROM \"{}\".idempotency ORDER BY created_at",
+                    pg.schema
+                )))
+                .fetch_all(&pool)
+                .await
+                .expect("rows");
+                pool.close().await;
+                rows.iter()
+                    .map(|r| (i64::from(r.get::<i32, _>(0)), r.get(1)))
+                    .collect()
+            }
+        }
+    }
+
     async fn done(self) {
         if let Db::Postgres(pg) = self {
             pg.drop_schema().await;
@@ -286,6 +319,144 @@ async fn postgres_secrets_are_ciphertext_in_the_table_and_delivered_signed() {
         return;
     };
     sealed_and_delivered(db).await;
+}
+
+/// `POST path` with the admin token and an `Idempotency-Key`: status,
+/// whether it was a replay, and the JSON body.
+async fn post_with_key(
+    app: &TestApp,
+    path: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> (StatusCode, bool, serde_json::Value) {
+    let resp = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(TOKEN)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("request reaches herald");
+    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
+    let replayed = resp.headers().get("idempotent-replayed").is_some();
+    let body = resp.json().await.expect("a JSON body");
+    (status, replayed, body)
+}
+
+/// The answers that show a secret once (a rotated endpoint secret, an
+/// application token, a portal link's code and token), asked for with an
+/// `Idempotency-Key` as the SDKs do, leave no secret in the stored
+/// answers, with no encryption key at all; a repeat with the same key is
+/// a 409 that shows none and changes nothing; other answers still replay.
+async fn idempotent_answers_keep_no_secret(db: Db) {
+    let app = db.start(None).await;
+    let rx = Receiver::start().await;
+    let (app_id, ep) = endpoint(&app, &rx).await;
+    let calls = [
+        (
+            format!("/api/v1/app/{app_id}/endpoint/{ep}/secret/rotate"),
+            json!({"key": NEW_SECRET}),
+        ),
+        (format!("/api/v1/app/{app_id}/token"), json!({"name": "ci"})),
+        (
+            format!("/api/v1/auth/app-portal-access/{app_id}"),
+            json!({}),
+        ),
+        (format!("/api/v1/auth/dashboard-access/{app_id}"), json!({})),
+    ];
+    let mut secrets = vec![
+        NEW_SECRET.to_owned(),
+        "C2FVsBQIhrscChlQIMV".to_owned(),
+        SECRET.to_owned(),
+    ];
+    for (i, (path, body)) in calls.iter().enumerate() {
+        let (status, replayed, out) =
+            post_with_key(&app, path, &format!("auto_{i}"), body.clone()).await;
+        assert!(status.is_success(), "{path}: {status} {out}");
+        assert!(!replayed, "{path}");
+        for field in ["key", "token"] {
+            if let Some(secret) = out[field].as_str() {
+                secrets.push(secret.to_owned());
+            }
+        }
+        if let Some(url) = out["url"].as_str() {
+            let code = url.split("code=").nth(1).expect("the link's code");
+            secrets.push(code.to_owned());
+        }
+    }
+    assert_eq!(secrets.len(), 3 + 1 + 1 + 2 + 2, "{secrets:?}");
+
+    let rows = db.idempotency_rows().await;
+    assert_eq!(rows.len(), calls.len(), "one record a key: {rows:?}");
+    for (status, body) in &rows {
+        assert_eq!(*status, 409, "{body}");
+        for secret in &secrets {
+            assert!(!body.contains(secret.as_str()), "{secret} is kept: {body}");
+        }
+        assert!(
+            !body.contains("whsec_") && !body.contains("hrld_app_"),
+            "{body}"
+        );
+    }
+
+    // A repeat (the SDK retrying) shows no secret and does nothing again.
+    for (i, (path, body)) in calls.iter().enumerate() {
+        let (status, replayed, out) =
+            post_with_key(&app, path, &format!("auto_{i}"), body.clone()).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{path}: {out}");
+        assert!(replayed, "{path}");
+        assert_eq!(out["code"], "conflict", "{out}");
+        assert!(
+            out["detail"]
+                .as_str()
+                .expect("detail")
+                .contains("new Idempotency-Key"),
+            "{out}"
+        );
+        let text = out.to_string();
+        for secret in &secrets {
+            assert!(
+                !text.contains(secret.as_str()),
+                "{secret} shown again: {text}"
+            );
+        }
+    }
+    let (status, tokens) = app.get(&format!("/api/v1/app/{app_id}/token")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        tokens["data"].as_array().map(Vec::len),
+        Some(3),
+        "one token per call, none for the repeats: {tokens}"
+    );
+    let (_, current) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
+        .await;
+    assert_eq!(current["key"], NEW_SECRET, "not rotated again");
+
+    // An answer with no secret is kept and replayed as before.
+    let path = format!("/api/v1/app/{app_id}/msg");
+    let msg = json!({"eventType": "a.b", "payload": {"n": 1}});
+    let (first, _, sent) = post_with_key(&app, &path, "auto_msg", msg.clone()).await;
+    assert_eq!(first, StatusCode::ACCEPTED, "{sent}");
+    let (again, replayed, resent) = post_with_key(&app, &path, "auto_msg", msg).await;
+    assert_eq!((again, replayed), (StatusCode::ACCEPTED, true));
+    assert_eq!(resent["id"], sent["id"]);
+    app.shutdown().await;
+    db.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_idempotent_answers_keep_no_secret() {
+    idempotent_answers_keep_no_secret(Db::sqlite()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_idempotent_answers_keep_no_secret() {
+    let Some(db) = Db::postgres("postgres_idempotent_answers_keep_no_secret") else {
+        return;
+    };
+    idempotent_answers_keep_no_secret(db).await;
 }
 
 async fn plain_rows_then_keys(db: Db) {
