@@ -97,6 +97,7 @@ pub async fn create_app(
     let get_if_exists = super::query_bool("get_if_exists", &params.get_if_exists)?;
     check_app_fields(&body.name, &body.uid, &body.metadata)?;
     check_not_reserved(&body.uid, None)?;
+    check_uid_not_an_id(&body.uid, None)?;
     if let Some(uid) = &body.uid {
         if let Some(existing) = state.store.get_app(uid).await? {
             if get_if_exists {
@@ -222,6 +223,39 @@ pub(super) fn check_not_reserved(uid: &Option<String>, current: Option<&str>) ->
     }
 }
 
+/// 422 for a uid that reads like an application id (`app_…`, in any
+/// letter case): ids and uids share one namespace in paths, so such a uid
+/// could shadow, or be shadowed by, another application's id. `current`
+/// (a uid given before this rule) may stay.
+pub(super) fn check_uid_not_an_id(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
+    match uid {
+        Some(uid)
+            if Some(uid.as_str()) != current
+                && uid.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("app_")) =>
+        {
+            Err(ApiError::field(
+                "uid",
+                "must not start with `app_` (in any letter case): that is how application ids start",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The audit details of an application update: the changed fields' names
+/// and, when the uid changed, the old and the new one (a uid is a name,
+/// not a secret, and who moved it matters when messages follow it).
+fn update_details(
+    mut details: serde_json::Value,
+    old_uid: &Option<String>,
+    new_uid: &Option<String>,
+) -> serde_json::Value {
+    if old_uid != new_uid {
+        details["uid"] = serde_json::json!({ "old": old_uid, "new": new_uid });
+    }
+    details
+}
+
 /// 409 if another application has `uid`.
 async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> ApiResult<()> {
     if let Some(uid) = uid {
@@ -264,7 +298,9 @@ pub async fn put_app(
         Some(id) => {
             let mut app = app_by_id(&state, &id).await?;
             check_not_reserved(&body.uid, app.uid.as_deref())?;
+            check_uid_not_an_id(&body.uid, app.uid.as_deref())?;
             check_uid_free(&state, &body.uid, &app.id).await?;
+            let old_uid = app.uid.clone();
             app.uid = body.uid;
             app.name = body.name;
             app.rate_limit = body.rate_limit;
@@ -280,7 +316,7 @@ pub async fn put_app(
                     "app.updated",
                     Some(&app.id),
                     app.id.as_str(),
-                    serde_json::json!({ "replaced": true }),
+                    update_details(serde_json::json!({ "replaced": true }), &old_uid, &app.uid),
                 )
                 .await;
             Ok((StatusCode::OK, Json(ApplicationOut::from(app))).into_response())
@@ -295,6 +331,7 @@ pub async fn put_app(
             };
             check_uid("uid", &uid)?;
             check_not_reserved(&uid, None)?;
+            check_uid_not_an_id(&uid, None)?;
             check_uid_free(&state, &uid, &AppId::generate()).await?;
             let app = App {
                 id: AppId::generate(),
@@ -384,6 +421,7 @@ pub async fn patch_app(
     }
     check_app_fields(&app.name, &app.uid, &Some(app.metadata.clone()))?;
     check_not_reserved(&app.uid, current_uid.as_deref())?;
+    check_uid_not_an_id(&app.uid, current_uid.as_deref())?;
     check_uid_free(&state, &app.uid, &app.id).await?;
     app.updated_at = now_millis();
     if !state.store.update_app(&app).await? {
@@ -396,7 +434,11 @@ pub async fn patch_app(
             "app.updated",
             Some(&app.id),
             app.id.as_str(),
-            serde_json::json!({ "fields": fields }),
+            update_details(
+                serde_json::json!({ "fields": fields }),
+                &current_uid,
+                &app.uid,
+            ),
         )
         .await;
     Ok(Json(app.into()))

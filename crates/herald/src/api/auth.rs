@@ -326,9 +326,19 @@ fn allowed(own: &AppId, method: &Method, path: &str, named: Option<&AppLookup>) 
             // Another application's resources do not exist for this token
             // (nor does a path under /app/… that no route serves).
             match named {
-                Some(AppLookup(Some(id))) if id == own => Ok(()),
-                _ => Err(ApiError::NotFound("application")),
+                Some(AppLookup(Some(id))) if id == own => {}
+                _ => return Err(ApiError::NotFound("application")),
             }
+            // The application itself (its uid, by which the operator finds
+            // it and sends it messages, and its existence) is the
+            // operator's: a token may read it, never change or delete it.
+            let reads = method == Method::GET || method == Method::HEAD;
+            if rest.is_none() && !reads {
+                return Err(ApiError::Forbidden(
+                    "application tokens cannot change or delete their application".into(),
+                ));
+            }
+            Ok(())
         }
         (Some("app"), _, _) => Err(ApiError::Forbidden(
             "application tokens cannot list or create applications".into(),

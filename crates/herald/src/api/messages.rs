@@ -225,6 +225,7 @@ pub(super) fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiRes
         other => other,
     };
     super::apps::check_app_fields(&body.name, &body.uid, &body.metadata).map_err(under)?;
+    super::apps::check_uid_not_an_id(&body.uid, None).map_err(under)?;
     match body.uid.as_deref() {
         None => {
             return Err(ApiError::Validation(vec![FieldError::at(

@@ -237,9 +237,10 @@ async fn held_writes_stay_in_the_app_resolved_at_header_time(app: TestApp) {
             json!({}),
         )
         .await,
+        // The admin's: an application token cannot change its application.
         Held::start(
             &app,
-            &token_a,
+            TOKEN,
             "PATCH",
             "/api/v1/app/alpha",
             json!({"name": "patched through a held request"}),

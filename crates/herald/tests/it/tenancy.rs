@@ -7,6 +7,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
+use crate::on_both_stores;
 
 #[tokio::test]
 async fn an_application_token_reaches_its_own_application_and_nothing_else() {
@@ -383,4 +384,169 @@ async fn postgres_a_token_revoked_through_one_process_is_refused_by_the_others()
     if let Backend::Postgres(pg) = &backend {
         pg.drop_schema().await;
     }
+}
+
+on_both_stores!(
+    an_application_token_cannot_change_or_delete_its_application,
+    uids_that_read_like_application_ids_are_refused,
+);
+
+/// An application token (ordinary or a portal's) reads its application
+/// but cannot take another customer's uid, nor change or delete it: the
+/// uid is how the operator finds a customer, and messages and portal links
+/// follow it.
+async fn an_application_token_cannot_change_or_delete_its_application(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let (_, a) = app
+        .post("/api/v1/app", json!({"name": "A", "uid": "customer-a"}))
+        .await;
+    let a = a["id"].as_str().expect("id").to_owned();
+    let (s, tok) = app.post(&format!("/api/v1/app/{a}/token"), json!({})).await;
+    assert_eq!(s, StatusCode::CREATED, "{tok}");
+    let tok = tok["token"].as_str().expect("token").to_owned();
+    let (s, portal) = app
+        .post(&format!("/api/v1/auth/app-portal-access/{a}"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{portal}");
+    let portal = portal["token"].as_str().expect("token").to_owned();
+
+    for token in [&tok, &portal] {
+        for path in [
+            format!("/api/v1/app/{a}"),
+            "/api/v1/app/customer-a".to_owned(),
+        ] {
+            let (s, got) = call(&app, token, Method::GET, &path, None).await;
+            assert_eq!(s, StatusCode::OK, "{path}: {got}");
+            for (method, body) in [
+                (Method::PATCH, Some(json!({"uid": "customer-c"}))),
+                (Method::PATCH, Some(json!({"name": "renamed"}))),
+                (Method::PUT, Some(json!({"name": "A", "uid": "customer-c"}))),
+                (Method::DELETE, None),
+            ] {
+                let (s, out) = call(&app, token, method.clone(), &path, body).await;
+                assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {out}");
+                assert_eq!(out["code"], "forbidden", "{out}");
+            }
+        }
+    }
+    let (_, still) = app.get(&format!("/api/v1/app/{a}")).await;
+    assert_eq!(
+        (&still["uid"], &still["name"]),
+        (&json!("customer-a"), &json!("A"))
+    );
+
+    // Customer C, created later by its uid, is an application of its own.
+    let (s, c) = app
+        .post("/api/v1/app", json!({"name": "C", "uid": "customer-c"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{c}");
+    assert_ne!(c["id"], json!(a));
+
+    // The admin may move the uid; the audit log says from what to what.
+    let (s, out) = app
+        .request(
+            Method::PATCH,
+            &format!("/api/v1/app/{a}"),
+            Some(json!({"uid": "customer-a2"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    let (s, out) = app
+        .request(
+            Method::PUT,
+            &format!("/api/v1/app/{a}"),
+            Some(json!({"name": "A", "uid": "customer-a3"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    let (s, log) = app
+        .get(&format!("/api/v1/audit-log?action=app.updated&appId={a}"))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{log}");
+    let uids: Vec<Value> = log["data"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["details"]["uid"].clone())
+        .collect();
+    assert_eq!(
+        uids,
+        vec![
+            json!({"old": "customer-a2", "new": "customer-a3"}),
+            json!({"old": "customer-a", "new": "customer-a2"}),
+        ],
+        "{log}"
+    );
+    app.shutdown().await;
+}
+
+/// A uid starting `app_` in any letter case could name another
+/// application's id: refused with 422 naming `uid`, wherever a uid is set.
+async fn uids_that_read_like_application_ids_are_refused(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let a = app.create_app().await;
+    let shadow = a.to_uppercase();
+    let uid_loc = |out: &Value| -> Vec<Value> {
+        out["detail"][0]["loc"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    for uid in [shadow.as_str(), "app_x", "App_01abc", "aPP_"] {
+        let (s, out) = app
+            .post("/api/v1/app", json!({"name": "X", "uid": uid}))
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
+        assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
+        let (s, out) = app
+            .request(
+                Method::PUT,
+                &format!("/api/v1/app/{a}"),
+                Some(json!({"name": "X", "uid": uid})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
+        assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
+        let (s, out) = app
+            .request(
+                Method::PATCH,
+                &format!("/api/v1/app/{a}"),
+                Some(json!({"uid": uid})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
+        assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
+    }
+    // A PUT whose path names no application creates one with that uid.
+    let (s, out) = app
+        .request(
+            Method::PUT,
+            "/api/v1/app/APP_newcustomer",
+            Some(json!({"name": "X"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
+    // A message's inline application.
+    let (s, out) = app
+        .post(
+            "/api/v1/app/aPp_inline/msg",
+            json!({
+                "eventType": "a.b",
+                "payload": {},
+                "application": {"name": "X", "uid": "aPp_inline"},
+            }),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert_eq!(
+        uid_loc(&out),
+        [json!("body"), json!("application"), json!("uid")],
+        "{out}"
+    );
+    let (_, apps) = app.get("/api/v1/app").await;
+    assert_eq!(apps["data"].as_array().map(Vec::len), Some(1), "{apps}");
+    let (_, still) = app.get(&format!("/api/v1/app/{a}")).await;
+    assert_eq!(still["uid"], Value::Null);
+    app.shutdown().await;
 }
