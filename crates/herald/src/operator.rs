@@ -18,7 +18,7 @@
 //! an application, and the operator application's endpoint is the one
 //! thing Herald sends to without the SSRF guard. Its uid `herald-operator`
 //! (like every `herald-` uid) is refused to the API, and no application
-//! token can be made for it.
+//! token or portal link can be made for it.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -480,19 +480,14 @@ pub async fn delete_app(
 }
 
 /// `POST /app/{app}/token` (documented at [`super::auth::create_token`]),
-/// refused (403) for the operator application: a token of its own would
-/// read the operator endpoint's secret, forge signed operator events and
-/// redirect them.
+/// refused (403, audited) for the operator application: see
+/// [`super::auth::refuse_for_operator_app`].
 pub async fn create_app_token(
     State(state): State<ApiState>,
     actor: Actor,
     app: super::auth::ResolvedApp,
     body: super::ApiJsonOrEmpty<super::auth::TokenIn>,
 ) -> ApiResult<Response> {
-    if state.operator.owns(&app.id).await? {
-        return Err(ApiError::Forbidden(
-            "the operator application is Herald's: no application token can be made for it".into(),
-        ));
-    }
+    super::auth::refuse_for_operator_app(&state, &actor, &app.id, "token").await?;
     super::auth::create_token(State(state), actor, app, body).await
 }

@@ -849,6 +849,34 @@ async fn create_inline_app(
     }
 }
 
+/// 403, audited as `token.refused`, when `app` is Herald's operator
+/// application: a token or portal link of its own would read the operator
+/// endpoint's secret (so forge signed operator events) and send examples
+/// through the one unguarded destination. `route` names what was asked.
+pub(super) async fn refuse_for_operator_app(
+    state: &ApiState,
+    actor: &crate::audit::Actor,
+    app: &AppId,
+    route: &str,
+) -> ApiResult<()> {
+    if !state.operator.owns(app).await? {
+        return Ok(());
+    }
+    actor
+        .record(
+            &*state.store,
+            "token.refused",
+            Some(app),
+            app.as_str(),
+            serde_json::json!({ "route": route, "reason": "operator application" }),
+        )
+        .await;
+    Err(ApiError::Forbidden(
+        "the operator application is Herald's: no application token or portal access can be made for it"
+            .into(),
+    ))
+}
+
 /// A portal token and its link's one-time code, stored together.
 async fn mint_portal_access(
     state: &ApiState,
@@ -859,6 +887,7 @@ async fn mint_portal_access(
     session_id: Option<String>,
     feature_flags: String,
 ) -> ApiResult<AppPortalAccessOut> {
+    refuse_for_operator_app(state, actor, &app_id, "portal-access").await?;
     let now = now_millis();
     let expires_at = now.saturating_add(i64::try_from(expiry_secs * 1000).unwrap_or(i64::MAX));
     let secret = format!("hrld_app_{}", random_hex(24));

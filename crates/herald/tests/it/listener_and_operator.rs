@@ -688,6 +688,38 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer(
         .post(&format!("/api/v1/app/{operator_id}/token"), json!({}))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{out}");
+    // Nor a portal link and its token (whose session could read the
+    // operator secret and send examples to the unguarded URL).
+    for route in ["app-portal-access", "dashboard-access"] {
+        let (status, out) = app
+            .post(&format!("/api/v1/auth/{route}/{operator_id}"), json!({}))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{route}: {out}");
+        assert_eq!(out["code"], "forbidden", "{out}");
+        assert!(
+            out.get("token").is_none() && out.get("url").is_none(),
+            "{out}"
+        );
+    }
+    let (_, tokens) = app.get(&format!("/api/v1/app/{operator_id}/token")).await;
+    assert_eq!(tokens["data"], json!([]), "{tokens}");
+    let (_, log) = app.get("/api/v1/audit-log?action=token.refused").await;
+    let routes: Vec<&Value> = log["data"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .inspect(|e| assert_eq!(e["appId"], operator_id.as_str(), "{e}"))
+        .map(|e| &e["details"]["route"])
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            &json!("portal-access"),
+            &json!("portal-access"),
+            &json!("token")
+        ],
+        "{log}"
+    );
     app.shutdown().await;
 }
 
@@ -764,6 +796,12 @@ async fn the_operator_app_an_earlier_herald_made_is_adopted_and_gets_no_token() 
         .post("/api/v1/app/herald-operator/token", json!({}))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{out}");
+    for route in ["app-portal-access", "dashboard-access"] {
+        let (status, out) = app
+            .post(&format!("/api/v1/auth/{route}/herald-operator"), json!({}))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{route}: {out}");
+    }
 
     // It carries the events.
     let app_id = app.create_app().await;
