@@ -37,6 +37,9 @@ pub enum Principal {
         /// A portal token's capabilities; None: an ordinary application
         /// token (everything an application token may do).
         capabilities: Option<Capabilities>,
+        /// The feature flags the token was minted with (a portal link's
+        /// `featureFlags`): which flagged event types it sees.
+        feature_flags: Vec<String>,
     },
 }
 
@@ -277,9 +280,30 @@ async fn authenticate(state: &ApiState, digest: &[u8; 32]) -> ApiResult<Option<P
         .filter(|t| t.live_at(now_millis()))
         .map(|t| Principal::App {
             capabilities: t.capabilities.as_deref().map(Capabilities::parse_stored),
+            feature_flags: stored_flags(&t.feature_flags),
             app_id: t.app_id,
             token_id: t.id,
         }))
+}
+
+/// A token's feature flags as stored (comma-separated, no flag holds a
+/// comma: `app_portal_access` refuses one).
+pub fn stored_flags(text: &str) -> Vec<String> {
+    text.split(',')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Principal {
+    /// The feature flags whose event types this caller sees; None: all
+    /// of them (the admin token).
+    pub fn feature_flags(&self) -> Option<&[String]> {
+        match self {
+            Principal::Admin => None,
+            Principal::App { feature_flags, .. } => Some(feature_flags),
+        }
+    }
 }
 
 /// The application named by the route's `{app_id}` (`None` when the route
@@ -678,7 +702,8 @@ pub struct AppPortalAccessIn {
     /// all of them. `ViewBase` is always added.
     #[serde(default)]
     pub capabilities: Option<Vec<Capability>>,
-    /// Kept with the token; Herald's portal acts on none.
+    /// The flagged event types the token and the portal see (Svix): a
+    /// type with feature flags is hidden unless all of them are here.
     #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
     /// Seconds until the token, the link and its sessions expire:

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::auth::Principal;
 use super::error::{
     BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
     PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
@@ -124,6 +125,20 @@ fn flags_of(text: &Option<String>) -> Option<Vec<String>> {
     text.as_deref().and_then(|t| serde_json::from_str(t).ok())
 }
 
+/// Whether a caller holding `held` flags (None: the admin, all) sees `et`:
+/// as Svix, a type with feature flags is hidden from application tokens
+/// and portal sessions unless they carry its flags (all of them, when it
+/// has several). A flag text that does not parse hides the type.
+pub fn visible_to(et: &EventType, held: Option<&[String]>) -> bool {
+    let Some(held) = held else { return true };
+    match &et.feature_flag {
+        None => true,
+        Some(_) => {
+            flags_of(&et.feature_flag).is_some_and(|needed| needed.iter().all(|f| held.contains(f)))
+        }
+    }
+}
+
 impl From<EventType> for EventTypeOut {
     fn from(e: EventType) -> Self {
         let flags = flags_of(&e.feature_flag);
@@ -225,6 +240,7 @@ pub struct EventTypeListParams {
 )]
 pub async fn list_event_types(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<Principal>,
     ApiQuery(params): ApiQuery<EventTypeListParams>,
 ) -> ApiResult<Json<ListResponse<EventTypeOut>>> {
     let include_archived = super::query_bool("include_archived", &params.include_archived)?;
@@ -232,12 +248,23 @@ pub async fn list_event_types(
         .store
         .list_event_types(include_archived, &params.list.page(true)?)
         .await?;
-    let data = page.items.into_iter().map(EventTypeOut::from).collect();
-    Ok(Json(ListResponse::new(
+    // The iterators come from the page as read, so that hiding flagged
+    // types shortens a page but never ends or loops the walk.
+    let iterator = page.items.last().map(|e| e.name.clone());
+    let prev_iterator = page.items.first().map(|e| format!("-{}", e.name));
+    let held = principal.feature_flags();
+    let data = page
+        .items
+        .into_iter()
+        .filter(|e| visible_to(e, held))
+        .map(EventTypeOut::from)
+        .collect();
+    Ok(Json(ListResponse {
         data,
-        page.has_more,
-        |e: &EventTypeOut| e.name.clone(),
-    )))
+        iterator,
+        prev_iterator,
+        done: !page.has_more,
+    }))
 }
 
 #[utoipa::path(
@@ -304,9 +331,15 @@ async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
 )]
 pub async fn get_event_type(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<Principal>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<EventTypeOut>> {
-    Ok(Json(find(&state, &name).await?.into()))
+    let et = find(&state, &name).await?;
+    // A hidden type does not exist for this caller (Svix: 404).
+    if !visible_to(&et, principal.feature_flags()) {
+        return Err(ApiError::NotFound("event type"));
+    }
+    Ok(Json(et.into()))
 }
 
 /// PUT: replaces the event type, creating it (201) if absent.

@@ -41,8 +41,29 @@ fn api_path(session: &PortalSession, ep: &Endpoint) -> Path<(String, String)> {
     Path((session.app_id.to_string(), ep.id.to_string()))
 }
 
-/// The catalogue, unarchived, in one page of at most 250.
-async fn catalogue(state: &ApiState) -> PortalResult<Vec<EventType>> {
+/// The catalogue the session sees, unarchived, in one page of at most
+/// 250: flagged types only with their flags on the session's token (read
+/// from the application's few tokens; a token gone shows none of them).
+async fn catalogue(state: &ApiState, session: &PortalSession) -> PortalResult<Vec<EventType>> {
+    let flags = match &session.token_id {
+        Some(id) => state
+            .store
+            .list_tokens(&session.app_id)
+            .await?
+            .into_iter()
+            .find(|t| t.id == *id)
+            .map(|t| crate::api::auth::stored_flags(&t.feature_flags))
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    Ok(all_types(state)
+        .await?
+        .into_iter()
+        .filter(|et| crate::api::event_types::visible_to(et, Some(&flags)))
+        .collect())
+}
+
+async fn all_types(state: &ApiState) -> PortalResult<Vec<EventType>> {
     let page = state
         .store
         .list_event_types(
@@ -113,7 +134,7 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
 /// `GET /portal/event-types`: the catalogue with descriptions and the
 /// schema examples.
 pub async fn event_types(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
-    let types = catalogue(&state).await?;
+    let types = catalogue(&state, &session).await?;
     let body = html! {
         h1 { "Event types" }
         @if types.is_empty() { p.muted { "No event types are defined." } }
@@ -281,7 +302,7 @@ async fn form_page(
     problem: Option<&str>,
 ) -> PortalResult {
     let (title, heading, action) = form_target(ep);
-    let types = catalogue(state).await?;
+    let types = catalogue(state, session).await?;
     let body = html! {
         (heading)
         (endpoint_form(session, &action, values, &types, problem))
@@ -365,7 +386,7 @@ pub async fn page(
         )
         .await?
         .items;
-    let types = catalogue(&state).await?;
+    let types = catalogue(&state, &session).await?;
     let here = path_of(&ep);
     let caps = &session.capabilities;
     let body = html! {

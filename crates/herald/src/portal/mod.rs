@@ -274,6 +274,9 @@ pub struct PortalSession {
     state: ApiState,
     key: String,
     pub app_id: AppId,
+    /// The portal token the session was made from (its feature flags are
+    /// read from it when a page lists event types).
+    pub token_id: Option<String>,
     pub capabilities: Capabilities,
     pub csrf: String,
     pub theme: Theme,
@@ -386,6 +389,7 @@ impl FromRequestParts<ApiState> for PortalSession {
         Ok(PortalSession {
             state: state.clone(),
             capabilities: Capabilities::parse_stored(session.capabilities.as_deref().unwrap_or("")),
+            token_id: session.token_id,
             theme,
             csrf: session.csrf,
             client: crate::audit::client_ip(parts),

@@ -8,6 +8,7 @@ use svix::api::{Svix, SvixOptions};
 use svix::models::{AppPortalAccessIn, ApplicationIn, ApplicationTokenExpireIn};
 
 use crate::helpers::*;
+use crate::on_both_stores;
 
 fn sdk(app: &TestApp, token: &str) -> Svix {
     Svix::new(
@@ -1369,4 +1370,118 @@ async fn header_values_are_redacted_and_a_read_only_token_gets_names_only() {
             assert_eq!(got, admin, "{caps}");
         }
     }
+}
+
+on_both_stores!(flagged_event_types_are_seen_only_with_their_flags);
+
+/// As Svix: an event type with feature flags is hidden (list and get, API
+/// and portal pages) from application tokens and portal sessions unless
+/// their link carried its flags (all of them); the admin sees every type.
+async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    for (name, flags) in [
+        ("plain.evt", json!(null)),
+        ("beta.evt", json!(["beta"])),
+        ("both.evt", json!(["beta", "gamma"])),
+    ] {
+        let (s, out) = app
+            .post(
+                "/api/v1/event-type",
+                json!({"name": name, "featureFlags": flags}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{out}");
+    }
+    let app_id = app.create_app().await;
+    let (s, plain) = app
+        .post(&format!("/api/v1/app/{app_id}/token"), json!({}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{plain}");
+    let plain = plain["token"].as_str().expect("token").to_owned();
+    let mut links = Vec::new();
+    for flags in [
+        json!(null),
+        json!(["beta"]),
+        json!(["gamma", "beta", "other"]),
+    ] {
+        let (s, out) = access(&app, &app_id, json!({"featureFlags": flags})).await;
+        assert_eq!(s, StatusCode::OK, "{out}");
+        links.push(out);
+    }
+
+    let all = ["beta.evt", "both.evt", "plain.evt"];
+    let cases: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("admin", TOKEN, all.to_vec()),
+        ("app token", &plain, vec!["plain.evt"]),
+        (
+            "portal, no flags",
+            links[0]["token"].as_str().expect("token"),
+            vec!["plain.evt"],
+        ),
+        (
+            "portal, beta",
+            links[1]["token"].as_str().expect("token"),
+            vec!["beta.evt", "plain.evt"],
+        ),
+        (
+            "portal, beta+gamma",
+            links[2]["token"].as_str().expect("token"),
+            all.to_vec(),
+        ),
+    ];
+    for (who, token, seen) in &cases {
+        // Pages of one walk past the hidden types to the end.
+        let mut names = Vec::new();
+        let mut path = "/api/v1/event-type?limit=1".to_owned();
+        for _ in 0..10 {
+            let (s, page) = call(&app, token, Method::GET, &path, None).await;
+            assert_eq!(s, StatusCode::OK, "{who}: {page}");
+            for e in page["data"].as_array().expect("data") {
+                names.push(e["name"].as_str().expect("name").to_owned());
+            }
+            if page["done"] == json!(true) {
+                break;
+            }
+            let it = page["iterator"].as_str().expect("iterator");
+            path = format!("/api/v1/event-type?limit=1&iterator={it}");
+        }
+        assert_eq!(names, *seen, "{who}");
+        for name in all {
+            let (s, out) = call(
+                &app,
+                token,
+                Method::GET,
+                &format!("/api/v1/event-type/{name}"),
+                None,
+            )
+            .await;
+            let expected = if seen.contains(&name) {
+                StatusCode::OK
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            assert_eq!(s, expected, "{who} GET {name}: {out}");
+        }
+    }
+
+    // The portal's own pages follow the link's flags.
+    for (link, seen) in links.iter().zip([
+        vec!["plain.evt"],
+        vec!["beta.evt", "plain.evt"],
+        all.to_vec(),
+    ]) {
+        let cookie = open_link(&app, link["url"].as_str().expect("url")).await;
+        for path in ["/portal/event-types", "/portal/endpoint/new"] {
+            let (s, html) = page(&app, &cookie, path).await;
+            assert_eq!(s, StatusCode::OK, "{path}");
+            for name in all {
+                assert_eq!(
+                    html.contains(name),
+                    seen.contains(&name),
+                    "{path} {name}: {seen:?}"
+                );
+            }
+        }
+    }
+    app.shutdown().await;
 }
