@@ -31,6 +31,9 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_AUTO_MIGRATE", "true", "At start, apply the store's pending migrations; `false`: refuse to start while any is pending (naming them), so that `herald migrate` runs as a step of the deploy."),
     ("HERALD_DATABASE_WAIT", "30s", "At start, how long to keep retrying a store that cannot be reached (a database still starting) before giving up; `0s`: give up at once."),
     ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
+    ("HERALD_ADMIN_TOKEN_FILE", "", "A file holding HERALD_ADMIN_TOKEN (Docker and Kubernetes secrets; a trailing newline is ignored). Not together with HERALD_ADMIN_TOKEN."),
+    ("HERALD_ENCRYPTION_KEY_FILE", "", "A file holding HERALD_ENCRYPTION_KEY (as HERALD_ADMIN_TOKEN_FILE)."),
+    ("HERALD_DATABASE_URL_FILE", "", "A file holding HERALD_DATABASE_URL, for a URL with a password (as HERALD_ADMIN_TOKEN_FILE)."),
     ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
     ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
     ("HERALD_MAX_AGE", "24h", "No retry once a message is older than this."),
@@ -352,6 +355,7 @@ impl Config {
     /// Builds a config from `HERALD_*` keys to raw strings; absent keys take
     /// their defaults.
     pub fn from_values(values: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
+        let values = &with_secret_files(values)?;
         let get = |key: &str| -> String {
             values.get(key).cloned().unwrap_or_else(|| {
                 KEYS.iter()
@@ -805,6 +809,48 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// The settings that may be read from a file named by `<KEY>_FILE`
+/// (Docker and Kubernetes mount secrets as files).
+pub const FILE_KEYS: [&str; 3] = [
+    "HERALD_ADMIN_TOKEN",
+    "HERALD_ENCRYPTION_KEY",
+    "HERALD_DATABASE_URL",
+];
+
+/// `values` with each `<KEY>_FILE` read into `<KEY>` (its trailing
+/// whitespace, such as the newline an editor adds, dropped). Errors name
+/// the `_FILE` key and the path, never what the file holds.
+fn with_secret_files(
+    values: &BTreeMap<String, String>,
+) -> Result<std::borrow::Cow<'_, BTreeMap<String, String>>, ConfigError> {
+    let mut out = std::borrow::Cow::Borrowed(values);
+    for key in FILE_KEYS {
+        let file_key = format!("{key}_FILE");
+        let Some(path) = values
+            .get(&file_key)
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+        else {
+            continue;
+        };
+        let invalid = |message: String| ConfigError::Invalid {
+            key: file_key.clone(),
+            message,
+        };
+        if values.get(key).is_some_and(|v| !v.trim().is_empty()) {
+            return Err(invalid(format!("set {key} or {file_key}, not both")));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid(format!("cannot read {path}: {e}")))?;
+        let secret = text.trim_end();
+        if secret.is_empty() {
+            return Err(invalid(format!("{path} is empty")));
+        }
+        out.to_mut().insert(key.to_owned(), secret.to_owned());
+    }
+    Ok(out)
+}
+
 /// Reads a flat TOML table into `HERALD_*` keys. Unknown keys are errors, so
 /// a typo does not silently fall back to a default.
 fn parse_toml(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -1096,5 +1142,54 @@ mod tests {
         std::fs::write(&path, "retry_shedule = \"1m\"\n").expect("write");
         let err = Config::load_from(Some(&path), &BTreeMap::new()).expect_err("typo");
         assert!(err.to_string().contains("retry_shedule"), "{err}");
+    }
+
+    #[test]
+    fn secrets_come_from_files_named_by_the_file_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "from-a-file-token-0123456789abcdef\n").expect("write");
+        let key = dir.path().join("key");
+        std::fs::write(&key, format!("{}\n", base64_key())).expect("write");
+        let url = dir.path().join("url");
+        std::fs::write(&url, "sqlite://from-a-file.db").expect("write");
+        let values: BTreeMap<String, String> = [
+            ("HERALD_ADMIN_TOKEN_FILE", token.display().to_string()),
+            ("HERALD_ENCRYPTION_KEY_FILE", key.display().to_string()),
+            ("HERALD_DATABASE_URL_FILE", url.display().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let c = Config::from_values(&values).expect("valid");
+        assert_eq!(
+            c.admin_token.as_deref(),
+            Some("from-a-file-token-0123456789abcdef")
+        );
+        assert!(c.encryption_keys.is_enabled());
+        assert_eq!(c.database_url, "sqlite://from-a-file.db");
+
+        let refused = |extra: &[(&str, &str)]| -> String {
+            let mut v = values.clone();
+            for (k, x) in extra {
+                v.insert((*k).to_owned(), (*x).to_owned());
+            }
+            Config::from_values(&v).expect_err("refused").to_string()
+        };
+        let both = refused(&[("HERALD_ADMIN_TOKEN", "also-given-directly")]);
+        assert!(both.contains("HERALD_ADMIN_TOKEN_FILE"), "{both}");
+        assert!(!both.contains("from-a-file"), "no secret in errors: {both}");
+        let missing = refused(&[("HERALD_ENCRYPTION_KEY_FILE", "/nonexistent/key")]);
+        assert!(missing.contains("HERALD_ENCRYPTION_KEY_FILE"), "{missing}");
+        assert!(missing.contains("/nonexistent/key"), "{missing}");
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").expect("write");
+        let empty_err = refused(&[("HERALD_DATABASE_URL_FILE", empty.to_str().expect("path"))]);
+        assert!(empty_err.contains("is empty"), "{empty_err}");
+    }
+
+    fn base64_key() -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode([7u8; 32])
     }
 }
