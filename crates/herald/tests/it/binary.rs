@@ -805,3 +805,30 @@ async fn backup_and_restore_on_postgres_name_the_tools_to_use() {
         assert!(err.contains("pg_dump"), "{err}");
     }
 }
+
+/// The admin token from a file (a Docker or Kubernetes secret): the real
+/// binary serves with it, and never prints a generated one.
+#[tokio::test]
+async fn the_admin_token_can_come_from_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("write");
+    let path = token_file.display().to_string();
+    let proc = serve(
+        &dir.path().join("h.db"),
+        &[("HERALD_ADMIN_TOKEN_FILE", path.as_str())],
+    )
+    .await;
+    assert!(
+        !proc.first_line.contains("Generated admin token"),
+        "{}",
+        proc.first_line
+    );
+    let resp = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/app", proc.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("herald answers");
+    assert_eq!(resp.status(), StatusCode::OK);
+}
