@@ -83,3 +83,35 @@ async fn the_readme_walkthrough_runs_as_written() {
     assert_eq!(got[0].body.as_ref(), br#"{"amount": 4200}"#);
     drop(proc);
 }
+
+/// README's configuration table names every setting `config::KEYS` knows
+/// and none it does not, so neither can drift from the other.
+#[test]
+fn the_configuration_table_names_exactly_the_known_settings() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    )
+    .expect("README.md");
+    let section = readme
+        .split("\n## Configuration")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the Configuration section");
+    let mut documented = std::collections::BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `HERALD_")) {
+        let first_cell = row.split('|').nth(1).unwrap_or_default();
+        for name in first_cell.split('`').filter(|s| s.starts_with("HERALD_")) {
+            documented.insert(name.to_owned());
+        }
+    }
+    let known: std::collections::BTreeSet<String> = herald::config::KEYS
+        .iter()
+        .map(|(k, _, _)| (*k).to_owned())
+        .collect();
+    let undocumented: Vec<_> = known.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&known).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "README's configuration table lacks {undocumented:?} and names settings Herald does not know: {unknown:?}"
+    );
+}
