@@ -9,6 +9,7 @@
 use std::time::{Duration, SystemTime};
 
 pub mod breaker;
+pub mod stats;
 
 /// How the observed outcome of one HTTP attempt is classified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,28 +7,12 @@ use serde::Serialize;
 
 use crate::store::{EndpointStatus, Millis, StatsBucket};
 
-/// Width of one stats bucket.
-pub const BUCKET_MS: Millis = 5 * 60 * 1000;
-/// Upper bounds (ms, inclusive) of the latency histogram's buckets; a last
-/// bucket holds everything slower.
-pub const LATENCY_BOUNDS_MS: [i64; 11] =
-    [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000];
-pub const HISTOGRAM_LEN: usize = LATENCY_BOUNDS_MS.len() + 1;
+// The buckets' shape lives below the store, which keeps them.
+pub use herald_policy::stats::{
+    bucket_of, latency_slot, BUCKET_MS, HISTOGRAM_LEN, LATENCY_BOUNDS_MS,
+};
 
 const HOUR_MS: Millis = 3600 * 1000;
-
-/// The start of the bucket holding `at`.
-pub fn bucket_of(at: Millis) -> Millis {
-    at - at.rem_euclid(BUCKET_MS)
-}
-
-/// The histogram slot of an attempt that took `ms`.
-pub fn latency_slot(ms: i64) -> usize {
-    LATENCY_BOUNDS_MS
-        .iter()
-        .position(|bound| ms <= *bound)
-        .unwrap_or(LATENCY_BOUNDS_MS.len())
-}
 
 /// The `q` quantile (0..=1) of a histogram, as the upper bound of the slot
 /// it falls in (an over-estimate by at most one slot's width). `None` when

@@ -58,7 +58,7 @@ pub struct StatsBucket {
     pub successes: u64,
     pub failures: u64,
     pub latency_sum_ms: u64,
-    pub histogram: [u64; crate::health::HISTOGRAM_LEN],
+    pub histogram: [u64; herald_policy::stats::HISTOGRAM_LEN],
 }
 
 /// An endpoint's deliveries by state.

@@ -495,7 +495,7 @@ pub fn fold_stats(batch: &[Completion]) -> Vec<(EndpointId, StatsBucket)> {
     let mut map: BTreeMap<(&str, Millis), StatsBucket> = BTreeMap::new();
     for c in batch {
         let a = &c.attempt;
-        let bucket = crate::health::bucket_of(a.started_at);
+        let bucket = herald_policy::stats::bucket_of(a.started_at);
         let b = map
             .entry((a.endpoint_id.as_str(), bucket))
             .or_insert_with(|| StatsBucket {
@@ -510,7 +510,7 @@ pub fn fold_stats(batch: &[Completion]) -> Vec<(EndpointId, StatsBucket)> {
         }
         let ms = a.duration_ms.max(0);
         b.latency_sum_ms += u64::try_from(ms).unwrap_or(0);
-        b.histogram[crate::health::latency_slot(ms)] += 1;
+        b.histogram[herald_policy::stats::latency_slot(ms)] += 1;
     }
     map.into_iter()
         .map(|((ep, _), b)| (EndpointId::from_trusted(ep.to_owned()), b))

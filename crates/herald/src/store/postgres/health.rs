@@ -13,7 +13,7 @@ const ENDPOINT_COLUMNS_E: &str =
 
 fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
     let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
-    let mut histogram = [0u64; crate::health::HISTOGRAM_LEN];
+    let mut histogram = [0u64; herald_policy::stats::HISTOGRAM_LEN];
     for (i, h) in histogram.iter_mut().enumerate() {
         *h = n(&format!("h{i}"))?;
     }

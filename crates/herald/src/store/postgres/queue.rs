@@ -1215,7 +1215,7 @@ impl Queue for PostgresStore {
         .bind(column(&|b| b.successes))
         .bind(column(&|b| b.failures))
         .bind(column(&|b| b.latency_sum_ms));
-        for i in 0..crate::health::HISTOGRAM_LEN {
+        for i in 0..herald_policy::stats::HISTOGRAM_LEN {
             query = query.bind(column(&|b| b.histogram[i]));
         }
         let count = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);

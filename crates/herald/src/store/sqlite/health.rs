@@ -6,7 +6,7 @@ use crate::store::DUE_COUNT_CAP;
 
 fn stats_from_row(r: &Row<'_>) -> StoreResult<StatsBucket> {
     let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
-    let mut histogram = [0u64; crate::health::HISTOGRAM_LEN];
+    let mut histogram = [0u64; herald_policy::stats::HISTOGRAM_LEN];
     for (i, h) in histogram.iter_mut().enumerate() {
         *h = n(&format!("h{i}"))?;
     }
