@@ -12,15 +12,17 @@
 //! What goes in: ids and names of what was acted on, counts, the NAMES of
 //! changed fields. What never goes in: a secret, a token, a header value,
 //! a payload, an attempted log-in token.
+//!
+//! Below the API: an API caller becomes an [`Actor`] in `api::auth`
+//! (`Actor::of_principal`, and the extractor), so this module takes plain
+//! values and imports nothing above the store.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
 use serde_json::Value;
 
-use crate::api::auth::Principal;
-use crate::api::ApiError;
 use crate::ids::{AppId, AuditId};
 use crate::store::{now_millis, ActorKind, AuditEntry, Store};
 
@@ -43,21 +45,6 @@ pub fn client_ip(parts: &Parts) -> IpAddr {
 }
 
 impl Actor {
-    pub fn of_principal(principal: &Principal, source: IpAddr) -> Self {
-        match principal {
-            Principal::Admin => Actor {
-                kind: ActorKind::Admin,
-                id: "admin".to_owned(),
-                source,
-            },
-            Principal::App { token_id, .. } => Actor {
-                kind: ActorKind::AppToken,
-                id: token_id.clone(),
-                source,
-            },
-        }
-    }
-
     /// A dashboard session, by its label (never the cookie).
     pub fn dashboard(label: String, source: IpAddr) -> Self {
         Actor {
@@ -101,18 +88,5 @@ impl Actor {
                 "could not write the audit log entry of a change that was made"
             );
         }
-    }
-}
-
-/// The caller of an `/api/v1` route, as the token middleware found it.
-impl<S: Send + Sync> FromRequestParts<S> for Actor {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        let principal = parts.extensions.get::<Principal>().ok_or_else(|| {
-            tracing::error!(path = %parts.uri.path(), "no principal for an audited route");
-            ApiError::Internal
-        })?;
-        Ok(Actor::of_principal(principal, client_ip(parts)))
     }
 }

@@ -166,6 +166,19 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     })
 }
 
+/// The whole application: the API's routes, and beside them the dashboard
+/// (its own log-in, not the bearer token) and the customer portal (its own
+/// sessions, opened by a link). Assembled here, above all three, so that
+/// the API does not import what is built on it.
+pub fn app_router(state: ApiState) -> axum::Router {
+    api::router(state.clone())
+        .nest("/dashboard", crate::dashboard::router())
+        .nest("/portal", crate::portal::router(&state))
+        .fallback(|| async { api::ApiError::NotFound("route") })
+        .layer(axum::extract::DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .with_state(state)
+}
+
 /// A serving process's hold on its SQLite store: an exclusive lock on
 /// `<file>.lock`, released when the process ends however it ends (kill -9
 /// too). One process per SQLite file: a second `serve` on it is refused.
@@ -479,7 +492,7 @@ pub async fn start(
         // optional, as in Svix: normalise before routing.
         // Middleware that only some configurations need is added only
         // then: each layer costs every request (≈ 1–2 µs on the hot path).
-        let mut router = api::router(state);
+        let mut router = app_router(state);
         if config.otlp.is_some() {
             router = router.layer(axum::middleware::from_fn(trace_request));
         }

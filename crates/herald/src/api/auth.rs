@@ -24,8 +24,9 @@ use super::error::{
     UnauthorizedResponse, ValidationResponse,
 };
 use super::{rfc3339, token_sha256, ApiError, ApiResult, ApiState};
+use crate::audit::Actor;
 use crate::ids::AppId;
-use crate::store::{now_millis, ApiToken};
+use crate::store::{now_millis, ActorKind, ApiToken};
 
 /// The caller, as the token middleware found it (a request extension).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1053,4 +1054,38 @@ pub async fn logout(
         )
         .await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The audit log's view of an API caller.
+impl Actor {
+    pub fn of_principal(principal: &Principal, source: IpAddr) -> Self {
+        match principal {
+            Principal::Admin => Actor {
+                kind: ActorKind::Admin,
+                id: "admin".to_owned(),
+                source,
+            },
+            Principal::App { token_id, .. } => Actor {
+                kind: ActorKind::AppToken,
+                id: token_id.clone(),
+                source,
+            },
+        }
+    }
+}
+
+/// The caller of an `/api/v1` route, as the token middleware found it.
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let principal = parts.extensions.get::<Principal>().ok_or_else(|| {
+            tracing::error!(path = %parts.uri.path(), "no principal for an audited route");
+            ApiError::Internal
+        })?;
+        Ok(Actor::of_principal(
+            principal,
+            crate::audit::client_ip(parts),
+        ))
+    }
 }

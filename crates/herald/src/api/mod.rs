@@ -149,7 +149,11 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-pub fn router(state: ApiState) -> Router {
+/// The API's routes (under `/api/v1`, with its middleware) and the
+/// unauthenticated ones beside it (health, readiness, metrics, the OpenAPI
+/// description). The application's router, with the dashboard and the
+/// portal beside these, is assembled in `server` (they sit above the API).
+pub fn router(state: ApiState) -> Router<ApiState> {
     use apps::*;
     use attempts::*;
     use dead::*;
@@ -325,13 +329,6 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/health", get(svix_health))
         .route("/api/v1/health/ping", get(health_ping))
         .nest("/api/v1", api)
-        // Not behind the bearer token: the dashboard has its own log-in.
-        .nest("/dashboard", crate::dashboard::router())
-        // The customer portal: its own sessions, opened by a link.
-        .nest("/portal", crate::portal::router(&state))
-        .fallback(|| async { ApiError::NotFound("route") })
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
 }
 
 /// The body of `/healthz` and `/readyz`.
