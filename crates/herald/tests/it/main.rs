@@ -21,6 +21,7 @@ mod finder;
 mod gates;
 mod helpers;
 mod lanes;
+mod layering;
 mod listener_and_operator;
 mod listener_tls;
 mod message_fields;
