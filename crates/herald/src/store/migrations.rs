@@ -3,6 +3,12 @@
 //! applying anything (`herald migrate --status` / `--dry-run`,
 //! `HERALD_AUTO_MIGRATE=false`), by each backend's `migrations` module.
 
+/// The refusal of a store whose schema version `found` is newer than the
+/// newest this binary knows, `known` (every backend, every command).
+pub fn newer_schema(found: i64, known: i64) -> String {
+    format!("database schema version {found} is newer than this Herald ({known}); upgrade Herald")
+}
+
 /// One migration of a store's schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
@@ -32,10 +38,7 @@ impl MigrationStatus {
     /// The refusal to open a store a newer Herald migrated, if it is one.
     pub fn newer_than_this_binary(&self) -> Option<String> {
         let newest = self.unknown.iter().max()?;
-        Some(format!(
-            "database schema version {newest} is newer than this Herald ({}); upgrade Herald",
-            self.newest_known
-        ))
+        Some(newer_schema(*newest, self.newest_known))
     }
 
     /// The names of the pending migrations, comma-separated.

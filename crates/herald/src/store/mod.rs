@@ -61,7 +61,7 @@ pub use health::{
     DUE_COUNT_CAP,
 };
 pub use history::{AttemptFilter, Delivery, History, MessageFilter};
-pub use migrations::{Migration, MigrationStatus};
+pub use migrations::{newer_schema, Migration, MigrationStatus};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,
     storable, storable_batch, throttle_step_us, AttemptRecord, ClaimRequest, ClaimedDelivery,

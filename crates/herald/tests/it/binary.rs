@@ -584,6 +584,21 @@ async fn migrations_are_listed_gated_and_refused_when_newer(store: &[(&str, Stri
     assert!(version.contains("newest schema: SQLite "), "{version}");
 }
 
+/// `migrate --status`, `migrate` and `serve` all refuse the store a newer
+/// Herald migrated.
+async fn refused_as_newer(store: &[(&str, String)]) {
+    let mut store = store.to_vec();
+    store.push((
+        "HERALD_LISTEN",
+        format!("127.0.0.1:{}", closed_port().await),
+    ));
+    for args in [&["migrate", "--status"][..], &["migrate"], &["serve"]] {
+        let (code, _, err) = run(args, &store).await;
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("newer than this Herald"), "{args:?}: {err}");
+    }
+}
+
 #[tokio::test]
 async fn sqlite_migrations_are_listed_gated_and_refused_when_newer() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -595,16 +610,7 @@ async fn sqlite_migrations_are_listed_gated_and_refused_when_newer() {
     conn.pragma_update(None, "user_version", 999)
         .expect("bump the schema version");
     drop(conn);
-    let mut store = store.to_vec();
-    store.push((
-        "HERALD_LISTEN",
-        format!("127.0.0.1:{}", closed_port().await),
-    ));
-    for args in [&["migrate", "--status"][..], &["migrate"], &["serve"]] {
-        let (code, _, err) = run(args, &store).await;
-        assert_eq!(code, Some(1), "{args:?}: {err}");
-        assert!(err.contains("newer than this Herald"), "{args:?}: {err}");
-    }
+    refused_as_newer(&store).await;
 }
 
 #[tokio::test]
@@ -629,16 +635,7 @@ async fn postgres_migrations_are_listed_gated_and_refused_when_newer() {
     .await
     .expect("a newer Herald's migration");
     pool.close().await;
-    let mut store = store.to_vec();
-    store.push((
-        "HERALD_LISTEN",
-        format!("127.0.0.1:{}", closed_port().await),
-    ));
-    for args in [&["migrate", "--status"][..], &["migrate"], &["serve"]] {
-        let (code, _, err) = run(args, &store).await;
-        assert_eq!(code, Some(1), "{args:?}: {err}");
-        assert!(err.contains("newer than this Herald"), "{args:?}: {err}");
-    }
+    refused_as_newer(&store).await;
     pg.drop_schema().await;
 }
 

@@ -97,21 +97,29 @@ impl Db {
 
     /// The endpoint's `secret`, `old_secrets` and `headers` as stored.
     async fn raw(&self, ep: &str) -> (String, String, String) {
+        (
+            self.raw_column(ep, "secret").await,
+            self.raw_column(ep, "old_secrets").await,
+            self.raw_column(ep, "headers").await,
+        )
+    }
+
+    /// One column of the endpoint's row, as stored.
+    async fn raw_column(&self, ep: &str, column: &str) -> String {
         match self {
             Db::Sqlite(dir) => {
                 let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
                 conn.query_row(
-                    "SELECT secret, old_secrets, headers FROM endpoints WHERE id = ?1",
+                    &format!("SELECT {column} FROM endpoints WHERE id = ?1"),
                     [ep],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    |r| r.get(0),
                 )
                 .expect("row")
             }
             Db::Postgres(pg) => {
-                use sqlx::Row;
                 let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
-                let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT secret, old_secrets, headers FROM \"{}\".endpoints WHERE id = $1",
+                let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT {column} FROM \"{}\".endpoints WHERE id = $1",
                     pg.schema
                 )))
                 .bind(ep)
@@ -119,45 +127,19 @@ impl Db {
                 .await
                 .expect("row");
                 pool.close().await;
-                (row.get(0), row.get(1), row.get(2))
+                value
             }
         }
     }
 
-    /// The endpoint's `url` as stored.
-    async fn raw_url(&self, ep: &str) -> String {
-        match self {
-            Db::Sqlite(dir) => {
-                let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
-                conn.query_row("SELECT url FROM endpoints WHERE id = ?1", [ep], |r| {
-                    r.get(0)
-                })
-                .expect("row")
-            }
-            Db::Postgres(pg) => {
-                let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
-                let url: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT url FROM \"{}\".endpoints WHERE id = $1",
-                    pg.schema
-                )))
-                .bind(ep)
-                .fetch_one(&pool)
-                .await
-                .expect("row");
-                pool.close().await;
-                url
-            }
-        }
-    }
-
-    /// Overwrites the endpoint's stored `secret` column.
-    async fn set_raw_secret(&self, ep: &str, stored: &str) {
+    /// Overwrites one column of the endpoint's row.
+    async fn set_raw_column(&self, ep: &str, column: &str, stored: &str) {
         match self {
             Db::Sqlite(dir) => {
                 let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
                 conn.busy_timeout(PATIENCE).expect("busy timeout");
                 conn.execute(
-                    "UPDATE endpoints SET secret = ?1 WHERE id = ?2",
+                    &format!("UPDATE endpoints SET {column} = ?1 WHERE id = ?2"),
                     [stored, ep],
                 )
                 .expect("update");
@@ -165,7 +147,7 @@ impl Db {
             Db::Postgres(pg) => {
                 let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
                 sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "UPDATE \"{}\".endpoints SET secret = $1 WHERE id = $2",
+                    "UPDATE \"{}\".endpoints SET {column} = $1 WHERE id = $2",
                     pg.schema
                 )))
                 .bind(stored)
@@ -643,8 +625,8 @@ async fn one_unreadable_row_spoils_nothing_else(db: Db) {
         .create_endpoint(&app_id, &rx.url("/good"), json!({"secret": NEW_SECRET}))
         .await;
     let good = good["id"].as_str().expect("id").to_owned();
-    let (good_secret, _, _) = db.raw(&good).await;
-    db.set_raw_secret(&bad, &good_secret).await;
+    let good_secret = db.raw_column(&good, "secret").await;
+    db.set_raw_column(&bad, "secret", &good_secret).await;
 
     let (status, list) = app.get(&format!("/api/v1/app/{app_id}/endpoint")).await;
     assert_eq!(status, StatusCode::OK, "{list}");
@@ -720,7 +702,7 @@ async fn url_credentials_sealed_and_masked(db: Db) {
         .await;
     let ep = ep["id"].as_str().expect("id").to_owned();
 
-    let stored = db.raw_url(&ep).await;
+    let stored = db.raw_column(&ep, "url").await;
     assert_sealed(&stored, 1, &[PASS, "hook-user"]);
 
     // The admin (who may read the secret) sees the URL as given.

@@ -4337,6 +4337,20 @@ fn msg_ids(got: &[ClaimedDelivery]) -> Vec<MsgId> {
     got.iter().map(|d| d.msg_id.clone()).collect()
 }
 
+/// A message of `app` created 20 s before T0 and scheduled for `due`.
+async fn scheduled_early(store: &Arc<dyn Store>, app: &AppId, due: Millis) -> NewMessage {
+    let scheduled = NewMessage {
+        created_at: T0 - 20_000,
+        deliver_at: Some(due),
+        ..message(app, "x", None)
+    };
+    store
+        .insert_messages(std::slice::from_ref(&scheduled))
+        .await
+        .expect("insert");
+    scheduled
+}
+
 /// Review of the release binary, item 10: a scheduled message (`deliverAt`)
 /// takes its queue place when a claim first meets it, by its creation; one
 /// created before the FIFO head in flight replaced that head and went out
@@ -4347,15 +4361,7 @@ fn msg_ids(got: &[ClaimedDelivery]) -> Vec<MsgId> {
 async fn a_fifo_head_in_flight_holds_a_scheduled_message_that_falls_due(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
-    let scheduled = NewMessage {
-        created_at: T0 - 20_000,
-        deliver_at: Some(T0 + 5_000),
-        ..message(&a.id, "x", None)
-    };
-    store
-        .insert_messages(std::slice::from_ref(&scheduled))
-        .await
-        .expect("insert");
+    let scheduled = scheduled_early(&store, &a.id, T0 + 5_000).await;
     let ms = messages_in_order(&store, &a.id, 3).await;
     let none = HashMap::new();
     let first = claim(&store, T0, 100, &none, 100).await;
@@ -4436,15 +4442,7 @@ async fn drain_fifo(store: &Arc<dyn Store>, now: Millis) -> Vec<MsgId> {
 async fn switching_to_fifo_queues_what_is_due_behind_what_is_in_flight(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let ep = endpoint(&store, &a.id, None, false).await;
-    let scheduled = NewMessage {
-        created_at: T0 - 20_000,
-        deliver_at: Some(T0 + 3_600_000),
-        ..message(&a.id, "x", None)
-    };
-    store
-        .insert_messages(std::slice::from_ref(&scheduled))
-        .await
-        .expect("insert");
+    let scheduled = scheduled_early(&store, &a.id, T0 + 3_600_000).await;
     let ms = messages_in_order(&store, &a.id, 3).await;
     switch_to_fifo(&store, &a.id, &ep.id, T0).await;
     assert_eq!(

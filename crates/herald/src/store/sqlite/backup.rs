@@ -77,10 +77,9 @@ pub fn check(path: &Path) -> StoreResult<Summary> {
         .map_err(not_a_store)?;
     if schema_version > newest_version() {
         return Err(StoreError::Internal(format!(
-            "{}: database schema version {schema_version} is newer than this Herald ({}); \
-             upgrade Herald",
+            "{}: {}",
             path.display(),
-            newest_version()
+            crate::store::newer_schema(schema_version, newest_version())
         )));
     }
     if schema_version == 0 {

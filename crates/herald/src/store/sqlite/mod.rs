@@ -261,9 +261,9 @@ fn migrate(conn: &mut Connection, counts: &CountFold) -> StoreResult<()> {
         .map_err(map_err)?;
     let applied = usize::try_from(applied).unwrap_or(0);
     if applied > MIGRATIONS.len() {
-        return Err(StoreError::Internal(format!(
-            "database schema version {applied} is newer than this Herald ({}); upgrade Herald",
-            MIGRATIONS.len()
+        return Err(StoreError::Internal(crate::store::newer_schema(
+            i64::try_from(applied).unwrap_or(i64::MAX),
+            migrations::newest_version(),
         )));
     }
     let tx = conn.transaction().map_err(map_err)?;
