@@ -407,10 +407,14 @@ pub async fn start(
     )?);
     let shutdown = CancellationToken::new();
     let mut background = Vec::new();
-    background.push(tokio::spawn(run_count_fold(
-        store.clone(),
-        shutdown.clone(),
-    )));
+    // Only PostgreSQL keeps count deltas apart; SQLite folds them in each
+    // writing transaction.
+    if matches!(backend, Backend::Postgres(_)) {
+        background.push(tokio::spawn(run_count_fold(
+            store.clone(),
+            shutdown.clone(),
+        )));
+    }
     let backups = Arc::new(crate::backups::Backups::new(config.backups.clone()));
     if config.backups.is_some() {
         let path = sqlite_store_path(&config)?;
@@ -864,8 +868,8 @@ async fn trace_request(request: Request, next: Next) -> Response {
 /// bounds the deltas readers add up, not what they see.
 const COUNT_FOLD_EVERY: Duration = Duration::from_secs(1);
 
-/// Folds the kept delivery counts' deltas, in every process (folders skip
-/// each other's rows, so several never wait on one another).
+/// Folds the kept delivery counts' deltas, in every process on PostgreSQL
+/// (folders skip each other's rows, so several never wait on one another).
 async fn run_count_fold(store: Arc<dyn crate::store::Store>, shutdown: CancellationToken) {
     loop {
         tokio::select! {

@@ -704,34 +704,40 @@ impl SendTo {
         headers: &str,
         now: Millis,
     ) -> StoreResult<Self> {
+        // Never sent: the attempt fails saying why (its log masks the URL).
+        let unreadable = |url: String, e: crate::crypto::OpenError| SendTo {
+            url,
+            secret: String::new(),
+            old_secrets: Vec::new(),
+            headers: Vec::new(),
+            unreadable: Some(format!("not sent: {e}")),
+        };
+        // A URL without credentials is plain and kept as it is (the claim's
+        // hot path); one with them is sealed.
+        let url = if crate::crypto::is_sealed(&url) {
+            match open_column(keys, endpoint_id, SecretColumn::Url, &url) {
+                Ok(url) => url,
+                Err(e) => return Ok(unreadable("(sealed)".to_owned(), e)),
+            }
+        } else {
+            url
+        };
         let opened = (|| {
             Ok::<_, crate::crypto::OpenError>((
-                open_column(keys, endpoint_id, SecretColumn::Url, &url)?,
                 open_column(keys, endpoint_id, SecretColumn::Secret, secret)?,
                 open_column(keys, endpoint_id, SecretColumn::OldSecrets, old_secrets)?,
                 open_column(keys, endpoint_id, SecretColumn::Headers, headers)?,
             ))
         })();
         match opened {
-            Ok((url, secret, old_secrets, headers)) => Ok(SendTo {
+            Ok((secret, old_secrets, headers)) => Ok(SendTo {
                 url,
                 secret,
                 old_secrets: valid_old_secrets(&old_secrets, now)?,
                 headers: headers_of(&headers)?,
                 unreadable: None,
             }),
-            Err(e) => Ok(SendTo {
-                // Never sent; the attempt log shows it masked.
-                url: if crate::crypto::is_sealed(&url) {
-                    "(sealed)".to_owned()
-                } else {
-                    url
-                },
-                secret: String::new(),
-                old_secrets: Vec::new(),
-                headers: Vec::new(),
-                unreadable: Some(format!("not sent: {e}")),
-            }),
+            Err(e) => Ok(unreadable(url, e)),
         }
     }
 }
