@@ -321,7 +321,7 @@ pub fn router(state: ApiState) -> Router<ApiState> {
         // they have one; a static route beside the `/api/v1` nest wins over it.
         .route("/api/v1/openapi.json", get(openapi::openapi_json))
         // Outside the token: a Prometheus scrape carries no bearer token.
-        // It reveals endpoint ids and queue sizes, so firewall it (README).
+        // It reveals endpoint ids and queue sizes, so firewall it (docs/operations.md).
         .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
         // Svix's health routes, outside the token as Svix has them.

@@ -265,7 +265,7 @@ impl Sender {
         };
         // Behind a proxy that resolves names, Herald checks the addresses
         // the name has as Herald sees them (the proxy may see others: see
-        // README, "Egress proxy").
+        // docs/security.md, "Egress proxy").
         let names_proxy = || {
             let proxy = lane.proxy_host.as_deref()?;
             Some(url.host_str()?.eq_ignore_ascii_case(proxy))

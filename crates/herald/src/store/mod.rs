@@ -183,7 +183,7 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResu
 }
 
 /// Everything the engine and the API need from durable storage: the sum of
-/// one trait per concern (see the table in ARCHITECTURE.md), implemented
+/// one trait per concern (see the table in docs/design/store.md), implemented
 /// for every type that implements all of them. The engine holds an
 /// `Arc<dyn Store>` and calls the parts' methods on it directly; on a
 /// concrete store, bring the parts in scope with [`prelude`].

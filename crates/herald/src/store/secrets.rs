@@ -263,7 +263,7 @@ pub async fn prepare(store: &dyn Store, keys: &Keyring) -> anyhow::Result<Prepar
     if !keys.is_enabled() {
         tracing::warn!(
             "HERALD_ENCRYPTION_KEY is not set: endpoint signing secrets and header values are \
-             stored in PLAIN TEXT; set it to encrypt them (see README, Security)"
+             stored in PLAIN TEXT; set it to encrypt them (see docs/security.md)"
         );
         return Ok(PrepareReport { sealed: 0 });
     }

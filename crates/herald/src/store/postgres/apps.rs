@@ -58,7 +58,7 @@ impl Apps for PostgresStore {
 
     async fn delete_app(&self, id: &AppId) -> StoreResult<bool> {
         // Locks in the order every other transaction takes them (see
-        // ARCHITECTURE.md, "Lock order"): the application, its endpoints
+        // docs/design/postgres.md, "Lock order"): the application, its endpoints
         // in id order, its messages, then (by cascade) the deliveries, and
         // last the attempts and stats buckets. Deleting the stats before the
         // endpoints, as this once did, closed a cycle with a completer that
