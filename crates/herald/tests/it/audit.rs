@@ -577,7 +577,7 @@ async fn audit_store_on_sqlite() {
 
 #[tokio::test]
 async fn audit_store_on_postgres() {
-    let Some(f) = crate::store_conformance::postgres("audit::audit_store_on_postgres").await else {
+    let Some(f) = crate::helpers::postgres::postgres("audit::audit_store_on_postgres").await else {
         return;
     };
     f.run_postgres(|store| audit_round_trips_filters_pages_and_prunes(store))

@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,58 +10,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, header_text, wait_healthy, Remote, PATIENCE, TOKEN};
-
-pub(crate) fn herald() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
-    // Start from a clean slate: no HERALD_* from the developer's shell.
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("HERALD_LOG", "warn").kill_on_drop(true);
-    cmd
-}
-
-pub(crate) struct Proc {
-    pub(crate) child: Child,
-    pub(crate) addr: SocketAddr,
-    first_line: String,
-}
-
-/// Starts `herald serve` and waits (bounded) until /healthz answers.
-pub(crate) async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
-    let port = closed_port().await;
-    let mut cmd = herald();
-    cmd.arg("serve")
-        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
-        .env("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()))
-        .stdout(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("herald starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let first_line = tokio::time::timeout(PATIENCE, lines.next_line())
-        .await
-        .expect("herald prints within the patience")
-        .expect("read stdout")
-        .unwrap_or_default();
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    wait_healthy(addr).await;
-    Proc {
-        child,
-        addr,
-        first_line,
-    }
-}
+use crate::helpers::binary::{herald, run, serve};
+use crate::helpers::{closed_port, header_text, Remote, PATIENCE, TOKEN};
 
 #[tokio::test]
 async fn an_invalid_setting_stops_the_binary_naming_the_key() {
@@ -521,24 +471,6 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     assert!(ok, "{err}");
     assert_eq!(get_app(app_token).await, 401);
     proc.child.kill().await.expect("kill");
-}
-
-/// `herald <args>` with `envs`: (exit code, stdout, stderr).
-async fn run(args: &[&str], envs: &[(&str, String)]) -> (Option<i32>, String, String) {
-    let mut cmd = herald();
-    cmd.args(args);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(PATIENCE, cmd.output())
-        .await
-        .expect("herald ends within the patience")
-        .expect("herald runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The upgrade steps an operator scripts: `migrate --status` (0: nothing

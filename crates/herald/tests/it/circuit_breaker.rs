@@ -307,7 +307,7 @@ async fn the_binary_opens_and_closes_the_breaker_and_tells_operators() {
     let ops = Receiver::start().await;
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let ops_url = ops.url("/ops");
-    let herald = crate::binary::serve(
+    let herald = crate::helpers::binary::serve(
         &dir.path().join("herald.db"),
         &[
             ("HERALD_ADMIN_TOKEN", crate::helpers::TOKEN),

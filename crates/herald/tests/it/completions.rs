@@ -16,90 +16,7 @@ use herald::store::{ClaimRequest, Completion, NextState};
 
 use crate::helpers::*;
 
-/// Where a test's Herald keeps its data.
-pub enum Db {
-    /// A fresh SQLite file (the helpers' default).
-    Sqlite,
-    /// A fresh schema, dropped when the test ends.
-    Postgres { url: String, schema: String },
-}
-
-impl Db {
-    pub fn postgres(test: &str) -> Option<Db> {
-        let url = crate::scale_out::postgres_url(test)?;
-        let schema = format!("herald_cmpl_{:016x}", rand::random::<u64>());
-        Some(Db::Postgres { url, schema })
-    }
-
-    /// Starts Herald on this store, with `overrides` (`spawn_app` when
-    /// `background`, else `spawn_stepped`).
-    pub async fn start(&self, background: bool, overrides: &[(&str, &str)]) -> TestApp {
-        let mut all: Vec<(&str, &str)> = overrides.to_vec();
-        if let Db::Postgres { url, schema } = self {
-            all.push(("HERALD_DATABASE_URL", url));
-            all.push(("HERALD_DATABASE_SCHEMA", schema));
-        }
-        if background {
-            spawn_app(&all).await
-        } else {
-            spawn_stepped(&all).await
-        }
-    }
-
-    /// Runs `test`, then drops the PostgreSQL schema, passed or not.
-    pub async fn run<F, Fut>(self, test: F)
-    where
-        F: FnOnce(Arc<Db>) -> Fut,
-        Fut: std::future::Future<Output = ()>,
-    {
-        use futures::FutureExt;
-        let db = Arc::new(self);
-        let outcome = std::panic::AssertUnwindSafe(test(db.clone()))
-            .catch_unwind()
-            .await;
-        if let Db::Postgres { url, schema } = &*db {
-            if let Ok(pool) = sqlx::PgPool::connect(url).await {
-                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                )))
-                .execute(&pool)
-                .await;
-                pool.close().await;
-            }
-        }
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
-    }
-}
-
-macro_rules! on_both_stores {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite_store {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::Db::Sqlite.run(super::$test).await;
-                }
-            )*
-        }
-
-        mod postgres_store {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    let name = concat!("completions::postgres_store::", stringify!($test));
-                    let Some(db) = super::Db::postgres(name) else {
-                        return;
-                    };
-                    db.run(super::$test).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores!(
+crate::on_both_stores!(
     bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps,
     a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch,
     a_stale_dead_outcome_sends_no_exhausted_event,
@@ -134,8 +51,8 @@ async fn send_n(app: &TestApp, app_id: &str, n: usize) -> Vec<String> {
 /// once, with the receiver's words made storable, and ends delivered. (On
 /// PostgreSQL the NUL failed every completion batch it was in: the other
 /// app's deliveries were sent again each lease and stayed `delivering`.)
-async fn bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps(db: Arc<Db>) {
-    let app = db.start(true, &[]).await;
+async fn bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps(db: &Backend) {
+    let app = db.spawn_app(&[]).await;
     let (nul, broken, healthy) = (
         Receiver::start().await,
         Receiver::start().await,
@@ -229,8 +146,8 @@ fn delivered(d: &herald::store::ClaimedDelivery) -> Completion {
 /// attempt id is already taken (both stores refuse the row, and with it the
 /// whole transaction). The completer's write path records the others, each
 /// once; the refused one is counted, and its delivery is left to its lease.
-async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: Arc<Db>) {
-    let app = db.start(false, &[]).await;
+async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: &Backend) {
+    let app = db.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let (app_id, _) = app_with_endpoints(&app, &[&rx]).await;
     let first = send_n(&app, &app_id, 1).await.remove(0);
@@ -299,18 +216,15 @@ async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: Ar
 /// `message.attempt.exhausted` is sent. A dead outcome that does move its
 /// delivery is still reported. The stale failure counts in the endpoint's
 /// failing streak: it was the endpoint's answer.
-async fn a_stale_dead_outcome_sends_no_exhausted_event(db: Arc<Db>) {
+async fn a_stale_dead_outcome_sends_no_exhausted_event(db: &Backend) {
     let ops = Receiver::start().await;
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     let ops_url = ops.url("/ops");
     let app = db
-        .start(
-            false,
-            &[
-                ("HERALD_OPERATOR_WEBHOOK_URL", &ops_url),
-                ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
-            ],
-        )
+        .spawn_stepped(&[
+            ("HERALD_OPERATOR_WEBHOOK_URL", &ops_url),
+            ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+        ])
         .await;
     let rx = Receiver::start().await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));

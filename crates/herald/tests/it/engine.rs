@@ -497,12 +497,7 @@ async fn ordering_is_validated_and_kept_by_put_and_patch() {
 
 /// `herald` with a clean environment: nothing from the developer's shell.
 fn herald() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = crate::helpers::binary::herald();
     cmd.env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
         .env("HERALD_REQUEST_TIMEOUT", "1s")
@@ -587,7 +582,7 @@ async fn on_postgres_with_two_workers(
     fail: Option<(&str, u64, usize)>,
     (env, stall): (&[(&str, &str)], Option<Stall>),
 ) {
-    let Some(url) = crate::scale_out::postgres_url(test) else {
+    let Some(url) = crate::helpers::postgres_url(test) else {
         return;
     };
     let schema = format!(

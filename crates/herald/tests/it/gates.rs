@@ -195,7 +195,7 @@ async fn sqlite_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint
 
 #[tokio::test]
 async fn postgres_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint() {
-    let Some(url) = crate::scale_out::postgres_url(
+    let Some(url) = crate::helpers::postgres_url(
         "gates::postgres_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint",
     ) else {
         return;
@@ -284,7 +284,7 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_disable() {
 /// snapshot (PostgreSQL takes a statement's table locks first).
 #[tokio::test]
 async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
-    let Some(url) = crate::scale_out::postgres_url(
+    let Some(url) = crate::helpers::postgres_url(
         "gates::postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing",
     ) else {
         return;

@@ -358,12 +358,7 @@ async fn failed_dashboard_logins_are_limited_per_address_but_never_the_right_tok
 async fn the_binary_logs_failed_logins_with_the_address_and_never_the_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = closed_port().await;
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = crate::helpers::binary::herald();
     let mut child = cmd
         .arg("serve")
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
@@ -743,7 +738,7 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer_sqlite() {
 #[tokio::test]
 async fn a_customer_app_holding_the_operator_uid_stays_a_customer_postgres() {
     let name = "security::a_customer_app_holding_the_operator_uid_stays_a_customer_postgres";
-    let Some(f) = crate::store_conformance::postgres(name).await else {
+    let Some(f) = crate::helpers::postgres::postgres(name).await else {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::binary::{herald, serve};
 use crate::egress_parts::TestCa;
+use crate::helpers::binary::{herald, serve};
 use crate::helpers::{closed_port, spawn_app, PATIENCE, TOKEN};
 
 /// A client that trusts only `ca` and keeps no connection between calls,

@@ -292,10 +292,7 @@ async fn the_binary_counts_accepted_messages_exactly() {
     let rx = Receiver::start().await;
     let port = closed_port().await;
     let addr = format!("127.0.0.1:{port}");
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("HERALD_")) {
-        cmd.env_remove(k);
-    }
+    let mut cmd = crate::helpers::binary::herald();
     let _child = cmd
         .arg("serve")
         .env("HERALD_LISTEN", &addr)

@@ -16,7 +16,8 @@ use herald::store::postgres::PostgresStore;
 use herald::store::*;
 use sqlx::{Connection, PgConnection};
 
-use crate::store_conformance::{app, claim, endpoint, postgres};
+use crate::helpers::postgres::postgres;
+use crate::store_conformance::{app, claim, endpoint};
 
 /// Which way the application queues its message.
 #[derive(Debug, Clone, Copy)]

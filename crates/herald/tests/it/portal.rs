@@ -866,7 +866,7 @@ async fn sessions_survive_a_restart_of_the_binary() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("sessions.db");
     let envs = [("HERALD_ADMIN_TOKEN", TOKEN)];
-    let mut first = crate::binary::serve(&db, &envs).await;
+    let mut first = crate::helpers::binary::serve(&db, &envs).await;
     let base = format!("http://{}", first.addr);
     let client = browser();
     let created: Value = client
@@ -919,7 +919,7 @@ async fn sessions_survive_a_restart_of_the_binary() {
         .to_owned();
 
     first.child.kill().await.expect("stop");
-    let second = crate::binary::serve(&db, &envs).await;
+    let second = crate::helpers::binary::serve(&db, &envs).await;
     let base = format!("http://{}", second.addr);
     for (cookie, path) in [(&portal, "/portal"), (&dash, "/dashboard")] {
         let response = client

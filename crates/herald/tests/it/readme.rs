@@ -3,7 +3,7 @@
 
 use std::process::Stdio;
 
-use crate::binary::serve;
+use crate::helpers::binary::serve;
 use crate::helpers::{Receiver, PATIENCE, TOKEN};
 
 /// The `sh` block under README's "A first webhook, with curl".

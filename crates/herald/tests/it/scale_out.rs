@@ -12,29 +12,12 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::helpers::{closed_port, header_text, wait_healthy, Remote, PATIENCE, TOKEN};
-
-pub fn postgres_url(test: &str) -> Option<String> {
-    match std::env::var("HERALD_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED (HERALD_TEST_POSTGRES_URL unset): {test}"
-            );
-            None
-        }
-    }
-}
+use crate::helpers::{
+    closed_port, header_text, postgres_url, wait_healthy, PgSchema, Remote, PATIENCE, TOKEN,
+};
 
 fn herald(url: &str, schema: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("HERALD_") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = crate::helpers::binary::herald();
     cmd.env("HERALD_DATABASE_URL", url)
         .env("HERALD_DATABASE_SCHEMA", schema)
         .env("HERALD_ADMIN_TOKEN", TOKEN)
@@ -133,17 +116,6 @@ async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) ->
     StatusCode::OK
 }
 
-async fn drop_schema(url: &str, schema: &str) {
-    if let Ok(pool) = sqlx::PgPool::connect(url).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-        )))
-        .execute(&pool)
-        .await;
-        pool.close().await;
-    }
-}
-
 #[tokio::test]
 async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     const MESSAGES: usize = 10_000;
@@ -152,10 +124,7 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     else {
         return;
     };
-    let schema = format!(
-        "herald_mp_{}",
-        ulid::Ulid::new().to_string().to_ascii_lowercase()
-    );
+    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
 
     let (w, rx_addr) = Watch::start().await;
 
@@ -249,7 +218,12 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
         );
     }
     drop(workers);
-    drop_schema(&url, &schema).await;
+    PgSchema {
+        url: url.clone(),
+        schema: schema.clone(),
+    }
+    .drop_schema()
+    .await;
 }
 
 fn pg_ctl(action: &str) {
@@ -283,10 +257,7 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         );
         return;
     }
-    let schema = format!(
-        "herald_out_{}",
-        ulid::Ulid::new().to_string().to_ascii_lowercase()
-    );
+    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
     let (w, rx_addr) = Watch::start().await;
 
     let port = closed_port().await;
@@ -354,7 +325,12 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         }
     }
     w.wait_for_all(&accepted, Duration::from_secs(120)).await;
-    drop_schema(&url, &schema).await;
+    PgSchema {
+        url: url.clone(),
+        schema: schema.clone(),
+    }
+    .drop_schema()
+    .await;
 }
 
 /// Forwards every connection to `127.0.0.1:port_to` from a listener on
@@ -391,10 +367,7 @@ async fn start_up_waits_for_a_database_that_comes_up_later() {
     let late_port = closed_port().await;
     real.set_port(Some(late_port)).expect("a port can be set");
     let late_url = real.to_string();
-    let schema = format!(
-        "herald_wait_{}",
-        ulid::Ulid::new().to_string().to_ascii_lowercase()
-    );
+    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
 
     // Nothing listens there: with no patience, the start fails, naming it.
     let given_up = herald(&late_url, &schema)
@@ -453,5 +426,10 @@ async fn start_up_waits_for_a_database_that_comes_up_later() {
 
     drop(waiting);
     forwarder.abort();
-    drop_schema(&url, &schema).await;
+    PgSchema {
+        url: url.clone(),
+        schema: schema.clone(),
+    }
+    .drop_schema()
+    .await;
 }

@@ -514,7 +514,7 @@ async fn rotate_with_the_binary(db: Db) {
     // Rolled: new key first, old kept; the command runs while it serves.
     let both = format!("{},{}", key(2), key(1));
     let app = db.start(Some(&both)).await;
-    let mut cmd = crate::binary::herald();
+    let mut cmd = crate::helpers::binary::herald();
     cmd.arg("rotate-encryption-key")
         .env("HERALD_ENCRYPTION_KEY", &both);
     for (k, v) in db.env() {
@@ -546,7 +546,7 @@ async fn rotate_with_the_binary(db: Db) {
     app.shutdown().await;
 
     // Run again: nothing left to do.
-    let mut cmd = crate::binary::herald();
+    let mut cmd = crate::helpers::binary::herald();
     cmd.arg("rotate-encryption-key")
         .env("HERALD_ENCRYPTION_KEY", &both);
     for (k, v) in db.env() {

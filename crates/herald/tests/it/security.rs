@@ -23,41 +23,14 @@ where
 {
     test(spawn_stepped(overrides).await).await;
 
-    let Some(url) = crate::scale_out::postgres_url(name) else {
+    let Some(pg) = PgSchema::new(name) else {
         return;
     };
-    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
-    let mut pg = vec![
-        ("HERALD_DATABASE_URL", url.as_str()),
-        ("HERALD_DATABASE_SCHEMA", schema.as_str()),
-    ];
-    pg.extend_from_slice(overrides);
-    let app = spawn_stepped(&pg).await;
-    let outcome = {
-        use futures::FutureExt;
-        std::panic::AssertUnwindSafe(test(app)).catch_unwind().await
-    };
-    drop_schema(&url, &schema).await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-async fn drop_schema(url: &str, schema: &str) {
-    use sqlx::Connection;
-    let dropped = async {
-        let mut conn = sqlx::PgConnection::connect(url).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-        )))
-        .execute(&mut conn)
-        .await?;
-        conn.close().await
-    }
+    pg.run(|pg| {
+        let backend = Backend::Postgres(pg.named_again());
+        async move { test(backend.spawn_stepped(overrides).await).await }
+    })
     .await;
-    if let Err(e) = dropped {
-        eprintln!("could not drop schema {schema}: {e}");
-    }
 }
 
 /// A request whose headers are sent and whose body is held back. It is

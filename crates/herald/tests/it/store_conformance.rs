@@ -1,11 +1,12 @@
 //! The store conformance suite: every behaviour the engine relies on,
 //! written once and run against each backend (the River habit). A new
-//! backend adds one line to `backends!` below and must pass all of it.
+//! backend adds one arm to `helpers::Backend` and must pass all of it.
 //!
 //! The PostgreSQL runs need a server: `HERALD_TEST_POSTGRES_URL` (e.g.
 //! `postgres://postgres@127.0.0.1:5432/test`). Each test gets its own
 //! schema. Without the variable they say SKIPPED on stderr and pass.
-//! The fixtures here serve `outbox.rs` too.
+//! Its store builders (`app`, `endpoint`, `message`, `claim`) serve other
+//! files too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,143 +18,7 @@ use herald_policy::DeadReason;
 
 pub(crate) const T0: Millis = 1_700_000_000_000;
 
-struct Fixture {
-    store: Arc<dyn Store>,
-    _dir: tempfile::TempDir,
-}
-
-async fn sqlite() -> Fixture {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("conformance.db").display());
-    let store = herald::store::sqlite::SqliteStore::open(&url)
-        .await
-        .expect("open sqlite");
-    Fixture {
-        store: Arc::new(store),
-        _dir: dir,
-    }
-}
-
-/// A PostgreSQL store in a throw-away schema of the server named by
-/// `HERALD_TEST_POSTGRES_URL`, dropped when the test ends.
-pub(crate) struct PgFixture {
-    pub(crate) store: Arc<herald::store::postgres::PostgresStore>,
-    pub(crate) url: String,
-    pub(crate) schema: String,
-}
-
-const POSTGRES_URL_VAR: &str = "HERALD_TEST_POSTGRES_URL";
-
-/// `None` (after saying so on stderr) when no server is configured.
-pub(crate) async fn postgres(test: &str) -> Option<PgFixture> {
-    let url = postgres_url(test)?;
-    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
-    let store = herald::store::postgres::PostgresStore::open(&url, &schema)
-        .await
-        .expect("open postgres");
-    Some(PgFixture {
-        store: Arc::new(store),
-        url,
-        schema,
-    })
-}
-
-/// The server's URL, or `None` (after saying so on stderr) when unset.
-fn postgres_url(test: &str) -> Option<String> {
-    match std::env::var(POSTGRES_URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            // Written to the real stderr, not through eprintln!, which the
-            // test harness captures and hides for passing tests.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED ({POSTGRES_URL_VAR} unset): {test}"
-            );
-            None
-        }
-    }
-}
-
-impl PgFixture {
-    /// Runs `test`, then drops the schema whether it passed or not.
-    async fn run<F, Fut>(self, test: F)
-    where
-        F: FnOnce(Arc<dyn Store>) -> Fut,
-        Fut: std::future::Future<Output = ()>,
-    {
-        self.run_postgres(|store| {
-            let store: Arc<dyn Store> = store;
-            test(store)
-        })
-        .await
-    }
-
-    /// Like `run`, with the store's own type (its schema and url are in
-    /// `self`, to be copied out before).
-    pub(crate) async fn run_postgres<F, Fut>(self, test: F)
-    where
-        F: FnOnce(Arc<herald::store::postgres::PostgresStore>) -> Fut,
-        Fut: std::future::Future<Output = ()>,
-    {
-        use futures::FutureExt;
-        let outcome = std::panic::AssertUnwindSafe(test(self.store.clone()))
-            .catch_unwind()
-            .await;
-        self.store.close().await;
-        self.drop_schema().await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
-        }
-    }
-
-    async fn drop_schema(&self) {
-        use sqlx::Connection;
-        let dropped = async {
-            let mut conn = sqlx::PgConnection::connect(&self.url).await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-                self.schema
-            )))
-            .execute(&mut conn)
-            .await?;
-            conn.close().await
-        }
-        .await;
-        if let Err(e) = dropped {
-            eprintln!("could not drop schema {}: {e}", self.schema);
-        }
-    }
-}
-
-macro_rules! backends {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite_backend {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    let f = super::sqlite().await;
-                    super::$test(f.store.clone()).await;
-                }
-            )*
-        }
-
-        mod postgres_backend {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    let name = concat!("store_conformance::postgres_backend::", stringify!($test));
-                    let Some(f) = super::postgres(name).await else {
-                        return;
-                    };
-                    f.run(super::$test).await;
-                }
-            )*
-        }
-    };
-}
-
-backends!(
+crate::on_both_stores!(store:
     settings_are_initialised_once,
     apps_and_endpoints_round_trip_and_resolve_uids,
     endpoint_updates_write_only_what_they_change,
@@ -1602,8 +1467,10 @@ async fn woken_soon(wake: &tokio::sync::Notify) -> bool {
 
 #[tokio::test]
 async fn postgres_wakes_other_processes_on_the_same_schema() {
-    let Some(f) =
-        postgres("store_conformance::postgres_wakes_other_processes_on_the_same_schema").await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_wakes_other_processes_on_the_same_schema",
+    )
+    .await
     else {
         return;
     };
@@ -1675,7 +1542,10 @@ async fn listener_pid(admin: &mut sqlx::PgConnection, channel: &str) -> Option<i
 
 #[tokio::test]
 async fn postgres_listener_survives_a_lost_connection() {
-    let Some(f) = postgres("store_conformance::postgres_listener_survives_a_lost_connection").await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_listener_survives_a_lost_connection",
+    )
+    .await
     else {
         return;
     };
@@ -1726,8 +1596,9 @@ async fn postgres_listener_survives_a_lost_connection() {
 #[tokio::test]
 async fn postgres_wake_channel_fits_long_schema_names() {
     use sqlx::Connection;
-    let Some(url) = postgres_url("store_conformance::postgres_wake_channel_fits_long_schema_names")
-    else {
+    let Some(url) = crate::helpers::postgres_url(
+        "store_conformance::postgres_wake_channel_fits_long_schema_names",
+    ) else {
         return;
     };
     // 63 bytes, the longest schema name PostgreSQL keeps whole.
@@ -3256,9 +3127,10 @@ where
 /// endpoint. Held here: the application (so the deletion waits early).
 #[tokio::test]
 async fn postgres_deleting_an_app_and_completing_lock_in_one_order() {
-    let Some(f) =
-        postgres("store_conformance::postgres_deleting_an_app_and_completing_lock_in_one_order")
-            .await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_deleting_an_app_and_completing_lock_in_one_order",
+    )
+    .await
     else {
         return;
     };
@@ -3297,9 +3169,10 @@ async fn postgres_deleting_an_app_and_completing_lock_in_one_order() {
 /// here: the message (so the deletion waits there, holding the endpoint).
 #[tokio::test]
 async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
-    let Some(f) =
-        postgres("store_conformance::postgres_deleting_an_app_and_resending_lock_in_one_order")
-            .await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_deleting_an_app_and_resending_lock_in_one_order",
+    )
+    .await
     else {
         return;
     };
@@ -3337,8 +3210,10 @@ async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
 /// reaches the one pruned).
 #[tokio::test]
 async fn postgres_deleting_an_app_and_pruning_lock_in_one_order() {
-    let Some(f) =
-        postgres("store_conformance::postgres_deleting_an_app_and_pruning_lock_in_one_order").await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_deleting_an_app_and_pruning_lock_in_one_order",
+    )
+    .await
     else {
         return;
     };
@@ -4530,7 +4405,7 @@ async fn a_fifo_endpoints_order_is_the_order_its_messages_are_stored_in(store: A
 #[tokio::test]
 async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for() {
     use sqlx::Connection;
-    let Some(f) = postgres(
+    let Some(f) = crate::helpers::postgres::postgres(
         "store_conformance::postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for",
     )
     .await
@@ -4593,9 +4468,10 @@ async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_wa
 #[tokio::test]
 async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
     use sqlx::Connection;
-    let Some(f) =
-        postgres("store_conformance::postgres_racing_claims_never_take_two_of_a_fifo_endpoint")
-            .await
+    let Some(f) = crate::helpers::postgres::postgres(
+        "store_conformance::postgres_racing_claims_never_take_two_of_a_fifo_endpoint",
+    )
+    .await
     else {
         return;
     };

@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 use serde_json::{json, Value};
 
-use crate::binary::serve;
+use crate::helpers::binary::serve;
 use crate::helpers::{Receiver, Reply, PATIENCE, TOKEN};
 
 /// Spans received, decoded.

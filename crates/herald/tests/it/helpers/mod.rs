@@ -1,4 +1,12 @@
-//! `spawn_app()`, a scriptable receiver, and small waiting helpers.
+//! What every test shares, written once: `spawn_app()` (Herald in this
+//! process), a scriptable receiver, small waiting helpers; the PostgreSQL
+//! fixture and the macro that runs a test on both stores (`postgres`);
+//! the real binary (`binary`).
+
+pub mod binary;
+pub mod postgres;
+
+pub use postgres::{postgres_url, Backend, PgSchema};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -64,7 +72,7 @@ pub async fn spawn_stepped(overrides: &[(&str, &str)]) -> TestApp {
     spawn_with_role(overrides, Role::Api).await
 }
 
-async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
+pub(crate) async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = test_config(dir.path(), overrides);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -540,107 +548,4 @@ pub fn header_text(headers: &HeaderMap, name: &str) -> String {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned()
-}
-
-/// A throw-away schema on the PostgreSQL server named by
-/// `HERALD_TEST_POSTGRES_URL`, for a whole Herald started on it with
-/// `spawn_app_on_postgres`. The test drops it with `drop_schema`.
-pub struct PgSchema {
-    pub url: String,
-    pub schema: String,
-}
-
-impl PgSchema {
-    /// `None` (after saying SKIPPED on stderr) when no server is configured.
-    pub fn new(test: &str) -> Option<PgSchema> {
-        let url = crate::scale_out::postgres_url(test)?;
-        Some(PgSchema {
-            url,
-            schema: format!("herald_test_{:016x}", rand::random::<u64>()),
-        })
-    }
-
-    pub async fn drop_schema(&self) {
-        if let Ok(pool) = sqlx::PgPool::connect(&self.url).await {
-            if let Err(e) = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-                self.schema
-            )))
-            .execute(&pool)
-            .await
-            {
-                eprintln!("could not drop schema {}: {e}", self.schema);
-            }
-            pool.close().await;
-        }
-    }
-}
-
-/// Where a test's Herald keeps its data: a fresh SQLite file, or a
-/// throw-away PostgreSQL schema.
-pub enum Backend {
-    Sqlite,
-    Postgres(PgSchema),
-}
-
-impl Backend {
-    fn with_database<'a>(&'a self, overrides: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
-        let mut all = Vec::new();
-        if let Backend::Postgres(pg) = self {
-            all.push(("HERALD_DATABASE_URL", pg.url.as_str()));
-            all.push(("HERALD_DATABASE_SCHEMA", pg.schema.as_str()));
-        }
-        all.extend_from_slice(overrides);
-        all
-    }
-
-    /// `spawn_app` on this backend.
-    pub async fn spawn_app(&self, overrides: &[(&str, &str)]) -> TestApp {
-        spawn_with_role(&self.with_database(overrides), Role::All).await
-    }
-
-    /// `spawn_stepped` on this backend.
-    pub async fn spawn_stepped(&self, overrides: &[(&str, &str)]) -> TestApp {
-        spawn_with_role(&self.with_database(overrides), Role::Api).await
-    }
-}
-
-/// Defines, for each `async fn test(backend: &Backend)` named, one test
-/// on SQLite (in a module `sqlite`) and one on PostgreSQL (`postgres`,
-/// skipped without `HERALD_TEST_POSTGRES_URL`; its schema is dropped
-/// whether the test passed or not).
-#[macro_export]
-macro_rules! on_both_stores {
-    ($($test:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    super::$test(&$crate::helpers::Backend::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    use futures::FutureExt;
-                    let name = concat!(module_path!(), "::", stringify!($test));
-                    let Some(pg) = $crate::helpers::PgSchema::new(name) else {
-                        return;
-                    };
-                    let backend = $crate::helpers::Backend::Postgres(pg);
-                    let outcome = std::panic::AssertUnwindSafe(super::$test(&backend))
-                        .catch_unwind()
-                        .await;
-                    if let $crate::helpers::Backend::Postgres(pg) = &backend {
-                        pg.drop_schema().await;
-                    }
-                    if let Err(panic) = outcome {
-                        std::panic::resume_unwind(panic);
-                    }
-                }
-            )*
-        }
-    };
 }
