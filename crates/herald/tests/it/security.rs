@@ -4,8 +4,6 @@
 //! paths and queries answer the API's JSON error, and failed
 //! authentications are limited per address.
 
-use std::future::Future;
-
 use axum::http::StatusCode;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -14,24 +12,13 @@ use tokio::net::TcpStream;
 
 use crate::helpers::*;
 
-/// Runs `test` against a fresh Herald on SQLite, then on PostgreSQL in a
-/// throw-away schema (SKIPPED without `HERALD_TEST_POSTGRES_URL`).
-pub(crate) async fn on_each_store<F, Fut>(name: &str, overrides: &[(&str, &str)], test: F)
-where
-    F: Fn(TestApp) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    test(spawn_stepped(overrides).await).await;
-
-    let Some(pg) = PgSchema::new(name) else {
-        return;
-    };
-    pg.run(|pg| {
-        let backend = Backend::Postgres(pg.named_again());
-        async move { test(backend.spawn_stepped(overrides).await).await }
-    })
-    .await;
-}
+crate::on_both_stores!(
+    a_held_request_writes_only_where_its_headers_pointed,
+    a_held_request_fails_when_its_app_is_deleted_and_the_uid_reused,
+    stored_strings_are_bounded_and_free_of_control_characters,
+    malformed_paths_and_queries_answer_the_apis_json_error,
+    an_application_has_at_most_the_configured_number_of_endpoints,
+);
 
 /// A request whose headers are sent and whose body is held back. It is
 /// made once Herald has begun to read the body (it answers `100 Continue`
@@ -334,24 +321,12 @@ async fn held_writes_fail_when_their_app_is_deleted(app: TestApp) {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_held_request_writes_only_where_its_headers_pointed() {
-    on_each_store(
-        "security::a_held_request_writes_only_where_its_headers_pointed",
-        &[],
-        held_writes_stay_in_the_app_resolved_at_header_time,
-    )
-    .await;
+async fn a_held_request_writes_only_where_its_headers_pointed(backend: &Backend) {
+    held_writes_stay_in_the_app_resolved_at_header_time(backend.spawn_stepped(&[]).await).await;
 }
 
-#[tokio::test]
-async fn a_held_request_fails_when_its_app_is_deleted_and_the_uid_reused() {
-    on_each_store(
-        "security::a_held_request_fails_when_its_app_is_deleted_and_the_uid_reused",
-        &[],
-        held_writes_fail_when_their_app_is_deleted,
-    )
-    .await;
+async fn a_held_request_fails_when_its_app_is_deleted_and_the_uid_reused(backend: &Backend) {
+    held_writes_fail_when_their_app_is_deleted(backend.spawn_stepped(&[]).await).await;
 }
 
 #[tokio::test]
@@ -634,14 +609,8 @@ async fn stored_strings_are_bounded_and_text(app: TestApp) {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn stored_strings_are_bounded_and_free_of_control_characters() {
-    on_each_store(
-        "security::stored_strings_are_bounded_and_free_of_control_characters",
-        &[],
-        stored_strings_are_bounded_and_text,
-    )
-    .await;
+async fn stored_strings_are_bounded_and_free_of_control_characters(backend: &Backend) {
+    stored_strings_are_bounded_and_text(backend.spawn_stepped(&[]).await).await;
 }
 
 /// Paths and queries that are not text get the API's JSON error naming
@@ -692,14 +661,8 @@ async fn malformed_paths_and_queries_answer_json(app: TestApp) {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn malformed_paths_and_queries_answer_the_apis_json_error() {
-    on_each_store(
-        "security::malformed_paths_and_queries_answer_the_apis_json_error",
-        &[],
-        malformed_paths_and_queries_answer_json,
-    )
-    .await;
+async fn malformed_paths_and_queries_answer_the_apis_json_error(backend: &Backend) {
+    malformed_paths_and_queries_answer_json(backend.spawn_stepped(&[]).await).await;
 }
 
 /// A failure limit slows guessing but never locks out a valid token nor
@@ -744,47 +707,42 @@ async fn failed_authentications_never_refuse_a_valid_token_and_stay_401() {
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn an_application_has_at_most_the_configured_number_of_endpoints() {
-    on_each_store(
-        "security::an_application_has_at_most_the_configured_number_of_endpoints",
-        &[("HERALD_MAX_ENDPOINTS_PER_APP", "2")],
-        |app| async move {
-            let a = app.create_app().await;
-            let b = app.create_app().await;
-            for _ in 0..2 {
-                app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
-                    .await;
-            }
-            let (status, body) = app
-                .post(
-                    &format!("/api/v1/app/{a}/endpoint"),
-                    json!({"url": "http://127.0.0.1:9/"}),
-                )
-                .await;
-            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-            assert!(
-                body.to_string().contains("HERALD_MAX_ENDPOINTS_PER_APP"),
-                "{body}"
-            );
-            // The limit is per application; deleting one makes room again.
-            app.create_endpoint(&b, "http://127.0.0.1:9/", json!({}))
-                .await;
-            let (_, list) = app.get(&format!("/api/v1/app/{a}/endpoint")).await;
-            assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
-            let first = list["data"][0]["id"].as_str().expect("id").to_owned();
-            let (status, _) = app
-                .request(
-                    Method::DELETE,
-                    &format!("/api/v1/app/{a}/endpoint/{first}"),
-                    None,
-                )
-                .await;
-            assert_eq!(status, StatusCode::NO_CONTENT);
-            app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
-                .await;
-            app.shutdown().await;
-        },
-    )
-    .await;
+async fn an_application_has_at_most_the_configured_number_of_endpoints(backend: &Backend) {
+    let app = backend
+        .spawn_stepped(&[("HERALD_MAX_ENDPOINTS_PER_APP", "2")])
+        .await;
+    let a = app.create_app().await;
+    let b = app.create_app().await;
+    for _ in 0..2 {
+        app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
+            .await;
+    }
+    let (status, body) = app
+        .post(
+            &format!("/api/v1/app/{a}/endpoint"),
+            json!({"url": "http://127.0.0.1:9/"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert!(
+        body.to_string().contains("HERALD_MAX_ENDPOINTS_PER_APP"),
+        "{body}"
+    );
+    // The limit is per application; deleting one makes room again.
+    app.create_endpoint(&b, "http://127.0.0.1:9/", json!({}))
+        .await;
+    let (_, list) = app.get(&format!("/api/v1/app/{a}/endpoint")).await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
+    let first = list["data"][0]["id"].as_str().expect("id").to_owned();
+    let (status, _) = app
+        .request(
+            Method::DELETE,
+            &format!("/api/v1/app/{a}/endpoint/{first}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))
+        .await;
+    app.shutdown().await;
 }

@@ -8,6 +8,8 @@ use svix::models::EventExampleIn;
 
 use crate::helpers::*;
 
+crate::on_both_stores!(send_example_is_stored_and_sent_on_both_stores,);
+
 #[tokio::test]
 async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_alone() {
     let app = spawn_app(&[]).await;
@@ -117,41 +119,34 @@ async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_a
     app.shutdown().await;
 }
 
-#[tokio::test]
-async fn send_example_is_stored_and_sent_on_both_stores() {
-    crate::security::on_each_store(
-        "send_example::send_example_is_stored_and_sent_on_both_stores",
-        &[],
-        |app| async move {
-            let rx = Receiver::start().await;
-            let app_id = app.create_app().await;
-            let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-            let ep = ep["id"].as_str().expect("id").to_owned();
-            let (status, out) = app
-                .post(
-                    &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
-                    json!({"eventType": "svix.ping"}),
-                )
-                .await;
-            assert_eq!(status, 200, "{out}");
-            assert_eq!(app.step().await.delivered, 1);
-            let got = rx.wait_for(1).await;
-            assert_eq!(got[0].body.as_ref(), br#"{"success": true}"#);
-            let msg = out["id"].as_str().expect("id");
-            let d = app.deliveries(&app_id, msg).await;
-            assert_eq!(d.len(), 1);
-            assert_eq!(d[0]["state"], "delivered");
-            // An endpoint of another application: 404, nothing stored.
-            let other = app.create_app().await;
-            let (status, _) = app
-                .post(
-                    &format!("/api/v1/app/{other}/endpoint/{ep}/send-example"),
-                    json!({"eventType": "svix.ping"}),
-                )
-                .await;
-            assert_eq!(status, 404);
-            app.shutdown().await;
-        },
-    )
-    .await;
+async fn send_example_is_stored_and_sent_on_both_stores(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
+            json!({"eventType": "svix.ping"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(app.step().await.delivered, 1);
+    let got = rx.wait_for(1).await;
+    assert_eq!(got[0].body.as_ref(), br#"{"success": true}"#);
+    let msg = out["id"].as_str().expect("id");
+    let d = app.deliveries(&app_id, msg).await;
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0]["state"], "delivered");
+    // An endpoint of another application: 404, nothing stored.
+    let other = app.create_app().await;
+    let (status, _) = app
+        .post(
+            &format!("/api/v1/app/{other}/endpoint/{ep}/send-example"),
+            json!({"eventType": "svix.ping"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    app.shutdown().await;
 }
