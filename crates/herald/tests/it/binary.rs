@@ -6,13 +6,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use serde_json::json;
 
 use crate::helpers::binary::{herald, run, serve};
-use crate::helpers::{closed_port, header_text, Remote, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, Receiver, Recorded, Remote, Reply, PATIENCE, TOKEN};
 
 #[tokio::test]
 async fn an_invalid_setting_stops_the_binary_naming_the_key() {
@@ -93,53 +91,36 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
     assert_eq!(bad.status(), 401);
 }
 
-/// Fails the first attempt of every delivery, records what arrived.
-#[derive(Default)]
-struct CrashReceiver {
-    keys_seen: Mutex<HashSet<String>>,
-    delivered: Mutex<HashMap<String, HashSet<String>>>, // webhook-id → keys
-    requests: Mutex<usize>,
-    arrived: tokio::sync::Notify,
+/// The shared receiver, failing the first attempt of every delivery (by
+/// its `Idempotency-Key`) after 2 ms of work, which keeps deliveries in
+/// flight when the kill comes.
+async fn crash_receiver() -> Receiver {
+    let rx = Receiver::start().await;
+    let keys_seen: Mutex<HashSet<String>> = Mutex::default();
+    rx.answer_with(move |req| {
+        let first_time = keys_seen.lock().expect("lock").insert(req.key());
+        Reply::status(if first_time { 500 } else { 200 }).delay(Duration::from_millis(2))
+    });
+    rx
 }
 
-async fn crash_receive(
-    State(rx): State<Arc<CrashReceiver>>,
-    headers: HeaderMap,
-    _body: Bytes,
-) -> StatusCode {
-    let key = header_text(&headers, "idempotency-key");
-    let msg = header_text(&headers, "webhook-id");
-    *rx.requests.lock().expect("lock") += 1;
-    let first_time = rx.keys_seen.lock().expect("lock").insert(key.clone());
-    // A little work per request keeps deliveries in flight when the kill comes.
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    let status = if first_time {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        rx.delivered
-            .lock()
-            .expect("lock")
-            .entry(msg)
+/// Message id → the keys it was delivered (answered 200) under.
+fn delivered(got: &[Recorded]) -> HashMap<String, HashSet<String>> {
+    let mut delivered: HashMap<String, HashSet<String>> = HashMap::new();
+    for r in got.iter().filter(|r| r.answered && r.status == 200) {
+        delivered
+            .entry(r.header("webhook-id"))
             .or_default()
-            .insert(key);
-        StatusCode::OK
-    };
-    rx.arrived.notify_waiters();
-    status
+            .insert(r.key());
+    }
+    delivered
 }
 
 #[tokio::test]
 async fn sigkill_mid_flight_loses_nothing_after_restart() {
     const MESSAGES: usize = 1000;
-    let rx = Arc::new(CrashReceiver::default());
-    let rx_app = axum::Router::new()
-        .fallback(crash_receive)
-        .with_state(rx.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let rx_addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, rx_app).await });
+    let rx = crash_receiver().await;
+    let rx_addr = rx.addr;
 
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("crash.db");
@@ -168,18 +149,9 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
     // Send everything, 16 at a time; keep the ids answered 202.
     let accepted = remote.send_all(&app_id, "crash.test", MESSAGES, 16).await;
     // Kill while deliveries are under way: some arrived, most not yet.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let notified = rx.arrived.notified();
-        if *rx.requests.lock().expect("lock") >= 200 {
-            break;
-        }
-        tokio::time::timeout_at(deadline, notified)
-            .await
-            .expect("deliveries start");
-    }
+    rx.wait_until(PATIENCE, |got| got.len() >= 200).await;
     first.child.kill().await.expect("SIGKILL");
-    let delivered_before = rx.delivered.lock().expect("lock").len();
+    let delivered_before = delivered(&rx.requests()).len();
     assert!(
         delivered_before < MESSAGES,
         "the kill must come mid-run ({delivered_before} delivered)"
@@ -188,28 +160,13 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
     let _second = serve(&db, &envs).await;
     let accepted: HashSet<String> = accepted.into_iter().collect();
     assert_eq!(accepted.len(), MESSAGES);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let notified = rx.arrived.notified();
-        let done = {
-            let delivered = rx.delivered.lock().expect("lock");
-            accepted.iter().all(|id| delivered.contains_key(id))
-        };
-        if done {
-            break;
-        }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
-            let delivered = rx.delivered.lock().expect("lock");
-            let missing = accepted
-                .iter()
-                .filter(|id| !delivered.contains_key(*id))
-                .count();
-            panic!("{missing} of {MESSAGES} accepted messages never arrived");
-        }
-    }
+    rx.wait_until(Duration::from_secs(120), |got| {
+        let delivered = delivered(got);
+        accepted.iter().all(|id| delivered.contains_key(id))
+    })
+    .await;
     // At least once, and every repeat of a message carried the same key.
-    let delivered = rx.delivered.lock().expect("lock");
-    for (msg, keys) in delivered.iter() {
+    for (msg, keys) in delivered(&rx.requests()).iter() {
         assert_eq!(keys.len(), 1, "{msg} arrived under several keys: {keys:?}");
     }
 }
@@ -219,20 +176,9 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("term.db");
     // The receiver answers after 1 s: SIGTERM arrives while it is waiting.
-    let (tx, mut got) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let rx_app = axum::Router::new().fallback(move || {
-        let tx = tx.clone();
-        async move {
-            let _ = tx.send(());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            "ok"
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let rx_addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, rx_app).await });
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(200).delay(Duration::from_secs(1)));
+    let rx_addr = rx.addr;
 
     let envs = [
         ("HERALD_ADMIN_TOKEN", TOKEN),
@@ -254,9 +200,7 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
         .json()
         .await
         .expect("json");
-    tokio::time::timeout(PATIENCE, got.recv())
-        .await
-        .expect("request arrives");
+    rx.wait_for(1).await;
     let pid = i32::try_from(proc.child.id().expect("pid")).expect("pid fits");
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);

@@ -10,52 +10,76 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
 use crate::helpers::{
-    closed_port, cookie_client, header_text, spawn_app, wait_healthy, PATIENCE, TOKEN,
+    closed_port, cookie_client, spawn_app, wait_healthy, Receiver, Reply, PATIENCE, TOKEN,
 };
 
 /// One request as the probe saw it.
 #[derive(Debug, Clone)]
 struct Arrival {
-    path: String,
     /// The message's payload `{"i": i}`.
     i: u64,
     attempt: u32,
     at: Instant,
 }
 
-/// A receiver that records arrivals, counts overlapping requests per path,
-/// and fails the first attempts of chosen messages.
-#[derive(Default)]
+/// The shared receiver, answering as these tests script it: after `delay`
+/// (longer while `stall` lasts), and 500 to chosen messages' first
+/// attempts. It counts requests open at once per path.
 struct Probe {
-    arrivals: Mutex<Vec<Arrival>>,
-    open: Mutex<HashMap<String, usize>>,
-    overlaps: Mutex<usize>,
+    rx: Receiver,
     /// (path, i) → how many more times to answer 500.
-    failures: Mutex<HashMap<(String, u64), usize>>,
-    delay: Mutex<Duration>,
+    failures: Arc<Mutex<HashMap<(String, u64), usize>>>,
+    delay: Arc<Mutex<Duration>>,
     /// Requests arriving before the instant are held this much longer (a
     /// receiver that stalls for a while).
-    stall: Mutex<Option<(Instant, Duration)>>,
-    arrived: tokio::sync::Notify,
+    stall: Arc<Mutex<Option<(Instant, Duration)>>>,
+}
+
+fn payload_i(body: &[u8]) -> u64 {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v["i"].as_u64())
+        .unwrap_or(u64::MAX)
 }
 
 impl Probe {
     async fn start() -> (Arc<Probe>, String) {
-        let p = Arc::new(Probe::default());
-        let app = axum::Router::new().fallback(probe).with_state(p.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (p, format!("http://{addr}"))
+        let rx = Receiver::start().await;
+        let failures: Arc<Mutex<HashMap<(String, u64), usize>>> = Arc::default();
+        let delay: Arc<Mutex<Duration>> = Arc::default();
+        let stall: Arc<Mutex<Option<(Instant, Duration)>>> = Arc::default();
+        {
+            let (failures, delay, stall) = (failures.clone(), delay.clone(), stall.clone());
+            rx.answer_with(move |req| {
+                let mut wait = *delay.lock().expect("lock");
+                if let Some((until, longer)) = *stall.lock().expect("lock") {
+                    if Instant::now() < until {
+                        wait += longer;
+                    }
+                }
+                let key = (req.path.clone(), payload_i(&req.body));
+                let fail = match failures.lock().expect("lock").get_mut(&key) {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        true
+                    }
+                    _ => false,
+                };
+                Reply::status(if fail { 500 } else { 200 }).delay(wait)
+            });
+        }
+        let url = rx.url("");
+        let probe = Probe {
+            rx,
+            failures,
+            delay,
+            stall,
+        };
+        (Arc::new(probe), url)
     }
 
     fn fail(&self, path: &str, i: u64, times: usize) {
@@ -66,105 +90,39 @@ impl Probe {
     }
 
     fn arrivals(&self, path: &str) -> Vec<Arrival> {
-        self.arrivals
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|a| a.path == path)
-            .cloned()
+        self.rx
+            .requests()
+            .into_iter()
+            .filter(|r| r.path == path)
+            .map(|r| Arrival {
+                i: payload_i(&r.body),
+                attempt: r.attempt(),
+                at: r.at,
+            })
             .collect()
     }
 
     fn overlaps(&self) -> usize {
-        *self.overlaps.lock().expect("lock")
+        self.rx.path_overlaps()
     }
 
-    /// Waits (bounded by `within`) until `done` holds of what arrived.
+    /// Waits (bounded by `within`) until `done` holds of what arrived,
+    /// looking every 10 ms.
     async fn wait_until(&self, within: Duration, done: impl Fn(&Probe) -> bool) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let notified = self.arrived.notified();
-            if done(self) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() && !done(self) {
+        let deadline = Instant::now() + within;
+        while !done(self) {
+            if Instant::now() >= deadline {
                 panic!(
                     "the receiver did not see what was expected in time: {:?}",
-                    self.arrivals
-                        .lock()
-                        .expect("lock")
+                    self.rx
+                        .requests()
                         .iter()
-                        .map(|a| (&a.path, a.i, a.attempt))
+                        .map(|r| (&r.path, payload_i(&r.body), r.attempt()))
                         .collect::<Vec<_>>()
                 );
             }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-    }
-}
-
-async fn probe(
-    State(p): State<Arc<Probe>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
-    let path = uri.path().to_owned();
-    let i = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["i"].as_u64())
-        .unwrap_or(u64::MAX);
-    let attempt = header_text(&headers, "x-attempt").parse().unwrap_or(0);
-    {
-        let mut open = p.open.lock().expect("lock");
-        let n = open.entry(path.clone()).or_default();
-        *n += 1;
-        if *n > 1 {
-            *p.overlaps.lock().expect("lock") += 1;
-        }
-    }
-    // Closed however the request ends (a sender killed mid-request too).
-    struct Close(Arc<Probe>, String);
-    impl Drop for Close {
-        fn drop(&mut self) {
-            if let Ok(mut open) = self.0.open.lock() {
-                if let Some(n) = open.get_mut(&self.1) {
-                    *n = n.saturating_sub(1);
-                }
-            }
-        }
-    }
-    let _close = Close(p.clone(), path.clone());
-    p.arrivals.lock().expect("lock").push(Arrival {
-        path: path.clone(),
-        i,
-        attempt,
-        at: Instant::now(),
-    });
-    let stall = *p.stall.lock().expect("lock");
-    let mut delay = *p.delay.lock().expect("lock");
-    if let Some((until, longer)) = stall {
-        if Instant::now() < until {
-            delay += longer;
-        }
-    }
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
-    let fail = {
-        let mut failures = p.failures.lock().expect("lock");
-        match failures.get_mut(&(path, i)) {
-            Some(n) if *n > 0 => {
-                *n -= 1;
-                true
-            }
-            _ => false,
-        }
-    };
-    p.arrived.notify_waiters();
-    if fail {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::OK
     }
 }
 
@@ -543,11 +501,7 @@ async fn fifo_order_holds_across_a_sigkill_of_the_binary() {
     let (_second, _) = serve_sqlite(&db).await;
     p.wait_until(PATIENCE, |p| {
         let got = p.arrivals("/ordered");
-        got.iter().any(|a| a.i == N - 1)
-            && p.open
-                .lock()
-                .map(|o| o.values().all(|n| *n == 0))
-                .unwrap_or(false)
+        got.iter().any(|a| a.i == N - 1) && p.rx.open_requests() == 0
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;

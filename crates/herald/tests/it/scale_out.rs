@@ -3,17 +3,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::helpers::{
-    closed_port, header_text, postgres_url, wait_healthy, PgSchema, Remote, PATIENCE, TOKEN,
+    closed_port, postgres_url, wait_healthy, PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN,
 };
 
 fn herald(url: &str, schema: &str) -> Command {
@@ -31,89 +27,26 @@ fn herald(url: &str, schema: &str) -> Command {
     cmd
 }
 
-/// Counts requests, overlapping requests per key, and arrivals per message.
-#[derive(Default)]
-struct Watch {
-    in_flight: Mutex<HashSet<String>>,
-    overlaps: Mutex<usize>,
-    first_seen: Mutex<HashMap<String, Instant>>,
-    per_key: Mutex<HashMap<String, usize>>,
-    delivered: Mutex<HashSet<String>>,
-    requests: Mutex<usize>,
-    arrived: tokio::sync::Notify,
+/// The shared receiver as these tests want it: 200 after 2 ms (a little
+/// work per request keeps deliveries in flight when a kill comes).
+async fn watch() -> Receiver {
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(200).delay(Duration::from_millis(2)));
+    rx
 }
 
-impl Watch {
-    /// A receiver on 127.0.0.1 that answers 200 and watches what arrives.
-    async fn start() -> (Arc<Watch>, std::net::SocketAddr) {
-        let w = Arc::new(Watch::default());
-        let rx = axum::Router::new().fallback(watch).with_state(w.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, rx).await });
-        (w, addr)
-    }
-
-    /// Waits (bounded by `within`) until every message in `accepted` has
-    /// arrived at least once.
-    async fn wait_for_all(&self, accepted: &HashSet<String>, within: Duration) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let notified = self.arrived.notified();
-            let missing = {
-                let delivered = self.delivered.lock().expect("lock");
-                accepted
-                    .iter()
-                    .filter(|id| !delivered.contains(*id))
-                    .count()
-            };
-            if missing == 0 {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!(
-                    "{missing} of {} accepted messages never arrived",
-                    accepted.len()
-                );
-            }
-        }
-    }
-}
-
-async fn watch(State(w): State<Arc<Watch>>, headers: HeaderMap, _body: Bytes) -> StatusCode {
-    let key = header_text(&headers, "idempotency-key");
-    let msg = header_text(&headers, "webhook-id");
-    if !w.in_flight.lock().expect("lock").insert(key.clone()) {
-        *w.overlaps.lock().expect("lock") += 1;
-    }
-    // The handler is dropped mid-way when the sender dies (SIGKILL): the
-    // guard still marks the request as no longer in flight.
-    struct Done(Arc<Watch>, String);
-    impl Drop for Done {
-        fn drop(&mut self) {
-            if let Ok(mut set) = self.0.in_flight.lock() {
-                set.remove(&self.1);
-            }
-        }
-    }
-    let _done = Done(w.clone(), key.clone());
-    w.first_seen
-        .lock()
-        .expect("lock")
-        .entry(key.clone())
-        .or_insert_with(Instant::now);
-    *w.per_key
-        .lock()
-        .expect("lock")
-        .entry(key.clone())
-        .or_default() += 1;
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    w.delivered.lock().expect("lock").insert(msg);
-    *w.requests.lock().expect("lock") += 1;
-    w.arrived.notify_waiters();
-    StatusCode::OK
+/// Waits (bounded by `within`) until every message in `accepted` has
+/// been answered at least once.
+async fn wait_for_all(rx: &Receiver, accepted: &HashSet<String>, within: Duration) {
+    rx.wait_until(within, |got| {
+        let arrived: HashSet<String> = got
+            .iter()
+            .filter(|r| r.answered)
+            .map(|r| r.header("webhook-id"))
+            .collect();
+        accepted.iter().all(|id| arrived.contains(id))
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -126,7 +59,8 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     };
     let schema = format!("herald_test_{:016x}", rand::random::<u64>());
 
-    let (w, rx_addr) = Watch::start().await;
+    let w = watch().await;
+    let rx_addr = w.addr;
 
     // `herald migrate` prepares the schema; nobody serves yet.
     let out = herald(&url, &schema)
@@ -167,24 +101,15 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     };
 
     // Kill one worker once deliveries are well under way.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let notified = w.arrived.notified();
-        if *w.requests.lock().expect("lock") >= 2_000 {
-            break;
-        }
-        tokio::time::timeout_at(deadline, notified)
-            .await
-            .expect("deliveries start");
-    }
+    w.wait_until(PATIENCE, |got| got.len() >= 2_000).await;
     workers[0].kill().await.expect("SIGKILL a worker");
     let killed_at = Instant::now();
     let accepted: HashSet<String> = sending.await.expect("sender").into_iter().collect();
     assert_eq!(accepted.len(), MESSAGES);
 
-    w.wait_for_all(&accepted, Duration::from_secs(180)).await;
+    wait_for_all(&w, &accepted, Duration::from_secs(180)).await;
     assert_eq!(
-        *w.overlaps.lock().expect("lock"),
+        w.key_overlaps(),
         0,
         "no delivery may be sent by two workers at once"
     );
@@ -197,10 +122,14 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     // which a loaded machine (slower completion transactions) overstepped
     // with 80.
     let unrecorded_at_most = 64 + 2 * (4 * 64 + 1);
-    let repeated: Vec<String> = w
-        .per_key
-        .lock()
-        .expect("lock")
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    let mut first_seen: HashMap<String, Instant> = HashMap::new();
+    for r in w.requests() {
+        *per_key.entry(r.key()).or_default() += 1;
+        let first = first_seen.entry(r.key()).or_insert(r.at);
+        *first = (*first).min(r.at);
+    }
+    let repeated: Vec<String> = per_key
         .iter()
         .filter(|(_, n)| **n > 1)
         .map(|(k, _)| k.clone())
@@ -210,7 +139,6 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
         "{} repeats is more than one worker could have sent unrecorded",
         repeated.len()
     );
-    let first_seen = w.first_seen.lock().expect("lock").clone();
     for key in &repeated {
         assert!(
             first_seen[key] < killed_at,
@@ -258,7 +186,8 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         return;
     }
     let schema = format!("herald_test_{:016x}", rand::random::<u64>());
-    let (w, rx_addr) = Watch::start().await;
+    let w = watch().await;
+    let rx_addr = w.addr;
 
     let port = closed_port().await;
     let _herald: Child = herald(&url, &schema)
@@ -324,7 +253,7 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
             other => panic!("unexpected {other}: {body}"),
         }
     }
-    w.wait_for_all(&accepted, Duration::from_secs(120)).await;
+    wait_for_all(&w, &accepted, Duration::from_secs(120)).await;
     PgSchema {
         url: url.clone(),
         schema: schema.clone(),

@@ -312,20 +312,91 @@ pub struct Recorded {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When the request arrived.
+    pub at: Instant,
+    /// The status it is answered with.
+    pub status: u16,
+    /// Whether the answer went out (false while held or delayed, and for
+    /// a request whose sender went away first).
+    pub answered: bool,
 }
 
 impl Recorded {
     pub fn header(&self, name: &str) -> String {
         header_text(&self.headers, name)
     }
+
+    /// The delivery's `Idempotency-Key`.
+    pub fn key(&self) -> String {
+        self.header("idempotency-key")
+    }
+
+    /// The `X-Attempt` number (0 when missing).
+    pub fn attempt(&self) -> u32 {
+        self.header("x-attempt").parse().unwrap_or(0)
+    }
 }
+
+/// Answers chosen per request, once the script is used up.
+type Answerer = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
 
 #[derive(Default)]
 struct ReceiverState {
     script: Mutex<VecDeque<Reply>>,
     default: Mutex<Option<Reply>>,
+    answerer: Mutex<Option<Answerer>>,
     requests: Mutex<Vec<Recorded>>,
+    /// Requests open now, per path and per `Idempotency-Key`, and how
+    /// often one arrived while another of the same was open.
+    open_paths: Mutex<BTreeMap<String, usize>>,
+    open_keys: Mutex<BTreeMap<String, usize>>,
+    path_overlaps: Mutex<usize>,
+    key_overlaps: Mutex<usize>,
     arrived: Notify,
+}
+
+/// Marks a request no longer open however it ends (a sender killed
+/// mid-request drops the handler).
+struct Open {
+    state: Arc<ReceiverState>,
+    path: String,
+    key: String,
+}
+
+impl Open {
+    fn new(state: &Arc<ReceiverState>, path: &str, key: &str) -> Open {
+        for (open, overlaps, name) in [
+            (&state.open_paths, &state.path_overlaps, path),
+            (&state.open_keys, &state.key_overlaps, key),
+        ] {
+            let mut open = open.lock().expect("lock");
+            let n = open.entry(name.to_owned()).or_default();
+            *n += 1;
+            if *n > 1 {
+                *overlaps.lock().expect("lock") += 1;
+            }
+        }
+        Open {
+            state: state.clone(),
+            path: path.to_owned(),
+            key: key.to_owned(),
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        for (open, name) in [
+            (&self.state.open_paths, &self.path),
+            (&self.state.open_keys, &self.key),
+        ] {
+            if let Ok(mut open) = open.lock() {
+                if let Some(n) = open.get_mut(name) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+        }
+    }
 }
 
 /// A real HTTP receiver on 127.0.0.1 that answers from a script (then 200).
@@ -341,16 +412,28 @@ async fn answer(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let reply = {
-        let next = state.script.lock().expect("lock").pop_front();
-        next.or_else(|| state.default.lock().expect("lock").clone())
-            .unwrap_or_else(|| Reply::status(200))
-    };
-    state.requests.lock().expect("lock").push(Recorded {
+    let mut recorded = Recorded {
         path: uri.path().to_owned(),
         headers,
         body,
-    });
+        at: Instant::now(),
+        status: 0,
+        answered: false,
+    };
+    let _open = Open::new(&state, &recorded.path, &recorded.key());
+    let reply = {
+        let next = state.script.lock().expect("lock").pop_front();
+        let answerer = state.answerer.lock().expect("lock").clone();
+        next.or_else(|| answerer.map(|answer| answer(&recorded)))
+            .or_else(|| state.default.lock().expect("lock").clone())
+            .unwrap_or_else(|| Reply::status(200))
+    };
+    recorded.status = reply.status;
+    let index = {
+        let mut requests = state.requests.lock().expect("lock");
+        requests.push(recorded);
+        requests.len() - 1
+    };
     state.arrived.notify_waiters();
     if let Some(gate) = &reply.gate {
         let _ = gate.acquire().await.map(|p| p.forget());
@@ -358,6 +441,8 @@ async fn answer(
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
     }
+    state.requests.lock().expect("lock")[index].answered = true;
+    state.arrived.notify_waiters();
     let mut response = (
         StatusCode::from_u16(reply.status).expect("valid status"),
         reply.body,
@@ -398,6 +483,54 @@ impl Receiver {
     /// The answer once the script is used up (200 unless set).
     pub fn always(&self, reply: Reply) {
         *self.state.default.lock().expect("lock") = Some(reply);
+    }
+
+    /// Answers chosen per request by `answer` once the script is used up
+    /// (ahead of `always`).
+    pub fn answer_with(&self, answer: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
+        *self.state.answerer.lock().expect("lock") = Some(Arc::new(answer));
+    }
+
+    /// Requests open now (arrived, not yet answered or dropped).
+    pub fn open_requests(&self) -> usize {
+        self.state.open_paths.lock().expect("lock").values().sum()
+    }
+
+    /// How often a request arrived while another to the same path was open.
+    pub fn path_overlaps(&self) -> usize {
+        *self.state.path_overlaps.lock().expect("lock")
+    }
+
+    /// How often a request arrived while another with the same
+    /// `Idempotency-Key` (the same delivery) was open.
+    pub fn key_overlaps(&self) -> usize {
+        *self.state.key_overlaps.lock().expect("lock")
+    }
+
+    /// Waits (bounded by `within`) until `done` holds of the requests so
+    /// far, looking again as they arrive (at most every 10 ms).
+    pub async fn wait_until(&self, within: Duration, done: impl Fn(&[Recorded]) -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.state.arrived.notified();
+            if done(&self.state.requests.lock().expect("lock")) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err()
+                && !done(&self.state.requests.lock().expect("lock"))
+            {
+                let got = self.requests();
+                panic!(
+                    "the receiver did not see what was expected in time: {} requests: {:?}",
+                    got.len(),
+                    got.iter()
+                        .take(50)
+                        .map(|r| (&r.path, r.attempt(), r.status))
+                        .collect::<Vec<_>>()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
