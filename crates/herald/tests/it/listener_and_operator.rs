@@ -487,20 +487,7 @@ fn app_with_uid(uid: &str, name: &str) -> App {
 /// Starts Herald (stepped) on the store `overrides` name, which the test
 /// filled before.
 async fn start_on(dir: tempfile::TempDir, overrides: &[(&str, &str)]) -> TestApp {
-    let config = test_config(dir.path(), overrides);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let running = server::start(config, Some(listener), Role::Api)
-        .await
-        .expect("herald starts");
-    let base = format!("http://{}", running.addr.expect("the API listens"));
-    TestApp {
-        running: Some(running),
-        base,
-        client: reqwest::Client::new(),
-        _dir: dir,
-    }
+    spawn_in(dir, overrides, Role::Api).await
 }
 
 fn verify_operator(r: &Recorded) -> Value {

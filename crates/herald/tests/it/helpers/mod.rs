@@ -73,7 +73,11 @@ pub async fn spawn_stepped(overrides: &[(&str, &str)]) -> TestApp {
 }
 
 pub(crate) async fn spawn_with_role(overrides: &[(&str, &str)], role: Role) -> TestApp {
-    let dir = tempfile::tempdir().expect("tempdir");
+    spawn_in(tempfile::tempdir().expect("tempdir"), overrides, role).await
+}
+
+/// Starts Herald with its data in `dir` (which a test may have filled).
+pub async fn spawn_in(dir: tempfile::TempDir, overrides: &[(&str, &str)], role: Role) -> TestApp {
     let config = test_config(dir.path(), overrides);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
