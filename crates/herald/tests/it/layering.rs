@@ -35,10 +35,11 @@ fn layers() -> BTreeMap<String, usize> {
 }
 
 /// The top-level module a source file belongs to (`bench_engine` is part
-/// of `bench`); `None` for the crate root and the binary.
+/// of `bench`, `config_tests` of `config`); `None` for the crate root and
+/// the binary.
 fn module_of(rel: &Path) -> Option<String> {
     let first = rel.components().next()?.as_os_str().to_str()?;
-    let name = first.trim_end_matches(".rs");
+    let name = first.trim_end_matches(".rs").trim_end_matches("_tests");
     match name {
         "lib" | "main" => None,
         "bench_engine" => Some("bench".to_owned()),

@@ -1,0 +1,304 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[test]
+fn defaults_match_the_documented_table() {
+    let c = Config::default();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.database_url, "sqlite://herald-data/herald.db");
+    assert_eq!(c.retry, RetryPolicy::default());
+    assert_eq!(c.request_timeout, Duration::from_secs(30));
+    assert_eq!(c.connect_timeout, Duration::from_secs(5));
+    assert!(!c.allow_private_networks);
+    assert_eq!(c.disable_after, 50);
+    assert_eq!(c.disable_min_window, Duration::from_secs(3600));
+    assert_eq!(c.breaker, herald_policy::breaker::BreakerRule::default());
+    assert!(c.operator_webhook.is_none());
+    assert_eq!(c.metrics_max_endpoints, 500);
+    assert_eq!(c.max_headers_per_endpoint, 20);
+    assert_eq!(c.auth_failure_limit, 10);
+    assert!(c.admin_token.is_none());
+    assert_eq!(c.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.body_timeout, Duration::from_secs(30));
+    assert_eq!(c.max_connections_per_ip, 256);
+    assert_eq!(c.login_failure_limit, 10);
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, "listen = \"0.0.0.0:9000\"\nmax_age = \"2h\"\nretry_schedule = [\"1s\", \"2s\"]\ndisable_after = 7\n")
+        .expect("write");
+    let c = Config::load_from(
+        Some(&path),
+        &env(&[("HERALD_MAX_AGE", "3h"), ("HERALD_JITTER", "none")]),
+    )
+    .expect("valid");
+    assert_eq!(c.listen.to_string(), "0.0.0.0:9000");
+    assert_eq!(c.retry.max_age, Duration::from_secs(3 * 3600));
+    assert_eq!(
+        c.retry.schedule,
+        vec![Duration::from_secs(1), Duration::from_secs(2)]
+    );
+    assert_eq!(c.retry.jitter, Jitter::None);
+    assert_eq!(c.disable_after, 7);
+}
+
+#[test]
+fn invalid_values_name_their_key() {
+    for (key, value) in [
+        ("HERALD_LISTEN", "nowhere"),
+        ("HERALD_DATABASE_URL", "mysql://x"),
+        ("HERALD_DATABASE_SCHEMA", "Bad-Name"),
+        ("HERALD_RETENTION", "0s"),
+        ("HERALD_RETRY_SCHEDULE", "1m,soon"),
+        ("HERALD_JITTER", "lots"),
+        ("HERALD_MAX_AGE", "24"),
+        ("HERALD_REQUEST_TIMEOUT", "0s"),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "maybe"),
+        ("HERALD_DISABLE_AFTER", "-1"),
+        ("HERALD_ENDPOINT_CONCURRENCY", "0"),
+        ("HERALD_LEASE", "10s"),
+        ("HERALD_ADMIN_TOKEN", "short"),
+        ("HERALD_MAX_HEADERS_PER_ENDPOINT", "many"),
+        ("HERALD_AUTH_FAILURE_LIMIT", "0"),
+        ("HERALD_HEADER_TIMEOUT", "0s"),
+        ("HERALD_BODY_TIMEOUT", "soon"),
+        ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
+        ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
+        ("HERALD_ENCRYPTION_KEY", "not-base64!"),
+        ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
+        ("HERALD_BREAKER_MIN_ATTEMPTS", "some"),
+        ("HERALD_BREAKER_WINDOW", "0s"),
+        ("HERALD_BREAKER_FAILURE_RATE", "150%"),
+        ("HERALD_BREAKER_FAILURE_RATE", "half"),
+        ("HERALD_BREAKER_COOLDOWN", "soon"),
+    ] {
+        let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
+        assert!(err.to_string().starts_with(key), "{key}: {err}");
+    }
+}
+
+#[test]
+fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
+    for rate in ["25%", "0.25", " 25 % "] {
+        let c =
+            Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", rate)])).expect(rate);
+        assert_eq!(c.breaker.failure_rate, 0.25, "{rate}");
+    }
+    let c = Config::load_from(
+        None,
+        &env(&[
+            ("HERALD_BREAKER_MIN_ATTEMPTS", "0"),
+            ("HERALD_BREAKER_COOLDOWN", "20m"),
+        ]),
+    )
+    .expect("valid");
+    assert!(c.breaker.is_off());
+    assert_eq!(c.breaker.max_cooldown, Duration::from_secs(1200));
+}
+
+#[test]
+fn encryption_keys_parse_and_are_redacted() {
+    let k1 = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+    let k2 = "AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=";
+    let c = Config::load_from(
+        None,
+        &env(&[("HERALD_ENCRYPTION_KEY", &format!("{k1},{k2}"))]),
+    )
+    .expect("two keys");
+    assert_eq!(c.encryption_keys.len(), 2);
+    let shown = format!("{c:?}");
+    assert!(!shown.contains(k1) && !shown.contains(k2), "{shown}");
+    assert!(!Config::default().encryption_keys.is_enabled());
+}
+
+#[test]
+fn portal_settings_are_checked_and_name_their_key() {
+    for (key, value) in [
+        ("HERALD_PORTAL_PRIMARY_COLOR", "red"),
+        ("HERALD_PORTAL_PRIMARY_COLOR", "#12345"),
+        ("HERALD_PORTAL_FRAME_ANCESTORS", "javascript:alert(1)"),
+        ("HERALD_PORTAL_FRAME_ANCESTORS", "'none' https://a.example"),
+        (
+            "HERALD_PORTAL_FRAME_ANCESTORS",
+            "https://a.example; script-src *",
+        ),
+        ("HERALD_PORTAL_PRODUCT_NAME", ""),
+        ("HERALD_PORTAL_DARK_MODE", "dim"),
+        ("HERALD_PUBLIC_URL", "ftp://x.example"),
+        ("HERALD_PUBLIC_URL", "https://x.example/?a=1"),
+    ] {
+        let err = Config::from_values(&env(&[(key, value)])).expect_err(value);
+        assert!(err.to_string().starts_with(key), "{key}={value}: {err}");
+    }
+    let c = Config::from_values(&env(&[
+        (
+            "HERALD_PORTAL_FRAME_ANCESTORS",
+            "'self'  https://app.example.com",
+        ),
+        ("HERALD_PUBLIC_URL", "https://hooks.example.com/"),
+    ]))
+    .expect("valid");
+    assert_eq!(c.portal.frame_ancestors, "'self' https://app.example.com");
+    assert!(c.portal.embeddable_cross_site());
+    assert_eq!(
+        c.portal.public_url.as_deref(),
+        Some("https://hooks.example.com")
+    );
+    assert!(!Config::default().portal.embeddable_cross_site());
+}
+
+#[test]
+fn the_example_file_parses_to_the_defaults() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
+    let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
+    let d = Config::default();
+    assert_eq!(c.breaker, d.breaker);
+    assert_eq!(c.listen, d.listen);
+    assert_eq!(c.database_url, d.database_url);
+    assert_eq!(c.retry, d.retry);
+    assert_eq!(
+        (
+            c.header_timeout,
+            c.body_timeout,
+            c.max_connections_per_ip,
+            c.login_failure_limit
+        ),
+        (
+            d.header_timeout,
+            d.body_timeout,
+            d.max_connections_per_ip,
+            d.login_failure_limit
+        )
+    );
+    assert_eq!(
+        (
+            c.request_timeout,
+            c.connect_timeout,
+            c.lease,
+            c.poll_interval
+        ),
+        (
+            d.request_timeout,
+            d.connect_timeout,
+            d.lease,
+            d.poll_interval
+        )
+    );
+    assert_eq!(
+        (
+            c.allow_private_networks,
+            c.disable_after,
+            c.endpoint_concurrency,
+            c.max_in_flight
+        ),
+        (
+            d.allow_private_networks,
+            d.disable_after,
+            d.endpoint_concurrency,
+            d.max_in_flight
+        )
+    );
+}
+
+#[test]
+fn proxy_and_tls_settings_are_checked() {
+    let c = Config::from_values(&env(&[(
+        "HERALD_PROXY_URL",
+        "http://user:secret@proxy.internal:3128",
+    )]))
+    .expect("valid");
+    assert_eq!(
+        c.proxy_url.as_deref(),
+        Some("http://user:secret@proxy.internal:3128")
+    );
+    assert!(!format!("{c:?}").contains("secret"), "redacted in Debug");
+    for bad in [
+        "https://proxy:3128",
+        "ftp://proxy:21",
+        "proxy:3128",
+        "http://proxy:3128/path",
+        "socks5://",
+    ] {
+        let err = Config::from_values(&env(&[("HERALD_PROXY_URL", bad)]))
+            .err()
+            .unwrap_or_else(|| panic!("{bad} accepted"));
+        assert!(err.to_string().starts_with("HERALD_PROXY_URL"), "{err}");
+    }
+    assert!(Config::from_values(&env(&[("HERALD_PROXY_URL", "socks5h://127.0.0.1:1080")])).is_ok());
+    let err =
+        Config::from_values(&env(&[("HERALD_TLS_CERT", "/x.pem")])).expect_err("key required");
+    assert!(err.to_string().starts_with("HERALD_TLS_KEY"), "{err}");
+    let err = Config::from_values(&env(&[("HERALD_API_RATE_LIMIT", "-1")])).expect_err("refused");
+    assert!(
+        err.to_string().starts_with("HERALD_API_RATE_LIMIT"),
+        "{err}"
+    );
+    assert_eq!(Config::default().api_rate_limit, 0);
+}
+
+#[test]
+fn unknown_file_keys_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, "retry_shedule = \"1m\"\n").expect("write");
+    let err = Config::load_from(Some(&path), &BTreeMap::new()).expect_err("typo");
+    assert!(err.to_string().contains("retry_shedule"), "{err}");
+}
+
+#[test]
+fn secrets_come_from_files_named_by_the_file_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "from-a-file-token-0123456789abcdef\n").expect("write");
+    let key = dir.path().join("key");
+    std::fs::write(&key, format!("{}\n", base64_key())).expect("write");
+    let url = dir.path().join("url");
+    std::fs::write(&url, "sqlite://from-a-file.db").expect("write");
+    let values: BTreeMap<String, String> = [
+        ("HERALD_ADMIN_TOKEN_FILE", token.display().to_string()),
+        ("HERALD_ENCRYPTION_KEY_FILE", key.display().to_string()),
+        ("HERALD_DATABASE_URL_FILE", url.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let c = Config::from_values(&values).expect("valid");
+    assert_eq!(
+        c.admin_token.as_deref(),
+        Some("from-a-file-token-0123456789abcdef")
+    );
+    assert!(c.encryption_keys.is_enabled());
+    assert_eq!(c.database_url, "sqlite://from-a-file.db");
+
+    let refused = |extra: &[(&str, &str)]| -> String {
+        let mut v = values.clone();
+        for (k, x) in extra {
+            v.insert((*k).to_owned(), (*x).to_owned());
+        }
+        Config::from_values(&v).expect_err("refused").to_string()
+    };
+    let both = refused(&[("HERALD_ADMIN_TOKEN", "also-given-directly")]);
+    assert!(both.contains("HERALD_ADMIN_TOKEN_FILE"), "{both}");
+    assert!(!both.contains("from-a-file"), "no secret in errors: {both}");
+    let missing = refused(&[("HERALD_ENCRYPTION_KEY_FILE", "/nonexistent/key")]);
+    assert!(missing.contains("HERALD_ENCRYPTION_KEY_FILE"), "{missing}");
+    assert!(missing.contains("/nonexistent/key"), "{missing}");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").expect("write");
+    let empty_err = refused(&[("HERALD_DATABASE_URL_FILE", empty.to_str().expect("path"))]);
+    assert!(empty_err.contains("is empty"), "{empty_err}");
+}
+
+fn base64_key() -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode([7u8; 32])
+}
