@@ -27,12 +27,12 @@
 //! same delivery.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use herald_policy::{decide, is_gone, should_disable, Decision, DisableRule, RetryPolicy};
 use rand::Rng;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -45,8 +45,13 @@ use crate::store::{
 };
 
 pub mod breaker;
+mod claimed;
+mod completer;
 pub mod lanes;
 pub mod sender;
+
+use claimed::{Claimed, Lease};
+use completer::{unrecorded, without_receiver_text};
 pub use lanes::Lanes;
 pub use sender::Sender;
 
@@ -180,204 +185,6 @@ enum Unwritten {
     Refused(StoreError),
     /// The store could not be reached in time, or shutdown's bound passed.
     Unreachable(StoreError),
-}
-
-/// Claimed deliveries not yet finished, in total and per endpoint, and
-/// each endpoint's gate that lets `endpoint_cap` of them send at once.
-struct Claimed {
-    slots: Mutex<Slots>,
-    /// Signalled whenever a claimed delivery is finished or released, or
-    /// reserved slots are given back.
-    freed: Notify,
-    /// Signalled when a delivery of an endpoint the loop's last claim left
-    /// short of room (see [`Slots::short_of_room`]) is finished or
-    /// released: only then may a claim find more for it.
-    room: Notify,
-}
-
-#[derive(Default)]
-struct Slots {
-    per_endpoint: HashMap<EndpointId, EndpointSlots>,
-    /// Registered deliveries, over all endpoints.
-    claimed: usize,
-    /// Slots promised to a claim (of the loop, or of an ingest batch's
-    /// handoff) whose deliveries are not registered yet.
-    reserved: usize,
-    /// Shutting down: no more reservations.
-    closed: bool,
-    /// The endpoints whose room the loop's last claim used up (their due
-    /// deliveries, if more, were left for want of room). A finished
-    /// request of any other endpoint gives a claim nothing new to find:
-    /// waking the loop for each one made a claim per finished request
-    /// beside a stuck endpoint's due backlog, hundreds a second, each
-    /// finding nothing.
-    short_of_room: std::collections::HashSet<EndpointId>,
-    /// Endpoints that answered 410 here whose disabling the completer has
-    /// not recorded yet: until it has, the store still offers their
-    /// deliveries to claims, so none of them is sent, whenever claimed.
-    /// Kept apart from `per_endpoint`, whose entries go with their last
-    /// delivery.
-    gone_unrecorded: std::collections::HashSet<EndpointId>,
-}
-
-/// One endpoint's registered deliveries, while it has any.
-struct EndpointSlots {
-    registered: usize,
-    gate: Arc<Semaphore>,
-    /// When the endpoint was last disabled (or answered 410) as far as this
-    /// process knows: deliveries claimed before then are not sent.
-    stopped_at: Option<crate::store::Millis>,
-}
-
-/// What a claim promised one delivery: when it was claimed and until when
-/// its lease lasts.
-#[derive(Debug, Clone, Copy)]
-struct Lease {
-    claimed_at: crate::store::Millis,
-    until: crate::store::Millis,
-}
-
-impl Claimed {
-    fn new() -> Self {
-        Claimed {
-            slots: Mutex::new(Slots::default()),
-            freed: Notify::new(),
-            room: Notify::new(),
-        }
-    }
-
-    fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Reserves up to `want` of the `max` slots that are neither claimed
-    /// nor reserved, and returns how many with each endpoint's count of
-    /// claimed deliveries. Reserving is what keeps the loop's claims and
-    /// ingest's handoffs from both filling the same free slots.
-    fn reserve(&self, max: usize, want: usize) -> (usize, HashMap<EndpointId, usize>) {
-        let mut slots = self.slots();
-        let taken = slots.claimed + slots.reserved;
-        let n = if slots.closed {
-            0
-        } else {
-            max.saturating_sub(taken).min(want)
-        };
-        slots.reserved += n;
-        let counts = slots
-            .per_endpoint
-            .iter()
-            .map(|(k, e)| (k.clone(), e.registered))
-            .collect();
-        (n, counts)
-    }
-
-    /// Gives back `n` reserved slots (those used were registered by `add`
-    /// meanwhile). `max`: wake the loop if it may be waiting for a slot,
-    /// that is if all `max` were taken before.
-    fn unreserve(&self, n: usize, max: Option<usize>) {
-        if n == 0 {
-            return;
-        }
-        let was_full = {
-            let mut slots = self.slots();
-            let taken = slots.claimed + slots.reserved;
-            slots.reserved -= n;
-            max.is_some_and(|max| taken >= max)
-        };
-        if was_full {
-            self.freed.notify_one();
-        }
-    }
-
-    /// Deliveries registered for `ep` (claimed, not finished).
-    fn registered(&self, ep: &EndpointId) -> usize {
-        self.slots()
-            .per_endpoint
-            .get(ep)
-            .map_or(0, |e| e.registered)
-    }
-
-    /// Claimed or reserved, in all.
-    fn busy(&self) -> usize {
-        let slots = self.slots();
-        slots.claimed + slots.reserved
-    }
-
-    fn close(&self) {
-        self.slots().closed = true;
-    }
-
-    /// Registers a claimed delivery; returns its endpoint's gate.
-    fn add(&self, ep: &EndpointId, cap: usize) -> Arc<Semaphore> {
-        let mut slots = self.slots();
-        slots.claimed += 1;
-        let entry = slots
-            .per_endpoint
-            .entry(ep.clone())
-            .or_insert_with(|| EndpointSlots {
-                registered: 0,
-                gate: Arc::new(Semaphore::new(cap)),
-                stopped_at: None,
-            });
-        entry.registered += 1;
-        entry.gate.clone()
-    }
-
-    fn remove(&self, ep: &EndpointId) {
-        let short_of_room = {
-            let mut slots = self.slots();
-            slots.claimed -= 1;
-            if let Some(entry) = slots.per_endpoint.get_mut(ep) {
-                entry.registered -= 1;
-                if entry.registered == 0 {
-                    // Its stop mark concerned only the deliveries it held.
-                    slots.per_endpoint.remove(ep);
-                }
-            }
-            slots.short_of_room.contains(ep)
-        };
-        self.freed.notify_one();
-        if short_of_room {
-            self.room.notify_one();
-        }
-    }
-
-    /// After a claim: the endpoints it left without room.
-    fn set_short_of_room(&self, endpoints: std::collections::HashSet<EndpointId>) {
-        self.slots().short_of_room = endpoints;
-    }
-
-    /// The endpoint was disabled (or answered 410) at `at`: the deliveries
-    /// registered for it, claimed before then, are released rather than
-    /// sent when its gate lets them through. Those claimed later saw the
-    /// store's word on the endpoint and are sent.
-    fn stop(&self, ep: &EndpointId, at: crate::store::Millis) {
-        if let Some(entry) = self.slots().per_endpoint.get_mut(ep) {
-            entry.stopped_at = Some(entry.stopped_at.map_or(at, |s| s.max(at)));
-        }
-    }
-
-    fn is_stopped(&self, ep: &EndpointId, claimed_at: crate::store::Millis) -> bool {
-        let slots = self.slots();
-        slots.gone_unrecorded.contains(ep)
-            || slots
-                .per_endpoint
-                .get(ep)
-                .and_then(|e| e.stopped_at)
-                .is_some_and(|at| claimed_at <= at)
-    }
-
-    /// `ep` answered 410: nothing of it is sent until the completer has
-    /// recorded that (and so disabled it in the store).
-    fn hold_until_recorded(&self, ep: &EndpointId) {
-        self.slots().gone_unrecorded.insert(ep.clone());
-    }
-
-    /// The 410 of `ep` is recorded (it is disabled in the store): claims
-    /// from now on see that, and the stop mark covers those made before.
-    fn gone_recorded(&self, ep: &EndpointId) {
-        self.slots().gone_unrecorded.remove(ep);
-    }
 }
 
 pub struct Dispatcher {
@@ -1179,87 +986,6 @@ impl Dispatcher {
             _ = shutdown.cancelled() => Woke::Other,
         }
     }
-}
-
-impl Dispatcher {
-    /// Writes outcomes in batches: whatever queued up while the previous
-    /// batch was being written goes into the next transaction (see
-    /// [`Dispatcher::record_until`]). After `give_up`, what is still queued
-    /// is logged as not written, and the completer stops.
-    async fn run_completer(
-        self: Arc<Self>,
-        mut rx: mpsc::Receiver<Finished>,
-        give_up: CancellationToken,
-    ) {
-        const MAX_BATCH: usize = 2000;
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        loop {
-            let mut ordered = false;
-            let first = tokio::select! {
-                biased;
-                first = rx.recv() => first,
-                // Some sender is stuck (its store call does not return).
-                _ = give_up.cancelled() => None,
-            };
-            let Some(first) = first else { break };
-            ordered |= first.ordered;
-            batch.push(first.completion);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(f) => {
-                        ordered |= f.ordered;
-                        batch.push(f.completion);
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.record_until(&batch, &give_up).await;
-            // A retry may now be the earliest due work, and an ordered
-            // endpoint's next delivery claimable (its head's outcome is
-            // written): let the loop re-plan.
-            if ordered
-                || batch
-                    .iter()
-                    .any(|c| matches!(c.next, NextState::Retry { .. }))
-            {
-                self.wake.notify_one();
-            }
-            batch.clear();
-        }
-        rx.close();
-        while let Ok(f) = rx.try_recv() {
-            batch.push(f.completion);
-        }
-        if !batch.is_empty() {
-            unrecorded(
-                &batch,
-                &StoreError::Unavailable("shutting down: no more time to write outcomes".into()),
-            );
-        }
-    }
-}
-
-/// `c` as the store may take it when it refused `c` itself: without what
-/// the receiver had a say in (the response excerpt, the error text), and
-/// saying so. Its status, timing and next state are kept.
-fn without_receiver_text(c: &Completion) -> Completion {
-    let mut plain = c.clone();
-    plain.attempt.response = String::new();
-    plain.attempt.error = Some(UNSTORABLE_NOTE.to_owned());
-    plain
-}
-
-/// Outcomes given up on: each is logged with its ids (the attempt is not in
-/// the log, the delivery stays as it was until its lease ends) and counted.
-fn unrecorded(part: &[Completion], error: &StoreError) {
-    for c in part {
-        tracing::error!(
-            delivery = %c.attempt.delivery_id, attempt = %c.attempt.id,
-            endpoint = %c.attempt.endpoint_id, error = %error,
-            "could not record an outcome; the delivery is left to its lease"
-        );
-    }
-    crate::metrics::completions_unrecorded(part.len());
 }
 
 #[cfg(test)]

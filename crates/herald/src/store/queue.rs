@@ -377,6 +377,18 @@ pub struct Completion {
     pub cycle_attempt: u32,
 }
 
+impl Completion {
+    /// The delivery's `state`, `next_attempt_at` and `dead_reason` after
+    /// this attempt, as both stores write them.
+    pub fn next_state(&self) -> (DeliveryState, Millis, Option<&'static str>) {
+        match self.next {
+            NextState::Delivered => (DeliveryState::Delivered, self.now, None),
+            NextState::Retry { at } => (DeliveryState::Pending, at, None),
+            NextState::Dead(r) => (DeliveryState::Dead, self.now, Some(r.as_str())),
+        }
+    }
+}
+
 /// What [`Queue::complete`] wrote.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Completed {

@@ -145,3 +145,67 @@ impl Apps for PostgresStore {
         .await
     }
 }
+
+/// Svix's inline applications of `batch`, in `tx`: each uid's application
+/// is created unless one has it by now (a concurrent creation of the same
+/// uid waits for the other's commit, then finds its application), and
+/// every message carrying one is returned pointing at whichever it is.
+pub(super) async fn create_inline_apps(
+    tx: &mut sqlx::PgConnection,
+    batch: &[NewMessage],
+) -> StoreResult<Vec<NewMessage>> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let apps: Vec<&App> = batch
+        .iter()
+        .filter_map(|m| m.application.as_ref())
+        .filter(|a| a.uid.as_deref().is_some_and(|uid| seen.insert(uid)))
+        .collect();
+    let uids: Vec<&str> = apps.iter().filter_map(|a| a.uid.as_deref()).collect();
+    sqlx::query(
+        "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+         SELECT id, uid, name, rate_limit, metadata::jsonb, created_at, updated_at \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[]) \
+              AS u(id, uid, name, rate_limit, metadata, created_at, updated_at) \
+         ORDER BY uid \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(apps.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+    .bind(&uids)
+    .bind(apps.iter().map(|a| a.name.as_str()).collect::<Vec<_>>())
+    .bind(
+        apps.iter()
+            .map(|a| a.rate_limit.map(i32::from))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        apps.iter()
+            .map(|a| to_json(&a.metadata))
+            .collect::<StoreResult<Vec<_>>>()?,
+    )
+    .bind(apps.iter().map(|a| a.created_at).collect::<Vec<_>>())
+    .bind(apps.iter().map(|a| a.updated_at).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await
+    .map_err(map_err)?;
+    let rows = sqlx::query("SELECT id, uid FROM applications WHERE uid = ANY($1)")
+        .bind(&uids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(map_err)?;
+    let mut id_of: HashMap<String, String> = HashMap::new();
+    for r in &rows {
+        id_of.insert(get(r, "uid")?, get(r, "id")?);
+    }
+    Ok(batch
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(app) = m.application.take() {
+                if let Some(id) = app.uid.as_deref().and_then(|uid| id_of.get(uid)) {
+                    m.app_id = AppId::from_trusted(id.clone());
+                }
+            }
+            m
+        })
+        .collect())
+}

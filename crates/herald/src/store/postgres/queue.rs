@@ -100,15 +100,6 @@ async fn listen_loop(
     }
 }
 
-/// `state`, `next_attempt_at` and `dead_reason` of a finished attempt.
-fn next_state(c: &Completion) -> (DeliveryState, Millis, Option<&'static str>) {
-    match c.next {
-        NextState::Delivered => (DeliveryState::Delivered, c.now, None),
-        NextState::Retry { at } => (DeliveryState::Pending, at, None),
-        NextState::Dead(r) => (DeliveryState::Dead, c.now, Some(r.as_str())),
-    }
-}
-
 /// Lets an enabled endpoint's held deliveries back into the claim index,
 /// in `tx`, after the endpoint's row was locked or updated there.
 pub(super) async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> StoreResult<()> {
@@ -118,70 +109,6 @@ pub(super) async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> Stor
         .await
         .map_err(map_err)?;
     Ok(())
-}
-
-/// Svix's inline applications of `batch`, in `tx`: each uid's application
-/// is created unless one has it by now (a concurrent creation of the same
-/// uid waits for the other's commit, then finds its application), and
-/// every message carrying one is returned pointing at whichever it is.
-async fn create_inline_apps(
-    tx: &mut sqlx::PgConnection,
-    batch: &[NewMessage],
-) -> StoreResult<Vec<NewMessage>> {
-    let mut seen: HashSet<&str> = HashSet::new();
-    let apps: Vec<&App> = batch
-        .iter()
-        .filter_map(|m| m.application.as_ref())
-        .filter(|a| a.uid.as_deref().is_some_and(|uid| seen.insert(uid)))
-        .collect();
-    let uids: Vec<&str> = apps.iter().filter_map(|a| a.uid.as_deref()).collect();
-    sqlx::query(
-        "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
-         SELECT id, uid, name, rate_limit, metadata::jsonb, created_at, updated_at \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int4[], $5::text[], $6::int8[], $7::int8[]) \
-              AS u(id, uid, name, rate_limit, metadata, created_at, updated_at) \
-         ORDER BY uid \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(apps.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
-    .bind(&uids)
-    .bind(apps.iter().map(|a| a.name.as_str()).collect::<Vec<_>>())
-    .bind(
-        apps.iter()
-            .map(|a| a.rate_limit.map(i32::from))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        apps.iter()
-            .map(|a| to_json(&a.metadata))
-            .collect::<StoreResult<Vec<_>>>()?,
-    )
-    .bind(apps.iter().map(|a| a.created_at).collect::<Vec<_>>())
-    .bind(apps.iter().map(|a| a.updated_at).collect::<Vec<_>>())
-    .execute(&mut *tx)
-    .await
-    .map_err(map_err)?;
-    let rows = sqlx::query("SELECT id, uid FROM applications WHERE uid = ANY($1)")
-        .bind(&uids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
-    let mut id_of: HashMap<String, String> = HashMap::new();
-    for r in &rows {
-        id_of.insert(get(r, "uid")?, get(r, "id")?);
-    }
-    Ok(batch
-        .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if let Some(app) = m.application.take() {
-                if let Some(id) = app.uid.as_deref().and_then(|uid| id_of.get(uid)) {
-                    m.app_id = AppId::from_trusted(id.clone());
-                }
-            }
-            m
-        })
-        .collect())
 }
 
 impl PostgresStore {
@@ -229,7 +156,7 @@ impl PostgresStore {
         }
         if batch.iter().any(|m| m.application.is_some()) {
             let mut tx = self.pool.begin().await.map_err(map_err)?;
-            let resolved = create_inline_apps(&mut tx, batch).await?;
+            let resolved = super::apps::create_inline_apps(&mut tx, batch).await?;
             let stored = self.ingest_on(&mut tx, &resolved, claim).await?;
             tx.commit().await.map_err(map_err)?;
             return Ok(stored);
@@ -750,7 +677,7 @@ impl Queue for PostgresStore {
             .iter()
             .filter(|c| seen.insert((c.attempt.delivery_id.as_str(), c.lease_token.as_str())))
             .collect();
-        let next: Vec<_> = moves.iter().map(|c| next_state(c)).collect();
+        let next: Vec<_> = moves.iter().map(|c| c.next_state()).collect();
         let eps = fold_endpoint_batches(batch);
         let ep_ids: Vec<&str> = eps.iter().map(|e| e.endpoint_id.as_str()).collect();
         let stats = fold_stats(batch);

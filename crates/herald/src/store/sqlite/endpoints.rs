@@ -1,7 +1,7 @@
 //! Endpoints on SQLite: their rows, secrets, headers and the enabled /
 //! disabled lifecycle (enabling lets held deliveries back in).
 
-use super::queue::{queue_waiting, unhold};
+use super::claim::{queue_waiting, unhold};
 use super::*;
 use crate::crypto::Keyring;
 

@@ -37,6 +37,7 @@ mod apps;
 mod audit;
 pub mod backup;
 mod circuits;
+mod claim;
 mod counts;
 mod endpoints;
 mod event_types;
