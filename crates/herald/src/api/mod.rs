@@ -26,6 +26,8 @@ pub mod attempts;
 pub mod audit;
 pub mod auth;
 pub mod dead;
+pub mod endpoint_health;
+pub mod endpoint_secrets;
 pub mod endpoints;
 pub mod error;
 pub mod event_types;
@@ -33,6 +35,7 @@ pub mod history;
 pub mod idempotency;
 pub mod messages;
 pub mod openapi;
+pub mod portal_access;
 
 pub use error::{ApiError, ApiResult, FieldError};
 
@@ -157,6 +160,8 @@ pub fn router(state: ApiState) -> Router<ApiState> {
     use apps::*;
     use attempts::*;
     use dead::*;
+    use endpoint_health::*;
+    use endpoint_secrets::*;
     use endpoints::*;
     use messages::*;
     let api = Router::new()
@@ -296,14 +301,17 @@ pub fn router(state: ApiState) -> Router<ApiState> {
         )
         .route(
             "/auth/app-portal-access/{app_id}",
-            post(auth::app_portal_access),
+            post(portal_access::app_portal_access),
         )
         .route(
             "/auth/dashboard-access/{app_id}",
-            post(auth::dashboard_access),
+            post(portal_access::dashboard_access),
         )
-        .route("/auth/app/{app_id}/expire-all", post(auth::expire_all))
-        .route("/auth/logout", post(auth::logout))
+        .route(
+            "/auth/app/{app_id}/expire-all",
+            post(portal_access::expire_all),
+        )
+        .route("/auth/logout", post(portal_access::logout))
         // The last layer runs first: the path's parameters, the token, then
         // the idempotency key. (Layers of a router run once it has routed.)
         .layer(middleware::from_fn_with_state(

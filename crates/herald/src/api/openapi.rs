@@ -9,7 +9,10 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::OpenApi;
 
-use super::{apps, attempts, audit, auth, dead, endpoints, event_types, history, messages};
+use super::{
+    apps, attempts, audit, auth, dead, endpoint_health, endpoint_secrets, endpoints, event_types,
+    history, messages, portal_access,
+};
 
 /// The routes nested under `/api/v1`, all behind the bearer token.
 #[derive(OpenApi)]
@@ -26,12 +29,12 @@ use super::{apps, attempts, audit, auth, dead, endpoints, event_types, history, 
     endpoints::update_endpoint,
     endpoints::patch_endpoint,
     endpoints::delete_endpoint,
-    endpoints::get_endpoint_secret,
-    endpoints::rotate_endpoint_secret,
-    endpoints::get_endpoint_headers,
-    endpoints::put_endpoint_headers,
-    endpoints::patch_endpoint_headers,
-    endpoints::get_endpoint_health,
+    endpoint_secrets::get_endpoint_secret,
+    endpoint_secrets::rotate_endpoint_secret,
+    endpoint_secrets::get_endpoint_headers,
+    endpoint_secrets::put_endpoint_headers,
+    endpoint_secrets::patch_endpoint_headers,
+    endpoint_health::get_endpoint_health,
     endpoints::enable_endpoint_route,
     endpoints::disable_endpoint_route,
     history::list_attempted_messages,
@@ -64,10 +67,10 @@ use super::{apps, attempts, audit, auth, dead, endpoints, event_types, history, 
     auth::list_tokens,
     auth::create_token,
     auth::delete_token,
-    auth::app_portal_access,
-    auth::dashboard_access,
-    auth::expire_all,
-    auth::logout,
+    portal_access::app_portal_access,
+    portal_access::dashboard_access,
+    portal_access::expire_all,
+    portal_access::logout,
     audit::list_audit_log,
 ))]
 struct V1;
@@ -103,10 +106,10 @@ struct V1;
         super::error::FieldError,
         super::ListOrder,
         super::endpoints::DisableIn,
-        super::endpoints::RotateIn,
+        super::endpoint_secrets::RotateIn,
         super::auth::TokenIn,
-        super::auth::AppPortalAccessIn,
-        super::auth::ApplicationTokenExpireIn,
+        super::portal_access::AppPortalAccessIn,
+        super::portal_access::ApplicationTokenExpireIn,
         super::auth::Capability,
     )),
     security(("bearer" = [])),

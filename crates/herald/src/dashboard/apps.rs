@@ -12,7 +12,7 @@ use super::layout::{self, when, Nav};
 use super::overview::{app_label, endpoint_table};
 use super::session::Authed;
 use super::{query_string, Cursor, DashResult, PAGE_SIZE};
-use crate::api::endpoints::listed_health;
+use crate::api::endpoint_health::listed_health;
 use crate::api::ApiState;
 use crate::store::{now_millis, App};
 

@@ -213,7 +213,7 @@ async fn attempts_of(
 /// A custom header's value as shown: credentials-looking ones are masked,
 /// since a dashboard is often looked at over someone's shoulder.
 pub fn shown_header_value(name: &str, value: &str) -> String {
-    if crate::api::endpoints::is_sensitive_header(name) {
+    if crate::api::endpoint_secrets::is_sensitive_header(name) {
         "•••••• (hidden)".to_owned()
     } else {
         value.to_owned()

@@ -15,7 +15,8 @@ use super::overview::{app_label, state_badge};
 use super::session::{Authed, Posted};
 use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
-use crate::api::endpoints::{endpoint_health, find_endpoint};
+use crate::api::endpoint_health::endpoint_health;
+use crate::api::endpoints::find_endpoint;
 use crate::api::ApiState;
 use crate::health::WindowFigures;
 use crate::store::{now_millis, AttemptRecord, Endpoint};
@@ -256,7 +257,7 @@ pub async fn secret(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    crate::api::endpoints::credentials_readable(&ep)?;
+    crate::api::endpoint_secrets::credentials_readable(&ep)?;
     // Names the endpoint, never the secret.
     session
         .actor()
@@ -364,11 +365,11 @@ pub async fn rotate(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    crate::api::endpoints::rotate_secret(
+    crate::api::endpoint_secrets::rotate_secret(
         &state,
         &ep,
         &herald_signing::Secret::generate(),
-        crate::api::endpoints::DEFAULT_GRACE_SECONDS,
+        crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS,
     )
     .await?;
     posted
@@ -381,7 +382,7 @@ pub async fn rotate(
             ep.id.as_str(),
             json!({
                 "keyGiven": false,
-                "gracePeriodSeconds": crate::api::endpoints::DEFAULT_GRACE_SECONDS
+                "gracePeriodSeconds": crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS
             }),
         )
         .await;

@@ -9,7 +9,7 @@ use super::layout::{self, ago, badge, hourly_chart, latency, percent, truncate, 
 use super::session::Authed;
 use super::{query_string, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
-use crate::api::endpoints::listed_health;
+use crate::api::endpoint_health::listed_health;
 use crate::api::ApiState;
 use crate::health::{EndpointHealth, WindowFigures};
 use crate::store::{now_millis, App, EndpointOverview, Millis, QueueStats};

@@ -10,7 +10,8 @@ use maud::{html, Markup};
 
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
-use crate::api::endpoints::{endpoint_health, find_endpoint, listed_health};
+use crate::api::endpoint_health::{endpoint_health, listed_health};
+use crate::api::endpoints::find_endpoint;
 use crate::api::{parse_json, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
 use crate::dashboard::overview::state_cell;
@@ -599,7 +600,7 @@ pub async fn secret(
 ) -> PortalResult {
     session.need(session.capabilities.view_secret())?;
     let ep = endpoint_of(&state, &session, &endpoint_id).await?;
-    let out = crate::api::endpoints::get_endpoint_secret(
+    let out = crate::api::endpoint_secrets::get_endpoint_secret(
         State(state.clone()),
         session.actor(),
         app_of(&session),
@@ -618,7 +619,7 @@ pub async fn rotate(
     let session = &posted.session;
     session.need(session.capabilities.rotate_secret())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let _ = crate::api::endpoints::rotate_endpoint_secret(
+    let _ = crate::api::endpoint_secrets::rotate_endpoint_secret(
         State(state.clone()),
         session.actor(),
         app_of(session),
