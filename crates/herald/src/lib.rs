@@ -5,8 +5,6 @@
 pub mod api;
 pub mod audit;
 pub mod backups;
-pub mod bench;
-pub mod bench_engine;
 pub mod cli;
 pub mod config;
 pub mod crypto;

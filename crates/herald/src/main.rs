@@ -73,8 +73,6 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Measure ingest and end-to-end delivery on this machine.
-    Bench(herald::bench::BenchArgs),
     /// Dead letters of a running Herald: list, replay.
     #[command(subcommand)]
     Dead(herald::cli::DeadCommand),
@@ -136,7 +134,6 @@ fn main() -> std::process::ExitCode {
                 config,
             } => backup(config, path, force).await,
             Command::Restore { path, config } => restore(config, path).await,
-            Command::Bench(args) => herald::bench::run(args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,

@@ -157,9 +157,11 @@ async fn job_rolled_back_in_a_group_commit(poisoned: Poisoned) {
 }
 
 /// Another connection that writes deliveries must fold and flush the
-/// counts itself; without the function its statement fails, with it but
-/// outside a counted transaction too, and with a counted transaction the
-/// counts are exact.
+/// counts itself: without the function its statement fails, and the
+/// counts are as they were. (With the function registered but outside a
+/// counted transaction it fails too, and inside one the counts are exact:
+/// `store::sqlite::queue::tests::another_connection_counts_only_in_a_counted_transaction`,
+/// since the fold is the store's own.)
 #[tokio::test]
 async fn a_connection_without_the_fold_cannot_change_deliveries_silently() {
     let db = sqlite().await;
@@ -192,27 +194,6 @@ async fn a_connection_without_the_fold_cannot_change_deliveries_silently() {
         "{err}"
     );
 
-    let conn = connect(&db.path);
-    let fold = herald::store::sqlite::CountFold::register(&conn).expect("register");
-    let err = conn
-        .execute(insert, args("autocommit"))
-        .expect_err("not in a counted transaction");
-    assert!(
-        err.to_string().contains("outside a counted transaction"),
-        "{err}"
-    );
-
-    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
-    fold.begin();
-    conn.execute(insert, args("counted")).expect("insert");
-    conn.execute(
-        "UPDATE deliveries SET state = 3 WHERE msg_id = ?1 AND state = 0",
-        [m.id.as_str()],
-    )
-    .expect("kill the pending one");
-    fold.flush(&conn).expect("flush");
-    conn.execute_batch("COMMIT").expect("commit");
-
     let msgs = vec![(a.id.clone(), m.id.clone())];
     assert_counts_exact(
         store,
@@ -223,5 +204,5 @@ async fn a_connection_without_the_fold_cannot_change_deliveries_silently() {
     )
     .await;
     let counts = store.endpoint_delivery_counts(&e.id).await.expect("counts");
-    assert_eq!((counts.pending, counts.dead), (0, 2), "{counts:?}");
+    assert_eq!((counts.pending, counts.dead), (1, 0), "{counts:?}");
 }

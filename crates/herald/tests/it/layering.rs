@@ -34,15 +34,13 @@ fn layers() -> BTreeMap<String, usize> {
     out
 }
 
-/// The top-level module a source file belongs to (`bench_engine` is part
-/// of `bench`, `config_tests` of `config`); `None` for the crate root and
-/// the binary.
+/// The top-level module a source file belongs to (`config_tests` is part
+/// of `config`); `None` for the crate root and the binary.
 fn module_of(rel: &Path) -> Option<String> {
     let first = rel.components().next()?.as_os_str().to_str()?;
     let name = first.trim_end_matches(".rs").trim_end_matches("_tests");
     match name {
         "lib" | "main" => None,
-        "bench_engine" => Some("bench".to_owned()),
         other => Some(other.to_owned()),
     }
 }
@@ -112,11 +110,6 @@ fn imports_go_down_the_layers_written_in_architecture() {
         };
         let source = std::fs::read_to_string(&file).expect("source");
         for target in imports(&source) {
-            let target = if target == "bench_engine" {
-                "bench".to_owned()
-            } else {
-                target
-            };
             if target == module {
                 continue;
             }

@@ -14,8 +14,7 @@
 //! the counts). A statement that fires a row trigger is a "multi-write"
 //! one to SQLite, so inside the writer's transaction it opens a statement
 //! journal and copies every page it touches before changing it: that, not
-//! the fold, was most of what the counts cost a delivery (callgrind: 92 M
-//! of 2,115 M instructions over a 3,000-delivery bench). So the writer
+//! the fold, was most of what the counts cost a delivery. So the writer
 //! connection runs with the schema's triggers off
 //! (`SQLITE_DBCONFIG_ENABLE_TRIGGER`) and with [`WRITER_TRIGGERS`] of its
 //! own, TEMP ones, which leave out its hottest statements:
@@ -29,7 +28,7 @@
 //!   sources to it: `every_state_update_on_the_writer_is_counted`);
 //! - deletes fire as before.
 //!
-//! Every other connection (the bench's seeding, an operator's `sqlite3`
+//! Every other connection (the migration runner, an operator's `sqlite3`
 //! shell) keeps the schema's triggers of migration 0018, which count every
 //! insert, update and delete, and fail without the function.
 //!
@@ -172,13 +171,13 @@ impl Fold {
 /// The count deltas of one connection's current transaction (a cheap
 /// handle: clones share the map).
 #[derive(Clone)]
-pub struct CountFold(Arc<Mutex<Fold>>);
+pub(super) struct CountFold(Arc<Mutex<Fold>>);
 
 impl CountFold {
     /// Registers `herald_count` on `conn`, folding into the returned map.
     /// Every connection that writes deliveries needs it (the triggers fail
     /// with "no such function" without it).
-    pub fn register(conn: &Connection) -> rusqlite::Result<CountFold> {
+    pub(super) fn register(conn: &Connection) -> rusqlite::Result<CountFold> {
         let fold = CountFold(Arc::new(Mutex::new(Fold::default())));
         let inner = fold.0.clone();
         // Not DETERMINISTIC: it has a side effect, and must run every time.

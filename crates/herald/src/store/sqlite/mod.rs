@@ -54,7 +54,7 @@ mod settings;
 mod tokens;
 
 use circuits::circuit_of_row;
-pub use counts::{CountFold, COUNT_FUNCTION};
+use counts::CountFold;
 
 /// The schema, in order, by name. A database records how many it has
 /// applied in `PRAGMA user_version`; at open the rest are applied in a

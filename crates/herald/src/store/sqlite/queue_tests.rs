@@ -144,3 +144,46 @@ fn the_walk_parks_a_full_endpoints_rows_and_holds_a_disabled_ones() {
     assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0000"));
     assert_eq!(count(&conn, held), 10);
 }
+
+/// A connection other than the writer changes deliveries only with the
+/// fold registered and inside a counted transaction, and then the kept
+/// counts follow.
+#[test]
+fn another_connection_counts_only_in_a_counted_transaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _writer = backlog(dir.path(), 1, 2);
+    let kill = "UPDATE deliveries SET state = 3 WHERE id = (SELECT min(id) FROM deliveries)";
+    let dead = |conn: &Connection| -> i64 {
+        conn.query_row(
+            "SELECT coalesce(sum(n), 0) FROM delivery_counts WHERE state = 3",
+            [],
+            |r| r.get(0),
+        )
+        .expect("read the counts")
+    };
+
+    let bare = Connection::open(dir.path().join("claims.db")).expect("open");
+    let err = bare.execute(kill, []).expect_err("no function, no write");
+    assert!(
+        err.to_string().contains("no such function: herald_count"),
+        "{err}"
+    );
+
+    let conn = Connection::open(dir.path().join("claims.db")).expect("open");
+    let fold = CountFold::register(&conn).expect("register");
+    let err = conn
+        .execute(kill, [])
+        .expect_err("not in a counted transaction");
+    assert!(
+        err.to_string().contains("outside a counted transaction"),
+        "{err}"
+    );
+    assert_eq!(dead(&conn), 0);
+
+    conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    fold.begin();
+    conn.execute(kill, []).expect("kill one");
+    fold.flush(&conn).expect("flush");
+    conn.execute_batch("COMMIT").expect("commit");
+    assert_eq!(dead(&conn), 1, "the counted transaction moved the count");
+}

@@ -1,4 +1,4 @@
-//! `herald bench --engine MODE`: issue 13's claim rules measured end to
+//! `herald-bench --engine MODE`: issue 13's claim rules measured end to
 //! end, on SQLite and (with `--postgres URL`) on PostgreSQL, one process
 //! (role `all`) with a receiver in this process.
 //!
@@ -18,98 +18,19 @@
 //!   k-th arrival against the k-th send, a close stand-in for each
 //!   message's own latency when they are sent and answered in order).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use axum::extract::State;
-use axum::http::{StatusCode, Uri};
+
+use herald::config::Config;
+use herald::server::{self, Role};
 
 use crate::bench::BenchArgs;
-use crate::config::Config;
-use crate::server::{self, Role};
+use crate::receiver::Receiver;
 
 const TOKEN: &str = "bench-admin-token-0123456789";
-
-/// Arrival times per path, and how each path answers.
-#[derive(Default)]
-struct Rx {
-    arrivals: Mutex<HashMap<String, Vec<Instant>>>,
-    /// Per path prefix: how long to wait before answering, and whether to
-    /// answer 500.
-    rules: Mutex<Vec<(String, Duration, bool)>>,
-    arrived: tokio::sync::Notify,
-}
-
-impl Rx {
-    fn rule(&self, prefix: &str, delay: Duration, fail: bool) {
-        let mut rules = self.rules.lock().unwrap_or_else(|p| p.into_inner());
-        rules.retain(|(p, _, _)| p != prefix);
-        rules.push((prefix.to_owned(), delay, fail));
-    }
-
-    fn count(&self, path: &str) -> usize {
-        self.arrivals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(path)
-            .map_or(0, Vec::len)
-    }
-
-    fn times(&self, path: &str) -> Vec<Instant> {
-        self.arrivals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(path)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    async fn wait_for(&self, path: &str, n: usize, within: Duration) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let notified = self.arrived.notified();
-            if self.count(path) >= n {
-                return Ok(());
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() && self.count(path) < n {
-                bail!(
-                    "{path}: {} of {n} arrived within {within:?}",
-                    self.count(path)
-                );
-            }
-        }
-    }
-}
-
-async fn answer(State(rx): State<Arc<Rx>>, uri: Uri) -> StatusCode {
-    let path = uri.path().to_owned();
-    let (delay, fail) = {
-        let rules = rx.rules.lock().unwrap_or_else(|p| p.into_inner());
-        rules
-            .iter()
-            .find(|(p, _, _)| path.starts_with(p.as_str()))
-            .map_or((Duration::ZERO, false), |(_, d, f)| (*d, *f))
-    };
-    if !fail {
-        rx.arrivals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(path)
-            .or_default()
-            .push(Instant::now());
-        rx.arrived.notify_waiters();
-    }
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
-    if fail {
-        StatusCode::INTERNAL_SERVER_ERROR
-    } else {
-        StatusCode::OK
-    }
-}
 
 /// One Herald (role `all`) on SQLite or a fresh PostgreSQL schema, with a
 /// client of its API.
@@ -117,7 +38,7 @@ struct Instance {
     running: server::Running,
     client: reqwest::Client,
     base: String,
-    rx: Arc<Rx>,
+    rx: Arc<Receiver>,
     rx_base: String,
     _dir: tempfile::TempDir,
     schema: Option<(String, String)>,
@@ -157,11 +78,7 @@ impl Instance {
         }
         let mut config = Config::from_values(&values)?;
         crate::bench::admit_the_bench_client(&mut config, args.concurrency);
-        let rx = Arc::new(Rx::default());
-        let app = axum::Router::new().fallback(answer).with_state(rx.clone());
-        let rx_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let rx_addr = rx_listener.local_addr()?;
-        tokio::spawn(async move { axum::serve(rx_listener, app).await });
+        let (rx, rx_base) = Receiver::start(0, 0, Instant::now()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let running = server::start(config, Some(listener), Role::All).await?;
         let addr = running.addr.context("the API listens")?;
@@ -172,7 +89,7 @@ impl Instance {
                 .build()?,
             base: format!("http://{addr}/api/v1"),
             rx,
-            rx_base: format!("http://{rx_addr}"),
+            rx_base,
             _dir: dir,
             schema,
         })
@@ -270,11 +187,11 @@ impl Instance {
     /// receiver, on the same cores, got round to reading it.
     async fn attempts_started(&self, app: &str) -> anyhow::Result<Vec<i64>> {
         let store = &self.running.store;
-        let app = crate::ids::AppId::from_trusted(app.to_owned());
+        let app = herald::ids::AppId::from_trusted(app.to_owned());
         let endpoints = store
             .list_endpoints(
                 &app,
-                &crate::store::PageReq {
+                &herald::store::PageReq {
                     limit: 10,
                     ..Default::default()
                 },
@@ -282,7 +199,7 @@ impl Instance {
             .await?;
         let mut started = Vec::new();
         for ep in &endpoints.items {
-            let mut page = crate::store::PageReq {
+            let mut page = herald::store::PageReq {
                 limit: 250,
                 ..Default::default()
             };

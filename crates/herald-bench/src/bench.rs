@@ -1,4 +1,4 @@
-//! `herald bench`: starts Herald on a fresh SQLite file with an embedded
+//! `herald-bench`: starts Herald on a fresh SQLite file with an embedded
 //! receiver, pushes messages through the real HTTP API, and reports ingest
 //! rate, end-to-end deliveries/s and enqueue→arrival latency. It also
 //! measures this machine's HTTP ceiling (the same client POSTing straight
@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use axum::extract::{Path, State};
-use axum::routing::post;
 use tokio::sync::Notify;
 
-use crate::config::Config;
-use crate::server::{self, Role};
+use herald::config::Config;
+use herald::server::{self, Role};
+
+use crate::receiver::Receiver;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -70,14 +70,15 @@ pub struct BenchArgs {
     /// Prometheus make (`/metrics`, an endpoint's stats, the dashboard's
     /// overview, dead letters and messages pages, an endpoint's attempts
     /// filtered by status) against `--deliveries` pending deliveries
-    /// seeded in bulk SQL (SQLite, and PostgreSQL with `--postgres`).
+    /// seeded through the store's own ingest (SQLite, and PostgreSQL with
+    /// `--postgres`, then analyzed as autovacuum would).
     #[arg(long)]
     pub reads: bool,
     /// Deliveries (one per message, over 100 endpoints) for `--reads`.
     #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
     /// Instead of the delivery runs, one of issue 13's claim-rule runs
-    /// (`throttle`, `fifo`, `backlog`, `storm`; see `bench_engine`).
+    /// (`throttle`, `fifo`, `backlog`, `storm`; see `engine.rs`).
     #[arg(long)]
     pub engine: Option<String>,
 }
@@ -96,6 +97,28 @@ pub(crate) struct Schema {
 }
 
 impl Schema {
+    /// What autovacuum would do soon after a bulk load: the planner's
+    /// figures for the new rows.
+    pub(crate) async fn analyze(&self) -> anyhow::Result<()> {
+        let pool = sqlx::PgPool::connect(&self.url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ANALYZE {}.deliveries",
+            self.name
+        )))
+        .execute(&pool)
+        .await?;
+        for table in ["messages", "attempts", "endpoints"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "ANALYZE {}.{table}",
+                self.name
+            )))
+            .execute(&pool)
+            .await?;
+        }
+        pool.close().await;
+        Ok(())
+    }
+
     pub(crate) async fn drop_it(&self) {
         if let Ok(pool) = sqlx::PgPool::connect(&self.url).await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -111,72 +134,6 @@ impl Schema {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     herald_policy::parse_duration(s)
-}
-
-/// Arrival times (ns since the bench's epoch) per (endpoint, seq).
-struct Receiver {
-    epoch: Instant,
-    arrivals: Vec<Vec<AtomicU64>>,
-    received: AtomicUsize,
-    expected: AtomicUsize,
-    done: Notify,
-    slow_delay: Duration,
-}
-
-impl Receiver {
-    fn new(endpoints: usize, messages: usize, epoch: Instant, slow_delay: Duration) -> Arc<Self> {
-        Arc::new(Receiver {
-            epoch,
-            arrivals: (0..endpoints)
-                .map(|_| (0..messages).map(|_| AtomicU64::new(0)).collect())
-                .collect(),
-            received: AtomicUsize::new(0),
-            expected: AtomicUsize::new(usize::MAX),
-            done: Notify::new(),
-            slow_delay,
-        })
-    }
-}
-
-async fn receive(
-    State(rx): State<Arc<Receiver>>,
-    Path((kind, index)): Path<(String, usize)>,
-    body: bytes::Bytes,
-) -> &'static str {
-    if kind == "slow" {
-        tokio::time::sleep(rx.slow_delay).await;
-        return "ok";
-    }
-    let now = u64::try_from(rx.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    // The payload starts with {"seq":N,…}: read N without a full parse.
-    let seq = std::str::from_utf8(&body)
-        .ok()
-        .and_then(|s| s.strip_prefix("{\"seq\":"))
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse::<usize>().ok());
-    if let Some(slot) = seq.and_then(|s| rx.arrivals.get(index).and_then(|v| v.get(s))) {
-        // Count first arrivals only; retries or duplicates do not inflate.
-        if slot
-            .compare_exchange(0, now.max(1), Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            let n = rx.received.fetch_add(1, Ordering::SeqCst) + 1;
-            if n >= rx.expected.load(Ordering::SeqCst) {
-                rx.done.notify_one();
-            }
-        }
-    }
-    "ok"
-}
-
-async fn start_receiver(rx: Arc<Receiver>) -> anyhow::Result<std::net::SocketAddr> {
-    let app = axum::Router::new()
-        .route("/{kind}/{index}", post(receive))
-        .with_state(rx);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(addr)
 }
 
 fn payload(seq: usize, size: usize) -> String {
@@ -299,8 +256,8 @@ async fn herald_run_on(
     target: &Target,
 ) -> anyhow::Result<RunResult> {
     let epoch = Instant::now();
-    let rx = Receiver::new(fast, args.messages, epoch, args.slow_delay);
-    let rx_addr = start_receiver(rx.clone()).await?;
+    let (rx, rx_base) = Receiver::start(fast, args.messages, epoch).await?;
+    rx.rule("/slow/", args.slow_delay, false);
     let dir = tempfile::tempdir()?;
     let token = "bench-admin-token-0123456789";
     // HERALD_* variables tune the run (e.g. HERALD_ENDPOINT_CONCURRENCY);
@@ -366,10 +323,8 @@ async fn herald_run_on(
         .json()
         .await?;
     let app_id = app["id"].as_str().context("app id")?.to_owned();
-    let mut urls: Vec<String> = (0..fast)
-        .map(|i| format!("http://{rx_addr}/fast/{i}"))
-        .collect();
-    urls.extend((0..slow).map(|i| format!("http://{rx_addr}/slow/{i}")));
+    let mut urls: Vec<String> = (0..fast).map(|i| format!("{rx_base}/fast/{i}")).collect();
+    urls.extend((0..slow).map(|i| format!("{rx_base}/slow/{i}")));
     for url in urls {
         client
             .post(format!("{base}/app/{app_id}/endpoint"))
@@ -380,7 +335,7 @@ async fn herald_run_on(
             .error_for_status()?;
     }
 
-    rx.expected.store(fast * args.messages, Ordering::SeqCst);
+    rx.expect(fast * args.messages);
     let size = args.payload_bytes;
     let (c, b, a) = (
         client.clone(),
@@ -411,25 +366,19 @@ async fn herald_run_on(
     })
     .await?;
 
-    let waited = tokio::time::timeout(args.timeout, async {
-        while rx.received.load(Ordering::SeqCst) < fast * args.messages {
-            rx.done.notified().await;
-        }
-    })
-    .await;
+    let waited = tokio::time::timeout(args.timeout, rx.all_arrived()).await;
     if waited.is_err() {
         bail!(
             "only {} of {} deliveries arrived within {:?}",
-            rx.received.load(Ordering::SeqCst),
+            rx.received(),
             fast * args.messages,
             args.timeout
         );
     }
     let mut latencies = Vec::with_capacity(fast * args.messages);
     let mut last_arrival = 0;
-    for per_endpoint in &rx.arrivals {
-        for (i, at) in per_endpoint.iter().enumerate() {
-            let at = at.load(Ordering::SeqCst);
+    for per_endpoint in rx.firsts() {
+        for (i, at) in per_endpoint.into_iter().enumerate() {
             last_arrival = last_arrival.max(at);
             latencies.push(at.saturating_sub(starts[i]));
         }
@@ -474,13 +423,12 @@ pub(crate) fn admit_the_bench_client(config: &mut Config, concurrency: usize) {
 /// The same client and receiver, without Herald in between.
 async fn ceiling_run(args: &BenchArgs) -> anyhow::Result<(f64, Duration)> {
     let epoch = Instant::now();
-    let rx = Receiver::new(1, args.messages, epoch, args.slow_delay);
-    let addr = start_receiver(rx.clone()).await?;
+    let (_rx, rx_base) = Receiver::start(1, args.messages, epoch).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
     let size = args.payload_bytes;
-    let url = format!("http://{addr}/fast/0");
+    let url = format!("{rx_base}/fast/0");
     let cpu_before = cpu_time();
     let (_, elapsed) = drive(args.messages, args.concurrency, epoch, move |i| {
         let (c, u) = (client.clone(), url.clone());
@@ -534,8 +482,8 @@ struct ClaimCost {
 /// what it finds (leased for an hour, so they stay out of the next one's
 /// way), and `next_due_at`.
 async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::Result<ClaimCost> {
-    use crate::ids::{AppId, MsgId};
-    use crate::store::{App, ClaimRequest, Endpoint, NewMessage};
+    use herald::ids::{AppId, MsgId};
+    use herald::store::{App, ClaimRequest, Endpoint, NewMessage};
 
     let dir = tempfile::tempdir()?;
     let mut config = Config {
@@ -557,7 +505,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
     }
     let backend = server::open_store(&config).await?;
     let store = backend.store();
-    let now = crate::store::now_millis();
+    let now = herald::store::now_millis();
     let hour = 3_600_000;
 
     let new_app = |name: &str| App {
@@ -624,7 +572,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
     let limit = config.max_in_flight;
     let cap = config.endpoint_concurrency.saturating_mul(2);
     if held {
-        let op = crate::operator::Operator::new(store.clone(), &config, Arc::new(Notify::new()));
+        let op = herald::operator::Operator::new(store.clone(), &config, Arc::new(Notify::new()));
         for ep in &endpoints {
             op.disable(&backlog.id, ep, "bench", true, None).await?;
         }
@@ -696,7 +644,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
 /// The claim-cost table (see `--claim-cost`).
 async fn claim_cost(args: &BenchArgs, overdue: usize) -> anyhow::Result<()> {
     println!(
-        "herald bench --claim-cost: {overdue} overdue deliveries over {CLAIM_COST_ENDPOINTS} endpoints, \
+        "herald-bench --claim-cost: {overdue} overdue deliveries over {CLAIM_COST_ENDPOINTS} endpoints, \
          {CLAIM_COST_CLAIMS} claims of HERALD_MAX_IN_FLIGHT each, {}",
         machine()
     );
@@ -734,13 +682,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         return reads(&args).await;
     }
     if let Some(mode) = &args.engine {
-        return crate::bench_engine::run(&args, mode).await;
+        return crate::engine::run(&args, mode).await;
     }
     if let Some(overdue) = args.claim_cost {
         return claim_cost(&args, overdue).await;
     }
     println!(
-        "herald bench: {} messages, concurrency {}, ~{} B payloads, {}",
+        "herald-bench: {} messages, concurrency {}, ~{} B payloads, {}",
         args.messages,
         args.concurrency,
         args.payload_bytes,
@@ -830,7 +778,8 @@ const READS_ENDPOINTS: usize = 100;
 /// Timed repeats of each read (after one untimed); the median is shown.
 const READS_REPEATS: usize = 5;
 /// Rows seeded per statement.
-const READS_CHUNK: usize = 500_000;
+/// Messages per ingest batch (and deliveries per claim) when seeding.
+const READS_BATCH: usize = 5_000;
 
 /// One `--reads` row: seeding time and each read's median.
 struct ReadTimes {
@@ -860,8 +809,8 @@ const READS: [(&str, &str); 8] = [
 async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.deliveries;
     println!(
-        "herald bench --reads: {n} pending deliveries (one per message, {READS_ENDPOINTS} endpoints, \
-         an attempt for every tenth), median of {READS_REPEATS}, {}",
+        "herald-bench --reads: {n} pending deliveries (one per message, {READS_ENDPOINTS} endpoints, \
+         a failed attempt for the oldest tenth), median of {READS_REPEATS}, {}",
         machine()
     );
     let header: Vec<&str> = READS.iter().map(|(name, _)| *name).collect();
@@ -894,8 +843,8 @@ async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
-    use crate::ids::AppId;
-    use crate::store::{App, Endpoint};
+    use herald::ids::AppId;
+    use herald::store::{App, Endpoint};
 
     let dir = tempfile::tempdir()?;
     let token = "bench-admin-token-0123456789";
@@ -918,7 +867,7 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
             name,
         });
     }
-    let now = crate::store::now_millis();
+    let now = herald::store::now_millis();
     let backend = server::open_store(&config).await?;
     let store = backend.store();
     let app = App {
@@ -932,29 +881,26 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
     };
     store.create_app(&app).await?;
     let mut first_endpoint = None;
-    for _ in 0..READS_ENDPOINTS {
-        let e = Endpoint::new(
+    for k in 0..READS_ENDPOINTS {
+        let mut e = Endpoint::new(
             app.id.clone(),
             "http://127.0.0.1:9/",
             herald_signing::Secret::generate().expose(),
             now,
         );
+        e.filter_types = Some(vec![format!("bench.event.{k}")]);
         store.create_endpoint(&e).await?;
         first_endpoint.get_or_insert(e.id);
     }
-    backend.close().await;
     let ep = first_endpoint.context("no endpoint")?;
 
     // Created over the last day, all due, all pending.
     let t0 = now - 86_400_000;
     let began = Instant::now();
-    match (&schema, target) {
-        (Some(schema), Target::Postgres { .. }) => seed_postgres(schema, &app.id, n, t0).await?,
-        _ => {
-            let path = db_path.clone();
-            let app_id = app.id.as_str().to_owned();
-            tokio::task::spawn_blocking(move || seed_sqlite(&path, &app_id, n, t0)).await??
-        }
+    seed(&store, &app.id, READS_ENDPOINTS, n, t0).await?;
+    backend.close().await;
+    if let Some(schema) = &schema {
+        schema.analyze().await?;
     }
     let seed = began.elapsed();
 
@@ -986,7 +932,8 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
         for i in 0..=READS_REPEATS {
             if path == "/metrics" {
                 // A scrape within SCRAPE_FRESH of another reads nothing.
-                tokio::time::sleep(crate::metrics::SCRAPE_FRESH + Duration::from_millis(100)).await;
+                tokio::time::sleep(herald::metrics::SCRAPE_FRESH + Duration::from_millis(100))
+                    .await;
             }
             let began = Instant::now();
             let resp = client
@@ -1019,128 +966,87 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
 }
 
 /// `n` messages with one pending, due delivery each (round-robin over the
-/// endpoints), and a failed attempt for every tenth, in bulk SQL.
-fn seed_sqlite(path: &std::path::Path, app: &str, n: usize, t0: i64) -> anyhow::Result<()> {
-    let mut c = rusqlite::Connection::open(path)?;
-    // The deliveries' triggers fold the kept counts into this connection's
-    // map, written into `delivery_counts` before each commit.
-    let counts = crate::store::sqlite::CountFold::register(&c)?;
-    c.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = OFF;
-         CREATE TEMP TABLE eps (k INTEGER PRIMARY KEY, id TEXT NOT NULL);
-         INSERT INTO eps SELECT row_number() OVER (ORDER BY id) - 1, id FROM endpoints;",
-    )?;
-    let eps: i64 = c.query_row("SELECT COUNT(*) FROM eps", [], |r| r.get(0))?;
-    let mut from = 0usize;
-    while from < n {
-        let to = (from + READS_CHUNK).min(n);
-        let (lo, hi) = (i64::try_from(from)?, i64::try_from(to)?);
-        let tx = c.transaction()?;
-        counts.begin();
-        let seq =
-            "WITH RECURSIVE seq(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM seq WHERE i + 1 < ?2)";
-        tx.execute(
-            &format!(
-                "{seq} INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
-                 SELECT printf('msg_%026d', i), ?3, 'bench.event', 'evt-' || i, '{{\"n\":1}}', ?4 + i FROM seq"
-            ),
-            rusqlite::params![lo, hi, app, t0],
-        )?;
-        tx.execute(
-            &format!(
-                "{seq} INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, attempts, \
-                 next_attempt_at, cycle_started_at, created_at, updated_at) \
-                 SELECT printf('dlv_%026d', i), printf('msg_%026d', i), eps.id, ?3, 0, 1, \
-                 ?4 + i, ?4 + i, ?4 + i, ?4 + i FROM seq JOIN eps ON eps.k = i % ?5"
-            ),
-            rusqlite::params![lo, hi, app, t0, eps],
-        )?;
-        tx.execute(
-            &format!(
-                "{seq} INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, \
-                 attempt_number, started_at, duration_ms, status_code, response, error, success, manual) \
-                 SELECT printf('atmpt_%026d', i), printf('dlv_%026d', i), printf('msg_%026d', i), eps.id, ?3, \
-                 'http://127.0.0.1:9/', 1, ?4 + i, 5, 500, 'busy', NULL, 0, 0 \
-                 FROM seq JOIN eps ON eps.k = i % ?5 WHERE i % 10 = 0"
-            ),
-            rusqlite::params![lo, hi, app, t0, eps],
-        )?;
-        counts.flush(&tx)?;
-        tx.commit()?;
-        from = to;
-    }
-    Ok(())
-}
-
-/// As [`seed_sqlite`], with `generate_series`.
-async fn seed_postgres(
-    schema: &Schema,
-    app: &crate::ids::AppId,
+/// endpoints, each of which takes its own event type), created over the
+/// day from `t0`, through the store's own ingest in batches; then a failed
+/// attempt for a tenth of them (the oldest), written as the dispatcher
+/// writes one: claimed, then completed with a retry due at once.
+async fn seed(
+    store: &std::sync::Arc<dyn herald::store::Store>,
+    app: &herald::ids::AppId,
+    endpoints: usize,
     n: usize,
     t0: i64,
 ) -> anyhow::Result<()> {
-    use sqlx::{Connection, Executor};
-    let mut c = sqlx::PgConnection::connect(&schema.url).await?;
-    c.execute(sqlx::AssertSqlSafe(format!(
-        "SET search_path TO \"{}\"",
-        schema.name
-    )))
-    .await?;
-    let eps = "(SELECT row_number() OVER (ORDER BY id) - 1 AS k, id FROM endpoints)";
-    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM endpoints")
-        .fetch_one(&mut c)
-        .await?;
+    use herald::ids::{AttemptId, MsgId};
+    use herald::store::{AttemptRecord, ClaimRequest, Completion, NewMessage, NextState};
+
+    let step = 86_400_000 / i64::try_from(n.max(1))?;
     let mut from = 0usize;
     while from < n {
-        let to = (from + READS_CHUNK).min(n);
-        let (lo, hi) = (i64::try_from(from)?, i64::try_from(to)? - 1);
-        let mut tx = c.begin().await?;
-        sqlx::query(
-            "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at) \
-             SELECT 'msg_' || lpad(i::text, 26, '0'), $3, 'bench.event', 'evt-' || i, '{\"n\":1}', $4 + i \
-             FROM generate_series($1::int8, $2::int8) i",
-        )
-        .bind(lo)
-        .bind(hi)
-        .bind(app.as_str())
-        .bind(t0)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, attempts, \
-             next_attempt_at, cycle_started_at, created_at, updated_at) \
-             SELECT 'dlv_' || lpad(i::text, 26, '0'), 'msg_' || lpad(i::text, 26, '0'), e.id, $3, 0, 1, \
-             $4 + i, $4 + i, $4 + i, $4 + i \
-             FROM generate_series($1::int8, $2::int8) i JOIN {eps} e ON e.k = i % $5"
-        )))
-        .bind(lo)
-        .bind(hi)
-        .bind(app.as_str())
-        .bind(t0)
-        .bind(count)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
-             started_at, duration_ms, status_code, response, error, success, manual) \
-             SELECT 'atmpt_' || lpad(i::text, 26, '0'), 'dlv_' || lpad(i::text, 26, '0'), \
-             'msg_' || lpad(i::text, 26, '0'), e.id, $3, 'http://127.0.0.1:9/', 1, $4 + i, 5, 500, \
-             'busy', NULL, FALSE, FALSE \
-             FROM generate_series($1::int8, $2::int8) i JOIN {eps} e ON e.k = i % $5 WHERE i % 10 = 0"
-        )))
-        .bind(lo)
-        .bind(hi)
-        .bind(app.as_str())
-        .bind(t0)
-        .bind(count)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
+        let to = (from + READS_BATCH).min(n);
+        let batch: Vec<NewMessage> = (from..to)
+            .map(|i| NewMessage {
+                id: MsgId::generate(),
+                app_id: app.clone(),
+                event_type: format!("bench.event.{}", i % endpoints),
+                event_id: Some(format!("evt-{i}")),
+                payload: "{\"n\":1}".to_owned(),
+                channels: None,
+                created_at: t0 + step * i64::try_from(i).unwrap_or(0),
+                traceparent: None,
+                tags: None,
+                deliver_at: None,
+                payload_expires_at: None,
+                application: None,
+            })
+            .collect();
+        store.insert_messages(&batch).await?;
         from = to;
     }
-    // What autovacuum would do soon after a bulk load: the planner's
-    // figures for the new rows.
-    c.execute("ANALYZE").await?;
-    c.close().await?;
+    let in_flight = std::collections::HashMap::new();
+    let mut failed = 0usize;
+    while failed < n / 10 {
+        let now = herald::store::now_millis();
+        let claimed = store
+            .claim(&ClaimRequest {
+                now,
+                lease_until: now + 60_000,
+                limit: (n / 10 - failed).min(READS_BATCH),
+                in_flight: &in_flight,
+                endpoint_cap: usize::MAX / 4,
+                unlisted_cap: usize::MAX / 4,
+            })
+            .await?;
+        if claimed.is_empty() {
+            bail!("seeding claimed nothing after {failed} failed attempts");
+        }
+        let batch: Vec<Completion> = claimed
+            .iter()
+            .map(|d| Completion {
+                attempt: AttemptRecord {
+                    id: AttemptId::generate(),
+                    delivery_id: d.id.clone(),
+                    msg_id: d.msg_id.clone(),
+                    endpoint_id: d.endpoint_id.clone(),
+                    app_id: d.app_id.clone(),
+                    url: d.url.clone(),
+                    attempt_number: d.attempts + 1,
+                    started_at: now,
+                    duration_ms: 5,
+                    status_code: Some(500),
+                    response: "busy".to_owned(),
+                    error: None,
+                    success: false,
+                    manual: false,
+                },
+                lease_token: d.lease_token.clone(),
+                next: NextState::Retry { at: now },
+                now,
+                cycle_attempt: 1,
+            })
+            .collect();
+        store.complete(&batch).await?;
+        failed += claimed.len();
+    }
     Ok(())
 }
