@@ -262,12 +262,10 @@ async fn herald_run_on(
     let token = "bench-admin-token-0123456789";
     // HERALD_* variables tune the run (e.g. HERALD_ENDPOINT_CONCURRENCY);
     // the store, token and network policy are the bench's own.
-    let mut config = Config {
-        database_url: format!("sqlite://{}", dir.path().join("bench.db").display()),
-        admin_token: Some(token.into()),
-        allow_private_networks: true,
-        ..Config::load(None)?
-    };
+    let mut config = Config::load(None)?;
+    config.store.database_url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    config.security.admin_token = Some(token.into());
+    config.egress.allow_private_networks = true;
     admit_the_bench_client(&mut config, args.concurrency);
     let mut role = Role::All;
     let mut schema = None;
@@ -276,8 +274,8 @@ async fn herald_run_on(
             "herald_bench_{}",
             ulid::Ulid::new().to_string().to_ascii_lowercase()
         );
-        config.database_url = url.clone();
-        config.database_schema = name.clone();
+        config.store.database_url = url.clone();
+        config.store.database_schema = name.clone();
         if *workers > 0 {
             role = Role::Api;
         }
@@ -296,7 +294,7 @@ async fn herald_run_on(
                 tokio::process::Command::new(&exe)
                     .args(["serve", "--role", "worker"])
                     .env("HERALD_DATABASE_URL", url)
-                    .env("HERALD_DATABASE_SCHEMA", &config.database_schema)
+                    .env("HERALD_DATABASE_SCHEMA", &config.store.database_schema)
                     .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
                     .env("HERALD_LOG", "warn")
                     .stdout(std::process::Stdio::null())
@@ -415,7 +413,8 @@ async fn herald_run_on(
 /// one is on its way back: at `--concurrency 256` the default per-address
 /// bound (256) reset connections and ended the run.
 pub(crate) fn admit_the_bench_client(config: &mut Config, concurrency: usize) {
-    config.max_connections_per_ip = config
+    config.listener.max_connections_per_ip = config
+        .listener
         .max_connections_per_ip
         .max(concurrency.saturating_mul(2));
 }
@@ -486,18 +485,16 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
     use herald::store::{App, ClaimRequest, Endpoint, NewMessage};
 
     let dir = tempfile::tempdir()?;
-    let mut config = Config {
-        database_url: format!("sqlite://{}", dir.path().join("claims.db").display()),
-        ..Config::load(None)?
-    };
+    let mut config = Config::load(None)?;
+    config.store.database_url = format!("sqlite://{}", dir.path().join("claims.db").display());
     let mut schema = None;
     if let Target::Postgres { url, .. } = target {
         let name = format!(
             "herald_bench_{}",
             ulid::Ulid::new().to_string().to_ascii_lowercase()
         );
-        config.database_url = url.clone();
-        config.database_schema = name.clone();
+        config.store.database_url = url.clone();
+        config.store.database_schema = name.clone();
         schema = Some(Schema {
             url: url.clone(),
             name,
@@ -569,8 +566,8 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         hour,
     )
     .await?;
-    let limit = config.max_in_flight;
-    let cap = config.endpoint_concurrency.saturating_mul(2);
+    let limit = config.delivery.max_in_flight;
+    let cap = config.delivery.endpoint_concurrency.saturating_mul(2);
     if held {
         let op = herald::operator::Operator::new(store.clone(), &config, Arc::new(Notify::new()));
         for ep in &endpoints {
@@ -849,19 +846,17 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
     let dir = tempfile::tempdir()?;
     let token = "bench-admin-token-0123456789";
     let db_path = dir.path().join("reads.db");
-    let mut config = Config {
-        database_url: format!("sqlite://{}", db_path.display()),
-        admin_token: Some(token.into()),
-        ..Config::load(None)?
-    };
+    let mut config = Config::load(None)?;
+    config.store.database_url = format!("sqlite://{}", db_path.display());
+    config.security.admin_token = Some(token.into());
     let mut schema = None;
     if let Target::Postgres { url, .. } = target {
         let name = format!(
             "herald_bench_{}",
             ulid::Ulid::new().to_string().to_ascii_lowercase()
         );
-        config.database_url = url.clone();
-        config.database_schema = name.clone();
+        config.store.database_url = url.clone();
+        config.store.database_schema = name.clone();
         schema = Some(Schema {
             url: url.clone(),
             name,

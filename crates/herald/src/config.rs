@@ -91,15 +91,35 @@ pub struct ScheduledBackups {
     pub keep: usize,
 }
 
-#[derive(Clone)]
+/// Every setting, grouped by the part of Herald that reads it; each group
+/// is parsed and checked by its own function (`Values::listener` …).
+#[derive(Clone, Debug)]
 pub struct Config {
-    pub listen: SocketAddr,
+    pub listener: ListenerConfig,
     /// `HERALD_PUBLIC_URL` and `HERALD_PORTAL_*`.
     pub portal: PortalConfig,
+    pub store: StoreConfig,
+    pub delivery: DeliveryConfig,
+    pub egress: EgressConfig,
+    pub security: SecurityConfig,
+    pub retention: RetentionConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+/// The HTTP listener (`HERALD_LISTEN`, timeouts, connections, TLS).
+#[derive(Clone, Debug)]
+pub struct ListenerConfig {
+    pub listen: SocketAddr,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub max_connections_per_ip: usize,
-    pub login_failure_limit: u32,
+    /// The listener's certificate chain and key: both or neither.
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+/// The store (`HERALD_DATABASE_*`, migrations, scheduled backups).
+#[derive(Clone)]
+pub struct StoreConfig {
     pub database_url: String,
     pub database_schema: String,
     /// `HERALD_DATABASE_WAIT`: how long start-up waits for an unreachable store.
@@ -110,34 +130,64 @@ pub struct Config {
     /// `HERALD_BACKUP_DIR` / `_INTERVAL` / `_KEEP`: scheduled backups of
     /// the SQLite store; `None`: off.
     pub backups: Option<ScheduledBackups>,
-    pub admin_token: Option<String>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("database_schema", &self.database_schema)
+            .field("database_wait", &self.database_wait)
+            .field("auto_migrate", &self.auto_migrate)
+            .field("backups", &self.backups)
+            .finish()
+    }
+}
+
+/// How deliveries are sent, retried and paced, and when an endpoint is
+/// left alone.
+#[derive(Clone)]
+pub struct DeliveryConfig {
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
-    pub allow_private_networks: bool,
     pub disable_after: u32,
     pub disable_min_window: Duration,
     /// `HERALD_BREAKER_*`: the per-endpoint circuit breaker.
     pub breaker: herald_policy::breaker::BreakerRule,
     /// Where operator events go, with their signing secret (`whsec_…`).
     pub operator_webhook: Option<(String, String)>,
-    pub metrics_max_endpoints: usize,
     pub endpoint_concurrency: usize,
     pub max_in_flight: usize,
     pub lease: Duration,
     pub poll_interval: Duration,
-    pub retention: Duration,
-    pub dead_retention: Duration,
-    /// `HERALD_AUDIT_RETENTION`: how long audit log entries are kept.
-    pub audit_retention: Duration,
-    /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
-    pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
-    pub max_headers_per_endpoint: usize,
-    pub max_endpoints_per_app: usize,
-    /// `HERALD_PAYLOAD_RETENTION`, when set.
-    pub payload_retention: Option<Duration>,
-    /// Failed API authentications one address may make in a burst.
-    pub auth_failure_limit: u32,
+}
+
+impl std::fmt::Debug for DeliveryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeliveryConfig")
+            .field("retry", &self.retry)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("disable_after", &self.disable_after)
+            .field("disable_min_window", &self.disable_min_window)
+            .field("breaker", &self.breaker)
+            .field(
+                "operator_webhook",
+                &self.operator_webhook.as_ref().map(|(url, _)| url),
+            )
+            .field("endpoint_concurrency", &self.endpoint_concurrency)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("lease", &self.lease)
+            .field("poll_interval", &self.poll_interval)
+            .finish()
+    }
+}
+
+/// Where outbound requests may go and through what.
+#[derive(Clone)]
+pub struct EgressConfig {
+    pub allow_private_networks: bool,
     /// Egress proxy for customer requests (validated: http, socks5 or socks5h).
     pub proxy_url: Option<String>,
     pub no_proxy: Option<String>,
@@ -145,13 +195,77 @@ pub struct Config {
     /// Extra trusted roots for https receivers.
     pub ca_bundle: Option<PathBuf>,
     pub tls_system_roots: bool,
-    /// The listener's certificate chain and key: both or neither.
-    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+impl std::fmt::Debug for EgressConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressConfig")
+            .field("allow_private_networks", &self.allow_private_networks)
+            .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
+            .field("no_proxy", &self.no_proxy)
+            .field(
+                "operator_webhook_via_proxy",
+                &self.operator_webhook_via_proxy,
+            )
+            .field("ca_bundle", &self.ca_bundle)
+            .field("tls_system_roots", &self.tls_system_roots)
+            .finish()
+    }
+}
+
+/// Who may do what, how hard a caller may push, and the key of what is
+/// stored sealed.
+#[derive(Clone)]
+pub struct SecurityConfig {
+    pub admin_token: Option<String>,
+    /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
+    pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
+    pub login_failure_limit: u32,
+    /// Failed API authentications one address may make in a burst.
+    pub auth_failure_limit: u32,
     /// Requests per second per caller; 0: unlimited.
     pub api_rate_limit: u32,
+    pub max_headers_per_endpoint: usize,
+    pub max_endpoints_per_app: usize,
+}
+
+impl std::fmt::Debug for SecurityConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecurityConfig")
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("encryption_keys", &self.encryption_keys)
+            .field("login_failure_limit", &self.login_failure_limit)
+            .field("auth_failure_limit", &self.auth_failure_limit)
+            .field("api_rate_limit", &self.api_rate_limit)
+            .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
+            .field("max_endpoints_per_app", &self.max_endpoints_per_app)
+            .finish()
+    }
+}
+
+/// How long history is kept (`HERALD_*RETENTION`).
+#[derive(Clone, Debug)]
+pub struct RetentionConfig {
+    /// `HERALD_RETENTION`: delivered messages.
+    pub retention: Duration,
+    /// `HERALD_DEAD_RETENTION`: dead deliveries.
+    pub dead_retention: Duration,
+    /// `HERALD_AUDIT_RETENTION`: audit log entries.
+    pub audit_retention: Duration,
+    /// `HERALD_PAYLOAD_RETENTION`, when set.
+    pub payload_retention: Option<Duration>,
+}
+
+/// Logs, spans and metrics.
+#[derive(Clone, Debug)]
+pub struct TelemetryConfig {
+    pub log: String,
     /// OpenTelemetry export, when configured.
     pub otlp: Option<Otlp>,
-    pub log: String,
+    pub metrics_max_endpoints: usize,
 }
 
 /// The customer portal's settings.
@@ -259,62 +373,6 @@ pub struct Otlp {
     pub service_name: String,
 }
 
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("listen", &self.listen)
-            .field("portal", &self.portal)
-            .field("header_timeout", &self.header_timeout)
-            .field("body_timeout", &self.body_timeout)
-            .field("max_connections_per_ip", &self.max_connections_per_ip)
-            .field("login_failure_limit", &self.login_failure_limit)
-            .field("database_url", &redact_url(&self.database_url))
-            .field("database_schema", &self.database_schema)
-            .field("database_wait", &self.database_wait)
-            .field("auto_migrate", &self.auto_migrate)
-            .field("backups", &self.backups)
-            .field(
-                "admin_token",
-                &self.admin_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("retry", &self.retry)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("allow_private_networks", &self.allow_private_networks)
-            .field("disable_after", &self.disable_after)
-            .field("disable_min_window", &self.disable_min_window)
-            .field("breaker", &self.breaker)
-            .field(
-                "operator_webhook",
-                &self.operator_webhook.as_ref().map(|(url, _)| url),
-            )
-            .field("endpoint_concurrency", &self.endpoint_concurrency)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("lease", &self.lease)
-            .field("poll_interval", &self.poll_interval)
-            .field("retention", &self.retention)
-            .field("dead_retention", &self.dead_retention)
-            .field("audit_retention", &self.audit_retention)
-            .field("encryption_keys", &self.encryption_keys)
-            .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
-            .field("max_endpoints_per_app", &self.max_endpoints_per_app)
-            .field("payload_retention", &self.payload_retention)
-            .field("auth_failure_limit", &self.auth_failure_limit)
-            .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
-            .field("no_proxy", &self.no_proxy)
-            .field(
-                "operator_webhook_via_proxy",
-                &self.operator_webhook_via_proxy,
-            )
-            .field("ca_bundle", &self.ca_bundle)
-            .field("tls_system_roots", &self.tls_system_roots)
-            .field("tls", &self.tls)
-            .field("api_rate_limit", &self.api_rate_limit)
-            .field("otlp", &self.otlp)
-            .finish()
-    }
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config::from_values(&BTreeMap::new())
@@ -356,51 +414,140 @@ impl Config {
     /// their defaults.
     pub fn from_values(values: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
         let values = &with_secret_files(values)?;
-        let get = |key: &str| -> String {
-            values.get(key).cloned().unwrap_or_else(|| {
-                KEYS.iter()
-                    .find(|(k, _, _)| *k == key)
-                    .map(|(_, d, _)| (*d).to_owned())
-                    .unwrap_or_default()
-            })
-        };
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
+        let v = Values { values };
+        Ok(Config {
+            listener: v.listener()?,
+            portal: v.portal()?,
+            store: v.store()?,
+            delivery: v.delivery()?,
+            egress: v.egress()?,
+            security: v.security()?,
+            retention: v.retention()?,
+            telemetry: v.telemetry()?,
+        })
+    }
+}
+
+/// The raw `HERALD_*` values, read and checked one concern at a time.
+struct Values<'a> {
+    values: &'a BTreeMap<String, String>,
+}
+
+impl Values<'_> {
+    /// The value of `key`, or its default.
+    fn get(&self, key: &str) -> String {
+        self.values.get(key).cloned().unwrap_or_else(|| {
+            KEYS.iter()
+                .find(|(k, _, _)| *k == key)
+                .map(|(_, d, _)| (*d).to_owned())
+                .unwrap_or_default()
+        })
+    }
+
+    fn invalid(&self, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
             key: key.to_owned(),
             message,
-        };
-        let duration = |key: &str| parse_duration(&get(key)).map_err(|m| invalid(key, m));
-        let number = |key: &str| -> Result<u64, ConfigError> {
-            get(key)
-                .trim()
-                .parse::<u64>()
-                .map_err(|_| invalid(key, format!("`{}` is not a whole number", get(key))))
-        };
-        let boolean = |key: &str| match get(key).trim().to_ascii_lowercase().as_str() {
+        }
+    }
+
+    fn duration(&self, key: &str) -> Result<Duration, ConfigError> {
+        parse_duration(&self.get(key)).map_err(|m| self.invalid(key, m))
+    }
+
+    /// A duration that must be longer than zero.
+    fn positive_duration(&self, key: &str) -> Result<Duration, ConfigError> {
+        match self.duration(key)? {
+            d if d.is_zero() => Err(self.invalid(key, "must be greater than zero".into())),
+            d => Ok(d),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<u64, ConfigError> {
+        self.get(key)
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| self.invalid(key, format!("`{}` is not a whole number", self.get(key))))
+    }
+
+    /// A whole number of at least 1.
+    fn positive(&self, key: &str) -> Result<u64, ConfigError> {
+        match self.number(key)? {
+            0 => Err(self.invalid(key, "must be at least 1".into())),
+            n => Ok(n),
+        }
+    }
+
+    fn size(&self, key: &str, n: u64) -> Result<usize, ConfigError> {
+        usize::try_from(n).map_err(|_| self.invalid(key, "too large".into()))
+    }
+
+    fn small(&self, key: &str, n: u64) -> Result<u32, ConfigError> {
+        u32::try_from(n).map_err(|_| self.invalid(key, "too large".into()))
+    }
+
+    fn boolean(&self, key: &str) -> Result<bool, ConfigError> {
+        match self.get(key).trim().to_ascii_lowercase().as_str() {
             "true" | "1" | "yes" => Ok(true),
             "false" | "0" | "no" => Ok(false),
-            other => Err(invalid(key, format!("`{other}` is not true or false"))),
-        };
+            other => Err(self.invalid(key, format!("`{other}` is not true or false"))),
+        }
+    }
 
-        let listen = get("HERALD_LISTEN").parse().map_err(|_| {
-            invalid(
+    fn path(&self, key: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(self.get(key).trim())).filter(|p| !p.as_os_str().is_empty())
+    }
+
+    fn listener(&self) -> Result<ListenerConfig, ConfigError> {
+        let listen = self.get("HERALD_LISTEN").parse().map_err(|_| {
+            self.invalid(
                 "HERALD_LISTEN",
                 format!(
                     "`{}` is not an address like 127.0.0.1:8080",
-                    get("HERALD_LISTEN")
+                    self.get("HERALD_LISTEN")
                 ),
             )
         })?;
-        let public_url = match get("HERALD_PUBLIC_URL").trim() {
+        let tls = match (self.path("HERALD_TLS_CERT"), self.path("HERALD_TLS_KEY")) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(self.invalid(
+                    "HERALD_TLS_KEY",
+                    "required when HERALD_TLS_CERT is set".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(self.invalid(
+                    "HERALD_TLS_CERT",
+                    "required when HERALD_TLS_KEY is set".into(),
+                ))
+            }
+        };
+        Ok(ListenerConfig {
+            listen,
+            header_timeout: self.positive_duration("HERALD_HEADER_TIMEOUT")?,
+            body_timeout: self.positive_duration("HERALD_BODY_TIMEOUT")?,
+            max_connections_per_ip: self.size(
+                "HERALD_MAX_CONNECTIONS_PER_IP",
+                self.positive("HERALD_MAX_CONNECTIONS_PER_IP")?,
+            )?,
+            tls,
+        })
+    }
+
+    fn portal(&self) -> Result<PortalConfig, ConfigError> {
+        let public_url = match self.get("HERALD_PUBLIC_URL").trim() {
             "" => None,
             text => {
                 let parsed = url::Url::parse(text).map_err(|e| {
-                    invalid("HERALD_PUBLIC_URL", format!("`{text}` is not a URL: {e}"))
+                    self.invalid("HERALD_PUBLIC_URL", format!("`{text}` is not a URL: {e}"))
                 })?;
                 if !matches!(parsed.scheme(), "http" | "https")
                     || parsed.host_str().is_none()
                     || parsed.query().is_some()
                 {
-                    return Err(invalid(
+                    return Err(self.invalid(
                         "HERALD_PUBLIC_URL",
                         format!("`{text}` must be an http(s) URL without a query"),
                     ));
@@ -408,36 +555,39 @@ impl Config {
                 Some(text.trim_end_matches('/').to_owned())
             }
         };
-        let primary_color = get("HERALD_PORTAL_PRIMARY_COLOR");
+        let primary_color = self.get("HERALD_PORTAL_PRIMARY_COLOR");
         if !Theme::valid_color(&primary_color) {
-            return Err(invalid(
+            return Err(self.invalid(
                 "HERALD_PORTAL_PRIMARY_COLOR",
                 format!("`{primary_color}` is not a colour like #0969da"),
             ));
         }
-        let product_name = get("HERALD_PORTAL_PRODUCT_NAME");
+        let product_name = self.get("HERALD_PORTAL_PRODUCT_NAME");
         if !Theme::valid_product_name(&product_name) {
-            return Err(invalid(
+            return Err(self.invalid(
                 "HERALD_PORTAL_PRODUCT_NAME",
                 "must be 1-64 characters without control characters".into(),
             ));
         }
-        let portal = PortalConfig {
+        Ok(PortalConfig {
             public_url,
-            frame_ancestors: frame_ancestors_of(&get("HERALD_PORTAL_FRAME_ANCESTORS"))
-                .map_err(|m| invalid("HERALD_PORTAL_FRAME_ANCESTORS", m))?,
+            frame_ancestors: frame_ancestors_of(&self.get("HERALD_PORTAL_FRAME_ANCESTORS"))
+                .map_err(|m| self.invalid("HERALD_PORTAL_FRAME_ANCESTORS", m))?,
             theme: Theme {
                 primary_color,
-                dark_mode: boolean("HERALD_PORTAL_DARK_MODE")?,
+                dark_mode: self.boolean("HERALD_PORTAL_DARK_MODE")?,
                 product_name,
             },
-        };
-        let database_url = get("HERALD_DATABASE_URL");
+        })
+    }
+
+    fn store(&self) -> Result<StoreConfig, ConfigError> {
+        let database_url = self.get("HERALD_DATABASE_URL");
         if !(database_url.starts_with("sqlite:")
             || database_url.starts_with("postgres://")
             || database_url.starts_with("postgresql://"))
         {
-            return Err(invalid(
+            return Err(self.invalid(
                 "HERALD_DATABASE_URL",
                 format!(
                     "`{}`: expected sqlite://… or postgres://…",
@@ -445,60 +595,40 @@ impl Config {
                 ),
             ));
         }
-        let database_schema = get("HERALD_DATABASE_SCHEMA");
+        let database_schema = self.get("HERALD_DATABASE_SCHEMA");
         if database_schema.is_empty()
             || database_schema.len() > 40
             || !database_schema
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         {
-            return Err(invalid(
+            return Err(self.invalid(
                 "HERALD_DATABASE_SCHEMA",
                 format!("`{database_schema}`: use 1-40 lower-case letters, digits or '_'"),
             ));
         }
-        let admin_token = values
-            .get("HERALD_ADMIN_TOKEN")
-            .filter(|t| !t.is_empty())
-            .cloned();
-        if let Some(t) = &admin_token {
-            if t.len() < 16 {
-                return Err(invalid(
-                    "HERALD_ADMIN_TOKEN",
-                    "must be at least 16 characters".into(),
-                ));
-            }
-        }
-        let schedule = parse_schedule(&get("HERALD_RETRY_SCHEDULE"))
-            .map_err(|m| invalid("HERALD_RETRY_SCHEDULE", m))?;
-        let jitter: Jitter = get("HERALD_JITTER")
-            .parse()
-            .map_err(|m| invalid("HERALD_JITTER", m))?;
-        let max_age = duration("HERALD_MAX_AGE")?;
-        let request_timeout = duration("HERALD_REQUEST_TIMEOUT")?;
-        let connect_timeout = duration("HERALD_CONNECT_TIMEOUT")?;
         // Zero is allowed: fail at once when the store is unreachable.
-        let database_wait = duration("HERALD_DATABASE_WAIT")?;
-        let auto_migrate = boolean("HERALD_AUTO_MIGRATE")?;
+        let database_wait = self.duration("HERALD_DATABASE_WAIT")?;
+        let auto_migrate = self.boolean("HERALD_AUTO_MIGRATE")?;
         let backups = {
-            let dir = get("HERALD_BACKUP_DIR").trim().to_owned();
-            let interval = get("HERALD_BACKUP_INTERVAL").trim().to_owned();
-            let keep = usize::try_from(number("HERALD_BACKUP_KEEP")?)
-                .map_err(|_| invalid("HERALD_BACKUP_KEEP", "too large".into()))?;
+            let dir = self.get("HERALD_BACKUP_DIR").trim().to_owned();
+            let interval = self.get("HERALD_BACKUP_INTERVAL").trim().to_owned();
+            let keep = usize::try_from(self.number("HERALD_BACKUP_KEEP")?)
+                .map_err(|_| self.invalid("HERALD_BACKUP_KEEP", "too large".into()))?;
             if keep == 0 {
-                return Err(invalid("HERALD_BACKUP_KEEP", "must keep at least 1".into()));
+                return Err(self.invalid("HERALD_BACKUP_KEEP", "must keep at least 1".into()));
             }
             match (dir.is_empty(), interval.is_empty()) {
                 (_, true) => None,
                 (true, false) => {
-                    return Err(invalid(
+                    return Err(self.invalid(
                         "HERALD_BACKUP_DIR",
                         "must name a folder when HERALD_BACKUP_INTERVAL is set".into(),
                     ))
                 }
                 (false, false) => {
-                    if !get("HERALD_DATABASE_URL").starts_with("sqlite:") {
-                        return Err(invalid(
+                    if !self.get("HERALD_DATABASE_URL").starts_with("sqlite:") {
+                        return Err(self.invalid(
                             "HERALD_BACKUP_INTERVAL",
                             "scheduled backups are for the SQLite store; on PostgreSQL use \
                              pg_dump or continuous archiving"
@@ -506,9 +636,9 @@ impl Config {
                         ));
                     }
                     let every = parse_duration(&interval)
-                        .map_err(|m| invalid("HERALD_BACKUP_INTERVAL", m))?;
+                        .map_err(|m| self.invalid("HERALD_BACKUP_INTERVAL", m))?;
                     if every.is_zero() {
-                        return Err(invalid(
+                        return Err(self.invalid(
                             "HERALD_BACKUP_INTERVAL",
                             "must be longer than 0s (leave it empty for no backups)".into(),
                         ));
@@ -521,86 +651,47 @@ impl Config {
                 }
             }
         };
-        let lease = duration("HERALD_LEASE")?;
-        let poll_interval = duration("HERALD_POLL_INTERVAL")?;
-        let retention = duration("HERALD_RETENTION")?;
-        let dead_retention = duration("HERALD_DEAD_RETENTION")?;
-        let audit_retention = duration("HERALD_AUDIT_RETENTION")?;
-        let encryption_keys = std::sync::Arc::new(
-            crate::crypto::Keyring::parse(&get("HERALD_ENCRYPTION_KEY"))
-                .map_err(|e| invalid("HERALD_ENCRYPTION_KEY", e))?,
-        );
-        let header_timeout = duration("HERALD_HEADER_TIMEOUT")?;
-        let body_timeout = duration("HERALD_BODY_TIMEOUT")?;
-        for (key, d) in [
-            ("HERALD_HEADER_TIMEOUT", header_timeout),
-            ("HERALD_BODY_TIMEOUT", body_timeout),
-            ("HERALD_REQUEST_TIMEOUT", request_timeout),
-            ("HERALD_CONNECT_TIMEOUT", connect_timeout),
-            ("HERALD_POLL_INTERVAL", poll_interval),
-            ("HERALD_MAX_AGE", max_age),
-            ("HERALD_RETENTION", retention),
-            ("HERALD_DEAD_RETENTION", dead_retention),
-            ("HERALD_AUDIT_RETENTION", audit_retention),
-        ] {
-            if d.is_zero() {
-                return Err(invalid(key, "must be greater than zero".into()));
-            }
-        }
+        Ok(StoreConfig {
+            database_url,
+            database_schema,
+            database_wait,
+            auto_migrate,
+            backups,
+        })
+    }
+
+    fn delivery(&self) -> Result<DeliveryConfig, ConfigError> {
+        let schedule = parse_schedule(&self.get("HERALD_RETRY_SCHEDULE"))
+            .map_err(|m| self.invalid("HERALD_RETRY_SCHEDULE", m))?;
+        let jitter: Jitter = self
+            .get("HERALD_JITTER")
+            .parse()
+            .map_err(|m| self.invalid("HERALD_JITTER", m))?;
+        let max_age = self.positive_duration("HERALD_MAX_AGE")?;
+        let request_timeout = self.positive_duration("HERALD_REQUEST_TIMEOUT")?;
+        let lease = self.duration("HERALD_LEASE")?;
         // A claimed delivery may wait for one request of its endpoint to
         // finish and then take one request itself: a lease shorter than two
         // attempts would let a second worker send it meanwhile.
         if lease <= request_timeout * 2 + Duration::from_secs(1) {
-            return Err(invalid(
+            return Err(self.invalid(
                 "HERALD_LEASE",
                 format!("{lease:?} must exceed twice HERALD_REQUEST_TIMEOUT ({request_timeout:?}) by more than 1s"),
             ));
         }
-        let positive = |key: &str| -> Result<u64, ConfigError> {
-            match number(key)? {
-                0 => Err(invalid(key, "must be at least 1".into())),
-                n => Ok(n),
-            }
-        };
-        let usize_of =
-            |key: &str, n: u64| usize::try_from(n).map_err(|_| invalid(key, "too large".into()));
-        let disable_after = u32::try_from(positive("HERALD_DISABLE_AFTER")?)
-            .map_err(|_| invalid("HERALD_DISABLE_AFTER", "too large".into()))?;
-        let endpoint_concurrency = usize_of(
-            "HERALD_ENDPOINT_CONCURRENCY",
-            positive("HERALD_ENDPOINT_CONCURRENCY")?,
-        )?;
-        let max_in_flight = usize_of("HERALD_MAX_IN_FLIGHT", positive("HERALD_MAX_IN_FLIGHT")?)?;
-        let max_connections_per_ip = usize_of(
-            "HERALD_MAX_CONNECTIONS_PER_IP",
-            positive("HERALD_MAX_CONNECTIONS_PER_IP")?,
-        )?;
-        let login_failure_limit = u32::try_from(positive("HERALD_LOGIN_FAILURE_LIMIT")?)
-            .map_err(|_| invalid("HERALD_LOGIN_FAILURE_LIMIT", "too large".into()))?;
-        let metrics_max_endpoints = usize_of(
-            "HERALD_METRICS_MAX_ENDPOINTS",
-            number("HERALD_METRICS_MAX_ENDPOINTS")?,
-        )?;
-        let disable_min_window = duration("HERALD_DISABLE_MIN_WINDOW")?;
         let breaker = {
-            let min_attempts = u32::try_from(number("HERALD_BREAKER_MIN_ATTEMPTS")?)
-                .map_err(|_| invalid("HERALD_BREAKER_MIN_ATTEMPTS", "too large".into()))?;
-            let window = duration("HERALD_BREAKER_WINDOW")?;
+            let min_attempts = u32::try_from(self.number("HERALD_BREAKER_MIN_ATTEMPTS")?)
+                .map_err(|_| self.invalid("HERALD_BREAKER_MIN_ATTEMPTS", "too large".into()))?;
+            let window = self.duration("HERALD_BREAKER_WINDOW")?;
             if window.is_zero() {
-                return Err(invalid(
-                    "HERALD_BREAKER_WINDOW",
-                    "must be longer than 0".into(),
-                ));
+                return Err(self.invalid("HERALD_BREAKER_WINDOW", "must be longer than 0".into()));
             }
             let failure_rate =
-                herald_policy::breaker::parse_rate(&get("HERALD_BREAKER_FAILURE_RATE"))
-                    .map_err(|m| invalid("HERALD_BREAKER_FAILURE_RATE", m))?;
-            let cooldown = duration("HERALD_BREAKER_COOLDOWN")?;
+                herald_policy::breaker::parse_rate(&self.get("HERALD_BREAKER_FAILURE_RATE"))
+                    .map_err(|m| self.invalid("HERALD_BREAKER_FAILURE_RATE", m))?;
+            let cooldown = self.duration("HERALD_BREAKER_COOLDOWN")?;
             if cooldown.is_zero() {
-                return Err(invalid(
-                    "HERALD_BREAKER_COOLDOWN",
-                    "must be longer than 0".into(),
-                ));
+                return Err(self.invalid("HERALD_BREAKER_COOLDOWN", "must be longer than 0".into()));
             }
             herald_policy::breaker::BreakerRule {
                 min_attempts,
@@ -612,15 +703,120 @@ impl Config {
                 max_cooldown: cooldown.max(Duration::from_secs(600)),
             }
         };
-        let max_headers_per_endpoint = usize_of(
-            "HERALD_MAX_HEADERS_PER_ENDPOINT",
-            number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
-        )?;
-        let payload_retention = match get("HERALD_PAYLOAD_RETENTION").trim() {
+        let operator_url = self.get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
+        let operator_secret = self.get("HERALD_OPERATOR_WEBHOOK_SECRET").trim().to_owned();
+        let operator_webhook = if operator_url.is_empty() {
+            None
+        } else {
+            match url::Url::parse(&operator_url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                _ => {
+                    return Err(self.invalid(
+                        "HERALD_OPERATOR_WEBHOOK_URL",
+                        format!("`{operator_url}` is not an http(s) URL"),
+                    ))
+                }
+            }
+            if operator_secret.is_empty() {
+                return Err(self.invalid(
+                    "HERALD_OPERATOR_WEBHOOK_SECRET",
+                    "required when HERALD_OPERATOR_WEBHOOK_URL is set (a whsec_… secret)".into(),
+                ));
+            }
+            herald_signing::Secret::parse(&operator_secret)
+                .map_err(|e| self.invalid("HERALD_OPERATOR_WEBHOOK_SECRET", e.to_string()))?;
+            Some((operator_url, operator_secret))
+        };
+
+        Ok(DeliveryConfig {
+            retry: RetryPolicy {
+                schedule,
+                jitter,
+                max_age,
+            },
+            request_timeout,
+            connect_timeout: self.positive_duration("HERALD_CONNECT_TIMEOUT")?,
+            disable_after: self.small(
+                "HERALD_DISABLE_AFTER",
+                self.positive("HERALD_DISABLE_AFTER")?,
+            )?,
+            disable_min_window: self.duration("HERALD_DISABLE_MIN_WINDOW")?,
+            breaker,
+            operator_webhook,
+            endpoint_concurrency: self.size(
+                "HERALD_ENDPOINT_CONCURRENCY",
+                self.positive("HERALD_ENDPOINT_CONCURRENCY")?,
+            )?,
+            max_in_flight: self.size(
+                "HERALD_MAX_IN_FLIGHT",
+                self.positive("HERALD_MAX_IN_FLIGHT")?,
+            )?,
+            lease,
+            poll_interval: self.positive_duration("HERALD_POLL_INTERVAL")?,
+        })
+    }
+
+    fn egress(&self) -> Result<EgressConfig, ConfigError> {
+        Ok(EgressConfig {
+            allow_private_networks: self.boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
+            proxy_url: proxy_url_of(self.get("HERALD_PROXY_URL").trim())
+                .map_err(|m| self.invalid("HERALD_PROXY_URL", m))?,
+            no_proxy: Some(self.get("HERALD_NO_PROXY").trim().to_owned()).filter(|s| !s.is_empty()),
+            operator_webhook_via_proxy: self.boolean("HERALD_OPERATOR_WEBHOOK_VIA_PROXY")?,
+            ca_bundle: self.path("HERALD_CA_BUNDLE"),
+            tls_system_roots: self.boolean("HERALD_TLS_SYSTEM_ROOTS")?,
+        })
+    }
+
+    fn security(&self) -> Result<SecurityConfig, ConfigError> {
+        let admin_token = self
+            .values
+            .get("HERALD_ADMIN_TOKEN")
+            .filter(|t| !t.is_empty())
+            .cloned();
+        if let Some(t) = &admin_token {
+            if t.len() < 16 {
+                return Err(self.invalid(
+                    "HERALD_ADMIN_TOKEN",
+                    "must be at least 16 characters".into(),
+                ));
+            }
+        }
+        Ok(SecurityConfig {
+            admin_token,
+            encryption_keys: std::sync::Arc::new(
+                crate::crypto::Keyring::parse(&self.get("HERALD_ENCRYPTION_KEY"))
+                    .map_err(|e| self.invalid("HERALD_ENCRYPTION_KEY", e))?,
+            ),
+            login_failure_limit: self.small(
+                "HERALD_LOGIN_FAILURE_LIMIT",
+                self.positive("HERALD_LOGIN_FAILURE_LIMIT")?,
+            )?,
+            auth_failure_limit: self.small(
+                "HERALD_AUTH_FAILURE_LIMIT",
+                self.positive("HERALD_AUTH_FAILURE_LIMIT")?,
+            )?,
+            api_rate_limit: self.small(
+                "HERALD_API_RATE_LIMIT",
+                self.number("HERALD_API_RATE_LIMIT")?,
+            )?,
+            max_headers_per_endpoint: self.size(
+                "HERALD_MAX_HEADERS_PER_ENDPOINT",
+                self.number("HERALD_MAX_HEADERS_PER_ENDPOINT")?,
+            )?,
+            max_endpoints_per_app: self.size(
+                "HERALD_MAX_ENDPOINTS_PER_APP",
+                self.positive("HERALD_MAX_ENDPOINTS_PER_APP")?,
+            )?,
+        })
+    }
+
+    fn retention(&self) -> Result<RetentionConfig, ConfigError> {
+        let payload_retention = match self.get("HERALD_PAYLOAD_RETENTION").trim() {
             "" => None,
-            _ => match duration("HERALD_PAYLOAD_RETENTION")? {
+            _ => match self.duration("HERALD_PAYLOAD_RETENTION")? {
                 d if d.is_zero() => {
-                    return Err(invalid(
+                    return Err(self.invalid(
                         "HERALD_PAYLOAD_RETENTION",
                         "must be greater than zero (leave it empty to keep payloads)".into(),
                     ))
@@ -628,89 +824,43 @@ impl Config {
                 d => Some(d),
             },
         };
-        let max_endpoints_per_app = usize_of(
-            "HERALD_MAX_ENDPOINTS_PER_APP",
-            positive("HERALD_MAX_ENDPOINTS_PER_APP")?,
-        )?;
-        let auth_failure_limit = u32::try_from(positive("HERALD_AUTH_FAILURE_LIMIT")?)
-            .map_err(|_| invalid("HERALD_AUTH_FAILURE_LIMIT", "too large".into()))?;
-        let operator_url = get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
-        let operator_secret = get("HERALD_OPERATOR_WEBHOOK_SECRET").trim().to_owned();
-        let operator_webhook = if operator_url.is_empty() {
-            None
-        } else {
-            match url::Url::parse(&operator_url) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                _ => {
-                    return Err(invalid(
-                        "HERALD_OPERATOR_WEBHOOK_URL",
-                        format!("`{operator_url}` is not an http(s) URL"),
-                    ))
-                }
-            }
-            if operator_secret.is_empty() {
-                return Err(invalid(
-                    "HERALD_OPERATOR_WEBHOOK_SECRET",
-                    "required when HERALD_OPERATOR_WEBHOOK_URL is set (a whsec_… secret)".into(),
-                ));
-            }
-            herald_signing::Secret::parse(&operator_secret)
-                .map_err(|e| invalid("HERALD_OPERATOR_WEBHOOK_SECRET", e.to_string()))?;
-            Some((operator_url, operator_secret))
-        };
+        Ok(RetentionConfig {
+            retention: self.positive_duration("HERALD_RETENTION")?,
+            dead_retention: self.positive_duration("HERALD_DEAD_RETENTION")?,
+            audit_retention: self.positive_duration("HERALD_AUDIT_RETENTION")?,
+            payload_retention,
+        })
+    }
 
-        let proxy_url = proxy_url_of(get("HERALD_PROXY_URL").trim())
-            .map_err(|m| invalid("HERALD_PROXY_URL", m))?;
-        let no_proxy = Some(get("HERALD_NO_PROXY").trim().to_owned()).filter(|s| !s.is_empty());
-        let path_of =
-            |key: &str| Some(PathBuf::from(get(key).trim())).filter(|p| !p.as_os_str().is_empty());
-        let tls = match (path_of("HERALD_TLS_CERT"), path_of("HERALD_TLS_KEY")) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(invalid(
-                    "HERALD_TLS_KEY",
-                    "required when HERALD_TLS_CERT is set".into(),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(invalid(
-                    "HERALD_TLS_CERT",
-                    "required when HERALD_TLS_KEY is set".into(),
-                ))
-            }
-        };
-        let api_rate_limit = u32::try_from(number("HERALD_API_RATE_LIMIT")?)
-            .map_err(|_| invalid("HERALD_API_RATE_LIMIT", "too large".into()))?;
-
-        let otlp_endpoint = get("HERALD_OTLP_ENDPOINT").trim().to_owned();
+    fn telemetry(&self) -> Result<TelemetryConfig, ConfigError> {
+        let otlp_endpoint = self.get("HERALD_OTLP_ENDPOINT").trim().to_owned();
         let otlp = if otlp_endpoint.is_empty() {
             None
         } else {
             match url::Url::parse(&otlp_endpoint) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
                 _ => {
-                    return Err(invalid(
+                    return Err(self.invalid(
                         "HERALD_OTLP_ENDPOINT",
                         format!("`{otlp_endpoint}` is not an http(s) URL"),
                     ))
                 }
             }
-            let ratio_text = get("HERALD_OTLP_SAMPLE_RATIO");
+            let ratio_text = self.get("HERALD_OTLP_SAMPLE_RATIO");
             let sample_ratio = ratio_text
                 .trim()
                 .parse::<f64>()
                 .ok()
                 .filter(|r| (0.0..=1.0).contains(r))
                 .ok_or_else(|| {
-                    invalid(
+                    self.invalid(
                         "HERALD_OTLP_SAMPLE_RATIO",
                         format!("`{ratio_text}` is not a number from 0.0 to 1.0"),
                     )
                 })?;
-            let service_name = get("HERALD_OTLP_SERVICE_NAME").trim().to_owned();
+            let service_name = self.get("HERALD_OTLP_SERVICE_NAME").trim().to_owned();
             if service_name.is_empty() || service_name.len() > 256 {
-                return Err(invalid(
+                return Err(self.invalid(
                     "HERALD_OTLP_SERVICE_NAME",
                     "must be 1-256 characters".into(),
                 ));
@@ -722,53 +872,13 @@ impl Config {
             })
         };
 
-        Ok(Config {
-            listen,
-            portal,
-            header_timeout,
-            body_timeout,
-            max_connections_per_ip,
-            login_failure_limit,
-            database_url,
-            database_schema,
-            database_wait,
-            auto_migrate,
-            backups,
-            admin_token,
-            retry: RetryPolicy {
-                schedule,
-                jitter,
-                max_age,
-            },
-            request_timeout,
-            connect_timeout,
-            allow_private_networks: boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
-            disable_after,
-            disable_min_window,
-            breaker,
-            operator_webhook,
-            metrics_max_endpoints,
-            endpoint_concurrency,
-            max_in_flight,
-            lease,
-            poll_interval,
-            retention,
-            dead_retention,
-            audit_retention,
-            encryption_keys,
-            max_headers_per_endpoint,
-            max_endpoints_per_app,
-            payload_retention,
-            auth_failure_limit,
-            proxy_url,
-            no_proxy,
-            operator_webhook_via_proxy: boolean("HERALD_OPERATOR_WEBHOOK_VIA_PROXY")?,
-            ca_bundle: path_of("HERALD_CA_BUNDLE"),
-            tls_system_roots: boolean("HERALD_TLS_SYSTEM_ROOTS")?,
-            tls,
-            api_rate_limit,
+        Ok(TelemetryConfig {
+            log: self.get("HERALD_LOG"),
             otlp,
-            log: get("HERALD_LOG"),
+            metrics_max_endpoints: self.size(
+                "HERALD_METRICS_MAX_ENDPOINTS",
+                self.number("HERALD_METRICS_MAX_ENDPOINTS")?,
+            )?,
         })
     }
 }

@@ -10,24 +10,27 @@ fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 #[test]
 fn defaults_match_the_documented_table() {
     let c = Config::default();
-    assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
-    assert_eq!(c.database_url, "sqlite://herald-data/herald.db");
-    assert_eq!(c.retry, RetryPolicy::default());
-    assert_eq!(c.request_timeout, Duration::from_secs(30));
-    assert_eq!(c.connect_timeout, Duration::from_secs(5));
-    assert!(!c.allow_private_networks);
-    assert_eq!(c.disable_after, 50);
-    assert_eq!(c.disable_min_window, Duration::from_secs(3600));
-    assert_eq!(c.breaker, herald_policy::breaker::BreakerRule::default());
-    assert!(c.operator_webhook.is_none());
-    assert_eq!(c.metrics_max_endpoints, 500);
-    assert_eq!(c.max_headers_per_endpoint, 20);
-    assert_eq!(c.auth_failure_limit, 10);
-    assert!(c.admin_token.is_none());
-    assert_eq!(c.header_timeout, Duration::from_secs(10));
-    assert_eq!(c.body_timeout, Duration::from_secs(30));
-    assert_eq!(c.max_connections_per_ip, 256);
-    assert_eq!(c.login_failure_limit, 10);
+    assert_eq!(c.listener.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.store.database_url, "sqlite://herald-data/herald.db");
+    assert_eq!(c.delivery.retry, RetryPolicy::default());
+    assert_eq!(c.delivery.request_timeout, Duration::from_secs(30));
+    assert_eq!(c.delivery.connect_timeout, Duration::from_secs(5));
+    assert!(!c.egress.allow_private_networks);
+    assert_eq!(c.delivery.disable_after, 50);
+    assert_eq!(c.delivery.disable_min_window, Duration::from_secs(3600));
+    assert_eq!(
+        c.delivery.breaker,
+        herald_policy::breaker::BreakerRule::default()
+    );
+    assert!(c.delivery.operator_webhook.is_none());
+    assert_eq!(c.telemetry.metrics_max_endpoints, 500);
+    assert_eq!(c.security.max_headers_per_endpoint, 20);
+    assert_eq!(c.security.auth_failure_limit, 10);
+    assert!(c.security.admin_token.is_none());
+    assert_eq!(c.listener.header_timeout, Duration::from_secs(10));
+    assert_eq!(c.listener.body_timeout, Duration::from_secs(30));
+    assert_eq!(c.listener.max_connections_per_ip, 256);
+    assert_eq!(c.security.login_failure_limit, 10);
 }
 
 #[test]
@@ -41,14 +44,14 @@ fn environment_overrides_the_file() {
         &env(&[("HERALD_MAX_AGE", "3h"), ("HERALD_JITTER", "none")]),
     )
     .expect("valid");
-    assert_eq!(c.listen.to_string(), "0.0.0.0:9000");
-    assert_eq!(c.retry.max_age, Duration::from_secs(3 * 3600));
+    assert_eq!(c.listener.listen.to_string(), "0.0.0.0:9000");
+    assert_eq!(c.delivery.retry.max_age, Duration::from_secs(3 * 3600));
     assert_eq!(
-        c.retry.schedule,
+        c.delivery.retry.schedule,
         vec![Duration::from_secs(1), Duration::from_secs(2)]
     );
-    assert_eq!(c.retry.jitter, Jitter::None);
-    assert_eq!(c.disable_after, 7);
+    assert_eq!(c.delivery.retry.jitter, Jitter::None);
+    assert_eq!(c.delivery.disable_after, 7);
 }
 
 #[test]
@@ -91,7 +94,7 @@ fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
     for rate in ["25%", "0.25", " 25 % "] {
         let c =
             Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", rate)])).expect(rate);
-        assert_eq!(c.breaker.failure_rate, 0.25, "{rate}");
+        assert_eq!(c.delivery.breaker.failure_rate, 0.25, "{rate}");
     }
     let c = Config::load_from(
         None,
@@ -101,8 +104,8 @@ fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
         ]),
     )
     .expect("valid");
-    assert!(c.breaker.is_off());
-    assert_eq!(c.breaker.max_cooldown, Duration::from_secs(1200));
+    assert!(c.delivery.breaker.is_off());
+    assert_eq!(c.delivery.breaker.max_cooldown, Duration::from_secs(1200));
 }
 
 #[test]
@@ -114,10 +117,10 @@ fn encryption_keys_parse_and_are_redacted() {
         &env(&[("HERALD_ENCRYPTION_KEY", &format!("{k1},{k2}"))]),
     )
     .expect("two keys");
-    assert_eq!(c.encryption_keys.len(), 2);
+    assert_eq!(c.security.encryption_keys.len(), 2);
     let shown = format!("{c:?}");
     assert!(!shown.contains(k1) && !shown.contains(k2), "{shown}");
-    assert!(!Config::default().encryption_keys.is_enabled());
+    assert!(!Config::default().security.encryption_keys.is_enabled());
 }
 
 #[test]
@@ -161,50 +164,50 @@ fn the_example_file_parses_to_the_defaults() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
     let c = Config::load_from(Some(&path), &BTreeMap::new()).expect("example is valid");
     let d = Config::default();
-    assert_eq!(c.breaker, d.breaker);
-    assert_eq!(c.listen, d.listen);
-    assert_eq!(c.database_url, d.database_url);
-    assert_eq!(c.retry, d.retry);
+    assert_eq!(c.delivery.breaker, d.delivery.breaker);
+    assert_eq!(c.listener.listen, d.listener.listen);
+    assert_eq!(c.store.database_url, d.store.database_url);
+    assert_eq!(c.delivery.retry, d.delivery.retry);
     assert_eq!(
         (
-            c.header_timeout,
-            c.body_timeout,
-            c.max_connections_per_ip,
-            c.login_failure_limit
+            c.listener.header_timeout,
+            c.listener.body_timeout,
+            c.listener.max_connections_per_ip,
+            c.security.login_failure_limit
         ),
         (
-            d.header_timeout,
-            d.body_timeout,
-            d.max_connections_per_ip,
-            d.login_failure_limit
+            d.listener.header_timeout,
+            d.listener.body_timeout,
+            d.listener.max_connections_per_ip,
+            d.security.login_failure_limit
         )
     );
     assert_eq!(
         (
-            c.request_timeout,
-            c.connect_timeout,
-            c.lease,
-            c.poll_interval
+            c.delivery.request_timeout,
+            c.delivery.connect_timeout,
+            c.delivery.lease,
+            c.delivery.poll_interval
         ),
         (
-            d.request_timeout,
-            d.connect_timeout,
-            d.lease,
-            d.poll_interval
+            d.delivery.request_timeout,
+            d.delivery.connect_timeout,
+            d.delivery.lease,
+            d.delivery.poll_interval
         )
     );
     assert_eq!(
         (
-            c.allow_private_networks,
-            c.disable_after,
-            c.endpoint_concurrency,
-            c.max_in_flight
+            c.egress.allow_private_networks,
+            c.delivery.disable_after,
+            c.delivery.endpoint_concurrency,
+            c.delivery.max_in_flight
         ),
         (
-            d.allow_private_networks,
-            d.disable_after,
-            d.endpoint_concurrency,
-            d.max_in_flight
+            d.egress.allow_private_networks,
+            d.delivery.disable_after,
+            d.delivery.endpoint_concurrency,
+            d.delivery.max_in_flight
         )
     );
 }
@@ -217,7 +220,7 @@ fn proxy_and_tls_settings_are_checked() {
     )]))
     .expect("valid");
     assert_eq!(
-        c.proxy_url.as_deref(),
+        c.egress.proxy_url.as_deref(),
         Some("http://user:secret@proxy.internal:3128")
     );
     assert!(!format!("{c:?}").contains("secret"), "redacted in Debug");
@@ -242,7 +245,7 @@ fn proxy_and_tls_settings_are_checked() {
         err.to_string().starts_with("HERALD_API_RATE_LIMIT"),
         "{err}"
     );
-    assert_eq!(Config::default().api_rate_limit, 0);
+    assert_eq!(Config::default().security.api_rate_limit, 0);
 }
 
 #[test]
@@ -273,11 +276,11 @@ fn secrets_come_from_files_named_by_the_file_keys() {
     .collect();
     let c = Config::from_values(&values).expect("valid");
     assert_eq!(
-        c.admin_token.as_deref(),
+        c.security.admin_token.as_deref(),
         Some("from-a-file-token-0123456789abcdef")
     );
-    assert!(c.encryption_keys.is_enabled());
-    assert_eq!(c.database_url, "sqlite://from-a-file.db");
+    assert!(c.security.encryption_keys.is_enabled());
+    assert_eq!(c.store.database_url, "sqlite://from-a-file.db");
 
     let refused = |extra: &[(&str, &str)]| -> String {
         let mut v = values.clone();

@@ -160,12 +160,19 @@ async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let telemetry = init_logging(&config)?;
     // Held until the process ends.
     let _store_lock = server::hold_sqlite_store(&config)?;
-    let https = config.tls.is_some();
+    let https = config.listener.tls.is_some();
     let listener = match role {
         Role::Worker => None,
-        Role::All | Role::Api => Some(tokio::net::TcpListener::bind(config.listen).await.map_err(
-            |e| anyhow::anyhow!("HERALD_LISTEN: cannot listen on {}: {e}", config.listen),
-        )?),
+        Role::All | Role::Api => Some(
+            tokio::net::TcpListener::bind(config.listener.listen)
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "HERALD_LISTEN: cannot listen on {}: {e}",
+                        config.listener.listen
+                    )
+                })?,
+        ),
     };
     let mut running = server::start(config, listener, role).await?;
     if let Some(token) = &running.generated_admin_token {
@@ -205,7 +212,7 @@ async fn migrate_status(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let status = server::migration_status(&config).await?;
     println!(
         "store {}: {} applied, {} pending (this Herald knows up to {})",
-        herald::config::redact_url(&config.database_url),
+        herald::config::redact_url(&config.store.database_url),
         status.applied.len(),
         status.pending.len(),
         status.newest_known
@@ -235,7 +242,7 @@ async fn migrate_dry_run(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     if status.pending.is_empty() {
         println!(
             "nothing to run: {} is up to date",
-            herald::config::redact_url(&config.database_url)
+            herald::config::redact_url(&config.store.database_url)
         );
     }
     for m in &status.pending {
@@ -247,14 +254,14 @@ async fn migrate_dry_run(config_file: Option<PathBuf>) -> anyhow::Result<()> {
 async fn migrate(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let mut config = Config::load(config_file.as_deref())?;
     // This is the step HERALD_AUTO_MIGRATE=false leaves to the operator.
-    config.auto_migrate = true;
+    config.store.auto_migrate = true;
     let _telemetry = init_logging(&config)?;
     // Opening a store applies its migrations.
     let backend = server::open_store(&config).await?;
     backend.close().await;
     println!(
         "migrations applied to {}",
-        herald::config::redact_url(&config.database_url)
+        herald::config::redact_url(&config.store.database_url)
     );
     Ok(())
 }
@@ -269,7 +276,7 @@ async fn backup(config_file: Option<PathBuf>, path: PathBuf, force: bool) -> any
 async fn restore(config_file: Option<PathBuf>, path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
     let (summary, aside) = server::restore(&config, path.clone()).await?;
-    let shown = herald::config::redact_url(&config.database_url);
+    let shown = herald::config::redact_url(&config.store.database_url);
     match aside {
         Some(aside) => println!(
             "restored {} as {shown}: {summary}; the replaced store is at {}",
@@ -287,7 +294,11 @@ async fn rotate_encryption_key(config_file: Option<PathBuf>) -> anyhow::Result<(
     let rows = server::rotate_encryption_key(&config).await?;
     println!(
         "re-encrypted {rows} endpoint rows with key id {}",
-        config.encryption_keys.current_id().unwrap_or_default()
+        config
+            .security
+            .encryption_keys
+            .current_id()
+            .unwrap_or_default()
     );
     Ok(())
 }

@@ -70,7 +70,7 @@ impl Operator {
         Operator {
             store,
             wake,
-            max_age: config.retry.max_age,
+            max_age: config.delivery.retry.max_age,
             events_app: None,
             events_endpoint: None,
             on_disabled: Arc::new(OnceLock::new()),
@@ -94,7 +94,7 @@ impl Operator {
         wake: Arc<Notify>,
     ) -> anyhow::Result<Self> {
         let mut op = Operator::new(store.clone(), config, wake);
-        let Some((url, secret)) = &config.operator_webhook else {
+        let Some((url, secret)) = &config.delivery.operator_webhook else {
             return Ok(op);
         };
         let app_id = operator_app_id(store.as_ref(), url).await?;

@@ -42,13 +42,14 @@ impl Telemetry {
 /// Installs the process's subscriber: the log, and the OTLP exporter when
 /// configured.
 pub fn init(config: &Config) -> anyhow::Result<Telemetry> {
-    let filter = EnvFilter::from_str(&config.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::from_str(&config.telemetry.log).unwrap_or_else(|_| EnvFilter::new("info"));
     // Logs go to stderr: stdout carries what Herald prints for people and
     // scripts (the generated admin token, the address it listens on).
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);
-    let Some(otlp) = &config.otlp else {
+    let Some(otlp) = &config.telemetry.otlp else {
         tracing_subscriber::registry().with(log).try_init()?;
         return Ok(Telemetry { provider: None });
     };

@@ -262,24 +262,24 @@ impl Dispatcher {
         operator.on_disabled(Box::new(move |ep| stopping.stop(ep, now_millis())));
         Ok(Dispatcher {
             disable_rule: DisableRule {
-                after: config.disable_after,
-                min_window: config.disable_min_window,
+                after: config.delivery.disable_after,
+                min_window: config.delivery.disable_min_window,
             },
             operator,
-            metrics: crate::metrics::AttemptMetrics::new(config.metrics_max_endpoints),
-            breakers: breaker::Breakers::new(config.breaker, config.lease),
+            metrics: crate::metrics::AttemptMetrics::new(config.telemetry.metrics_max_endpoints),
+            breakers: breaker::Breakers::new(config.delivery.breaker, config.delivery.lease),
             store,
             sender: Sender::new(config)?,
-            policy: config.retry.clone(),
-            lease: config.lease,
-            poll_interval: config.poll_interval,
-            max_in_flight: config.max_in_flight,
-            endpoint_cap: config.endpoint_concurrency,
-            request_timeout: config.request_timeout,
+            policy: config.delivery.retry.clone(),
+            lease: config.delivery.lease,
+            poll_interval: config.delivery.poll_interval,
+            max_in_flight: config.delivery.max_in_flight,
+            endpoint_cap: config.delivery.endpoint_concurrency,
+            request_timeout: config.delivery.request_timeout,
             claimed,
             wake,
             running: OnceLock::new(),
-            lanes: Lanes::new(config.endpoint_concurrency),
+            lanes: Lanes::new(config.delivery.endpoint_concurrency),
         })
     }
 

@@ -95,7 +95,7 @@ struct Egress {
 
 impl Egress {
     fn of(config: &Config) -> anyhow::Result<Self> {
-        let roots = match &config.ca_bundle {
+        let roots = match &config.egress.ca_bundle {
             None => Vec::new(),
             Some(path) => {
                 let pem = std::fs::read(path).map_err(|e| {
@@ -111,10 +111,10 @@ impl Egress {
             }
         };
         Ok(Egress {
-            proxy: config.proxy_url.clone(),
-            no_proxy: config.no_proxy.clone(),
+            proxy: config.egress.proxy_url.clone(),
+            no_proxy: config.egress.no_proxy.clone(),
             roots,
-            system_roots: config.tls_system_roots,
+            system_roots: config.egress.tls_system_roots,
         })
     }
 }
@@ -133,14 +133,14 @@ impl Lane {
             .redirect(reqwest::redirect::Policy::none())
             .http1_only()
             .tcp_nodelay(true)
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout)
+            .connect_timeout(config.delivery.connect_timeout)
+            .timeout(config.delivery.request_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             // Many endpoints often share one host (a customer's gateway):
             // keeping only one endpoint's worth of idle connections per host
             // made 100 endpoints on one host open 31,552 connections for
             // 50,000 requests.
-            .pool_max_idle_per_host(config.max_in_flight.max(1))
+            .pool_max_idle_per_host(config.delivery.max_in_flight.max(1))
             .tls_built_in_native_certs(egress.system_roots);
         for root in &egress.roots {
             builder = builder.add_root_certificate(root.clone());
@@ -217,7 +217,7 @@ impl Sender {
                 config,
                 &egress,
                 NetworkPolicy {
-                    allow_private: config.allow_private_networks,
+                    allow_private: config.egress.allow_private_networks,
                 },
                 true,
             )?,
@@ -227,7 +227,7 @@ impl Sender {
                 NetworkPolicy {
                     allow_private: true,
                 },
-                config.operator_webhook_via_proxy,
+                config.egress.operator_webhook_via_proxy,
             )?,
         })
     }

@@ -111,7 +111,8 @@ pub struct Running {
 pub async fn open_store(config: &Config) -> anyhow::Result<Backend> {
     let backend = open_backend(config).await?;
     let prepared =
-        crate::store::secrets::prepare(backend.store().as_ref(), &config.encryption_keys).await;
+        crate::store::secrets::prepare(backend.store().as_ref(), &config.security.encryption_keys)
+            .await;
     if let Err(e) = prepared {
         backend.close().await;
         return Err(e);
@@ -124,7 +125,7 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Backend> {
 /// while other processes serve. Returns how many endpoint rows it rewrote.
 pub async fn rotate_encryption_key(config: &Config) -> anyhow::Result<u64> {
     anyhow::ensure!(
-        config.encryption_keys.is_enabled(),
+        config.security.encryption_keys.is_enabled(),
         "HERALD_ENCRYPTION_KEY is not set: nothing to rotate to (put the new key first, keep the old after it)"
     );
     let backend = open_store(config).await?;
@@ -141,8 +142,8 @@ pub async fn rotate_encryption_key(config: &Config) -> anyhow::Result<u64> {
 /// hand out a connection within the pool's short acquire timeout) should
 /// delay the start, not fail it. Any other error fails at once.
 async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
-    let shown = crate::config::redact_url(&config.database_url);
-    let deadline = tokio::time::Instant::now() + config.database_wait;
+    let shown = crate::config::redact_url(&config.store.database_url);
+    let deadline = tokio::time::Instant::now() + config.store.database_wait;
     let mut pause = Duration::from_millis(250);
     let opened = loop {
         match open_backend_once(config).await {
@@ -162,10 +163,13 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
         }
     };
     opened.with_context(|| {
-        if config.database_url.starts_with("sqlite:") {
+        if config.store.database_url.starts_with("sqlite:") {
             format!("opening store {shown}")
         } else {
-            format!("opening store {shown} (schema {})", config.database_schema)
+            format!(
+                "opening store {shown} (schema {})",
+                config.store.database_schema
+            )
         }
     })
 }
@@ -190,7 +194,7 @@ pub fn app_router(state: ApiState) -> axum::Router {
 /// safe beside a serving Herald). `None` on PostgreSQL, where many
 /// processes share the store.
 pub fn hold_sqlite_store(config: &Config) -> anyhow::Result<Option<std::fs::File>> {
-    if !config.database_url.starts_with("sqlite:") {
+    if !config.store.database_url.starts_with("sqlite:") {
         return Ok(None);
     }
     let path = sqlite_store_path(config)?;
@@ -209,7 +213,7 @@ pub fn hold_sqlite_store(config: &Config) -> anyhow::Result<Option<std::fs::File
 
 /// The configured SQLite store's file.
 fn sqlite_store_path(config: &Config) -> anyhow::Result<std::path::PathBuf> {
-    crate::store::sqlite::sqlite_path(&config.database_url)
+    crate::store::sqlite::sqlite_path(&config.store.database_url)
         .context("HERALD_DATABASE_URL: not a sqlite URL")
 }
 
@@ -241,10 +245,10 @@ pub async fn backup(
     target: std::path::PathBuf,
     force: bool,
 ) -> anyhow::Result<crate::store::sqlite::backup::Summary> {
-    if !config.database_url.starts_with("sqlite:") {
+    if !config.store.database_url.starts_with("sqlite:") {
         anyhow::bail!(
             "{}",
-            crate::store::postgres::backup::advice(&config.database_schema)
+            crate::store::postgres::backup::advice(&config.store.database_schema)
         );
     }
     let store = sqlite_store_path(config)?;
@@ -281,10 +285,10 @@ pub async fn restore(
     crate::store::sqlite::backup::Summary,
     Option<std::path::PathBuf>,
 )> {
-    if !config.database_url.starts_with("sqlite:") {
+    if !config.store.database_url.starts_with("sqlite:") {
         anyhow::bail!(
             "{}",
-            crate::store::postgres::backup::advice(&config.database_schema)
+            crate::store::postgres::backup::advice(&config.store.database_schema)
         );
     }
     let store = sqlite_store_path(config)?;
@@ -315,17 +319,21 @@ pub async fn restore(
 pub async fn migration_status(
     config: &Config,
 ) -> crate::store::StoreResult<crate::store::MigrationStatus> {
-    if config.database_url.starts_with("sqlite:") {
-        let path = crate::store::sqlite::sqlite_path(&config.database_url).ok_or_else(|| {
-            crate::store::StoreError::Internal(format!(
-                "not a sqlite URL: {}",
-                crate::config::redact_url(&config.database_url)
-            ))
-        })?;
+    if config.store.database_url.starts_with("sqlite:") {
+        let path =
+            crate::store::sqlite::sqlite_path(&config.store.database_url).ok_or_else(|| {
+                crate::store::StoreError::Internal(format!(
+                    "not a sqlite URL: {}",
+                    crate::config::redact_url(&config.store.database_url)
+                ))
+            })?;
         crate::store::sqlite::migrations::status(&path)
     } else {
-        crate::store::postgres::migrations::status(&config.database_url, &config.database_schema)
-            .await
+        crate::store::postgres::migrations::status(
+            &config.store.database_url,
+            &config.store.database_schema,
+        )
+        .await
     }
 }
 
@@ -337,23 +345,25 @@ async fn open_backend_once(config: &Config) -> crate::store::StoreResult<Backend
     if let Some(newer) = status.newer_than_this_binary() {
         return Err(crate::store::StoreError::Internal(newer));
     }
-    if !config.auto_migrate && !status.pending.is_empty() {
+    if !config.store.auto_migrate && !status.pending.is_empty() {
         return Err(crate::store::StoreError::Internal(format!(
             "{} migration(s) pending ({}) and HERALD_AUTO_MIGRATE is false: run `herald migrate` first",
             status.pending.len(),
             status.pending_names()
         )));
     }
-    if config.database_url.starts_with("sqlite:") {
-        let store =
-            SqliteStore::open_with_keys(&config.database_url, config.encryption_keys.clone())
-                .await?;
+    if config.store.database_url.starts_with("sqlite:") {
+        let store = SqliteStore::open_with_keys(
+            &config.store.database_url,
+            config.security.encryption_keys.clone(),
+        )
+        .await?;
         Ok(Backend::Sqlite(Arc::new(store)))
     } else {
         let store = PostgresStore::open_with_keys(
-            &config.database_url,
-            &config.database_schema,
-            config.encryption_keys.clone(),
+            &config.store.database_url,
+            &config.store.database_schema,
+            config.security.encryption_keys.clone(),
         )
         .await?;
         Ok(Backend::Postgres(Arc::new(store)))
@@ -366,7 +376,7 @@ async fn admin_token(
     config: &Config,
     store: &dyn Store,
 ) -> anyhow::Result<([u8; 32], Option<String>)> {
-    if let Some(token) = &config.admin_token {
+    if let Some(token) = &config.security.admin_token {
         return Ok((token_sha256(token), None));
     }
     if let Some(stored) = store.get_setting(ADMIN_TOKEN_KEY).await? {
@@ -419,8 +429,8 @@ pub async fn start(
             shutdown.clone(),
         )));
     }
-    let backups = Arc::new(crate::backups::Backups::new(config.backups.clone()));
-    if config.backups.is_some() {
+    let backups = Arc::new(crate::backups::Backups::new(config.store.backups.clone()));
+    if config.store.backups.is_some() {
         let path = sqlite_store_path(&config)?;
         background.push(tokio::spawn(backups.clone().run(path, shutdown.clone())));
     }
@@ -449,7 +459,7 @@ pub async fn start(
         // Unset: the address this listener is bound to (its real port
         // when the configured one is 0).
         let public_url = config.portal.public_url.clone().unwrap_or_else(|| {
-            let scheme = if config.tls.is_some() {
+            let scheme = if config.listener.tls.is_some() {
                 "https"
             } else {
                 "http"
@@ -471,7 +481,7 @@ pub async fn start(
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
             wake,
             net: NetworkPolicy {
-                allow_private: config.allow_private_networks,
+                allow_private: config.egress.allow_private_networks,
             },
             admin_token_sha256: admin_digest,
             app_ids: Default::default(),
@@ -481,18 +491,23 @@ pub async fn start(
             public_url,
             portal: config.portal.clone(),
             auth_failures: crate::limits::LoginLimiter::new(
-                config.auth_failure_limit,
+                config.security.auth_failure_limit,
                 Duration::from_secs(1),
             ),
-            max_headers_per_endpoint: config.max_headers_per_endpoint,
-            max_endpoints_per_app: config.max_endpoints_per_app,
-            rate_limit: Arc::new(crate::limits::RateLimit::new(config.api_rate_limit)),
-            max_age: config.retry.max_age,
-            breaker: config.breaker,
+            max_headers_per_endpoint: config.security.max_headers_per_endpoint,
+            max_endpoints_per_app: config.security.max_endpoints_per_app,
+            rate_limit: Arc::new(crate::limits::RateLimit::new(
+                config.security.api_rate_limit,
+            )),
+            max_age: config.delivery.retry.max_age,
+            breaker: config.delivery.breaker,
             backups,
-            login_limiter: Arc::new(LoginLimiter::new(config.login_failure_limit, LOGIN_REFILL)),
+            login_limiter: Arc::new(LoginLimiter::new(
+                config.security.login_failure_limit,
+                LOGIN_REFILL,
+            )),
             portal_login_limiter: Arc::new(LoginLimiter::new(
-                config.login_failure_limit,
+                config.security.login_failure_limit,
                 LOGIN_REFILL,
             )),
         });
@@ -501,14 +516,14 @@ pub async fn start(
         // Middleware that only some configurations need is added only
         // then: each layer costs every request (≈ 1–2 µs on the hot path).
         let mut router = app_router(state);
-        if config.otlp.is_some() {
+        if config.telemetry.otlp.is_some() {
             router = router.layer(axum::middleware::from_fn(trace_request));
         }
-        if config.tls.is_some() {
+        if config.listener.tls.is_some() {
             router = router.layer(axum::middleware::from_fn_with_state(true, secure_transport));
         }
         let router = router.layer(axum::middleware::from_fn_with_state(
-            config.body_timeout,
+            config.listener.body_timeout,
             body_deadline,
         ));
         let app = tower::Layer::layer(
@@ -516,7 +531,7 @@ pub async fn start(
             router,
         );
         addr = Some(local);
-        let tls = match &config.tls {
+        let tls = match &config.listener.tls {
             None => None,
             Some((cert, key)) => {
                 let tls = crate::tls::ListenerTls::load(cert, key)?;
@@ -526,8 +541,8 @@ pub async fn start(
         };
         let https = tls.is_some();
         let limits = ListenerLimits {
-            header_timeout: config.header_timeout,
-            max_connections_per_ip: config.max_connections_per_ip,
+            header_timeout: config.listener.header_timeout,
+            max_connections_per_ip: config.listener.max_connections_per_ip,
             tls,
         };
         server = Some(tokio::spawn(serve(listener, app, limits, shutdown.clone())));
@@ -654,7 +669,7 @@ pub async fn retention_pass(
     }
     prune_audit(
         store,
-        now.saturating_sub(ms(config.audit_retention)),
+        now.saturating_sub(ms(config.retention.audit_retention)),
         shutdown,
     )
     .await;
@@ -671,7 +686,7 @@ pub async fn retention_pass(
         "erasing expired payloads failed; will try again later",
     )
     .await;
-    if let Some(keep) = config.payload_retention {
+    if let Some(keep) = config.retention.payload_retention {
         let before = now.saturating_sub(ms(keep));
         in_batches(
             shutdown,
@@ -689,7 +704,7 @@ pub async fn retention_pass(
     // The age cap, for deliveries held by an endpoint nobody enables:
     // dead ("too old") as enabling it would make them, so that they do
     // not pile up, and then pruned like any dead delivery.
-    let too_old_before = now.saturating_sub(ms(config.retry.max_age));
+    let too_old_before = now.saturating_sub(ms(config.delivery.retry.max_age));
     in_batches(
         shutdown,
         || store.expire_held(too_old_before, now, RETENTION_BATCH),
@@ -719,8 +734,8 @@ pub async fn retention_pass(
     loop {
         let result = store
             .prune(
-                now.saturating_sub(ms(config.retention)),
-                now.saturating_sub(ms(config.dead_retention)),
+                now.saturating_sub(ms(config.retention.retention)),
+                now.saturating_sub(ms(config.retention.dead_retention)),
                 RETENTION_BATCH,
             )
             .await;

@@ -602,7 +602,7 @@ async fn the_retention_pass_prunes_entries_older_than_the_audit_retention() {
     assert_eq!(before.len(), 2);
     let config = test_config(app._dir.path(), &overrides);
     assert_eq!(
-        config.audit_retention,
+        config.retention.audit_retention,
         std::time::Duration::from_secs(86_400)
     );
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -612,7 +612,7 @@ async fn the_retention_pass_prunes_entries_older_than_the_audit_retention() {
     // A year on, the default retention takes the rest.
     let defaults = test_config(app._dir.path(), &[]);
     assert_eq!(
-        defaults.audit_retention,
+        defaults.retention.audit_retention,
         std::time::Duration::from_secs(365 * 86_400)
     );
     herald::server::retention_pass(&*store, &defaults, now_millis() + 366 * day, &shutdown).await;
