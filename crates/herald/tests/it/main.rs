@@ -41,3 +41,4 @@ mod send_example;
 mod store_conformance;
 mod tenancy;
 mod tracing_otlp;
+mod upgrade;
