@@ -1,5 +1,6 @@
 //! Applications: the tenants that own endpoints, messages and tokens.
 
+use super::rows::{col, u16_col, StoredRow};
 use super::*;
 
 /// Applications.
@@ -26,4 +27,17 @@ pub struct App {
     pub metadata: BTreeMap<String, String>,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// An application from its stored row (either backend).
+pub(crate) fn app_from_row(r: &impl StoredRow) -> StoreResult<App> {
+    Ok(App {
+        id: AppId::from_trusted(col(r, "id")?),
+        uid: col(r, "uid")?,
+        name: col(r, "name")?,
+        rate_limit: u16_col(r, "rate_limit")?,
+        metadata: from_json::<BTreeMap<String, String>>(&col::<String>(r, "metadata")?)?,
+        created_at: col(r, "created_at")?,
+        updated_at: col(r, "updated_at")?,
+    })
 }

@@ -7,6 +7,7 @@
 //! secret: it names what was acted on, never a secret, token or header
 //! value (see ARCHITECTURE.md).
 
+use super::rows::{col, StoredRow};
 use super::*;
 use crate::ids::AuditId;
 
@@ -93,4 +94,22 @@ pub struct AuditFilter {
     pub before: Option<Millis>,
     /// Made after (ms).
     pub after: Option<Millis>,
+}
+
+/// An audit entry from its stored row (either backend).
+pub(crate) fn entry_from_row(r: &impl StoredRow) -> StoreResult<AuditEntry> {
+    let kind: String = col(r, "actor_kind")?;
+    let details: String = col(r, "details")?;
+    Ok(AuditEntry {
+        id: AuditId::from_trusted(col(r, "id")?),
+        at: col(r, "at")?,
+        actor_kind: ActorKind::parse(&kind)
+            .ok_or_else(|| StoreError::Internal(format!("bad actor kind {kind}")))?,
+        actor_id: col(r, "actor_id")?,
+        action: col(r, "action")?,
+        app_id: col::<Option<String>>(r, "app_id")?.map(AppId::from_trusted),
+        target: col(r, "target")?,
+        source: col(r, "source")?,
+        details: from_json(&details)?,
+    })
 }

@@ -1,7 +1,9 @@
 //! Endpoints: their fields, secrets (with rotation), extra headers and
 //! the enabled / disabled lifecycle with its health state.
 
+use super::rows::{col, u16_col, u32_col, StoredRow};
 use super::*;
+use crate::crypto::Keyring;
 
 /// Endpoints, their secrets and their enabled / disabled lifecycle.
 #[async_trait]
@@ -351,4 +353,55 @@ pub struct EnableReport {
     pub was_disabled: bool,
     /// Held deliveries past the age cap, now dead as "too old".
     pub expired: u64,
+}
+
+/// An endpoint from its stored row (either backend), its credentials
+/// opened with `keys`.
+pub(crate) fn endpoint_from_row(r: &impl StoredRow, keys: &Keyring) -> StoreResult<Endpoint> {
+    let filter: Option<String> = col(r, "filter_types")?;
+    let id: String = col(r, "id")?;
+    let opened = open_endpoint_credentials(
+        keys,
+        &id,
+        &col::<String>(r, "url")?,
+        &col::<String>(r, "secret")?,
+        &col::<String>(r, "headers")?,
+    );
+    Ok(Endpoint {
+        id: EndpointId::from_trusted(id),
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        uid: col(r, "uid")?,
+        url: opened.url,
+        description: col(r, "description")?,
+        filter_types: filter.as_deref().map(from_json).transpose()?,
+        disabled: col(r, "disabled")?,
+        rate_limit: u16_col(r, "rate_limit")?,
+        ordering: EndpointOrdering::from_stored(&col::<String>(r, "ordering")?),
+        metadata: from_json(&col::<String>(r, "metadata")?)?,
+        channels: col::<Option<String>>(r, "channels")?
+            .as_deref()
+            .map(from_json)
+            .transpose()?,
+        headers: from_json(&opened.headers_json)?,
+        secret: opened.secret,
+        unreadable: opened.unreadable,
+        created_at: col(r, "created_at")?,
+        updated_at: col(r, "updated_at")?,
+    })
+}
+
+/// An endpoint's health state from its stored row (either backend).
+pub(crate) fn status_from_row(r: &impl StoredRow) -> StoreResult<EndpointStatus> {
+    let by: Option<String> = col(r, "disabled_by")?;
+    Ok(EndpointStatus {
+        fail_streak: u32_col(r, "fail_streak")?,
+        streak_started_at: col(r, "streak_started_at")?,
+        last_success_at: col(r, "last_success_at")?,
+        last_error: col(r, "last_error")?,
+        last_error_at: col(r, "last_error_at")?,
+        disabled: col(r, "disabled")?,
+        disabled_reason: col(r, "disabled_reason")?,
+        disabled_at: col(r, "disabled_at")?,
+        auto_disabled: by.as_deref() == Some("auto"),
+    })
 }

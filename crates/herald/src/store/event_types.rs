@@ -1,5 +1,6 @@
 //! The event-type catalogue (global, as in Svix).
 
+use super::rows::{col, StoredRow};
 use super::*;
 
 /// The event-type catalogue.
@@ -35,4 +36,19 @@ pub struct EventType {
     pub group_name: Option<String>,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// An event type from its stored row (either backend).
+pub(crate) fn event_type_from_row(r: &impl StoredRow) -> StoreResult<EventType> {
+    Ok(EventType {
+        name: col(r, "name")?,
+        description: col(r, "description")?,
+        archived: col(r, "archived")?,
+        deprecated: col(r, "deprecated")?,
+        schemas: col(r, "schemas")?,
+        feature_flag: col(r, "feature_flag")?,
+        group_name: col(r, "group_name")?,
+        created_at: col(r, "created_at")?,
+        updated_at: col(r, "updated_at")?,
+    })
 }

@@ -37,6 +37,7 @@ pub mod postgres;
 mod queue;
 mod replay;
 mod retention;
+pub mod rows;
 pub mod secrets;
 mod sessions;
 mod settings;

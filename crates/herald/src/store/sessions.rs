@@ -2,6 +2,7 @@
 //! store (by the SHA-256 of the cookie, never the cookie) so that they
 //! survive a restart and work behind several API processes.
 
+use super::rows::{col, StoredRow};
 use super::*;
 
 /// Browser sessions.
@@ -68,4 +69,20 @@ pub struct Session {
     pub flash: Option<String>,
     pub created_at: Millis,
     pub expires_at: Millis,
+}
+
+/// A session from its stored row (either backend).
+pub(crate) fn session_from_row(r: &impl StoredRow) -> StoreResult<Session> {
+    Ok(Session {
+        kind: SessionKind::parse(&col::<String>(r, "kind")?)?,
+        app_id: col::<Option<String>>(r, "app_id")?.map(AppId::from_trusted),
+        token_id: col(r, "token_id")?,
+        capabilities: col(r, "capabilities")?,
+        session_id: col(r, "session_id")?,
+        theme: col(r, "theme")?,
+        csrf: col(r, "csrf")?,
+        flash: col(r, "flash")?,
+        created_at: col(r, "created_at")?,
+        expires_at: col(r, "expires_at")?,
+    })
 }

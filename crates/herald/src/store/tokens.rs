@@ -1,5 +1,6 @@
 //! Application API tokens and Idempotency-Key records.
 
+use super::rows::{col, StoredRow};
 use super::*;
 
 /// API tokens and Idempotency-Key records.
@@ -154,4 +155,18 @@ pub fn idem_verdict(
             body,
         },
     }
+}
+
+/// An application token from its stored row (either backend).
+pub(crate) fn token_from_row(r: &impl StoredRow) -> StoreResult<ApiToken> {
+    Ok(ApiToken {
+        id: col(r, "id")?,
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        name: col(r, "name")?,
+        created_at: col(r, "created_at")?,
+        expires_at: col(r, "expires_at")?,
+        capabilities: col(r, "capabilities")?,
+        session_id: col(r, "session_id")?,
+        feature_flags: col(r, "feature_flags")?,
+    })
 }

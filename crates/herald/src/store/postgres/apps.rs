@@ -5,18 +5,6 @@ use super::*;
 pub(super) const APP_COLUMNS: &str =
     "id, uid, name, rate_limit, metadata::text AS metadata, created_at, updated_at";
 
-pub(super) fn app_from_row(r: &PgRow) -> StoreResult<App> {
-    Ok(App {
-        id: AppId::from_trusted(get(r, "id")?),
-        uid: get(r, "uid")?,
-        name: get(r, "name")?,
-        rate_limit: u16_opt(get(r, "rate_limit")?),
-        metadata: from_json::<BTreeMap<String, String>>(&get::<String>(r, "metadata")?)?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 #[async_trait]
 impl Apps for PostgresStore {
     async fn create_app(&self, app: &App) -> StoreResult<()> {

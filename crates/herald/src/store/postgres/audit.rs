@@ -1,24 +1,6 @@
 //! The audit log on PostgreSQL.
 
 use super::*;
-use crate::ids::AuditId;
-
-fn entry_from_row(r: &PgRow) -> StoreResult<AuditEntry> {
-    let kind: String = get(r, "actor_kind")?;
-    let details: String = get(r, "details")?;
-    Ok(AuditEntry {
-        id: AuditId::from_trusted(get(r, "id")?),
-        at: get(r, "at")?,
-        actor_kind: ActorKind::parse(&kind)
-            .ok_or_else(|| StoreError::Internal(format!("bad actor kind {kind}")))?,
-        actor_id: get(r, "actor_id")?,
-        action: get(r, "action")?,
-        app_id: get::<Option<String>>(r, "app_id")?.map(AppId::from_trusted),
-        target: get(r, "target")?,
-        source: get(r, "source")?,
-        details: from_json(&details)?,
-    })
-}
 
 #[async_trait]
 impl Audit for PostgresStore {

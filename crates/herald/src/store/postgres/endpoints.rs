@@ -3,64 +3,14 @@
 
 use super::queue::unhold;
 use super::*;
-use crate::crypto::Keyring;
 
 const ENDPOINT_COLUMNS: &str =
     "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
      metadata::text AS metadata, secret, created_at, updated_at, channels, headers, ordering";
 
-/// An endpoint row, its credential columns opened with `keys`.
-pub(super) fn endpoint_from_row(r: &PgRow, keys: &Keyring) -> StoreResult<Endpoint> {
-    let filter: Option<String> = get(r, "filter_types")?;
-    let id: String = get(r, "id")?;
-    let opened = open_endpoint_credentials(
-        keys,
-        &id,
-        &get::<String>(r, "url")?,
-        &get::<String>(r, "secret")?,
-        &get::<String>(r, "headers")?,
-    );
-    Ok(Endpoint {
-        id: EndpointId::from_trusted(id),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        uid: get(r, "uid")?,
-        url: opened.url,
-        description: get(r, "description")?,
-        filter_types: filter.as_deref().map(from_json).transpose()?,
-        disabled: get(r, "disabled")?,
-        rate_limit: u16_opt(get(r, "rate_limit")?),
-        ordering: EndpointOrdering::from_stored(&get::<String>(r, "ordering")?),
-        metadata: from_json(&get::<String>(r, "metadata")?)?,
-        channels: get::<Option<String>>(r, "channels")?
-            .as_deref()
-            .map(from_json)
-            .transpose()?,
-        headers: from_json(&opened.headers_json)?,
-        secret: opened.secret,
-        unreadable: opened.unreadable,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 const STATUS_COLUMNS: &str =
     "fail_streak, streak_started_at, last_success_at, last_error, last_error_at, disabled, \
      disabled_reason, disabled_at, disabled_by";
-
-pub(super) fn status_from_row(r: &PgRow) -> StoreResult<EndpointStatus> {
-    let by: Option<String> = get(r, "disabled_by")?;
-    Ok(EndpointStatus {
-        fail_streak: u32_of(get(r, "fail_streak")?),
-        streak_started_at: get(r, "streak_started_at")?,
-        last_success_at: get(r, "last_success_at")?,
-        last_error: get(r, "last_error")?,
-        last_error_at: get(r, "last_error_at")?,
-        disabled: get(r, "disabled")?,
-        disabled_reason: get(r, "disabled_reason")?,
-        disabled_at: get(r, "disabled_at")?,
-        auto_disabled: by.as_deref() == Some("auto"),
-    })
-}
 
 #[async_trait]
 impl Endpoints for PostgresStore {

@@ -2,20 +2,6 @@
 
 use super::*;
 
-fn event_type_from_row(r: &PgRow) -> StoreResult<EventType> {
-    Ok(EventType {
-        name: get(r, "name")?,
-        description: get(r, "description")?,
-        archived: get(r, "archived")?,
-        deprecated: get(r, "deprecated")?,
-        schemas: get(r, "schemas")?,
-        feature_flag: get(r, "feature_flag")?,
-        group_name: get(r, "group_name")?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 #[async_trait]
 impl EventTypes for PostgresStore {
     async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {

@@ -1,6 +1,6 @@
 //! The finding tools' searches on PostgreSQL.
 
-use super::apps::{app_from_row, APP_COLUMNS};
+use super::apps::APP_COLUMNS;
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 

@@ -42,6 +42,12 @@ use super::*;
 
 mod circuits;
 mod counts;
+use crate::store::apps::app_from_row;
+use crate::store::audit::entry_from_row;
+use crate::store::endpoints::{endpoint_from_row, status_from_row};
+use crate::store::event_types::event_type_from_row;
+use crate::store::sessions::session_from_row;
+use crate::store::tokens::token_from_row;
 use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
@@ -221,6 +227,29 @@ impl Drop for PostgresStore {
 
 fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+impl crate::store::rows::StoredRow for PgRow {
+    fn text(&self, column: &str) -> StoreResult<Option<String>> {
+        self.try_get(column).map_err(map_err)
+    }
+
+    /// Whole numbers are kept in several widths (int2, int4, int8).
+    fn int(&self, column: &str) -> StoreResult<Option<i64>> {
+        if let Ok(v) = self.try_get::<Option<i64>, _>(column) {
+            return Ok(v);
+        }
+        if let Ok(v) = self.try_get::<Option<i32>, _>(column) {
+            return Ok(v.map(i64::from));
+        }
+        self.try_get::<Option<i16>, _>(column)
+            .map(|v| v.map(i64::from))
+            .map_err(map_err)
+    }
+
+    fn flag(&self, column: &str) -> StoreResult<Option<bool>> {
+        self.try_get(column).map_err(map_err)
+    }
 }
 
 fn u16_opt(v: Option<i32>) -> Option<u16> {

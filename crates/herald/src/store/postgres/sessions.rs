@@ -2,21 +2,6 @@
 
 use super::*;
 
-fn session_from_row(r: &PgRow) -> StoreResult<Session> {
-    Ok(Session {
-        kind: SessionKind::parse(&get::<String>(r, "kind")?)?,
-        app_id: get::<Option<String>>(r, "app_id")?.map(AppId::from_trusted),
-        token_id: get(r, "token_id")?,
-        capabilities: get(r, "capabilities")?,
-        session_id: get(r, "session_id")?,
-        theme: get(r, "theme")?,
-        csrf: get(r, "csrf")?,
-        flash: get(r, "flash")?,
-        created_at: get(r, "created_at")?,
-        expires_at: get(r, "expires_at")?,
-    })
-}
-
 #[async_trait]
 impl Sessions for PostgresStore {
     async fn create_session(&self, sha256_hex: &str, s: &Session) -> StoreResult<()> {

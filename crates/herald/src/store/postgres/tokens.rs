@@ -2,19 +2,6 @@
 
 use super::*;
 
-fn token_from_row(r: &PgRow) -> StoreResult<ApiToken> {
-    Ok(ApiToken {
-        id: get(r, "id")?,
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        name: get(r, "name")?,
-        created_at: get(r, "created_at")?,
-        expires_at: get(r, "expires_at")?,
-        capabilities: get(r, "capabilities")?,
-        session_id: get(r, "session_id")?,
-        feature_flags: get(r, "feature_flags")?,
-    })
-}
-
 const TOKEN_COLUMNS: &str =
     "id, app_id, name, created_at, expires_at, capabilities, session_id, feature_flags";
 

@@ -2,18 +2,6 @@
 
 use super::*;
 
-pub(super) fn app_from_row(r: &Row<'_>) -> StoreResult<App> {
-    Ok(App {
-        id: AppId::from_trusted(get(r, "id")?),
-        uid: get(r, "uid")?,
-        name: get(r, "name")?,
-        rate_limit: u16_opt(get(r, "rate_limit")?),
-        metadata: from_json::<BTreeMap<String, String>>(&get::<String>(r, "metadata")?)?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 #[async_trait]
 impl Apps for SqliteStore {
     async fn create_app(&self, app: &App) -> StoreResult<()> {
@@ -76,7 +64,7 @@ impl Apps for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1")
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![key], app_from_row)?.pop())
+            Ok(rows(&mut stmt, params![key], |r| app_from_row(r))?.pop())
         })
         .await
     }
@@ -90,7 +78,7 @@ impl Apps for SqliteStore {
                 "id",
                 vec![],
                 &page,
-                app_from_row,
+                |r| app_from_row(r),
             )
         })
         .await

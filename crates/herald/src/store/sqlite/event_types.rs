@@ -2,20 +2,6 @@
 
 use super::*;
 
-fn event_type_from_row(r: &Row<'_>) -> StoreResult<EventType> {
-    Ok(EventType {
-        name: get(r, "name")?,
-        description: get(r, "description")?,
-        archived: get::<i64>(r, "archived")? != 0,
-        deprecated: get::<i64>(r, "deprecated")? != 0,
-        schemas: get(r, "schemas")?,
-        feature_flag: get(r, "feature_flag")?,
-        group_name: get(r, "group_name")?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 #[async_trait]
 impl EventTypes for SqliteStore {
     async fn create_event_type(&self, et: &EventType) -> StoreResult<()> {
@@ -56,7 +42,7 @@ impl EventTypes for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM event_types WHERE name = ?1")
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![name], event_type_from_row)?.pop())
+            Ok(rows(&mut stmt, params![name], |r| event_type_from_row(r))?.pop())
         })
         .await
     }
@@ -72,8 +58,12 @@ impl EventTypes for SqliteStore {
             "SELECT * FROM event_types WHERE archived = 0"
         };
         let page = page.clone();
-        self.read(move |c| page_of(c, sql, "name", Vec::new(), &page, event_type_from_row))
-            .await
+        self.read(move |c| {
+            page_of(c, sql, "name", Vec::new(), &page, |r| {
+                event_type_from_row(r)
+            })
+        })
+        .await
     }
 
     async fn update_event_type(&self, et: &EventType) -> StoreResult<bool> {

@@ -1,6 +1,5 @@
 //! The finding tools' searches on SQLite.
 
-use super::apps::app_from_row;
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 
@@ -205,7 +204,7 @@ impl Finder for SqliteStore {
             args.push(search.to_owned().into());
         }
         let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "id", args, &page, app_from_row))
+        self.read(move |c| page_of(c, &sql, "id", args, &page, |r| app_from_row(r)))
             .await
     }
 }

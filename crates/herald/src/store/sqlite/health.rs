@@ -1,6 +1,5 @@
 //! Endpoint health figures and queue counts on SQLite.
 
-use super::endpoints::{endpoint_from_row, status_from_row};
 use super::*;
 use crate::store::DUE_COUNT_CAP;
 

@@ -53,6 +53,12 @@ mod sessions;
 mod settings;
 mod tokens;
 
+use crate::store::apps::app_from_row;
+use crate::store::audit::entry_from_row;
+use crate::store::endpoints::{endpoint_from_row, status_from_row};
+use crate::store::event_types::event_type_from_row;
+use crate::store::sessions::session_from_row;
+use crate::store::tokens::token_from_row;
 use circuits::circuit_of_row;
 use counts::CountFold;
 
@@ -513,6 +519,24 @@ impl SqliteStore {
 
 fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+impl crate::store::rows::StoredRow for Row<'_> {
+    fn text(&self, column: &str) -> StoreResult<Option<String>> {
+        self.get(column).map_err(map_err)
+    }
+
+    fn int(&self, column: &str) -> StoreResult<Option<i64>> {
+        self.get(column).map_err(map_err)
+    }
+
+    /// SQLite keeps flags as 0 and 1.
+    fn flag(&self, column: &str) -> StoreResult<Option<bool>> {
+        Ok(self
+            .get::<_, Option<i64>>(column)
+            .map_err(map_err)?
+            .map(|v| v != 0))
+    }
 }
 
 fn u16_opt(v: Option<i64>) -> Option<u16> {

@@ -2,21 +2,6 @@
 
 use super::*;
 
-fn session_from_row(r: &Row<'_>) -> StoreResult<Session> {
-    Ok(Session {
-        kind: SessionKind::parse(&get::<String>(r, "kind")?)?,
-        app_id: get::<Option<String>>(r, "app_id")?.map(AppId::from_trusted),
-        token_id: get(r, "token_id")?,
-        capabilities: get(r, "capabilities")?,
-        session_id: get(r, "session_id")?,
-        theme: get(r, "theme")?,
-        csrf: get(r, "csrf")?,
-        flash: get(r, "flash")?,
-        created_at: get(r, "created_at")?,
-        expires_at: get(r, "expires_at")?,
-    })
-}
-
 #[async_trait]
 impl Sessions for SqliteStore {
     async fn create_session(&self, sha256_hex: &str, session: &Session) -> StoreResult<()> {
@@ -57,7 +42,7 @@ impl Sessions for SqliteStore {
                             "SELECT * FROM sessions WHERE sha256 = ?1 AND expires_at > ?2",
                         )
                         .map_err(map_err)?;
-                    Ok(rows(&mut stmt, params![sha, now], session_from_row)?.pop())
+                    Ok(rows(&mut stmt, params![sha, now], |r| session_from_row(r))?.pop())
                 }
             })
             .await?;

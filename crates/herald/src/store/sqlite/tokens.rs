@@ -2,19 +2,6 @@
 
 use super::*;
 
-fn token_from_row(r: &Row<'_>) -> StoreResult<ApiToken> {
-    Ok(ApiToken {
-        id: get(r, "id")?,
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        name: get(r, "name")?,
-        created_at: get(r, "created_at")?,
-        expires_at: get(r, "expires_at")?,
-        capabilities: get(r, "capabilities")?,
-        session_id: get(r, "session_id")?,
-        feature_flags: get(r, "feature_flags")?,
-    })
-}
-
 fn insert_token(c: &Connection, t: &ApiToken, sha: &str) -> StoreResult<()> {
     c.execute(
         "INSERT INTO api_tokens (id, app_id, sha256, name, created_at, expires_at, capabilities, \
@@ -89,7 +76,7 @@ impl Tokens for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM api_tokens WHERE id = ?1")
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![token_id], token_from_row)?
+            Ok(rows(&mut stmt, params![token_id], |r| token_from_row(r))?
                 .pop()
                 .filter(|t| t.live_at(now)))
         })
@@ -156,7 +143,7 @@ impl Tokens for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM api_tokens WHERE sha256 = ?1")
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![sha], token_from_row)?.pop())
+            Ok(rows(&mut stmt, params![sha], |r| token_from_row(r))?.pop())
         })
         .await
     }
@@ -167,7 +154,7 @@ impl Tokens for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM api_tokens WHERE app_id = ?1 ORDER BY id")
                 .map_err(map_err)?;
-            rows(&mut stmt, params![app], token_from_row)
+            rows(&mut stmt, params![app], |r| token_from_row(r))
         })
         .await
     }
