@@ -1,6 +1,7 @@
 //! Reads of stored messages, deliveries and attempts for the API, the
 //! dashboard and the portal.
 
+use super::rows::{col, u16_col, u32_col, StoredRow};
 use super::*;
 
 /// Reads of messages, deliveries and attempts.
@@ -107,4 +108,70 @@ pub struct AttemptFilter {
     pub success: Option<bool>,
     /// 0: no response; 100, 200, …, 500: that class of status code.
     pub code_class: Option<u16>,
+}
+
+/// A message from its stored row (either backend).
+pub(crate) fn message_from_row(r: &impl StoredRow) -> StoreResult<Message> {
+    let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
+        col::<Option<String>>(r, column)?
+            .as_deref()
+            .map(from_json)
+            .transpose()
+    };
+    Ok(Message {
+        id: MsgId::from_trusted(col(r, "id")?),
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        event_type: col(r, "event_type")?,
+        event_id: col(r, "event_id")?,
+        payload: col(r, "payload")?,
+        channels: json("channels")?,
+        created_at: col(r, "created_at")?,
+        traceparent: col(r, "traceparent")?,
+        tags: json("tags")?,
+        deliver_at: col(r, "deliver_at")?,
+        application: None,
+        payload_expires_at: None,
+    })
+}
+
+/// A delivery from its stored row (either backend).
+pub(crate) fn delivery_from_row(r: &impl StoredRow) -> StoreResult<Delivery> {
+    let state: i64 = col(r, "state")?;
+    let reason: Option<String> = col(r, "dead_reason")?;
+    Ok(Delivery {
+        id: DeliveryId::from_trusted(col(r, "id")?),
+        msg_id: MsgId::from_trusted(col(r, "msg_id")?),
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        endpoint_id: EndpointId::from_trusted(col(r, "endpoint_id")?),
+        event_type: col(r, "event_type")?,
+        state: DeliveryState::from_i64(state)
+            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
+        attempts: u32_col(r, "attempts")?,
+        next_attempt_at: col(r, "next_attempt_at")?,
+        dead_reason: reason.as_deref().and_then(DeadReason::parse),
+        last_status: u16_col(r, "last_status")?,
+        last_error: col(r, "last_error")?,
+        created_at: col(r, "created_at")?,
+        updated_at: col(r, "updated_at")?,
+    })
+}
+
+/// An attempt from its stored row (either backend).
+pub(crate) fn attempt_from_row(r: &impl StoredRow) -> StoreResult<AttemptRecord> {
+    Ok(AttemptRecord {
+        id: AttemptId::from_trusted(col(r, "id")?),
+        delivery_id: DeliveryId::from_trusted(col(r, "delivery_id")?),
+        msg_id: MsgId::from_trusted(col(r, "msg_id")?),
+        endpoint_id: EndpointId::from_trusted(col(r, "endpoint_id")?),
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        url: col(r, "url")?,
+        attempt_number: u32_col(r, "attempt_number")?,
+        started_at: col(r, "started_at")?,
+        duration_ms: col(r, "duration_ms")?,
+        status_code: u16_col(r, "status_code")?,
+        response: col(r, "response")?,
+        error: col(r, "error")?,
+        success: col(r, "success")?,
+        manual: col(r, "manual")?,
+    })
 }

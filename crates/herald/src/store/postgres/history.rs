@@ -6,76 +6,13 @@ use super::*;
 const MESSAGE_COLUMNS: &str =
     "id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at";
 
-fn message_from_row(r: &PgRow) -> StoreResult<Message> {
-    Ok(Message {
-        id: MsgId::from_trusted(get(r, "id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        event_type: get(r, "event_type")?,
-        event_id: get(r, "event_id")?,
-        payload: get(r, "payload")?,
-        channels: get::<Option<String>>(r, "channels")?
-            .as_deref()
-            .map(from_json)
-            .transpose()?,
-        created_at: get(r, "created_at")?,
-        traceparent: get(r, "traceparent")?,
-        tags: get::<Option<String>>(r, "tags")?
-            .as_deref()
-            .map(from_json)
-            .transpose()?,
-        deliver_at: get(r, "deliver_at")?,
-        application: None,
-        payload_expires_at: None,
-    })
-}
-
 const DELIVERY_COLUMNS: &str =
     "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
      d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
 
-fn delivery_from_row(r: &PgRow) -> StoreResult<Delivery> {
-    let state: i16 = get(r, "state")?;
-    let reason: Option<String> = get(r, "dead_reason")?;
-    Ok(Delivery {
-        id: DeliveryId::from_trusted(get(r, "id")?),
-        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
-        event_type: get(r, "event_type")?,
-        state: DeliveryState::from_i64(i64::from(state))
-            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
-        attempts: u32_of(get(r, "attempts")?),
-        next_attempt_at: get(r, "next_attempt_at")?,
-        dead_reason: reason.as_deref().and_then(DeadReason::parse),
-        last_status: u16_opt(get(r, "last_status")?),
-        last_error: get(r, "last_error")?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
 const ATTEMPT_COLUMNS: &str =
     "id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, duration_ms, \
      status_code, response, error, success, manual";
-
-fn attempt_from_row(r: &PgRow) -> StoreResult<AttemptRecord> {
-    Ok(AttemptRecord {
-        id: AttemptId::from_trusted(get(r, "id")?),
-        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
-        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
-        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        url: get(r, "url")?,
-        attempt_number: u32_of(get(r, "attempt_number")?),
-        started_at: get(r, "started_at")?,
-        duration_ms: get(r, "duration_ms")?,
-        status_code: u16_opt(get(r, "status_code")?),
-        response: get(r, "response")?,
-        error: get(r, "error")?,
-        success: get(r, "success")?,
-        manual: get(r, "manual")?,
-    })
-}
 
 #[async_trait]
 impl History for PostgresStore {

@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use herald_policy::DeadReason;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::Notify;
@@ -46,6 +45,7 @@ use crate::store::apps::app_from_row;
 use crate::store::audit::entry_from_row;
 use crate::store::endpoints::{endpoint_from_row, status_from_row};
 use crate::store::event_types::event_type_from_row;
+use crate::store::history::{attempt_from_row, delivery_from_row, message_from_row};
 use crate::store::sessions::session_from_row;
 use crate::store::tokens::token_from_row;
 use circuits::circuit_of_pg_row;
@@ -250,10 +250,6 @@ impl crate::store::rows::StoredRow for PgRow {
     fn flag(&self, column: &str) -> StoreResult<Option<bool>> {
         self.try_get(column).map_err(map_err)
     }
-}
-
-fn u16_opt(v: Option<i32>) -> Option<u16> {
-    v.and_then(|n| u16::try_from(n).ok())
 }
 
 fn u32_of(v: i32) -> u32 {

@@ -3,66 +3,9 @@
 use super::replay::dead_filter_sql;
 use super::*;
 
-fn message_from_row(r: &Row<'_>) -> StoreResult<Message> {
-    Ok(Message {
-        id: MsgId::from_trusted(get(r, "id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        event_type: get(r, "event_type")?,
-        event_id: get(r, "event_id")?,
-        payload: get(r, "payload")?,
-        channels: json_opt(get(r, "channels")?)?,
-        created_at: get(r, "created_at")?,
-        traceparent: get(r, "traceparent")?,
-        tags: json_opt(get(r, "tags")?)?,
-        deliver_at: get(r, "deliver_at")?,
-        application: None,
-        payload_expires_at: None,
-    })
-}
-
 const DELIVERY_COLUMNS: &str =
     "d.id, d.msg_id, d.app_id, d.endpoint_id, m.event_type, d.state, d.attempts, \
      d.next_attempt_at, d.dead_reason, d.last_status, d.last_error, d.created_at, d.updated_at";
-
-fn delivery_from_row(r: &Row<'_>) -> StoreResult<Delivery> {
-    let state: i64 = get(r, "state")?;
-    let reason: Option<String> = get(r, "dead_reason")?;
-    Ok(Delivery {
-        id: DeliveryId::from_trusted(get(r, "id")?),
-        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
-        event_type: get(r, "event_type")?,
-        state: DeliveryState::from_i64(state)
-            .ok_or_else(|| StoreError::Internal(format!("bad state {state}")))?,
-        attempts: u32_of(get(r, "attempts")?),
-        next_attempt_at: get(r, "next_attempt_at")?,
-        dead_reason: reason.as_deref().and_then(DeadReason::parse),
-        last_status: u16_opt(get(r, "last_status")?),
-        last_error: get(r, "last_error")?,
-        created_at: get(r, "created_at")?,
-        updated_at: get(r, "updated_at")?,
-    })
-}
-
-fn attempt_from_row(r: &Row<'_>) -> StoreResult<AttemptRecord> {
-    Ok(AttemptRecord {
-        id: AttemptId::from_trusted(get(r, "id")?),
-        delivery_id: DeliveryId::from_trusted(get(r, "delivery_id")?),
-        msg_id: MsgId::from_trusted(get(r, "msg_id")?),
-        endpoint_id: EndpointId::from_trusted(get(r, "endpoint_id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        url: get(r, "url")?,
-        attempt_number: u32_of(get(r, "attempt_number")?),
-        started_at: get(r, "started_at")?,
-        duration_ms: get(r, "duration_ms")?,
-        status_code: u16_opt(get(r, "status_code")?),
-        response: get(r, "response")?,
-        error: get(r, "error")?,
-        success: get::<i64>(r, "success")? != 0,
-        manual: get::<i64>(r, "manual")? != 0,
-    })
-}
 
 #[async_trait]
 impl History for SqliteStore {
@@ -74,7 +17,7 @@ impl History for SqliteStore {
                     "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
                 )
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![app, key], message_from_row)?.pop())
+            Ok(rows(&mut stmt, params![app, key], |r| message_from_row(r))?.pop())
         })
         .await
     }
@@ -88,7 +31,7 @@ impl History for SqliteStore {
                      WHERE d.id = ?1 AND d.app_id = ?2"
                 ))
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![id, app], delivery_from_row)?.pop())
+            Ok(rows(&mut stmt, params![id, app], |r| delivery_from_row(r))?.pop())
         })
         .await
     }
@@ -106,7 +49,7 @@ impl History for SqliteStore {
                      WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
                 ))
                 .map_err(map_err)?;
-            rows(&mut stmt, params![msg, app], delivery_from_row)
+            rows(&mut stmt, params![msg, app], |r| delivery_from_row(r))
         })
         .await
     }
@@ -117,7 +60,7 @@ impl History for SqliteStore {
             "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
         let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "d.id", args, &page, delivery_from_row))
+        self.read(move |c| page_of(c, &sql, "d.id", args, &page, |r| delivery_from_row(r)))
             .await
     }
 
@@ -154,7 +97,7 @@ impl History for SqliteStore {
             }
         }
         let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "id", args, &page, attempt_from_row))
+        self.read(move |c| page_of(c, &sql, "id", args, &page, |r| attempt_from_row(r)))
             .await
     }
 
@@ -164,7 +107,7 @@ impl History for SqliteStore {
             let mut stmt = c
                 .prepare_cached("SELECT * FROM attempts WHERE id = ?1 AND app_id = ?2")
                 .map_err(map_err)?;
-            Ok(rows(&mut stmt, params![id, app], attempt_from_row)?.pop())
+            Ok(rows(&mut stmt, params![id, app], |r| attempt_from_row(r))?.pop())
         })
         .await
     }
@@ -198,7 +141,7 @@ impl History for SqliteStore {
             args.push(after.into());
         }
         let page = page.clone();
-        self.read(move |c| page_of(c, &sql, "id", args, &page, message_from_row))
+        self.read(move |c| page_of(c, &sql, "id", args, &page, |r| message_from_row(r)))
             .await
     }
 

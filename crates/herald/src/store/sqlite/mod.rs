@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use herald_policy::DeadReason;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::{mpsc, oneshot};
@@ -57,6 +56,7 @@ use crate::store::apps::app_from_row;
 use crate::store::audit::entry_from_row;
 use crate::store::endpoints::{endpoint_from_row, status_from_row};
 use crate::store::event_types::event_type_from_row;
+use crate::store::history::{attempt_from_row, delivery_from_row, message_from_row};
 use crate::store::sessions::session_from_row;
 use crate::store::tokens::token_from_row;
 use circuits::circuit_of_row;
@@ -537,10 +537,6 @@ impl crate::store::rows::StoredRow for Row<'_> {
             .map_err(map_err)?
             .map(|v| v != 0))
     }
-}
-
-fn u16_opt(v: Option<i64>) -> Option<u16> {
-    v.and_then(|n| u16::try_from(n).ok())
 }
 
 fn u32_of(v: i64) -> u32 {
