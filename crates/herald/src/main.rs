@@ -67,6 +67,16 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Exit 0 when the Herald serving on HERALD_LISTEN (or --url) answers
+    /// /healthz, 1 otherwise: a container's HEALTHCHECK (images without curl).
+    Healthcheck {
+        /// The base URL to ask (default: http:// and HERALD_LISTEN, a
+        /// wildcard address asked on loopback).
+        #[arg(long)]
+        url: Option<String>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Re-encrypt stored secrets with the first key of HERALD_ENCRYPTION_KEY
     /// (safe while Herald serves); then older keys can be removed.
     RotateEncryptionKey {
@@ -134,6 +144,7 @@ fn main() -> std::process::ExitCode {
                 config,
             } => backup(config, path, force).await,
             Command::Restore { path, config } => restore(config, path).await,
+            Command::Healthcheck { url, config } => healthcheck(config, url).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,
@@ -285,6 +296,41 @@ async fn restore(config_file: Option<PathBuf>, path: PathBuf) -> anyhow::Result<
         ),
         None => println!("restored {} as {shown}: {summary}", path.display()),
     }
+    Ok(())
+}
+
+async fn healthcheck(config_file: Option<PathBuf>, url: Option<String>) -> anyhow::Result<()> {
+    let base = match url {
+        Some(url) => url.trim_end_matches('/').to_owned(),
+        None => {
+            let config = Config::load(config_file.as_deref())?;
+            let mut listen = config.listener.listen;
+            if listen.ip().is_unspecified() {
+                listen.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            let scheme = if config.listener.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            format!("{scheme}://{listen}")
+        }
+    };
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(3))
+        // The listener's own certificate may name the public host only.
+        .danger_accept_invalid_certs(true)
+        .no_proxy()
+        .build()?;
+    let response = client
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{base}/healthz: {e}"))?;
+    if !response.status().is_success() {
+        anyhow::bail!("{base}/healthz answered {}", response.status());
+    }
+    println!("{base}/healthz: {}", response.status());
     Ok(())
 }
 

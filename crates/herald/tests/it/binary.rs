@@ -705,3 +705,41 @@ async fn the_admin_token_can_come_from_a_file() {
         .expect("herald answers");
     assert_eq!(resp.status(), StatusCode::OK);
 }
+
+/// `herald healthcheck` (a container's HEALTHCHECK): 0 while a Herald
+/// serves on HERALD_LISTEN, 1 with the reason when nothing answers.
+#[tokio::test]
+async fn the_healthcheck_command_says_whether_herald_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let proc = serve(&dir.path().join("h.db"), &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    let (code, out, err) = run(
+        &["healthcheck"],
+        &[("HERALD_LISTEN", proc.addr.to_string())],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("/healthz: 200"), "{out}");
+    let wildcard = format!("0.0.0.0:{}", proc.addr.port());
+    let (code, _, err) = run(&["healthcheck"], &[("HERALD_LISTEN", wildcard)]).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "a wildcard address is asked on loopback: {err}"
+    );
+    drop(proc);
+    let closed = closed_port().await;
+    let (code, _, err) = run(
+        &[
+            "healthcheck",
+            "--url",
+            &format!("http://127.0.0.1:{closed}"),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("/healthz"),
+        "the reason names what was asked: {err}"
+    );
+}
