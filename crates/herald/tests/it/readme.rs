@@ -111,3 +111,71 @@ fn the_configuration_table_names_exactly_the_known_settings() {
         "docs/configuration.md lacks {undocumented:?} and names settings Herald does not know: {unknown:?}"
     );
 }
+
+fn repo_file(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The `HERALD_*` names a text uses (`HERALD_X=`, `HERALD_X:`, `-e HERALD_X`).
+fn herald_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("HERALD_") && w.len() > "HERALD_".len())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// README's "With Docker" commands build the image the Dockerfile
+/// describes and run it as the Dockerfile expects (its port, its volume,
+/// settings Herald knows); compose.yaml and .env.example name only
+/// settings Herald knows. (deploy/check-image runs the same image in CI.)
+#[test]
+fn the_docker_commands_and_compose_file_match_the_image() {
+    let known: std::collections::BTreeSet<String> = herald::config::KEYS
+        .iter()
+        .map(|(k, _, _)| (*k).to_owned())
+        .collect();
+    let readme = repo_file("README.md");
+    let section = readme
+        .split("### With Docker")
+        .nth(1)
+        .expect("README has a With Docker section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n```").next())
+        .expect("its sh block");
+    let dockerfile = repo_file("Dockerfile");
+    assert!(block.contains("docker build -t herald ."), "{block}");
+    let run = block
+        .lines()
+        .find(|l| l.starts_with("docker run"))
+        .expect("a docker run line");
+    assert!(run.ends_with(" herald"), "runs the image built: {run}");
+    assert!(
+        dockerfile.contains("EXPOSE 8080") && run.contains(":8080 "),
+        "the port the image listens on: {run}"
+    );
+    assert!(
+        dockerfile.contains("VOLUME [\"/data\"]") && run.contains(":/data "),
+        "the image's volume: {run}"
+    );
+    assert!(dockerfile.contains("HERALD_DATABASE_URL=sqlite:///data/herald.db"));
+    for (file, text) in [
+        ("README's docker run", run.to_owned()),
+        ("Dockerfile", dockerfile.clone()),
+        ("compose.yaml", repo_file("compose.yaml")),
+        (".env.example", repo_file(".env.example")),
+    ] {
+        let names = herald_names(&text);
+        let unknown: Vec<_> = names.difference(&known).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names unknown settings {unknown:?}"
+        );
+    }
+}
