@@ -4,6 +4,7 @@
 //! application (the portal's session, an operator who picked one) or to
 //! all of them (the operator).
 
+use super::rows::{col, StoredRow};
 use super::*;
 
 /// Searches over messages and applications.
@@ -80,4 +81,18 @@ pub(crate) fn like_pattern(search: &str) -> String {
     }
     p.push('%');
     p
+}
+
+/// A found message from its stored row (either backend); its deliveries
+/// are counted apart.
+pub(crate) fn found_from_row(r: &impl StoredRow) -> StoreResult<FoundMessage> {
+    Ok(FoundMessage {
+        id: MsgId::from_trusted(col(r, "id")?),
+        app_id: AppId::from_trusted(col(r, "app_id")?),
+        app_name: col(r, "app_name")?,
+        event_type: col(r, "event_type")?,
+        event_id: col(r, "event_id")?,
+        created_at: col(r, "created_at")?,
+        deliveries: DeliveryCounts::default(),
+    })
 }

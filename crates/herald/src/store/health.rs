@@ -1,5 +1,6 @@
 //! Endpoint health figures and queue counts for metrics and the dashboard.
 
+use super::rows::{col, StoredRow};
 use super::*;
 
 /// Endpoint health figures and queue counts.
@@ -121,4 +122,23 @@ pub struct EndpointOverview {
     /// health needs no other read of the breakers (none store-wide, none
     /// outside the page's application).
     pub circuit: Circuit,
+}
+
+/// A stats bucket from its stored row (either backend).
+pub(crate) fn stats_from_row(r: &impl StoredRow) -> StoreResult<StatsBucket> {
+    let n = |column: &str| -> StoreResult<u64> {
+        Ok(u64::try_from(col::<i64>(r, column)?).unwrap_or(0))
+    };
+    let mut histogram = [0u64; herald_policy::stats::HISTOGRAM_LEN];
+    for (i, h) in histogram.iter_mut().enumerate() {
+        *h = n(&format!("h{i}"))?;
+    }
+    Ok(StatsBucket {
+        bucket: col(r, "bucket")?,
+        attempts: n("attempts")?,
+        successes: n("successes")?,
+        failures: n("failures")?,
+        latency_sum_ms: n("latency_sum")?,
+        histogram,
+    })
 }

@@ -4,18 +4,6 @@ use super::apps::APP_COLUMNS;
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 
-fn found_from_row(r: &PgRow) -> StoreResult<FoundMessage> {
-    Ok(FoundMessage {
-        id: MsgId::from_trusted(get(r, "id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        app_name: get(r, "app_name")?,
-        event_type: get(r, "event_type")?,
-        event_id: get(r, "event_id")?,
-        created_at: get(r, "created_at")?,
-        deliveries: DeliveryCounts::default(),
-    })
-}
-
 /// The WHERE clause (after `WHERE`) and its text arguments (cast in the
 /// SQL). Indexes as on SQLite: the primary key, `(app_id, event_id)` or
 /// `messages_by_event_id` for an id, `messages_by_app_type` /

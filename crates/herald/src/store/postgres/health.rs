@@ -10,22 +10,6 @@ const ENDPOINT_COLUMNS_E: &str =
     "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
      e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers, e.ordering";
 
-fn stats_from_row(r: &PgRow) -> StoreResult<StatsBucket> {
-    let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
-    let mut histogram = [0u64; herald_policy::stats::HISTOGRAM_LEN];
-    for (i, h) in histogram.iter_mut().enumerate() {
-        *h = n(&format!("h{i}"))?;
-    }
-    Ok(StatsBucket {
-        bucket: get(r, "bucket")?,
-        attempts: n("attempts")?,
-        successes: n("successes")?,
-        failures: n("failures")?,
-        latency_sum_ms: n("latency_sum")?,
-        histogram,
-    })
-}
-
 #[async_trait]
 impl Health for PostgresStore {
     async fn fold_delivery_counts(&self) -> StoreResult<u64> {

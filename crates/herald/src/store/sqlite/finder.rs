@@ -3,18 +3,6 @@
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 
-fn found_from_row(r: &Row<'_>) -> StoreResult<FoundMessage> {
-    Ok(FoundMessage {
-        id: MsgId::from_trusted(get(r, "id")?),
-        app_id: AppId::from_trusted(get(r, "app_id")?),
-        app_name: get(r, "app_name")?,
-        event_type: get(r, "event_type")?,
-        event_id: get(r, "event_id")?,
-        created_at: get(r, "created_at")?,
-        deliveries: DeliveryCounts::default(),
-    })
-}
-
 /// The WHERE clause (after `WHERE`) and its arguments. Which index serves
 /// it: the primary key or `UNIQUE (app_id, event_id)` /
 /// `messages_by_event_id` for an id; `messages_by_app_type`
@@ -158,7 +146,7 @@ pub(super) fn find_messages_on(
             format!("{select} FROM messages m JOIN applications a ON a.id = m.app_id WHERE {cond}")
         }
     };
-    let mut found = page_of(c, &sql, "m.id", args, page, found_from_row)?;
+    let mut found = page_of(c, &sql, "m.id", args, page, |r| found_from_row(r))?;
     if found.items.is_empty() {
         return Ok(found);
     }

@@ -3,22 +3,6 @@
 use super::*;
 use crate::store::DUE_COUNT_CAP;
 
-fn stats_from_row(r: &Row<'_>) -> StoreResult<StatsBucket> {
-    let n = |col: &str| -> StoreResult<u64> { Ok(u64::try_from(get::<i64>(r, col)?).unwrap_or(0)) };
-    let mut histogram = [0u64; herald_policy::stats::HISTOGRAM_LEN];
-    for (i, h) in histogram.iter_mut().enumerate() {
-        *h = n(&format!("h{i}"))?;
-    }
-    Ok(StatsBucket {
-        bucket: get(r, "bucket")?,
-        attempts: n("attempts")?,
-        successes: n("successes")?,
-        failures: n("failures")?,
-        latency_sum_ms: n("latency_sum")?,
-        histogram,
-    })
-}
-
 #[async_trait]
 impl Health for SqliteStore {
     async fn endpoint_delivery_counts(&self, ep: &EndpointId) -> StoreResult<DeliveryCounts> {
@@ -53,7 +37,7 @@ impl Health for SqliteStore {
                     "SELECT * FROM endpoint_stats WHERE endpoint_id = ?1 AND bucket >= ?2 ORDER BY bucket",
                 )
                 .map_err(map_err)?;
-            rows(&mut stmt, params![ep, since], stats_from_row)
+            rows(&mut stmt, params![ep, since], |r| stats_from_row(r))
         })
         .await
     }
