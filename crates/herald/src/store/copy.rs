@@ -85,6 +85,17 @@ impl CopyTable {
         })
     }
 
+    /// The key values of `row` (read from this table on one backend), to
+    /// page on after it.
+    pub fn key_of(&self, row: &[CopyValue], postgres: bool) -> Vec<CopyValue> {
+        let names: Vec<&str> = self.columns_on(postgres).map(|c| c.name).collect();
+        self.key
+            .iter()
+            .filter_map(|k| names.iter().position(|n| n == k))
+            .filter_map(|i| row.get(i).cloned())
+            .collect()
+    }
+
     /// Whether the table exists on one backend.
     pub fn on(&self, postgres: bool) -> bool {
         match self.present {
@@ -422,6 +433,39 @@ pub fn parking_to_sqlite(parked: bool, held: bool) -> i64 {
         SQLITE_PARKED_HELD
     } else {
         i64::from(parked)
+    }
+}
+
+/// One column's value as the copy carries it, which both backends'
+/// drivers read and write; a column's [`ColumnKind`] says how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyValue {
+    Null,
+    Int(i64),
+    Bool(bool),
+    Text(String),
+}
+
+/// One row, its values in the order of [`CopyTable::columns_on`].
+pub type CopyRow = Vec<CopyValue>;
+
+/// The `WHERE` and `ORDER BY` of a page in key order after `key_len` key
+/// values bound from `first_param` on (`$n` for PostgreSQL, `?n` for
+/// SQLite; both take row-value comparisons).
+pub fn key_page_sql(table: &CopyTable, after: bool, first_param: usize, sigil: char) -> String {
+    let key = table.key.join(", ");
+    let filter = if after && !table.key.is_empty() {
+        let params: Vec<String> = (0..table.key.len())
+            .map(|i| format!("{sigil}{}", first_param + i))
+            .collect();
+        format!(" WHERE ({key}) > ({})", params.join(", "))
+    } else {
+        String::new()
+    };
+    if table.key.is_empty() {
+        filter
+    } else {
+        format!("{filter} ORDER BY {key}")
     }
 }
 
