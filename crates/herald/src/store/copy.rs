@@ -469,6 +469,51 @@ pub fn key_page_sql(table: &CopyTable, after: bool, first_param: usize, sigil: c
     }
 }
 
+/// `row`, read from `table` on the source backend, in the target's
+/// columns: values carried by name, a delivery's parking split or joined
+/// ([`parking_to_postgres`], [`parking_to_sqlite`]), and columns only the
+/// target has given their default, 0 (PostgreSQL's fifo and parks
+/// bookkeeping; SQLite's `throttle_tat`, which the copy then sets from
+/// PostgreSQL's `endpoint_throttle`).
+pub fn to_target(table: &CopyTable, row: &[CopyValue], from_pg: bool, to_pg: bool) -> CopyRow {
+    let source: Vec<&str> = table.columns_on(from_pg).map(|c| c.name).collect();
+    let get = |name: &str| {
+        source
+            .iter()
+            .position(|n| *n == name)
+            .and_then(|i| row.get(i))
+    };
+    let as_bool = |v: Option<&CopyValue>| match v {
+        Some(CopyValue::Bool(b)) => *b,
+        Some(CopyValue::Int(n)) => *n != 0,
+        _ => false,
+    };
+    table
+        .columns_on(to_pg)
+        .map(|c| match (c.kind, c.name, from_pg, to_pg) {
+            (ColumnKind::Parking, _, false, true) => {
+                let parked = match get(c.name) {
+                    Some(CopyValue::Int(n)) => *n,
+                    _ => 0,
+                };
+                CopyValue::Bool(parking_to_postgres(parked).0)
+            }
+            (ColumnKind::Parking, _, true, false) => CopyValue::Int(parking_to_sqlite(
+                as_bool(get(c.name)),
+                as_bool(get("held")),
+            )),
+            (_, "held", false, true) if table.name == "deliveries" => {
+                let parked = match get("parked") {
+                    Some(CopyValue::Int(n)) => *n,
+                    _ => 0,
+                };
+                CopyValue::Bool(parking_to_postgres(parked).1)
+            }
+            _ => get(c.name).cloned().unwrap_or(CopyValue::Int(0)),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,6 +526,60 @@ mod tests {
         }
         assert_eq!(parking_to_postgres(1), (true, false));
         assert_eq!(parking_to_postgres(SQLITE_PARKED_HELD), (false, true));
+    }
+
+    fn listed(name: &str) -> &'static CopyTable {
+        TABLES
+            .iter()
+            .find(|t| t.name == name)
+            .expect("listed table")
+    }
+
+    /// A held SQLite delivery becomes `held` and not `parked` on
+    /// PostgreSQL and back; every other value is carried by name.
+    #[test]
+    fn deliveries_convert_between_backends() {
+        let deliveries = listed("deliveries");
+        let sqlite_row: CopyRow = deliveries
+            .columns_on(false)
+            .map(|c| match c.name {
+                "parked" => CopyValue::Int(SQLITE_PARKED_HELD),
+                "manual" => CopyValue::Bool(true),
+                "lease_token" => CopyValue::Null,
+                name => CopyValue::Text(name.to_owned()),
+            })
+            .collect();
+        let pg_row = to_target(deliveries, &sqlite_row, false, true);
+        let pg_names: Vec<&str> = deliveries.columns_on(true).map(|c| c.name).collect();
+        let at = |name: &str| &pg_row[pg_names.iter().position(|n| *n == name).expect("column")];
+        assert_eq!(at("parked"), &CopyValue::Bool(false));
+        assert_eq!(at("held"), &CopyValue::Bool(true));
+        assert_eq!(at("manual"), &CopyValue::Bool(true));
+        assert_eq!(at("lease_token"), &CopyValue::Null);
+        assert_eq!(at("msg_id"), &CopyValue::Text("msg_id".into()));
+        assert_eq!(to_target(deliveries, &pg_row, true, false), sqlite_row);
+        assert_eq!(to_target(deliveries, &sqlite_row, false, false), sqlite_row);
+    }
+
+    /// PostgreSQL-only bookkeeping starts at 0; SQLite→SQLite is as is.
+    #[test]
+    fn columns_only_the_target_has_start_at_zero() {
+        let endpoints = listed("endpoints");
+        let sqlite_row: CopyRow = endpoints
+            .columns_on(false)
+            .map(|c| CopyValue::Text(c.name.to_owned()))
+            .collect();
+        let pg_row = to_target(endpoints, &sqlite_row, false, true);
+        let pg_names: Vec<&str> = endpoints.columns_on(true).map(|c| c.name).collect();
+        assert_eq!(pg_row.len(), pg_names.len());
+        for (name, value) in pg_names.iter().zip(&pg_row) {
+            let want = if name.starts_with("fifo_") {
+                CopyValue::Int(0)
+            } else {
+                CopyValue::Text((*name).to_owned())
+            };
+            assert_eq!(value, &want, "{name}");
+        }
     }
 
     /// The table list names exactly the tables and columns of a freshly
