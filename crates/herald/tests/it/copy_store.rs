@@ -1,7 +1,9 @@
 //! `herald copy-store`: the table list it copies by, against the schemas
 //! the binary migrates.
 
-use herald::store::copy::{Present, TABLES};
+use herald::store::copy::{to_target, Present, TABLES};
+use herald::store::postgres::copy::insert_page;
+use herald::store::sqlite::copy::read_page;
 use sqlx::Connection;
 
 use crate::helpers::PgSchema;
@@ -51,6 +53,80 @@ async fn table_list_covers_every_postgres_table_and_column() {
             .expect("key");
             assert_eq!(key, t.key, "key of {}", t.name);
         }
+        let _ = conn.close().await;
+    })
+    .await;
+}
+
+/// A page read from SQLite, converted and inserted on PostgreSQL, arrives
+/// with its types (JSON, booleans, NULLs); sent again, as a resumed copy
+/// may, it inserts nothing and changes nothing.
+#[tokio::test]
+async fn a_sqlite_page_lands_on_postgres_once() {
+    let Some(pg) = PgSchema::new("a_sqlite_page_lands_on_postgres_once") else {
+        return;
+    };
+    let here = pg.named_again();
+    pg.run(|_| async move {
+        let pg = here;
+        drop(pg.open().await);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("source.db");
+        drop(
+            herald::store::sqlite::SqliteStore::open(&format!("sqlite://{}", path.display()))
+                .await
+                .expect("open sqlite"),
+        );
+        let source = rusqlite::Connection::open(&path).expect("source");
+        source
+            .execute_batch(
+                "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
+                 VALUES ('app_1', NULL, 'One', 5, '{\"k\":\"v\"}', 1, 2), \
+                        ('app_2', 'u2', 'Two', NULL, '{}', 3, 4);
+                 INSERT INTO event_types (name, description, archived, deprecated, schemas, created_at, updated_at) \
+                 VALUES ('a.b', 'AB', 1, 0, '{}', 1, 1);",
+            )
+            .expect("source rows");
+        let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
+        for name in ["applications", "event_types"] {
+            let table = TABLES.iter().find(|t| t.name == name).expect("listed");
+            let page = read_page(&source, table, None, 100).expect("page");
+            let rows: Vec<_> = page
+                .iter()
+                .map(|r| to_target(table, r, false, true))
+                .collect();
+            let first = insert_page(&mut conn, &pg.schema, table, &rows)
+                .await
+                .expect("insert");
+            assert_eq!(first, page.len() as u64, "{name}");
+            let again = insert_page(&mut conn, &pg.schema, table, &rows)
+                .await
+                .expect("insert again");
+            assert_eq!(again, 0, "{name} sent again");
+        }
+        let apps: Vec<(String, Option<String>, Option<i32>, serde_json::Value)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT id, uid, rate_limit, metadata FROM \"{}\".applications ORDER BY id",
+                pg.schema
+            )))
+            .fetch_all(&mut conn)
+            .await
+            .expect("apps");
+        assert_eq!(
+            apps,
+            [
+                ("app_1".into(), None, Some(5), serde_json::json!({"k": "v"})),
+                ("app_2".into(), Some("u2".into()), None, serde_json::json!({})),
+            ]
+        );
+        let archived: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT archived FROM \"{}\".event_types WHERE name = 'a.b'",
+            pg.schema
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .expect("event type");
+        assert!(archived);
         let _ = conn.close().await;
     })
     .await;
