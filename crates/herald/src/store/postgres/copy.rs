@@ -82,3 +82,84 @@ pub async fn insert_page(
     let done = query.execute(&mut *conn).await.map_err(map_err)?;
     Ok(done.rows_affected())
 }
+
+/// Up to `limit` rows of `table` of `schema` after the key `after` (from
+/// the first row when `None`), in key order, each column read as its
+/// [`ColumnKind`] carries it (JSON as text, every integer as `i64`).
+pub async fn read_page(
+    conn: &mut PgConnection,
+    schema: &str,
+    table: &CopyTable,
+    after: Option<&[CopyValue]>,
+    limit: usize,
+) -> StoreResult<Vec<CopyRow>> {
+    use sqlx::Row;
+    let columns: Vec<&crate::store::copy::CopyColumn> = table.columns_on(true).collect();
+    let select: Vec<String> = columns
+        .iter()
+        .map(|c| match c.kind {
+            ColumnKind::Json => format!("{}::text", c.name),
+            ColumnKind::Int => format!("{}::bigint", c.name),
+            _ => c.name.to_owned(),
+        })
+        .collect();
+    let key_len = after.map_or(0, <[CopyValue]>::len);
+    let key_kinds: Vec<ColumnKind> = table
+        .key
+        .iter()
+        .filter_map(|k| columns.iter().find(|c| c.name == *k).map(|c| c.kind))
+        .collect();
+    let mut filter = crate::store::copy::key_page_sql(table, after.is_some(), 1, '$');
+    // Typed key parameters, as in `insert_page`.
+    for (i, kind) in key_kinds.iter().enumerate().take(key_len) {
+        let v = after.and_then(|a| a.get(i)).unwrap_or(&CopyValue::Null);
+        filter = filter.replacen(
+            &format!("${}", i + 1),
+            &format!("${}::{}", i + 1, cast(*kind, v)),
+            1,
+        );
+    }
+    let sql = format!(
+        "SELECT {} FROM {}.{}{} LIMIT ${}",
+        select.join(", "),
+        quote_ident(schema)?,
+        table.name,
+        filter,
+        key_len + 1
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for v in after.unwrap_or_default() {
+        query = match v {
+            CopyValue::Null => query.bind(None::<String>),
+            CopyValue::Int(i) => query.bind(*i),
+            CopyValue::Bool(b) => query.bind(*b),
+            CopyValue::Text(t) => query.bind(t.clone()),
+        };
+    }
+    query = query.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+    let rows = query.fetch_all(&mut *conn).await.map_err(map_err)?;
+    rows.iter()
+        .map(|r| {
+            columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    Ok(match c.kind {
+                        ColumnKind::Int => r
+                            .try_get::<Option<i64>, _>(i)
+                            .map_err(map_err)?
+                            .map_or(CopyValue::Null, CopyValue::Int),
+                        ColumnKind::Bool | ColumnKind::Parking => r
+                            .try_get::<Option<bool>, _>(i)
+                            .map_err(map_err)?
+                            .map_or(CopyValue::Null, CopyValue::Bool),
+                        _ => r
+                            .try_get::<Option<String>, _>(i)
+                            .map_err(map_err)?
+                            .map_or(CopyValue::Null, CopyValue::Text),
+                    })
+                })
+                .collect::<StoreResult<CopyRow>>()
+        })
+        .collect()
+}

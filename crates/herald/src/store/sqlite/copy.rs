@@ -73,6 +73,52 @@ pub fn read_page(
         .map_err(internal)
 }
 
+fn to_sql(v: &CopyValue) -> rusqlite::types::Value {
+    match v {
+        CopyValue::Null => rusqlite::types::Value::Null,
+        CopyValue::Int(i) => rusqlite::types::Value::Integer(*i),
+        CopyValue::Bool(b) => rusqlite::types::Value::Integer(i64::from(*b)),
+        CopyValue::Text(t) => rusqlite::types::Value::Text(t.clone()),
+    }
+}
+
+/// Inserts `rows` (in SQLite's columns: `store::copy::to_target`) into
+/// `table` in one transaction; a row whose key is there already is left
+/// as it is, so a resumed copy may send a page again. The rows inserted.
+pub fn insert_page(conn: &mut Connection, table: &CopyTable, rows: &[CopyRow]) -> StoreResult<u64> {
+    let names: Vec<&str> = table.columns_on(false).map(|c| c.name).collect();
+    let sql = format!(
+        "INSERT OR IGNORE INTO {} ({}) VALUES ({})",
+        table.name,
+        names.join(", "),
+        (1..=names.len())
+            .map(|i| format!("?{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let tx = conn.transaction().map_err(internal)?;
+    let mut done = 0u64;
+    {
+        let mut stmt = tx.prepare_cached(&sql).map_err(internal)?;
+        for row in rows {
+            if row.len() != names.len() {
+                return Err(StoreError::Internal(format!(
+                    "a {} row has {} values for {} columns",
+                    table.name,
+                    row.len(),
+                    names.len()
+                )));
+            }
+            let n = stmt
+                .execute(rusqlite::params_from_iter(row.iter().map(to_sql)))
+                .map_err(internal)?;
+            done += u64::try_from(n).unwrap_or(0);
+        }
+    }
+    tx.commit().map_err(internal)?;
+    Ok(done)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
