@@ -27,6 +27,7 @@ use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 mod apps;
 mod audit;
 mod circuits;
+pub mod copy;
 mod endpoints;
 mod event_types;
 mod finder;

@@ -8,6 +8,7 @@ mod backups;
 mod binary;
 mod circuit_breaker;
 mod completions;
+mod copy_store;
 mod counts_fold;
 mod dashboard;
 mod delivery;

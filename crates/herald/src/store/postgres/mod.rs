@@ -54,6 +54,7 @@ use circuits::circuit_of_pg_row;
 mod apps;
 mod audit;
 pub mod backup;
+pub mod copy;
 mod endpoints;
 mod event_types;
 mod finder;

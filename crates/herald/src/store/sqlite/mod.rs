@@ -37,6 +37,7 @@ mod audit;
 pub mod backup;
 mod circuits;
 mod claim;
+pub mod copy;
 mod counts;
 mod endpoints;
 mod event_types;
