@@ -802,7 +802,7 @@ const READS: [(&str, &str); 8] = [
     ("messages ?status=dead", "/dashboard/messages?status=dead"),
 ];
 
-/// `herald bench --reads`: the table of read costs (see `--reads`).
+/// `herald-bench --reads`: the table of read costs (see `--reads`).
 async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.deliveries;
     println!(

@@ -138,7 +138,7 @@ impl Fold {
         if !self.armed {
             return Err(format!(
                 "{COUNT_FUNCTION}: a delivery changed outside a counted transaction \
-                 (register and flush herald::store::sqlite::CountFold around it)"
+                 (change deliveries only through the store's writer, which folds the counts)"
             ));
         }
         let state = usize::try_from(state)
