@@ -4,13 +4,26 @@
 use super::queue::unhold;
 use super::*;
 
-const ENDPOINT_COLUMNS: &str =
+pub(super) const ENDPOINT_COLUMNS: &str =
     "id, app_id, uid, url, description, filter_types::text AS filter_types, disabled, rate_limit, \
      metadata::text AS metadata, secret, created_at, updated_at, channels, headers, ordering";
 
-const STATUS_COLUMNS: &str =
+pub(super) const STATUS_COLUMNS: &str =
     "fail_streak, streak_started_at, last_success_at, last_error, last_error_at, disabled, \
      disabled_reason, disabled_at, disabled_by";
+
+/// `columns` (a list as above) read through the table alias `alias`,
+/// leaving out those named in `except` (`id` → `e.id`,
+/// `metadata::text AS metadata` → `e.metadata::text AS metadata`).
+pub(super) fn qualified(alias: &str, columns: &str, except: &[&str]) -> String {
+    columns
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !except.contains(c))
+        .map(|c| format!("{alias}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 #[async_trait]
 impl Endpoints for PostgresStore {

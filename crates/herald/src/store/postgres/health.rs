@@ -3,12 +3,16 @@
 use super::*;
 use crate::store::DUE_COUNT_CAP;
 
-const STATUS_COLUMNS_E: &str =
-    "e.fail_streak, e.streak_started_at, e.last_success_at, e.last_error, e.last_error_at, \
-     e.disabled_reason, e.disabled_at, e.disabled_by";
-const ENDPOINT_COLUMNS_E: &str =
-    "e.id, e.app_id, e.uid, e.url, e.description, e.filter_types::text AS filter_types, e.disabled, \
-     e.rate_limit, e.metadata::text AS metadata, e.secret, e.created_at, e.updated_at, e.channels, e.headers, e.ordering";
+/// The endpoint's and its health state's columns through the alias `e`
+/// (`disabled` once: both lists hold it), written once in endpoints.rs.
+static OVERVIEW_COLUMNS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use super::endpoints::{qualified, ENDPOINT_COLUMNS, STATUS_COLUMNS};
+    format!(
+        "{}, {}",
+        qualified("e", ENDPOINT_COLUMNS, &[]),
+        qualified("e", STATUS_COLUMNS, &["disabled"])
+    )
+});
 
 #[async_trait]
 impl Health for PostgresStore {
@@ -86,10 +90,11 @@ impl Health for PostgresStore {
         limit: usize,
     ) -> StoreResult<Vec<EndpointOverview>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {ENDPOINT_COLUMNS_E}, {STATUS_COLUMNS_E}, {CIRCUIT_COLUMNS}, a.name AS app_name \
+            "SELECT {}, {CIRCUIT_COLUMNS}, a.name AS app_name \
              FROM endpoints e JOIN applications a ON a.id = e.app_id \
              WHERE ($1::text IS NULL OR e.app_id = $1) \
-             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3"
+             ORDER BY e.fail_streak DESC, e.id LIMIT $2 OFFSET $3",
+            *OVERVIEW_COLUMNS
         )))
         .bind(app.map(|a| a.as_str()))
         .bind(i64_of(limit))
