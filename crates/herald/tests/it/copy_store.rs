@@ -16,7 +16,7 @@ async fn table_list_covers_every_postgres_table_and_column() {
     let Some(pg) = PgSchema::new("table_list_covers_every_postgres_table_and_column") else {
         return;
     };
-    let here = pg.named_again();
+    let here = pg.clone();
     pg.run(|_| async move {
         let pg = here;
         drop(pg.open().await);
@@ -66,7 +66,7 @@ async fn a_sqlite_page_lands_on_postgres_once() {
     let Some(pg) = PgSchema::new("a_sqlite_page_lands_on_postgres_once") else {
         return;
     };
-    let here = pg.named_again();
+    let here = pg.clone();
     pg.run(|_| async move {
         let pg = here;
         drop(pg.open().await);

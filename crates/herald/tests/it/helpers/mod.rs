@@ -339,6 +339,22 @@ impl Recorded {
     pub fn attempt(&self) -> u32 {
         self.header("x-attempt").parse().unwrap_or(0)
     }
+
+    /// Whether its Standard Webhooks signature verifies with `secret`, by
+    /// the `standardwebhooks` crate (a header whose signatures include one
+    /// by this secret verifies).
+    pub fn verified_by(&self, secret: &str) -> Result<(), String> {
+        let wh = standardwebhooks::Webhook::new(secret).map_err(|e| format!("secret: {e}"))?;
+        let mut headers = HeaderMap::new();
+        for name in ["webhook-id", "webhook-timestamp", "webhook-signature"] {
+            let value = self
+                .header(name)
+                .parse()
+                .map_err(|e| format!("{name}: {e}"))?;
+            headers.insert(name, value);
+        }
+        wh.verify(&self.body, &headers).map_err(|e| e.to_string())
+    }
 }
 
 /// Answers chosen per request, once the script is used up.

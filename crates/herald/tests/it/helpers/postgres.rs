@@ -46,7 +46,9 @@ where
     }
 }
 
-/// A throw-away schema on the test server.
+/// A throw-away schema on the test server (a clone names the same schema:
+/// dropping either drops it).
+#[derive(Clone)]
 pub struct PgSchema {
     pub url: String,
     pub schema: String,
@@ -88,14 +90,6 @@ impl PgSchema {
         Fut: Future<Output = ()>,
     {
         then_cleanup(test(&self), self.drop_schema()).await;
-    }
-
-    /// The same schema under a second name (dropping either drops it).
-    pub fn named_again(&self) -> PgSchema {
-        PgSchema {
-            url: self.url.clone(),
-            schema: self.schema.clone(),
-        }
     }
 
     /// `HERALD_DATABASE_URL` and `HERALD_DATABASE_SCHEMA` for a Herald on it.
@@ -279,7 +273,7 @@ macro_rules! on_both_stores {
                     };
                     pg.run(|pg| {
                         // A copy of the schema's name: `run` drops it after.
-                        let backend = $crate::helpers::Backend::Postgres(pg.named_again());
+                        let backend = $crate::helpers::Backend::Postgres(pg.clone());
                         async move { super::$test(&backend).await }
                     })
                     .await;
