@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// claimable work due after them.
     #[arg(long)]
     pub claim_cost: Option<usize>,
+    /// The `herald` binary the PostgreSQL runs start as worker processes
+    /// (default: the one beside `herald-bench`, where `cargo build -p
+    /// herald -p herald-bench` leaves both).
+    #[arg(long)]
+    pub herald: Option<std::path::PathBuf>,
     /// Instead of the delivery runs, time the reads an operator and
     /// Prometheus make (`/metrics`, an endpoint's stats, the dashboard's
     /// overview, dead letters and messages pages, an endpoint's attempts
@@ -88,6 +93,50 @@ pub struct BenchArgs {
 enum Target {
     Sqlite,
     Postgres { url: String, workers: usize },
+}
+
+/// `--herald`, or the `herald` beside this executable.
+fn herald_binary(args: &BenchArgs) -> anyhow::Result<std::path::PathBuf> {
+    let path = match &args.herald {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()
+            .context("locating herald-bench")?
+            .with_file_name("herald"),
+    };
+    if !path.is_file() {
+        bail!(
+            "{}: no herald binary for the worker processes; build it (cargo build --release -p herald) \
+             or name it with --herald",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+impl Target {
+    /// Points `config` at this run's store: the SQLite file `sqlite` in a
+    /// folder of the run's, or a fresh PostgreSQL schema, returned so the
+    /// run can drop it.
+    fn store_for(&self, config: &mut Config, sqlite: &std::path::Path) -> Option<Schema> {
+        match self {
+            Target::Sqlite => {
+                config.store.database_url = format!("sqlite://{}", sqlite.display());
+                None
+            }
+            Target::Postgres { url, .. } => {
+                let name = format!(
+                    "herald_bench_{}",
+                    ulid::Ulid::new().to_string().to_ascii_lowercase()
+                );
+                config.store.database_url = url.clone();
+                config.store.database_schema = name.clone();
+                Some(Schema {
+                    url: url.clone(),
+                    name,
+                })
+            }
+        }
+    }
 }
 
 /// A fresh PostgreSQL schema for one run, dropped afterwards.
@@ -263,32 +312,19 @@ async fn herald_run_on(
     // HERALD_* variables tune the run (e.g. HERALD_ENDPOINT_CONCURRENCY);
     // the store, token and network policy are the bench's own.
     let mut config = Config::load(None)?;
-    config.store.database_url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let schema = target.store_for(&mut config, &dir.path().join("bench.db"));
     config.security.admin_token = Some(token.into());
     config.egress.allow_private_networks = true;
     admit_the_bench_client(&mut config, args.concurrency);
-    let mut role = Role::All;
-    let mut schema = None;
-    if let Target::Postgres { url, workers } = target {
-        let name = format!(
-            "herald_bench_{}",
-            ulid::Ulid::new().to_string().to_ascii_lowercase()
-        );
-        config.store.database_url = url.clone();
-        config.store.database_schema = name.clone();
-        if *workers > 0 {
-            role = Role::Api;
-        }
-        schema = Some(Schema {
-            url: url.clone(),
-            name,
-        });
-    }
+    let role = match target {
+        Target::Postgres { workers, .. } if *workers > 0 => Role::Api,
+        _ => Role::All,
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let running = server::start(config.clone(), Some(listener), role).await?;
     let mut workers = Vec::new();
     if let Target::Postgres { url, workers: n } = target {
-        let exe = std::env::current_exe().context("locating the herald binary")?;
+        let exe = herald_binary(args)?;
         for _ in 0..*n {
             workers.push(
                 tokio::process::Command::new(&exe)
@@ -486,20 +522,7 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
 
     let dir = tempfile::tempdir()?;
     let mut config = Config::load(None)?;
-    config.store.database_url = format!("sqlite://{}", dir.path().join("claims.db").display());
-    let mut schema = None;
-    if let Target::Postgres { url, .. } = target {
-        let name = format!(
-            "herald_bench_{}",
-            ulid::Ulid::new().to_string().to_ascii_lowercase()
-        );
-        config.store.database_url = url.clone();
-        config.store.database_schema = name.clone();
-        schema = Some(Schema {
-            url: url.clone(),
-            name,
-        });
-    }
+    let schema = target.store_for(&mut config, &dir.path().join("claims.db"));
     let backend = server::open_store(&config).await?;
     let store = backend.store();
     let now = herald::store::now_millis();
@@ -845,23 +868,9 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
 
     let dir = tempfile::tempdir()?;
     let token = "bench-admin-token-0123456789";
-    let db_path = dir.path().join("reads.db");
     let mut config = Config::load(None)?;
-    config.store.database_url = format!("sqlite://{}", db_path.display());
+    let schema = target.store_for(&mut config, &dir.path().join("reads.db"));
     config.security.admin_token = Some(token.into());
-    let mut schema = None;
-    if let Target::Postgres { url, .. } = target {
-        let name = format!(
-            "herald_bench_{}",
-            ulid::Ulid::new().to_string().to_ascii_lowercase()
-        );
-        config.store.database_url = url.clone();
-        config.store.database_schema = name.clone();
-        schema = Some(Schema {
-            url: url.clone(),
-            name,
-        });
-    }
     let now = herald::store::now_millis();
     let backend = server::open_store(&config).await?;
     let store = backend.store();
