@@ -404,3 +404,138 @@ pub async fn endpoint(command: EndpointCommand) -> anyhow::Result<()> {
         }
     }
 }
+
+/// `herald copy-store`: its options, beside `--config`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CopyStoreArgs {
+    /// The store to copy into: sqlite://PATH or postgres://… (a password
+    /// is better given in PGPASSWORD than on the command line). It must
+    /// be empty, or hold an interrupted copy with --resume.
+    #[arg(long, value_name = "URL")]
+    pub to: String,
+    /// The target's PostgreSQL schema (default: HERALD_DATABASE_SCHEMA).
+    #[arg(long, value_name = "NAME")]
+    pub to_schema: Option<String>,
+    /// A file holding the HERALD_ENCRYPTION_KEY the target will be served
+    /// with; endpoint secrets are sealed with it (default: the source's).
+    #[arg(long, value_name = "PATH")]
+    pub to_encryption_key_file: Option<std::path::PathBuf>,
+    /// Continue a copy that was interrupted, after the last page it wrote.
+    #[arg(long)]
+    pub resume: bool,
+    /// Rows read and written at a time.
+    #[arg(long, default_value_t = herald_copy_page_rows(), hide = true)]
+    pub page_rows: usize,
+}
+
+fn herald_copy_page_rows() -> usize {
+    crate::server::copy_store::PAGE_ROWS
+}
+
+/// Copies the configured store into `--to`, drawing a progress bar per
+/// table on a terminal (a line per table elsewhere), then prints each
+/// table's rows on both sides; an error when any differ.
+pub async fn copy_store(config: &crate::config::Config, args: CopyStoreArgs) -> anyhow::Result<()> {
+    use crate::server::copy_store::{copy_store, CopyStoreOptions};
+    let to_keys = match &args.to_encryption_key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("--to-encryption-key-file: cannot read {}", path.display())
+            })?;
+            Some(std::sync::Arc::new(
+                crate::crypto::Keyring::parse(&text)
+                    .map_err(|e| anyhow::anyhow!("--to-encryption-key-file: {e}"))?,
+            ))
+        }
+        None => None,
+    };
+    let options = CopyStoreOptions {
+        to: args.to.clone(),
+        to_schema: args.to_schema.clone(),
+        to_keys,
+        resume: args.resume,
+        page_rows: args.page_rows,
+    };
+    let bars = Bars::default();
+    let report = copy_store(config, options, &bars).await?;
+    println!(
+        "copied {} rows in {:.1} s into {}",
+        report.rows_copied(),
+        report.elapsed.as_secs_f64(),
+        crate::config::redact_url(&args.to)
+    );
+    println!("{:<18} {:>12} {:>12}", "table", "source", "target");
+    for t in &report.tables {
+        let mark = if t.source == t.target {
+            ""
+        } else {
+            "  DIFFERS"
+        };
+        println!("{:<18} {:>12} {:>12}{mark}", t.table, t.source, t.target);
+    }
+    println!(
+        "kept delivery counts: {} (endpoint, state) rows, {}; throttle slots: {}",
+        report.kept_counts,
+        if report.kept_counts_equal {
+            "equal"
+        } else {
+            "DIFFER"
+        },
+        report.throttle_slots
+    );
+    if !report.complete() {
+        bail!(
+            "the target's rows differ from the source's (above): the copy is not complete; \
+             the target keeps its progress, so run again with --resume once the cause is fixed"
+        );
+    }
+    Ok(())
+}
+
+/// Progress of a copy: indicatif's bar on a terminal; a line per table
+/// when stderr is not one (logs, CI).
+#[derive(Default)]
+struct Bars {
+    current: std::sync::Mutex<Option<(indicatif::ProgressBar, std::time::Instant)>>,
+}
+
+impl crate::server::copy_store::CopyProgress for Bars {
+    fn table_started(&self, table: &'static str, rows: u64, already: u64) {
+        let bar = indicatif::ProgressBar::new(rows);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{prefix:>18} [{bar:30}] {pos}/{len} rows, {per_sec}, ETA {eta}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(table);
+        bar.set_position(already);
+        bar.reset_eta();
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((bar, std::time::Instant::now()));
+    }
+
+    fn page_copied(&self, _table: &'static str, rows: u64) {
+        if let Some((bar, _)) = &*self.current.lock().unwrap_or_else(|p| p.into_inner()) {
+            bar.inc(rows);
+        }
+    }
+
+    fn table_done(&self, table: &'static str) {
+        if let Some((bar, started)) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            bar.finish();
+            if bar.is_hidden() {
+                let secs = started.elapsed().as_secs_f64();
+                eprintln!(
+                    "{table}: {} rows in {secs:.1} s ({:.0} rows/s)",
+                    bar.position(),
+                    bar.position() as f64 / secs.max(0.001)
+                );
+            }
+        }
+    }
+}

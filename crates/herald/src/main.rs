@@ -67,6 +67,15 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Copy everything in the configured store into an empty store at
+    /// --to (SQLite or PostgreSQL), with Herald stopped on both; prints
+    /// each table's rows on both sides and exits 1 when any differ.
+    CopyStore {
+        #[command(flatten)]
+        args: herald::cli::CopyStoreArgs,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Exit 0 when the Herald serving on HERALD_LISTEN (or --url) answers
     /// /healthz, 1 otherwise: a container's HEALTHCHECK (images without curl).
     Healthcheck {
@@ -145,6 +154,7 @@ fn main() -> std::process::ExitCode {
             } => backup(config, path, force).await,
             Command::Restore { path, config } => restore(config, path).await,
             Command::Healthcheck { url, config } => healthcheck(config, url).await,
+            Command::CopyStore { args, config } => copy_store(config, args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,
@@ -297,6 +307,14 @@ async fn restore(config_file: Option<PathBuf>, path: PathBuf) -> anyhow::Result<
         None => println!("restored {} as {shown}: {summary}", path.display()),
     }
     Ok(())
+}
+
+async fn copy_store(
+    config_file: Option<PathBuf>,
+    args: herald::cli::CopyStoreArgs,
+) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    herald::cli::copy_store(&config, args).await
 }
 
 async fn healthcheck(config_file: Option<PathBuf>, url: Option<String>) -> anyhow::Result<()> {

@@ -37,6 +37,7 @@ use crate::store::postgres::PostgresStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::Store;
 
+pub mod copy_store;
 mod listener;
 
 use listener::{body_deadline, secure_transport, serve, trace_request, ListenerLimits};

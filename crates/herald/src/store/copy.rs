@@ -514,6 +514,85 @@ pub fn to_target(table: &CopyTable, row: &[CopyValue], from_pg: bool, to_pg: boo
         .collect()
 }
 
+/// The settings a copy records its progress under in the target, one per
+/// table (`copy-store:<table>`, the source key of the last row committed,
+/// in the same transaction as the rows): `--resume` continues after it,
+/// whatever order the target's collation would give the keys. Deleted
+/// when the copy completes.
+pub const PROGRESS_PREFIX: &str = "copy-store:";
+
+pub fn progress_setting(table: &CopyTable) -> String {
+    format!("{PROGRESS_PREFIX}{}", table.name)
+}
+
+/// A key as its progress setting holds it: a JSON array.
+pub fn encode_key(key: &[CopyValue]) -> String {
+    serde_json::Value::Array(
+        key.iter()
+            .map(|v| match v {
+                CopyValue::Null => serde_json::Value::Null,
+                CopyValue::Int(i) => (*i).into(),
+                CopyValue::Bool(b) => (*b).into(),
+                CopyValue::Text(t) => t.as_str().into(),
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
+/// The key a progress setting holds; `None` when it is not one.
+pub fn decode_key(text: &str) -> Option<Vec<CopyValue>> {
+    let serde_json::Value::Array(values) = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    values
+        .into_iter()
+        .map(|v| match v {
+            serde_json::Value::Null => Some(CopyValue::Null),
+            serde_json::Value::Bool(b) => Some(CopyValue::Bool(b)),
+            serde_json::Value::Number(n) => n.as_i64().map(CopyValue::Int),
+            serde_json::Value::String(s) => Some(CopyValue::Text(s)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The kept delivery counts that are not zero, by (endpoint, state, held).
+pub type KeptCounts = std::collections::BTreeMap<(String, i64, bool), i64>;
+
+/// Opens the credentials of an endpoint row (in the target's columns)
+/// with the source's keys and seals them with the target's: the copy
+/// never writes a value the target's `HERALD_ENCRYPTION_KEY` cannot open.
+/// The error names the endpoint and column, never the value.
+pub fn reseal_endpoint(
+    table: &CopyTable,
+    row: &mut CopyRow,
+    on_postgres: bool,
+    from: &crate::crypto::Keyring,
+    to: &crate::crypto::Keyring,
+) -> super::StoreResult<()> {
+    use super::secrets::{open_or_fail, seal_column, SecretColumn};
+    let names: Vec<&str> = table.columns_on(on_postgres).map(|c| c.name).collect();
+    let Some(CopyValue::Text(id)) = names
+        .iter()
+        .position(|n| *n == "id")
+        .and_then(|i| row.get(i))
+        .cloned()
+    else {
+        return Ok(());
+    };
+    for column in SecretColumn::ALL {
+        let Some(i) = names.iter().position(|n| *n == column.name()) else {
+            continue;
+        };
+        if let Some(CopyValue::Text(stored)) = row.get(i) {
+            let plain = open_or_fail(from, &id, column, stored)?;
+            row[i] = CopyValue::Text(seal_column(to, &id, column, &plain));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,49 @@
 //! `herald copy-store`: the table list it copies by, against the schemas
-//! the binary migrates.
+//! the binary migrates; then the real binary moving a served store's
+//! rows to another backend, interrupted and resumed, and refusing what it
+//! must.
+
+use std::time::{Duration, Instant};
 
 use herald::store::copy::{to_target, ColumnKind, CopyValue, Present, TABLES};
 use herald::store::postgres::copy::{insert_page, read_page as pg_read_page};
 use herald::store::sqlite::copy::{insert_page as sqlite_insert_page, read_page};
+use reqwest::Method;
+use serde_json::{json, Value};
 use sqlx::Connection;
 
-use crate::helpers::PgSchema;
+use crate::helpers::binary::{herald, run, serve};
+use crate::helpers::{PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN};
+
+const KEY: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
+const OTHER_KEY: &str = "CQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQk=";
+
+fn serve_env(key: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("HERALD_ADMIN_TOKEN", TOKEN.to_owned()),
+        ("HERALD_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+        ("HERALD_ENCRYPTION_KEY", key.to_owned()),
+    ]
+}
+
+fn with<'a>(envs: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    envs.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// The row of `table` in copy-store's closing table: (source, target).
+fn tallied(out: &str, table: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(table))
+        .unwrap_or_else(|| panic!("no row for {table} in:\n{out}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(2)
+        .map(|n| n.parse().expect("a count"))
+        .collect();
+    (n[0], n[1])
+}
 
 /// The table list names exactly the tables, columns and keys of a freshly
 /// migrated PostgreSQL schema, so a new migration cannot be left out of
@@ -178,4 +215,353 @@ async fn a_sqlite_page_lands_on_postgres_once() {
         let _ = conn.close().await;
     })
     .await;
+}
+
+/// A served SQLite store with rows of most kinds (sealed credentials,
+/// headers, a throttle, delivered and scheduled messages, attempts,
+/// stats, an app token, an idempotent request, the audit log) is copied
+/// to PostgreSQL; Herald started there answers as before (the same
+/// secret, the same idempotent answer, the token works) and delivers
+/// the messages that were still pending, signed with the same secret.
+/// Copied back to SQLite, every table holds the same rows again.
+#[tokio::test]
+async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
+    let Some(pg) = PgSchema::new("a_sqlite_store_moves_to_postgres_and_delivers_there") else {
+        return;
+    };
+    let here = pg.clone();
+    pg.run(|_| async move {
+        let pg = here;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("source.db");
+        let rx = Receiver::start().await;
+        rx.always(Reply::status(200));
+        let env = serve_env(KEY);
+        let mut herald_sqlite = serve(&source, &with(&env)).await;
+        let remote = Remote::new(herald_sqlite.addr);
+        let (status, _) = remote
+            .call(Method::POST, "/event-type", Some(json!({"name": "order.paid", "description": "Paid"})))
+            .await;
+        assert_eq!(status, 201);
+        let (status, app) = remote
+            .call(Method::POST, "/app", Some(json!({"name": "Shop", "uid": "shop", "metadata": {"tier": "gold"}})))
+            .await;
+        assert_eq!(status, 201, "{app}");
+        let (status, ep) = remote
+            .call(
+                Method::POST,
+                "/app/shop/endpoint",
+                Some(json!({
+                    "url": rx.url("/hook"),
+                    "uid": "main",
+                    "rateLimit": 50,
+                    "headers": {"X-Tenant": "t-1"},
+                    "secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+                })),
+            )
+            .await;
+        assert_eq!(status, 201, "{ep}");
+        // Delivered now: attempts, stats, a throttle slot.
+        for i in 0..5 {
+            let (status, _) = remote
+                .call(Method::POST, "/app/shop/msg", Some(json!({"eventType": "order.paid", "payload": {"i": i}})))
+                .await;
+            assert_eq!(status, 202);
+        }
+        rx.wait_until(PATIENCE, |got| got.len() >= 5).await;
+        // Due after the move: pending when Herald stops.
+        let due = chrono::Utc::now() + chrono::Duration::seconds(4);
+        let mut pending = Vec::new();
+        for i in 0..3 {
+            let (status, msg) = remote
+                .call(
+                    Method::POST,
+                    "/app/shop/msg",
+                    Some(json!({"eventType": "order.paid", "payload": {"later": i}, "deliverAt": due.to_rfc3339()})),
+                )
+                .await;
+            assert_eq!(status, 202, "{msg}");
+            pending.push(msg["id"].as_str().expect("id").to_owned());
+        }
+        let idempotent = remote
+            .client
+            .post(format!("{}/app/shop/msg", remote.base))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", "order-17")
+            .json(&json!({"eventType": "order.paid", "payload": {"order": 17}, "deliverAt": due.to_rfc3339()}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(idempotent.status(), 202);
+        let idempotent: Value = idempotent.json().await.expect("json");
+        pending.push(idempotent["id"].as_str().expect("id").to_owned());
+        let (status, token) = remote
+            .call(Method::POST, "/app/shop/token", Some(json!({"name": "ci"})))
+            .await;
+        assert_eq!(status, 201, "{token}");
+        let app_token = token["token"].as_str().expect("token").to_owned();
+        let (_, secret_before) = remote.call(Method::GET, "/app/shop/endpoint/main/secret", None).await;
+        herald_sqlite.child.kill().await.expect("stop herald");
+        let _ = herald_sqlite.child.wait().await;
+
+        let sqlite_url = format!("sqlite://{}", source.display());
+        let mut copy_env = env.clone();
+        copy_env.push(("HERALD_DATABASE_URL", sqlite_url.clone()));
+        let (code, out, err) = run(
+            &["copy-store", "--to", &pg.url, "--to-schema", &pg.schema],
+            &copy_env,
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        for table in ["applications", "endpoints", "event_types", "messages", "deliveries", "attempts", "endpoint_stats", "api_tokens", "idempotency", "audit_log"] {
+            let (from, to) = tallied(&out, table);
+            assert!(from > 0, "{table} has rows to copy:\n{out}");
+            assert_eq!(from, to, "{table}:\n{out}");
+        }
+        assert_eq!(tallied(&out, "messages").0, 9);
+        assert!(out.contains("kept delivery counts:") && out.contains("equal"), "{out}");
+        assert!(out.contains("throttle slots: 1"), "{out}");
+
+        // Herald on the copy.
+        let mut pg_env = env.clone();
+        pg_env.push(("HERALD_DATABASE_URL", pg.url.clone()));
+        pg_env.push(("HERALD_DATABASE_SCHEMA", pg.schema.clone()));
+        let herald_pg = serve(&dir.path().join("unused.db"), &with(&pg_env)).await;
+        let remote = Remote::new(herald_pg.addr);
+        let (_, secret_after) = remote.call(Method::GET, "/app/shop/endpoint/main/secret", None).await;
+        assert_eq!(secret_after, secret_before);
+        let (status, ep) = remote.call(Method::GET, "/app/shop/endpoint/main", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(ep["rateLimit"], 50);
+        let (_, headers) = remote.call(Method::GET, "/app/shop/endpoint/main/headers", None).await;
+        assert_eq!(headers["headers"]["X-Tenant"], "t-1", "{headers}");
+        let again = remote
+            .client
+            .post(format!("{}/app/shop/msg", remote.base))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", "order-17")
+            .json(&json!({"eventType": "order.paid", "payload": {"order": 17}, "deliverAt": due.to_rfc3339()}))
+            .send()
+            .await
+            .expect("send");
+        let again: Value = again.json().await.expect("json");
+        assert_eq!(again["id"], idempotent["id"], "the stored idempotent answer moved too");
+        let by_token = remote
+            .client
+            .get(format!("{}/app/shop/msg", remote.base))
+            .bearer_auth(&app_token)
+            .send()
+            .await
+            .expect("list");
+        assert_eq!(by_token.status(), 200, "the app token moved too");
+        let listed: Value = by_token.json().await.expect("json");
+        assert_eq!(listed["data"].as_array().map(Vec::len), Some(9));
+
+        rx.wait_until(PATIENCE, |got| {
+            pending.iter().all(|id| got.iter().any(|r| r.header("webhook-id") == *id))
+        })
+        .await;
+        let secret = secret_before["key"].as_str().expect("secret");
+        for r in rx.requests().iter().filter(|r| pending.contains(&r.header("webhook-id"))) {
+            r.verified_by(secret).expect("signed with the moved secret");
+            assert_eq!(r.header("x-tenant"), "t-1");
+        }
+        drop(herald_pg);
+
+        // And back to SQLite: the same rows in every table.
+        let back = dir.path().join("back.db");
+        let (code, out_back, err) = run(
+            &["copy-store", "--to", &format!("sqlite://{}", back.display())],
+            &pg_env,
+        )
+        .await;
+        assert_eq!(code, Some(0), "{out_back}\n{err}");
+        for table in ["endpoints", "messages", "deliveries", "attempts", "idempotency", "audit_log"] {
+            let (from, to) = tallied(&out_back, table);
+            assert_eq!(from, to, "{table}:\n{out_back}");
+        }
+        assert!(tallied(&out_back, "deliveries").0 >= 9);
+    })
+    .await;
+}
+
+/// `kill -9` in the middle of a copy: the target holds what was committed
+/// and its progress; a run without `--resume` refuses it, a run with it
+/// finishes, and every table then holds what the source holds.
+#[tokio::test]
+async fn an_interrupted_copy_refuses_a_plain_rerun_and_resumes() {
+    let Some(pg) = PgSchema::new("an_interrupted_copy_refuses_a_plain_rerun_and_resumes") else {
+        return;
+    };
+    let here = pg.clone();
+    pg.run(|_| async move {
+        let pg = here;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let source = dir.path().join("source.db");
+        let rx = Receiver::start().await;
+        rx.always(Reply::status(200));
+        let env = serve_env(KEY);
+        let mut herald_sqlite = serve(&source, &with(&env)).await;
+        let remote = Remote::new(herald_sqlite.addr);
+        let app = remote.app_with_endpoint(&rx.url("/hook")).await;
+        let sent = remote.send_all(&app, "bulk.test", 300, 8).await;
+        assert_eq!(sent.len(), 300);
+        herald_sqlite.child.kill().await.expect("stop herald");
+        let _ = herald_sqlite.child.wait().await;
+
+        let mut copy_env = env.clone();
+        copy_env.push((
+            "HERALD_DATABASE_URL",
+            format!("sqlite://{}", source.display()),
+        ));
+        // A row per page, so that the kill lands mid-table.
+        let args = [
+            "copy-store",
+            "--to",
+            pg.url.as_str(),
+            "--to-schema",
+            pg.schema.as_str(),
+            "--page-rows",
+            "1",
+        ];
+        let mut cmd = herald();
+        cmd.args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        for (k, v) in &copy_env {
+            cmd.env(k, v);
+        }
+        let mut copying = cmd.spawn().expect("copy-store starts");
+        let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
+        let progress_sql = format!(
+            "SELECT count(*) FROM \"{}\".settings WHERE key = 'copy-store:messages'",
+            pg.schema
+        );
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let seen: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(progress_sql.clone()))
+                .fetch_one(&mut conn)
+                .await
+                .ok();
+            if seen == Some(1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the copy never reached the messages"
+            );
+            assert!(
+                copying.try_wait().expect("poll").is_none(),
+                "the copy ended before the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        copying.kill().await.expect("SIGKILL");
+        let _ = copying.wait().await;
+        let copied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".messages",
+            pg.schema
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+        assert!(
+            (1..300).contains(&copied),
+            "killed mid-table: {copied} of 300"
+        );
+
+        let plain: Vec<&str> = args[..5].to_vec();
+        let (code, out, err) = run(&plain, &copy_env).await;
+        assert_eq!(code, Some(1), "{out}\n{err}");
+        assert!(err.contains("--resume"), "{err}");
+
+        let mut resume = plain.clone();
+        resume.push("--resume");
+        let (code, out, err) = run(&resume, &copy_env).await;
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        assert_eq!(tallied(&out, "messages"), (300, 300), "{out}");
+        assert_eq!(tallied(&out, "deliveries"), (300, 300), "{out}");
+        let (attempts_from, attempts_to) = tallied(&out, "attempts");
+        assert_eq!(attempts_from, attempts_to);
+        let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM \"{}\".settings WHERE key LIKE 'copy-store:%'",
+            pg.schema
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+        assert_eq!(left, 0, "a complete copy forgets its progress");
+        let _ = conn.close().await;
+    })
+    .await;
+}
+
+/// Bad input gets a message and exit 1, and never a target that looks
+/// complete: not a URL, the store itself, a served source, a non-empty
+/// target, a key that does not open the source's secrets.
+#[tokio::test]
+async fn copy_store_refuses_what_it_cannot_do_safely() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("source.db");
+    let rx = Receiver::start().await;
+    let env = serve_env(KEY);
+    let mut served = serve(&source, &with(&env)).await;
+    let remote = Remote::new(served.addr);
+    remote.app_with_endpoint(&rx.url("/hook")).await;
+    let source_url = format!("sqlite://{}", source.display());
+    let mut copy_env = env.clone();
+    copy_env.push(("HERALD_DATABASE_URL", source_url.clone()));
+    let target = dir.path().join("target.db");
+    let target_url = format!("sqlite://{}", target.display());
+
+    let (code, _, err) = run(&["copy-store", "--to", &target_url], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("serving the source store"), "{err}");
+    served.child.kill().await.expect("stop herald");
+    let _ = served.child.wait().await;
+
+    let (code, _, err) = run(&["copy-store", "--to", "mysql://db/herald"], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--to") && err.contains("sqlite://"), "{err}");
+    let (code, _, err) = run(&["copy-store", "--to", &source_url], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("configured store itself"), "{err}");
+
+    // The source's secrets are sealed with KEY; a configuration without
+    // it cannot open them, and the copy stops at the endpoints.
+    let mut wrong = copy_env.clone();
+    wrong.retain(|(k, _)| *k != "HERALD_ENCRYPTION_KEY");
+    wrong.push(("HERALD_ENCRYPTION_KEY", OTHER_KEY.to_owned()));
+    let (code, out, err) = run(&["copy-store", "--to", &target_url], &wrong).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        err.contains("column url") || err.contains("column secret"),
+        "names the endpoint's column: {err}"
+    );
+    assert!(err.contains("HERALD_ENCRYPTION_KEY"), "{err}");
+    assert!(!err.contains("whsec_"), "no secret in the error: {err}");
+    let (code, _, err) = run(&["copy-store", "--to", &target_url], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("interrupted copy") && err.contains("--resume"),
+        "{err}"
+    );
+    let (code, out, err) = run(&["copy-store", "--to", &target_url, "--resume"], &copy_env).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(tallied(&out, "endpoints"), (1, 1), "{out}");
+
+    // Complete now: neither a plain run nor --resume writes into it again.
+    let (code, _, err) = run(&["copy-store", "--to", &target_url], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("not empty"), "{err}");
+    let (code, _, err) = run(&["copy-store", "--to", &target_url, "--resume"], &copy_env).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no copy in progress"), "{err}");
+
+    // The copy serves: its endpoint opens with the same key.
+    let copy = serve(&target, &with(&env)).await;
+    let remote = Remote::new(copy.addr);
+    let (status, apps) = remote.call(Method::GET, "/app", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(apps["data"].as_array().map(Vec::len), Some(1));
 }

@@ -3,11 +3,191 @@
 //! statement; a row whose key the schema already holds is left as it is,
 //! so a resumed copy may send a page again.
 
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 use super::{map_err, quote_ident};
-use crate::store::copy::{ColumnKind, CopyRow, CopyTable, CopyValue};
+use crate::store::copy::{
+    encode_key, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue, KeptCounts,
+    PROGRESS_PREFIX,
+};
 use crate::store::{StoreError, StoreResult};
+
+/// PostgreSQL's limit on a statement's parameters: a page is inserted in
+/// as many statements as it needs to stay under it.
+const MAX_PARAMS: usize = 65_535;
+
+/// One end of a copy: a connection of its own and the schema it copies.
+pub struct PgEnd {
+    conn: PgConnection,
+    schema: String,
+    ident: String,
+}
+
+impl PgEnd {
+    pub async fn connect(url: &str, schema: &str) -> StoreResult<PgEnd> {
+        let ident = quote_ident(schema)?;
+        let conn = PgConnection::connect(url).await.map_err(map_err)?;
+        Ok(PgEnd {
+            conn,
+            schema: schema.to_owned(),
+            ident,
+        })
+    }
+
+    pub async fn close(self) {
+        let _ = self.conn.close().await;
+    }
+
+    /// Sessions other than this one that LISTEN on the schema's channels:
+    /// Herald processes serving it (API and workers both listen).
+    pub async fn serving_sessions(&mut self) -> StoreResult<i64> {
+        let wake: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {}.herald_wake_channel()",
+            self.ident
+        )))
+        .fetch_one(&mut self.conn)
+        .await
+        .map_err(map_err)?;
+        let tokens = wake.replacen("herald_wake_", "herald_tok_", 1);
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND datname = current_database() \
+               AND query ILIKE 'LISTEN%' \
+               AND (strpos(query, $1) > 0 OR strpos(query, $2) > 0)",
+        )
+        .bind(format!("\"{wake}\""))
+        .bind(format!("\"{tokens}\""))
+        .fetch_one(&mut self.conn)
+        .await
+        .map_err(map_err)
+    }
+
+    pub async fn read_page(
+        &mut self,
+        table: &CopyTable,
+        after: Option<&[CopyValue]>,
+        limit: usize,
+    ) -> StoreResult<Vec<CopyRow>> {
+        read_page(&mut self.conn, &self.schema, table, after, limit).await
+    }
+
+    /// Inserts `rows` and records `last` (the source key of the page's
+    /// last row) as the table's progress, in one transaction.
+    pub async fn insert_page(
+        &mut self,
+        table: &CopyTable,
+        rows: &[CopyRow],
+        last: &[CopyValue],
+    ) -> StoreResult<u64> {
+        let mut tx = self.conn.begin().await.map_err(map_err)?;
+        let done = insert_page(&mut tx, &self.schema, table, rows).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {}.settings (key, value) VALUES ($1, $2) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            self.ident
+        )))
+        .bind(progress_setting(table))
+        .bind(encode_key(last))
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(done)
+    }
+
+    /// The rows of `table`; the settings without the copy's progress.
+    pub async fn count(&mut self, table: &CopyTable) -> StoreResult<u64> {
+        let filter = if table.name == "settings" {
+            format!(" WHERE key NOT LIKE '{PROGRESS_PREFIX}%'")
+        } else {
+            String::new()
+        };
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {}.{}{filter}",
+            self.ident, table.name
+        )))
+        .fetch_one(&mut self.conn)
+        .await
+        .map_err(map_err)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    pub async fn progress(&mut self, table: &CopyTable) -> StoreResult<Option<String>> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT value FROM {}.settings WHERE key = $1",
+            self.ident
+        )))
+        .bind(progress_setting(table))
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(map_err)
+    }
+
+    pub async fn clear_progress(&mut self) -> StoreResult<()> {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {}.settings WHERE key LIKE '{PROGRESS_PREFIX}%'",
+            self.ident
+        )))
+        .execute(&mut self.conn)
+        .await
+        .map(drop)
+        .map_err(map_err)
+    }
+
+    /// Each throttled endpoint's next send slot (µs), in pages after `after`.
+    pub async fn throttle_slots(
+        &mut self,
+        after: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<(String, i64)>> {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT endpoint_id, tat_us FROM {}.endpoint_throttle \
+             WHERE endpoint_id > $1 AND tat_us > 0 ORDER BY endpoint_id LIMIT $2",
+            self.ident
+        )))
+        .bind(after)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(map_err)
+    }
+
+    /// Sets the slots of endpoints that have a throttle row (made by the
+    /// schema's trigger for every endpoint with a rate).
+    pub async fn set_throttle_slots(&mut self, slots: &[(String, i64)]) -> StoreResult<()> {
+        let (ids, tats): (Vec<String>, Vec<i64>) = slots.iter().cloned().unzip();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {}.endpoint_throttle t SET tat_us = s.tat \
+             FROM unnest($1::text[], $2::bigint[]) AS s(id, tat) WHERE t.endpoint_id = s.id",
+            self.ident
+        )))
+        .bind(ids)
+        .bind(tats)
+        .execute(&mut self.conn)
+        .await
+        .map(drop)
+        .map_err(map_err)
+    }
+
+    /// The kept delivery counts that are not zero: the folded rows with
+    /// the deltas not folded yet.
+    pub async fn kept_counts(&mut self) -> StoreResult<KeptCounts> {
+        let rows: Vec<(String, i16, bool, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT endpoint_id, state::int2, held, sum(n)::int8 FROM ( \
+               SELECT endpoint_id, state, held, n FROM {s}.delivery_counts \
+               UNION ALL SELECT endpoint_id, state, held, n FROM {s}.delivery_count_deltas \
+             ) c GROUP BY 1, 2, 3 HAVING sum(n) <> 0",
+            s = self.ident
+        )))
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(map_err)?;
+        Ok(rows
+            .into_iter()
+            .map(|(e, state, held, n)| ((e, i64::from(state), held), n))
+            .collect())
+    }
+}
 
 /// The parameter's cast: each value is bound typed, NULLs included, and
 /// PostgreSQL assigns it to the column's own type.
@@ -23,6 +203,20 @@ fn cast(kind: ColumnKind, value: &CopyValue) -> &'static str {
 /// Inserts `rows` into `table` of `schema`; the rows inserted (fewer than
 /// given when some were there already).
 pub async fn insert_page(
+    conn: &mut PgConnection,
+    schema: &str,
+    table: &CopyTable,
+    rows: &[CopyRow],
+) -> StoreResult<u64> {
+    let columns = table.columns_on(true).count().max(1);
+    let mut done = 0;
+    for chunk in rows.chunks((MAX_PARAMS / columns).max(1)) {
+        done += insert_statement(conn, schema, table, chunk).await?;
+    }
+    Ok(done)
+}
+
+async fn insert_statement(
     conn: &mut PgConnection,
     schema: &str,
     table: &CopyTable,

@@ -1,11 +1,154 @@
 //! `herald copy-store` on SQLite: a table's rows read in key order, a page
-//! at a time, as [`CopyValue`]s (the table list: `store::copy`).
+//! at a time, as [`CopyValue`]s, and pages inserted with the copy's
+//! progress beside them (the table list and the walk: `store::copy`).
+
+use std::collections::BTreeMap;
 
 use rusqlite::types::ValueRef;
-use rusqlite::Connection;
+use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::store::copy::{key_page_sql, ColumnKind, CopyRow, CopyTable, CopyValue};
+use super::counts::CountFold;
+use crate::store::copy::{
+    key_page_sql, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue, KeptCounts,
+    PROGRESS_PREFIX,
+};
 use crate::store::{StoreError, StoreResult};
+
+/// One end of a copy: a connection of its own on the store's file (no
+/// Herald process serves it meanwhile: the caller holds its lock), with
+/// `herald_count` registered so the schema's triggers keep the target's
+/// counts as its deliveries arrive.
+pub struct SqliteEnd {
+    conn: Connection,
+    counts: CountFold,
+}
+
+impl SqliteEnd {
+    pub fn open(path: &std::path::Path) -> StoreResult<SqliteEnd> {
+        let conn = super::open_connection(path, false)?;
+        let counts = CountFold::register(&conn).map_err(internal)?;
+        Ok(SqliteEnd { conn, counts })
+    }
+
+    pub fn read_page(
+        &self,
+        table: &CopyTable,
+        after: Option<&[CopyValue]>,
+        limit: usize,
+    ) -> StoreResult<Vec<CopyRow>> {
+        read_page(&self.conn, table, after, limit)
+    }
+
+    /// Inserts `rows` and records `last` (the source key of the page's
+    /// last row) as the table's progress, in one transaction, with the
+    /// kept counts the rows change.
+    pub fn insert_page(
+        &mut self,
+        table: &CopyTable,
+        rows: &[CopyRow],
+        last: &[CopyValue],
+    ) -> StoreResult<u64> {
+        self.counts.begin();
+        let done = insert_rows(&mut self.conn, table, rows, Some((&self.counts, last)));
+        if done.is_err() {
+            self.counts.discard();
+        }
+        done
+    }
+
+    /// The rows of `table`; the settings without the copy's progress.
+    pub fn count(&self, table: &CopyTable) -> StoreResult<u64> {
+        let filter = if table.name == "settings" {
+            format!(" WHERE key NOT LIKE '{PROGRESS_PREFIX}%'")
+        } else {
+            String::new()
+        };
+        self.conn
+            .query_row(
+                &format!("SELECT count(*) FROM {}{filter}", table.name),
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| u64::try_from(n).unwrap_or(0))
+            .map_err(internal)
+    }
+
+    /// The stored progress of `table`, as JSON (`store::copy`).
+    pub fn progress(&self, table: &CopyTable) -> StoreResult<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT value FROM settings WHERE key = ?1",
+                params![progress_setting(table)],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(internal)
+    }
+
+    /// Forgets the copy's progress: the copy is complete.
+    pub fn clear_progress(&self) -> StoreResult<()> {
+        self.conn
+            .execute(
+                &format!("DELETE FROM settings WHERE key LIKE '{PROGRESS_PREFIX}%'"),
+                [],
+            )
+            .map(drop)
+            .map_err(internal)
+    }
+
+    /// Each throttled endpoint's next send slot (µs), in pages after `after`.
+    pub fn throttle_slots(&self, after: &str, limit: usize) -> StoreResult<Vec<(String, i64)>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT id, throttle_tat FROM endpoints WHERE id > ?1 AND throttle_tat > 0 \
+                 ORDER BY id LIMIT ?2",
+            )
+            .map_err(internal)?;
+        let rows = stmt
+            .query_map(
+                params![after, i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(internal)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(internal)
+    }
+
+    pub fn set_throttle_slots(&mut self, slots: &[(String, i64)]) -> StoreResult<()> {
+        let tx = self.conn.transaction().map_err(internal)?;
+        {
+            let mut stmt = tx
+                .prepare_cached("UPDATE endpoints SET throttle_tat = ?2 WHERE id = ?1")
+                .map_err(internal)?;
+            for (id, tat) in slots {
+                stmt.execute(params![id, tat]).map_err(internal)?;
+            }
+        }
+        tx.commit().map_err(internal)
+    }
+
+    /// The kept delivery counts that are not zero.
+    pub fn kept_counts(&self) -> StoreResult<KeptCounts> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT endpoint_id, state, held, n FROM delivery_counts WHERE n <> 0")
+            .map_err(internal)?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    (
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, bool>(2)?,
+                    ),
+                    r.get::<_, i64>(3)?,
+                ))
+            })
+            .map_err(internal)?;
+        rows.collect::<rusqlite::Result<BTreeMap<_, _>>>()
+            .map_err(internal)
+    }
+}
 
 fn internal(e: rusqlite::Error) -> StoreError {
     StoreError::Internal(e.to_string())
@@ -85,7 +228,18 @@ fn to_sql(v: &CopyValue) -> rusqlite::types::Value {
 /// Inserts `rows` (in SQLite's columns: `store::copy::to_target`) into
 /// `table` in one transaction; a row whose key is there already is left
 /// as it is, so a resumed copy may send a page again. The rows inserted.
+/// On a connection without `herald_count` only tables without count
+/// triggers can be written (the copy's own end: [`SqliteEnd`]).
 pub fn insert_page(conn: &mut Connection, table: &CopyTable, rows: &[CopyRow]) -> StoreResult<u64> {
+    insert_rows(conn, table, rows, None)
+}
+
+fn insert_rows(
+    conn: &mut Connection,
+    table: &CopyTable,
+    rows: &[CopyRow],
+    progress: Option<(&CountFold, &[CopyValue])>,
+) -> StoreResult<u64> {
     let names: Vec<&str> = table.columns_on(false).map(|c| c.name).collect();
     let sql = format!(
         "INSERT OR IGNORE INTO {} ({}) VALUES ({})",
@@ -114,6 +268,18 @@ pub fn insert_page(conn: &mut Connection, table: &CopyTable, rows: &[CopyRow]) -
                 .map_err(internal)?;
             done += u64::try_from(n).unwrap_or(0);
         }
+    }
+    if let Some((counts, last)) = progress {
+        tx.execute(
+            "INSERT INTO settings (key, value) VALUES (?1, ?2) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            params![
+                progress_setting(table),
+                crate::store::copy::encode_key(last)
+            ],
+        )
+        .map_err(internal)?;
+        counts.flush(&tx).map_err(internal)?;
     }
     tx.commit().map_err(internal)?;
     Ok(done)

@@ -603,6 +603,32 @@ impl Remote {
         }
     }
 
+    /// `method path` (below `/api/v1`) with the admin token: status and
+    /// JSON body (`Null` when empty).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(TOKEN);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("herald answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}"))
+        };
+        (status, value)
+    }
+
     /// Creates an application with one endpoint at `url`; returns the app id.
     pub async fn app_with_endpoint(&self, url: &str) -> String {
         let resp = self
