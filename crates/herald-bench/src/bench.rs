@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// `--postgres`, then analyzed as autovacuum would).
     #[arg(long)]
     pub reads: bool,
+    /// With `--reads`: only seed a new SQLite store at this path with
+    /// `--deliveries` (as the read runs do) and keep it, for the
+    /// `copy-store` and `backup` figures.
+    #[arg(long, requires = "reads", value_name = "PATH")]
+    pub seed_store: Option<std::path::PathBuf>,
     /// Deliveries (one per message, over 100 endpoints) for `--reads`.
     #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
@@ -828,6 +833,23 @@ const READS: [(&str, &str); 8] = [
 /// `herald-bench --reads`: the table of read costs (see `--reads`).
 async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
     let n = args.deliveries;
+    if let Some(path) = &args.seed_store {
+        if path.exists() {
+            bail!("--seed-store: {} exists; give a new path", path.display());
+        }
+        let mut config = Config::load(None)?;
+        config.store.database_url = format!("sqlite://{}", path.display());
+        let backend = server::open_store(&config).await?;
+        let began = Instant::now();
+        seed_app(&backend.store(), n).await?;
+        backend.close().await;
+        println!(
+            "seeded {} with {n} deliveries in {:.0} s",
+            path.display(),
+            began.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     println!(
         "herald-bench --reads: {n} pending deliveries (one per message, {READS_ENDPOINTS} endpoints, \
          a failed attempt for the oldest tenth), median of {READS_REPEATS}, {}",
@@ -863,45 +885,14 @@ async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
-    use herald::ids::AppId;
-    use herald::store::{App, Endpoint};
-
     let dir = tempfile::tempdir()?;
     let token = "bench-admin-token-0123456789";
     let mut config = Config::load(None)?;
     let schema = target.store_for(&mut config, &dir.path().join("reads.db"));
     config.security.admin_token = Some(token.into());
-    let now = herald::store::now_millis();
     let backend = server::open_store(&config).await?;
-    let store = backend.store();
-    let app = App {
-        id: AppId::generate(),
-        uid: Some("bench".to_owned()),
-        name: "bench".to_owned(),
-        rate_limit: None,
-        metadata: Default::default(),
-        created_at: now,
-        updated_at: now,
-    };
-    store.create_app(&app).await?;
-    let mut first_endpoint = None;
-    for k in 0..READS_ENDPOINTS {
-        let mut e = Endpoint::new(
-            app.id.clone(),
-            "http://127.0.0.1:9/",
-            herald_signing::Secret::generate().expose(),
-            now,
-        );
-        e.filter_types = Some(vec![format!("bench.event.{k}")]);
-        store.create_endpoint(&e).await?;
-        first_endpoint.get_or_insert(e.id);
-    }
-    let ep = first_endpoint.context("no endpoint")?;
-
-    // Created over the last day, all due, all pending.
-    let t0 = now - 86_400_000;
     let began = Instant::now();
-    seed(&store, &app.id, READS_ENDPOINTS, n, t0).await?;
+    let ep = seed_app(&backend.store(), n).await?;
     backend.close().await;
     if let Some(schema) = &schema {
         schema.analyze().await?;
@@ -967,6 +958,46 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
         schema.drop_it().await;
     }
     Ok(ReadTimes { seed, reads: times })
+}
+
+/// An application with [`READS_ENDPOINTS`] endpoints and `n` deliveries
+/// ([`seed`]); the first endpoint's id.
+async fn seed_app(
+    store: &std::sync::Arc<dyn herald::store::Store>,
+    n: usize,
+) -> anyhow::Result<herald::ids::EndpointId> {
+    use herald::ids::AppId;
+    use herald::store::{App, Endpoint};
+
+    let now = herald::store::now_millis();
+    let app = App {
+        id: AppId::generate(),
+        uid: Some("bench".to_owned()),
+        name: "bench".to_owned(),
+        rate_limit: None,
+        metadata: Default::default(),
+        created_at: now,
+        updated_at: now,
+    };
+    store.create_app(&app).await?;
+    let mut first_endpoint = None;
+    for k in 0..READS_ENDPOINTS {
+        let mut e = Endpoint::new(
+            app.id.clone(),
+            "http://127.0.0.1:9/",
+            herald_signing::Secret::generate().expose(),
+            now,
+        );
+        e.filter_types = Some(vec![format!("bench.event.{k}")]);
+        store.create_endpoint(&e).await?;
+        first_endpoint.get_or_insert(e.id);
+    }
+    let ep = first_endpoint.context("no endpoint")?;
+
+    // Created over the last day, all due, all pending.
+    let t0 = now - 86_400_000;
+    seed(store, &app.id, READS_ENDPOINTS, n, t0).await?;
+    Ok(ep)
 }
 
 /// `n` messages with one pending, due delivery each (round-robin over the

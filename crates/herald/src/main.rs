@@ -76,6 +76,15 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Copy event types, applications and endpoints (with their headers
+    /// and signing secrets) from a server speaking Svix's API v1 into the
+    /// configured store; again later to bring over what changed.
+    ImportSvix {
+        #[command(flatten)]
+        args: herald::cli::import_svix::ImportSvixArgs,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Exit 0 when the Herald serving on HERALD_LISTEN (or --url) answers
     /// /healthz, 1 otherwise: a container's HEALTHCHECK (images without curl).
     Healthcheck {
@@ -155,6 +164,7 @@ fn main() -> std::process::ExitCode {
             Command::Restore { path, config } => restore(config, path).await,
             Command::Healthcheck { url, config } => healthcheck(config, url).await,
             Command::CopyStore { args, config } => copy_store(config, args).await,
+            Command::ImportSvix { args, config } => import_svix(config, args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,
@@ -315,6 +325,19 @@ async fn copy_store(
 ) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
     herald::cli::copy_store(&config, args).await
+}
+
+async fn import_svix(
+    config_file: Option<PathBuf>,
+    args: herald::cli::import_svix::ImportSvixArgs,
+) -> anyhow::Result<()> {
+    let config = Config::load(config_file.as_deref())?;
+    let report = herald::cli::import_svix::import_svix(&config, &args).await?;
+    println!("{report}");
+    if report.failed() {
+        anyhow::bail!("some objects were not imported (above); run again once fixed");
+    }
+    Ok(())
 }
 
 async fn healthcheck(config_file: Option<PathBuf>, url: Option<String>) -> anyhow::Result<()> {

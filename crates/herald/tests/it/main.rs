@@ -21,6 +21,7 @@ mod expunge;
 mod finder;
 mod gates;
 mod helpers;
+mod import_svix;
 mod lanes;
 mod layering;
 mod listener_and_operator;

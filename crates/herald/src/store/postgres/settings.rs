@@ -33,6 +33,19 @@ impl Settings for PostgresStore {
             .map_err(map_err)
     }
 
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO settings (key, value) VALUES ($1, $2) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(key)
+        .bind(value)
+        .execute(&self.pool)
+        .await
+        .map(drop)
+        .map_err(map_err)
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)

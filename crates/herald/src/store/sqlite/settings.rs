@@ -36,6 +36,20 @@ impl Settings for SqliteStore {
         .await
     }
 
+    async fn put_setting(&self, key: &str, value: &str) -> StoreResult<()> {
+        let (key, value) = (key.to_owned(), value.to_owned());
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO settings (key, value) VALUES (?1, ?2) \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map(drop)
+            .map_err(map_err)
+        })
+        .await
+    }
+
     async fn ping(&self) -> StoreResult<()> {
         self.read(|c| c.query_row("SELECT 1", [], |_| Ok(())).map_err(map_err))
             .await

@@ -27,6 +27,17 @@ async fn settings_are_initialised_once(store: Arc<dyn Store>) {
         store.get_setting("k").await.expect("get").as_deref(),
         Some("first")
     );
+    // put_setting replaces, and makes a key that was not there.
+    store.put_setting("k", "third").await.expect("put");
+    store.put_setting("other", "x").await.expect("put");
+    assert_eq!(
+        store.get_setting("k").await.expect("get").as_deref(),
+        Some("third")
+    );
+    assert_eq!(
+        store.get_setting("other").await.expect("get").as_deref(),
+        Some("x")
+    );
 }
 
 async fn apps_and_endpoints_round_trip_and_resolve_uids(store: Arc<dyn Store>) {

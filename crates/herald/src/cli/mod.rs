@@ -1,7 +1,10 @@
 //! Operator commands for the terminal: `herald dead list|replay` and
-//! `herald endpoint enable|disable`. They call a running Herald's API (the
+//! `herald endpoint enable|disable` call a running Herald's API (the
 //! same calls the dashboard makes), so the rules, the wake-ups and the
-//! operator events are the server's, whatever the store.
+//! operator events are the server's, whatever the store. `copy-store`'s
+//! progress and summary are drawn here; `import-svix` is `import_svix.rs`.
+
+pub mod import_svix;
 
 use std::time::Duration;
 
