@@ -84,6 +84,15 @@ pub struct BenchArgs {
     /// `copy-store` and `backup` figures.
     #[arg(long, requires = "reads", value_name = "PATH")]
     pub seed_store: Option<std::path::PathBuf>,
+    /// The SQLite runs start from a copy of this store (e.g. one made by
+    /// `--seed-store`, whose endpoints are disabled: its deliveries are
+    /// held, stored but not sent), not from an empty one.
+    #[arg(long, value_name = "PATH")]
+    pub store_from: Option<std::path::PathBuf>,
+    /// During each SQLite run, half a second after sending begins, take a
+    /// `herald backup` of the run's store and print how long it took.
+    #[arg(long)]
+    pub backup_during: bool,
     /// Deliveries (one per message, over 100 endpoints) for `--reads`.
     #[arg(long, default_value_t = 1_000_000)]
     pub deliveries: usize,
@@ -318,6 +327,10 @@ async fn herald_run_on(
     // the store, token and network policy are the bench's own.
     let mut config = Config::load(None)?;
     let schema = target.store_for(&mut config, &dir.path().join("bench.db"));
+    if let (Target::Sqlite, Some(from)) = (target, &args.store_from) {
+        std::fs::copy(from, dir.path().join("bench.db"))
+            .with_context(|| format!("--store-from: cannot copy {}", from.display()))?;
+    }
     config.security.admin_token = Some(token.into());
     config.egress.allow_private_networks = true;
     admit_the_bench_client(&mut config, args.concurrency);
@@ -381,6 +394,15 @@ async fn herald_run_on(
         format!("{base}/app/{app_id}/msg"),
         auth.clone(),
     );
+    let backup = (args.backup_during && matches!(target, Target::Sqlite)).then(|| {
+        let (config, path) = (config.clone(), dir.path().join("during.db"));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let began = Instant::now();
+            let summary = server::backup(&config, path, false).await;
+            (began.elapsed(), summary)
+        })
+    });
     let cpu_before = cpu_time();
     let (starts, ingest_time) = drive(args.messages, args.concurrency, epoch, move |i| {
         let (c, b, a) = (c.clone(), b.clone(), a.clone());
@@ -412,6 +434,14 @@ async fn herald_run_on(
             rx.received(),
             fast * args.messages,
             args.timeout
+        );
+    }
+    if let Some(backup) = backup {
+        let (took, summary) = backup.await.context("the backup task")?;
+        println!(
+            "backup during the run: {:.2} s, {}",
+            took.as_secs_f64(),
+            summary.context("the backup during the run")?
         );
     }
     let mut latencies = Vec::with_capacity(fast * args.messages);
@@ -841,7 +871,20 @@ async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
         config.store.database_url = format!("sqlite://{}", path.display());
         let backend = server::open_store(&config).await?;
         let began = Instant::now();
-        seed_app(&backend.store(), n).await?;
+        let store = backend.store();
+        // Disabled, so that a Herald started on the copy holds these
+        // deliveries (stored, not sent): a big store beside a bench run.
+        for ep in seed_app(&store, n).await? {
+            store
+                .disable_endpoint(
+                    &ep,
+                    "seeded by herald-bench",
+                    false,
+                    None,
+                    herald::store::now_millis(),
+                )
+                .await?;
+        }
         backend.close().await;
         println!(
             "seeded {} with {n} deliveries in {:.0} s",
@@ -892,7 +935,11 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
     config.security.admin_token = Some(token.into());
     let backend = server::open_store(&config).await?;
     let began = Instant::now();
-    let ep = seed_app(&backend.store(), n).await?;
+    let ep = seed_app(&backend.store(), n)
+        .await?
+        .into_iter()
+        .next()
+        .context("no endpoint")?;
     backend.close().await;
     if let Some(schema) = &schema {
         schema.analyze().await?;
@@ -961,11 +1008,11 @@ async fn reads_run(target: &Target, n: usize) -> anyhow::Result<ReadTimes> {
 }
 
 /// An application with [`READS_ENDPOINTS`] endpoints and `n` deliveries
-/// ([`seed`]); the first endpoint's id.
+/// ([`seed`]); the endpoints' ids.
 async fn seed_app(
     store: &std::sync::Arc<dyn herald::store::Store>,
     n: usize,
-) -> anyhow::Result<herald::ids::EndpointId> {
+) -> anyhow::Result<Vec<herald::ids::EndpointId>> {
     use herald::ids::AppId;
     use herald::store::{App, Endpoint};
 
@@ -980,7 +1027,7 @@ async fn seed_app(
         updated_at: now,
     };
     store.create_app(&app).await?;
-    let mut first_endpoint = None;
+    let mut endpoints = Vec::with_capacity(READS_ENDPOINTS);
     for k in 0..READS_ENDPOINTS {
         let mut e = Endpoint::new(
             app.id.clone(),
@@ -990,14 +1037,13 @@ async fn seed_app(
         );
         e.filter_types = Some(vec![format!("bench.event.{k}")]);
         store.create_endpoint(&e).await?;
-        first_endpoint.get_or_insert(e.id);
+        endpoints.push(e.id);
     }
-    let ep = first_endpoint.context("no endpoint")?;
 
     // Created over the last day, all due, all pending.
     let t0 = now - 86_400_000;
     seed(store, &app.id, READS_ENDPOINTS, n, t0).await?;
-    Ok(ep)
+    Ok(endpoints)
 }
 
 /// `n` messages with one pending, due delivery each (round-robin over the
