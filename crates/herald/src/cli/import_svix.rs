@@ -394,12 +394,7 @@ impl Run<'_> {
             match self.application(app).await {
                 Ok((outcome, herald_id)) => {
                     self.record(Kind::Application, &label, Ok(outcome));
-                    if let Some(herald_id) = herald_id {
-                        self.endpoints_of(app, &herald_id, &label).await;
-                    } else if self.dry_run {
-                        // Not created in a dry run: its endpoints would all be new.
-                        self.endpoints_of_new_app(app, &label).await;
-                    }
+                    self.endpoints_of(app, herald_id.as_deref(), &label).await;
                 }
                 Err(e) => self.record(Kind::Application, &label, Err(e)),
             }
@@ -577,7 +572,10 @@ impl Run<'_> {
         }
     }
 
-    async fn endpoints_of(&mut self, app: &Value, herald_app: &str, app_label: &str) {
+    /// The endpoints of `app`, into Herald's application `herald_app`
+    /// (`None`: a dry run's application that does not exist yet, whose
+    /// endpoints would all be created).
+    async fn endpoints_of(&mut self, app: &Value, herald_app: Option<&str>, app_label: &str) {
         let source_app = str_field(app, "id").unwrap_or_default();
         let endpoints = match self
             .source
@@ -595,32 +593,11 @@ impl Run<'_> {
         };
         for ep in &endpoints {
             let label = format!("{app_label}, {}", label_of("endpoint", ep));
-            let outcome = self.endpoint(&source_app, herald_app, ep, &label).await;
+            let outcome = match herald_app {
+                Some(herald_app) => self.endpoint(&source_app, herald_app, ep, &label).await,
+                None => Ok(Outcome::Created),
+            };
             self.record(Kind::Endpoint, &label, outcome);
-        }
-    }
-
-    /// A dry run over an application it would create: each endpoint would
-    /// be created.
-    async fn endpoints_of_new_app(&mut self, app: &Value, app_label: &str) {
-        let source_app = str_field(app, "id").unwrap_or_default();
-        match self
-            .source
-            .list(&format!("/app/{}/endpoint", urlencode(&source_app)))
-            .await
-        {
-            Ok(list) => {
-                for ep in &list {
-                    let label = format!("{app_label}, {}", label_of("endpoint", ep));
-                    self.record(Kind::Endpoint, &label, Ok(Outcome::Created));
-                }
-            }
-            Err(e) => {
-                self.report.endpoints.add(Outcome::Failed);
-                self.report
-                    .failures
-                    .push(format!("endpoints of {app_label}: {e}"));
-            }
         }
     }
 

@@ -30,6 +30,53 @@ fn with<'a>(envs: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> 
     envs.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
+/// A Herald serving a SQLite store (`source.db` in `dir`) sealed with
+/// [`KEY`], and a receiver answering 200.
+struct Source {
+    dir: tempfile::TempDir,
+    db: std::path::PathBuf,
+    rx: Receiver,
+    env: Vec<(&'static str, String)>,
+    herald: crate::helpers::binary::Proc,
+    remote: Remote,
+}
+
+impl Source {
+    async fn start() -> Source {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("source.db");
+        let rx = Receiver::start().await;
+        rx.always(Reply::status(200));
+        let env = serve_env(KEY);
+        let herald = serve(&db, &with(&env)).await;
+        let remote = Remote::new(herald.addr);
+        Source {
+            dir,
+            db,
+            rx,
+            env,
+            herald,
+            remote,
+        }
+    }
+
+    /// Stops Herald (kill -9): the store is the source of a copy now.
+    async fn stop(&mut self) {
+        self.herald.child.kill().await.expect("stop herald");
+        let _ = self.herald.child.wait().await;
+    }
+
+    /// The serving environment with `HERALD_DATABASE_URL` on the source.
+    fn copy_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = self.env.clone();
+        env.push((
+            "HERALD_DATABASE_URL",
+            format!("sqlite://{}", self.db.display()),
+        ));
+        env
+    }
+}
+
 /// The row of `table` in copy-store's closing table: (source, target).
 fn tallied(out: &str, table: &str) -> (u64, u64) {
     let line = out
@@ -53,9 +100,7 @@ async fn table_list_covers_every_postgres_table_and_column() {
     let Some(pg) = PgSchema::new("table_list_covers_every_postgres_table_and_column") else {
         return;
     };
-    let here = pg.clone();
-    pg.run(|_| async move {
-        let pg = here;
+    pg.run(|pg| async move {
         drop(pg.open().await);
         let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
         let columns: Vec<(String, String)> = sqlx::query_as(
@@ -103,9 +148,7 @@ async fn a_sqlite_page_lands_on_postgres_once() {
     let Some(pg) = PgSchema::new("a_sqlite_page_lands_on_postgres_once") else {
         return;
     };
-    let here = pg.clone();
-    pg.run(|_| async move {
-        let pg = here;
+    pg.run(|pg| async move {
         drop(pg.open().await);
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("source.db");
@@ -229,16 +272,9 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
     let Some(pg) = PgSchema::new("a_sqlite_store_moves_to_postgres_and_delivers_there") else {
         return;
     };
-    let here = pg.clone();
-    pg.run(|_| async move {
-        let pg = here;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let source = dir.path().join("source.db");
-        let rx = Receiver::start().await;
-        rx.always(Reply::status(200));
-        let env = serve_env(KEY);
-        let mut herald_sqlite = serve(&source, &with(&env)).await;
-        let remote = Remote::new(herald_sqlite.addr);
+    pg.run(|pg| async move {
+        let mut source = Source::start().await;
+        let (env, remote) = (source.env.clone(), source.remote.clone());
         let (status, _) = remote
             .call(Method::POST, "/event-type", Some(json!({"name": "order.paid", "description": "Paid"})))
             .await;
@@ -252,7 +288,7 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
                 Method::POST,
                 "/app/shop/endpoint",
                 Some(json!({
-                    "url": rx.url("/hook"),
+                    "url": source.rx.url("/hook"),
                     "uid": "main",
                     "rateLimit": 50,
                     "headers": {"X-Tenant": "t-1"},
@@ -268,7 +304,7 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
                 .await;
             assert_eq!(status, 202);
         }
-        rx.wait_until(PATIENCE, |got| got.len() >= 5).await;
+        source.rx.wait_until(PATIENCE, |got| got.len() >= 5).await;
         // Due after the move: pending when Herald stops.
         let due = chrono::Utc::now() + chrono::Duration::seconds(4);
         let mut pending = Vec::new();
@@ -301,12 +337,9 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
         assert_eq!(status, 201, "{token}");
         let app_token = token["token"].as_str().expect("token").to_owned();
         let (_, secret_before) = remote.call(Method::GET, "/app/shop/endpoint/main/secret", None).await;
-        herald_sqlite.child.kill().await.expect("stop herald");
-        let _ = herald_sqlite.child.wait().await;
+        source.stop().await;
 
-        let sqlite_url = format!("sqlite://{}", source.display());
-        let mut copy_env = env.clone();
-        copy_env.push(("HERALD_DATABASE_URL", sqlite_url.clone()));
+        let copy_env = source.copy_env();
         let (code, out, err) = run(
             &["copy-store", "--to", &pg.url, "--to-schema", &pg.schema],
             &copy_env,
@@ -326,7 +359,7 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
         let mut pg_env = env.clone();
         pg_env.push(("HERALD_DATABASE_URL", pg.url.clone()));
         pg_env.push(("HERALD_DATABASE_SCHEMA", pg.schema.clone()));
-        let herald_pg = serve(&dir.path().join("unused.db"), &with(&pg_env)).await;
+        let herald_pg = serve(&source.dir.path().join("unused.db"), &with(&pg_env)).await;
         let remote = Remote::new(herald_pg.addr);
         let (_, secret_after) = remote.call(Method::GET, "/app/shop/endpoint/main/secret", None).await;
         assert_eq!(secret_after, secret_before);
@@ -357,19 +390,19 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
         let listed: Value = by_token.json().await.expect("json");
         assert_eq!(listed["data"].as_array().map(Vec::len), Some(9));
 
-        rx.wait_until(PATIENCE, |got| {
+        source.rx.wait_until(PATIENCE, |got| {
             pending.iter().all(|id| got.iter().any(|r| r.header("webhook-id") == *id))
         })
         .await;
         let secret = secret_before["key"].as_str().expect("secret");
-        for r in rx.requests().iter().filter(|r| pending.contains(&r.header("webhook-id"))) {
+        for r in source.rx.requests().iter().filter(|r| pending.contains(&r.header("webhook-id"))) {
             r.verified_by(secret).expect("signed with the moved secret");
             assert_eq!(r.header("x-tenant"), "t-1");
         }
         drop(herald_pg);
 
         // And back to SQLite: the same rows in every table.
-        let back = dir.path().join("back.db");
+        let back = source.dir.path().join("back.db");
         let (code, out_back, err) = run(
             &["copy-store", "--to", &format!("sqlite://{}", back.display())],
             &pg_env,
@@ -393,27 +426,15 @@ async fn an_interrupted_copy_refuses_a_plain_rerun_and_resumes() {
     let Some(pg) = PgSchema::new("an_interrupted_copy_refuses_a_plain_rerun_and_resumes") else {
         return;
     };
-    let here = pg.clone();
-    pg.run(|_| async move {
-        let pg = here;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let source = dir.path().join("source.db");
-        let rx = Receiver::start().await;
-        rx.always(Reply::status(200));
-        let env = serve_env(KEY);
-        let mut herald_sqlite = serve(&source, &with(&env)).await;
-        let remote = Remote::new(herald_sqlite.addr);
-        let app = remote.app_with_endpoint(&rx.url("/hook")).await;
+    pg.run(|pg| async move {
+        let mut source = Source::start().await;
+        let remote = source.remote.clone();
+        let app = remote.app_with_endpoint(&source.rx.url("/hook")).await;
         let sent = remote.send_all(&app, "bulk.test", 300, 8).await;
         assert_eq!(sent.len(), 300);
-        herald_sqlite.child.kill().await.expect("stop herald");
-        let _ = herald_sqlite.child.wait().await;
+        source.stop().await;
 
-        let mut copy_env = env.clone();
-        copy_env.push((
-            "HERALD_DATABASE_URL",
-            format!("sqlite://{}", source.display()),
-        ));
+        let copy_env = source.copy_env();
         // A row per page, so that the kill lands mid-table.
         let args = [
             "copy-store",
@@ -501,24 +522,20 @@ async fn an_interrupted_copy_refuses_a_plain_rerun_and_resumes() {
 /// target, a key that does not open the source's secrets.
 #[tokio::test]
 async fn copy_store_refuses_what_it_cannot_do_safely() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let source = dir.path().join("source.db");
-    let rx = Receiver::start().await;
-    let env = serve_env(KEY);
-    let mut served = serve(&source, &with(&env)).await;
-    let remote = Remote::new(served.addr);
-    remote.app_with_endpoint(&rx.url("/hook")).await;
-    let source_url = format!("sqlite://{}", source.display());
-    let mut copy_env = env.clone();
-    copy_env.push(("HERALD_DATABASE_URL", source_url.clone()));
-    let target = dir.path().join("target.db");
+    let mut source = Source::start().await;
+    source
+        .remote
+        .app_with_endpoint(&source.rx.url("/hook"))
+        .await;
+    let (env, copy_env) = (source.env.clone(), source.copy_env());
+    let source_url = format!("sqlite://{}", source.db.display());
+    let target = source.dir.path().join("target.db");
     let target_url = format!("sqlite://{}", target.display());
 
     let (code, _, err) = run(&["copy-store", "--to", &target_url], &copy_env).await;
     assert_eq!(code, Some(1));
     assert!(err.contains("serving the source store"), "{err}");
-    served.child.kill().await.expect("stop herald");
-    let _ = served.child.wait().await;
+    source.stop().await;
 
     let (code, _, err) = run(&["copy-store", "--to", "mysql://db/herald"], &copy_env).await;
     assert_eq!(code, Some(1));

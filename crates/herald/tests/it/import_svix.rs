@@ -53,6 +53,17 @@ async fn listed(remote: &Remote, path: &str, fields: &[&str]) -> Vec<Value> {
     rows
 }
 
+/// `herald import-svix --url base --token TOKEN extra…` into `target_db`.
+async fn import(
+    base: &str,
+    target_db: &std::path::Path,
+    extra: &[&str],
+) -> (Option<i32>, String, String) {
+    let mut args = vec!["import-svix", "--url", base, "--token", TOKEN];
+    args.extend_from_slice(extra);
+    run(&args, &on(target_db)).await
+}
+
 /// The (created, updated, unchanged, failed) row of `kind` in the summary.
 fn row(out: &str, kind: &str) -> [u64; 4] {
     let line = out
@@ -145,14 +156,8 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     assert_eq!(source_secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
 
     let target_db = dir.path().join("target.db");
-    let args = [
-        "import-svix",
-        "--url",
-        &source.base.replace("/api/v1", ""),
-        "--token",
-        TOKEN,
-    ];
-    let (code, out, err) = run(&args, &on(&target_db)).await;
+    let base = source.base.replace("/api/v1", "");
+    let (code, out, err) = import(&base, &target_db, &[]).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert_eq!(row(&out, "event types"), [3, 0, 0, 0], "{out}");
     assert_eq!(row(&out, "applications"), [2, 0, 0, 0], "{out}");
@@ -168,7 +173,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     let _ = main;
 
     // Run again: nothing to do.
-    let (code, again, err) = run(&args, &on(&target_db)).await;
+    let (code, again, err) = import(&base, &target_db, &[]).await;
     assert_eq!(code, Some(0), "{again}\n{err}");
     assert_eq!(row(&again, "event types"), [0, 0, 3, 0], "{again}");
     assert_eq!(row(&again, "applications"), [0, 0, 2, 0], "{again}");
@@ -182,7 +187,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
         json!({"url": rx.url("/off"), "description": "now described", "disabled": true}),
     )
     .await;
-    let (code, third, err) = run(&args, &on(&target_db)).await;
+    let (code, third, err) = import(&base, &target_db, &[]).await;
     assert_eq!(code, Some(0), "{third}\n{err}");
     assert_eq!(row(&third, "endpoints"), [0, 1, 2, 0], "{third}");
 
@@ -316,28 +321,12 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     }
     let base = source.base.replace("/api/v1", "");
     let target_db = dir.path().join("target.db");
-    let (code, out, err) = run(
-        &["import-svix", "--url", &base, "--token", TOKEN, "--dry-run"],
-        &on(&target_db),
-    )
-    .await;
+    let (code, out, err) = import(&base, &target_db, &["--dry-run"]).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert_eq!(row(&out, "applications"), [2, 0, 0, 0], "{out}");
     assert_eq!(row(&out, "endpoints"), [2, 0, 0, 0], "{out}");
     assert!(out.contains("would create"), "{out}");
-    let (code, out, err) = run(
-        &[
-            "import-svix",
-            "--url",
-            &base,
-            "--token",
-            TOKEN,
-            "--app",
-            "two",
-        ],
-        &on(&target_db),
-    )
-    .await;
+    let (code, out, err) = import(&base, &target_db, &["--app", "two"]).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert_eq!(
         row(&out, "applications"),
@@ -345,19 +334,7 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
         "the dry run created nothing: {out}"
     );
     assert_eq!(row(&out, "endpoints"), [1, 0, 0, 0], "{out}");
-    let (code, out, _) = run(
-        &[
-            "import-svix",
-            "--url",
-            &base,
-            "--token",
-            TOKEN,
-            "--app",
-            "three",
-        ],
-        &on(&target_db),
-    )
-    .await;
+    let (code, out, _) = import(&base, &target_db, &["--app", "three"]).await;
     assert_eq!(code, Some(1), "an --app the source lacks fails: {out}");
     assert!(out.contains("application three"), "{out}");
 }
@@ -395,29 +372,17 @@ async fn a_source_that_fails_or_is_not_the_api_is_refused() {
 
     let broken = Receiver::start().await;
     broken.always(Reply::status(500).body("{\"detail\":\"boom\"}"));
-    let (code, out, err) = run(
-        &["import-svix", "--url", &broken.url(""), "--token", TOKEN],
-        &on(&target_db),
-    )
-    .await;
+    let (code, out, err) = import(&broken.url(""), &target_db, &[]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(err.contains("500"), "{err}");
 
     let garbage = Receiver::start().await;
     garbage.always(Reply::status(200).body("<html>hello</html>"));
-    let (code, out, err) = run(
-        &["import-svix", "--url", &garbage.url(""), "--token", TOKEN],
-        &on(&target_db),
-    )
-    .await;
+    let (code, out, err) = import(&garbage.url(""), &target_db, &[]).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(err.contains("not JSON"), "{err}");
 
-    let (code, _, err) = run(
-        &["import-svix", "--url", "ftp://example", "--token", TOKEN],
-        &on(&target_db),
-    )
-    .await;
+    let (code, _, err) = import("ftp://example", &target_db, &[]).await;
     assert_eq!(code, Some(1));
     assert!(err.contains("--url"), "{err}");
     assert!(

@@ -312,10 +312,7 @@ async fn postgres_stores_of_earlier_versions_are_carried_forward() {
         let Some(pg) = PgSchema::new(name) else {
             return;
         };
-        pg.run(|pg| {
-            let pg = pg.clone();
-            async move { postgres_store_carries_forward(commit, &pg).await }
-        })
-        .await;
+        pg.run(|pg| async move { postgres_store_carries_forward(commit, &pg).await })
+            .await;
     }
 }

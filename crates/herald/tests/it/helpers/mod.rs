@@ -254,8 +254,14 @@ pub async fn call(
     if let Some(b) = body {
         req = req.json(&b);
     }
+    let (status, value) = answer_of(req).await;
+    (StatusCode::from_u16(status).expect("valid status"), value)
+}
+
+/// Sends `req`: the status and the JSON body (`Null` when empty).
+async fn answer_of(req: reqwest::RequestBuilder) -> (u16, Value) {
     let resp = req.send().await.expect("request reaches herald");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("valid status");
+    let status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
     let value = if text.is_empty() {
         Value::Null
@@ -618,15 +624,7 @@ impl Remote {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.expect("herald answers");
-        let status = resp.status().as_u16();
-        let text = resp.text().await.expect("body");
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}"))
-        };
-        (status, value)
+        answer_of(req).await
     }
 
     /// Creates an application with one endpoint at `url`; returns the app id.

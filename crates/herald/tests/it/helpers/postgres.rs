@@ -83,13 +83,14 @@ impl PgSchema {
         }
     }
 
-    /// Runs `test`, then drops the schema, passed or not.
+    /// Runs `test` (on a copy of the schema's name, which an `async move`
+    /// block can own), then drops the schema, passed or not.
     pub async fn run<F, Fut>(self, test: F)
     where
-        F: FnOnce(&PgSchema) -> Fut,
+        F: FnOnce(PgSchema) -> Fut,
         Fut: Future<Output = ()>,
     {
-        then_cleanup(test(&self), self.drop_schema()).await;
+        then_cleanup(test(self.clone()), self.drop_schema()).await;
     }
 
     /// `HERALD_DATABASE_URL` and `HERALD_DATABASE_SCHEMA` for a Herald on it.
@@ -271,10 +272,8 @@ macro_rules! on_both_stores {
                     let Some(pg) = $crate::helpers::PgSchema::new(name) else {
                         return;
                     };
-                    pg.run(|pg| {
-                        // A copy of the schema's name: `run` drops it after.
-                        let backend = $crate::helpers::Backend::Postgres(pg.clone());
-                        async move { super::$test(&backend).await }
+                    pg.run(|pg| async move {
+                        super::$test(&$crate::helpers::Backend::Postgres(pg)).await
                     })
                     .await;
                 }
