@@ -328,8 +328,15 @@ async fn herald_run_on(
     let mut config = Config::load(None)?;
     let schema = target.store_for(&mut config, &dir.path().join("bench.db"));
     if let (Target::Sqlite, Some(from)) = (target, &args.store_from) {
-        std::fs::copy(from, dir.path().join("bench.db"))
-            .with_context(|| format!("--store-from: cannot copy {}", from.display()))?;
+        // With its -wal: a store closed by another process may keep
+        // committed pages there.
+        for suffix in ["", "-wal"] {
+            let from = std::path::PathBuf::from(format!("{}{suffix}", from.display()));
+            if suffix.is_empty() || from.exists() {
+                std::fs::copy(&from, dir.path().join(format!("bench.db{suffix}")))
+                    .with_context(|| format!("--store-from: cannot copy {}", from.display()))?;
+            }
+        }
     }
     config.security.admin_token = Some(token.into());
     config.egress.allow_private_networks = true;

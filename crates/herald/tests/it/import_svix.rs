@@ -289,7 +289,8 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     assert_eq!(got.header("x-tenant"), "t-1");
 }
 
-/// `--dry-run` says what it would do and writes nothing; `--app` limits.
+/// `--dry-run` says what it would do and writes nothing; `--app` limits;
+/// lists longer than a page (250) are followed to the end.
 #[tokio::test]
 async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -303,6 +304,15 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     )
     .await;
     let source = Remote::new(source_proc.addr);
+    for i in 0..260 {
+        ok(
+            &source,
+            Method::POST,
+            "/event-type",
+            json!({"name": format!("type.{i:03}")}),
+        )
+        .await;
+    }
     for uid in ["one", "two"] {
         ok(
             &source,
@@ -323,11 +333,13 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     let target_db = dir.path().join("target.db");
     let (code, out, err) = import(&base, &target_db, &["--dry-run"]).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(row(&out, "event types"), [260, 0, 0, 0], "two pages: {out}");
     assert_eq!(row(&out, "applications"), [2, 0, 0, 0], "{out}");
     assert_eq!(row(&out, "endpoints"), [2, 0, 0, 0], "{out}");
     assert!(out.contains("would create"), "{out}");
     let (code, out, err) = import(&base, &target_db, &["--app", "two"]).await;
     assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(row(&out, "event types"), [260, 0, 0, 0], "{out}");
     assert_eq!(
         row(&out, "applications"),
         [1, 0, 0, 0],
