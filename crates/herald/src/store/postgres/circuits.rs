@@ -95,8 +95,9 @@ impl Circuits for PostgresStore {
         // deliveries through `deliveries_by_endpoint`, parked or not (an
         // open breaker's rows are parked by the claims); SKIP LOCKED leaves
         // one being claimed or resent right now to that.
-        let n = sqlx::query(
-            "WITH old AS MATERIALIZED ( \
+        self.changed_rows(
+            sqlx::query(
+                "WITH old AS MATERIALIZED ( \
                  SELECT h.id FROM endpoints e \
                  CROSS JOIN LATERAL ( \
                      SELECT d.id FROM deliveries d \
@@ -107,14 +108,11 @@ impl Circuits for PostgresStore {
              UPDATE deliveries d SET state = 3, dead_reason = 'too_old', parked = FALSE, \
                     next_attempt_at = $3, updated_at = $3 \
              FROM old WHERE d.id = old.id",
+            )
+            .bind(too_old_before)
+            .bind(i64_of(batch))
+            .bind(now),
         )
-        .bind(too_old_before)
-        .bind(i64_of(batch))
-        .bind(now)
-        .execute(&self.pool)
         .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(n)
     }
 }

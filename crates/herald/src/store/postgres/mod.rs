@@ -209,6 +209,18 @@ impl PostgresStore {
         self.pool.close().await;
     }
 
+    /// One statement on the pool; the rows it changed.
+    async fn changed_rows(
+        &self,
+        query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> StoreResult<u64> {
+        Ok(query
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?
+            .rows_affected())
+    }
+
     /// Wakes the processes listening on this schema when `tx` commits.
     async fn notify_in(&self, tx: &mut sqlx::PgConnection) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, '')")

@@ -150,7 +150,7 @@ impl Retention for PostgresStore {
         // start (LATERAL: a plain join may be planned as a scan of every
         // delivery). SKIP LOCKED: one being enabled (or resent) right now
         // is left to that; a later pass sees what it became.
-        let n = sqlx::query(
+        self.changed_rows(sqlx::query(
             "WITH old AS MATERIALIZED ( \
                  SELECT h.id FROM endpoints e \
                  CROSS JOIN LATERAL ( \
@@ -164,53 +164,39 @@ impl Retention for PostgresStore {
         )
         .bind(too_old_before)
         .bind(i64_of(batch))
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?
-        .rows_affected();
-        Ok(n)
+        .bind(now)).await
     }
 
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
-        let done = sqlx::query("DELETE FROM idempotency WHERE created_at < $1")
-            .bind(before)
-            .execute(&self.pool)
+        self.changed_rows(sqlx::query("DELETE FROM idempotency WHERE created_at < $1").bind(before))
             .await
-            .map_err(map_err)?;
-        Ok(done.rows_affected())
     }
 
     async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
         // SKIP LOCKED: a bucket some transaction holds (an application's
         // deletion, which takes them in its own order) is left to it or to
         // the next round, never waited for.
-        let done = sqlx::query(
+        self.changed_rows(sqlx::query(
             "DELETE FROM endpoint_stats s USING (SELECT endpoint_id, bucket FROM endpoint_stats \
              WHERE bucket < $1 FOR UPDATE SKIP LOCKED) AS old \
              WHERE s.endpoint_id = old.endpoint_id AND s.bucket = old.bucket",
         )
-        .bind(before)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
+        .bind(before)).await
     }
 
     async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64> {
         if batch == 0 {
             return Ok(0);
         }
-        let done = sqlx::query(
-            "DELETE FROM audit_log WHERE id IN \
+        self.changed_rows(
+            sqlx::query(
+                "DELETE FROM audit_log WHERE id IN \
              (SELECT id FROM audit_log WHERE at < $1 ORDER BY at LIMIT $2)",
+            )
+            .bind(before)
+            .bind(i64_of(batch)),
         )
-        .bind(before)
-        .bind(i64_of(batch))
-        .execute(&self.pool)
         .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
     }
 
     async fn expunge_message(

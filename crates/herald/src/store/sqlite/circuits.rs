@@ -116,25 +116,19 @@ impl Circuits for SqliteStore {
             return Ok(0);
         }
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.write(move |c| {
-            // Per broken endpoint (few, by their index), its deliveries by
-            // `deliveries_by_endpoint`; pending ones, parked or not (a held
-            // one, parked = 2, is `expire_held`'s).
-            let n = c
-                .prepare_cached(
-                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-                     next_attempt_at = ?1, updated_at = ?1 \
-                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_circuit_broken \
-                                  JOIN deliveries d INDEXED BY deliveries_by_endpoint ON d.endpoint_id = e.id \
-                                  WHERE e.circuit_state <> 0 AND d.state = 0 AND d.parked < 2 \
-                                    AND d.cycle_started_at < ?2 \
-                                  LIMIT ?3)",
-                )
-                .map_err(map_err)?
-                .execute(params![now, too_old_before, limit])
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
+        // Per broken endpoint (few, by their index), its deliveries by
+        // `deliveries_by_endpoint`; pending ones, parked or not (a held one,
+        // parked = 2, is `expire_held`'s).
+        self.changed_rows(
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+             next_attempt_at = ?1, updated_at = ?1 \
+             WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_circuit_broken \
+                          JOIN deliveries d INDEXED BY deliveries_by_endpoint ON d.endpoint_id = e.id \
+                          WHERE e.circuit_state <> 0 AND d.state = 0 AND d.parked < 2 \
+                            AND d.cycle_started_at < ?2 \
+                          LIMIT ?3)",
+            (now, too_old_before, limit),
+        )
         .await
     }
 }

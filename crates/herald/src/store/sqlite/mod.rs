@@ -453,6 +453,23 @@ impl SqliteStore {
     }
 
     /// Runs `f` on the writer, in the shared transaction, in a savepoint.
+    /// One statement on the writer (prepared once, cached); the rows it
+    /// changed.
+    async fn changed_rows<P>(&self, sql: &'static str, params: P) -> StoreResult<u64>
+    where
+        P: rusqlite::Params + Send + 'static,
+    {
+        self.write(move |c| {
+            let n = c
+                .prepare_cached(sql)
+                .map_err(map_err)?
+                .execute(params)
+                .map_err(map_err)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
+    }
+
     async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,

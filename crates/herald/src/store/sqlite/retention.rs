@@ -137,50 +137,28 @@ impl Retention for SqliteStore {
             return Ok(0);
         }
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.write(move |c| {
-            // Per disabled endpoint, one seek into its held deliveries by
-            // cycle start, whatever else is held.
-            let n = c
-                .prepare_cached(
-                    "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-                     next_attempt_at = ?1, updated_at = ?1 \
-                     WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
-                                  JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
-                                  WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
-                                  LIMIT ?3)",
-                )
-                .map_err(map_err)?
-                .execute(params![now, too_old_before, limit])
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
+        // Per disabled endpoint, one seek into its held deliveries by
+        // cycle start, whatever else is held.
+        self.changed_rows(
+            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+             next_attempt_at = ?1, updated_at = ?1 \
+             WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
+                          JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
+                          WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
+                          LIMIT ?3)",
+            (now, too_old_before, limit),
+        )
         .await
     }
 
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    "DELETE FROM idempotency WHERE created_at < ?1",
-                    params![before],
-                )
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
-        .await
+        self.changed_rows("DELETE FROM idempotency WHERE created_at < ?1", (before,))
+            .await
     }
 
     async fn prune_stats(&self, before: Millis) -> StoreResult<u64> {
-        self.write(move |c| {
-            let n = c
-                .execute(
-                    "DELETE FROM endpoint_stats WHERE bucket < ?1",
-                    params![before],
-                )
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
-        .await
+        self.changed_rows("DELETE FROM endpoint_stats WHERE bucket < ?1", (before,))
+            .await
     }
 
     async fn prune_audit(&self, before: Millis, batch: usize) -> StoreResult<u64> {
@@ -188,17 +166,11 @@ impl Retention for SqliteStore {
             return Ok(0);
         }
         let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.write(move |c| {
-            let n = c
-                .prepare_cached(
-                    "DELETE FROM audit_log WHERE id IN \
-                     (SELECT id FROM audit_log WHERE at < ?1 ORDER BY at LIMIT ?2)",
-                )
-                .map_err(map_err)?
-                .execute(params![before, limit])
-                .map_err(map_err)?;
-            Ok(u64::try_from(n).unwrap_or(0))
-        })
+        self.changed_rows(
+            "DELETE FROM audit_log WHERE id IN \
+             (SELECT id FROM audit_log WHERE at < ?1 ORDER BY at LIMIT ?2)",
+            (before, limit),
+        )
         .await
     }
 
