@@ -456,25 +456,27 @@ impl Run<'_> {
         let path = format!("/event-type/{}", urlencode(&name));
         match self.herald.get(&path).await? {
             None => {
-                if !self.dry_run {
-                    let mut body = wanted.clone();
-                    body.insert("name".into(), json!(name));
-                    self.herald
-                        .call(Method::POST, "/event-type", Some(&Value::Object(body)))
-                        .await?;
-                }
+                let mut body = wanted;
+                body.insert("name".into(), json!(name));
+                self.change(Method::POST, "/event-type", Value::Object(body))
+                    .await?;
                 Ok(Outcome::Created)
             }
             Some(have) if same(&have, &wanted) => Ok(Outcome::Unchanged),
             Some(_) => {
-                if !self.dry_run {
-                    self.herald
-                        .call(Method::PUT, &path, Some(&Value::Object(wanted)))
-                        .await?;
-                }
+                self.change(Method::PUT, &path, Value::Object(wanted))
+                    .await?;
                 Ok(Outcome::Updated)
             }
         }
+    }
+
+    /// A write to Herald, skipped in a dry run.
+    async fn change(&self, method: Method, path: &str, body: Value) -> Result<(), CallError> {
+        if !self.dry_run {
+            self.herald.call(method, path, Some(&body)).await?;
+        }
+        Ok(())
     }
 
     fn mapping_key(&self, kind: &str, source_id: &str) -> String {
@@ -557,16 +559,8 @@ impl Run<'_> {
                 if same(&have, &wanted) {
                     return Ok((Outcome::Unchanged, Some(id)));
                 }
-                if !self.dry_run {
-                    let body = wanted.clone();
-                    self.herald
-                        .call(
-                            Method::PUT,
-                            &format!("/app/{id}"),
-                            Some(&Value::Object(body)),
-                        )
-                        .await?;
-                }
+                self.change(Method::PUT, &format!("/app/{id}"), Value::Object(wanted))
+                    .await?;
                 Ok((Outcome::Updated, Some(id)))
             }
         }
@@ -718,12 +712,8 @@ impl Run<'_> {
         let mut changed = false;
         if !same(&have, &wanted) {
             changed = true;
-            if !self.dry_run {
-                let body = wanted.clone();
-                self.herald
-                    .call(Method::PUT, &path, Some(&Value::Object(body)))
-                    .await?;
-            }
+            self.change(Method::PUT, &path, Value::Object(wanted))
+                .await?;
         }
         // Herald's headers as stored: its API hides sensitive values too.
         let stored = match (
@@ -748,15 +738,12 @@ impl Run<'_> {
         }
         if merged != stored {
             changed = true;
-            if !self.dry_run {
-                self.herald
-                    .call(
-                        Method::PUT,
-                        &format!("{path}/headers"),
-                        Some(&json!({ "headers": merged })),
-                    )
-                    .await?;
-            }
+            self.change(
+                Method::PUT,
+                &format!("{path}/headers"),
+                json!({ "headers": merged }),
+            )
+            .await?;
         }
         let herald_secret = self
             .herald
@@ -765,15 +752,12 @@ impl Run<'_> {
             .and_then(|s| str_field(&s, "key"));
         if herald_secret.as_deref() != Some(secret.as_str()) {
             changed = true;
-            if !self.dry_run {
-                self.herald
-                    .call(
-                        Method::POST,
-                        &format!("{path}/secret/rotate"),
-                        Some(&json!({ "key": secret })),
-                    )
-                    .await?;
-            }
+            self.change(
+                Method::POST,
+                &format!("{path}/secret/rotate"),
+                json!({ "key": secret }),
+            )
+            .await?;
         }
         Ok(if changed {
             Outcome::Updated

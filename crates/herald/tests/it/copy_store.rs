@@ -97,46 +97,46 @@ fn tallied(out: &str, table: &str) -> (u64, u64) {
 /// the copy unnoticed (the SQLite side: `store::copy`'s unit test).
 #[tokio::test]
 async fn table_list_covers_every_postgres_table_and_column() {
-    let Some(pg) = PgSchema::new("table_list_covers_every_postgres_table_and_column") else {
-        return;
-    };
-    pg.run(|pg| async move {
-        drop(pg.open().await);
-        let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
-        let columns: Vec<(String, String)> = sqlx::query_as(
-            "SELECT table_name::text, column_name::text FROM information_schema.columns \
+    PgSchema::for_test(
+        "table_list_covers_every_postgres_table_and_column",
+        |pg| async move {
+            drop(pg.open().await);
+            let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
+            let columns: Vec<(String, String)> = sqlx::query_as(
+                "SELECT table_name::text, column_name::text FROM information_schema.columns \
              WHERE table_schema = $1 AND table_name <> '_sqlx_migrations' \
              ORDER BY table_name, column_name",
-        )
-        .bind(&pg.schema)
-        .fetch_all(&mut conn)
-        .await
-        .expect("columns");
-        let mut want: Vec<(String, String)> = TABLES
-            .iter()
-            .filter(|t| t.on(true))
-            .flat_map(|t| {
-                t.columns_on(true)
-                    .map(move |c| (t.name.to_owned(), c.name.to_owned()))
-            })
-            .collect();
-        want.sort();
-        assert_eq!(columns, want);
-        for t in TABLES.iter().filter(|t| t.present != Present::SqliteOnly) {
-            let key: Vec<String> = sqlx::query_scalar(
-                "SELECT a.attname::text FROM pg_index i \
+            )
+            .bind(&pg.schema)
+            .fetch_all(&mut conn)
+            .await
+            .expect("columns");
+            let mut want: Vec<(String, String)> = TABLES
+                .iter()
+                .filter(|t| t.on(true))
+                .flat_map(|t| {
+                    t.columns_on(true)
+                        .map(move |c| (t.name.to_owned(), c.name.to_owned()))
+                })
+                .collect();
+            want.sort();
+            assert_eq!(columns, want);
+            for t in TABLES.iter().filter(|t| t.present != Present::SqliteOnly) {
+                let key: Vec<String> = sqlx::query_scalar(
+                    "SELECT a.attname::text FROM pg_index i \
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
                  WHERE i.indrelid = to_regclass($1) AND i.indisprimary \
                  ORDER BY array_position(i.indkey::int2[], a.attnum)",
-            )
-            .bind(format!("\"{}\".{}", pg.schema, t.name))
-            .fetch_all(&mut conn)
-            .await
-            .expect("key");
-            assert_eq!(key, t.key, "key of {}", t.name);
-        }
-        let _ = conn.close().await;
-    })
+                )
+                .bind(format!("\"{}\".{}", pg.schema, t.name))
+                .fetch_all(&mut conn)
+                .await
+                .expect("key");
+                assert_eq!(key, t.key, "key of {}", t.name);
+            }
+            let _ = conn.close().await;
+        },
+    )
     .await;
 }
 
@@ -145,10 +145,7 @@ async fn table_list_covers_every_postgres_table_and_column() {
 /// may, it inserts nothing and changes nothing.
 #[tokio::test]
 async fn a_sqlite_page_lands_on_postgres_once() {
-    let Some(pg) = PgSchema::new("a_sqlite_page_lands_on_postgres_once") else {
-        return;
-    };
-    pg.run(|pg| async move {
+    PgSchema::for_test("a_sqlite_page_lands_on_postgres_once", |pg| async move {
         drop(pg.open().await);
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("source.db");
@@ -269,10 +266,7 @@ async fn a_sqlite_page_lands_on_postgres_once() {
 /// Copied back to SQLite, every table holds the same rows again.
 #[tokio::test]
 async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
-    let Some(pg) = PgSchema::new("a_sqlite_store_moves_to_postgres_and_delivers_there") else {
-        return;
-    };
-    pg.run(|pg| async move {
+    PgSchema::for_test("a_sqlite_store_moves_to_postgres_and_delivers_there", |pg| async move {
         let mut source = Source::start().await;
         let (env, remote) = (source.env.clone(), source.remote.clone());
         let (status, _) = remote
@@ -423,97 +417,98 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
 /// finishes, and every table then holds what the source holds.
 #[tokio::test]
 async fn an_interrupted_copy_refuses_a_plain_rerun_and_resumes() {
-    let Some(pg) = PgSchema::new("an_interrupted_copy_refuses_a_plain_rerun_and_resumes") else {
-        return;
-    };
-    pg.run(|pg| async move {
-        let mut source = Source::start().await;
-        let remote = source.remote.clone();
-        let app = remote.app_with_endpoint(&source.rx.url("/hook")).await;
-        let sent = remote.send_all(&app, "bulk.test", 300, 8).await;
-        assert_eq!(sent.len(), 300);
-        source.stop().await;
+    PgSchema::for_test(
+        "an_interrupted_copy_refuses_a_plain_rerun_and_resumes",
+        |pg| async move {
+            let mut source = Source::start().await;
+            let remote = source.remote.clone();
+            let app = remote.app_with_endpoint(&source.rx.url("/hook")).await;
+            let sent = remote.send_all(&app, "bulk.test", 300, 8).await;
+            assert_eq!(sent.len(), 300);
+            source.stop().await;
 
-        let copy_env = source.copy_env();
-        // A row per page, so that the kill lands mid-table.
-        let args = [
-            "copy-store",
-            "--to",
-            pg.url.as_str(),
-            "--to-schema",
-            pg.schema.as_str(),
-            "--page-rows",
-            "1",
-        ];
-        let mut cmd = herald();
-        cmd.args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        for (k, v) in &copy_env {
-            cmd.env(k, v);
-        }
-        let mut copying = cmd.spawn().expect("copy-store starts");
-        let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
-        let progress_sql = format!(
-            "SELECT count(*) FROM \"{}\".settings WHERE key = 'copy-store:messages'",
-            pg.schema
-        );
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let seen: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(progress_sql.clone()))
-                .fetch_one(&mut conn)
-                .await
-                .ok();
-            if seen == Some(1) {
-                break;
+            let copy_env = source.copy_env();
+            // A row per page, so that the kill lands mid-table.
+            let args = [
+                "copy-store",
+                "--to",
+                pg.url.as_str(),
+                "--to-schema",
+                pg.schema.as_str(),
+                "--page-rows",
+                "1",
+            ];
+            let mut cmd = herald();
+            cmd.args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            for (k, v) in &copy_env {
+                cmd.env(k, v);
             }
-            assert!(
-                Instant::now() < deadline,
-                "the copy never reached the messages"
+            let mut copying = cmd.spawn().expect("copy-store starts");
+            let mut conn = sqlx::PgConnection::connect(&pg.url).await.expect("connect");
+            let progress_sql = format!(
+                "SELECT count(*) FROM \"{}\".settings WHERE key = 'copy-store:messages'",
+                pg.schema
             );
+            let deadline = Instant::now() + PATIENCE;
+            loop {
+                let seen: Option<i64> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(progress_sql.clone()))
+                        .fetch_one(&mut conn)
+                        .await
+                        .ok();
+                if seen == Some(1) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the copy never reached the messages"
+                );
+                assert!(
+                    copying.try_wait().expect("poll").is_none(),
+                    "the copy ended before the kill"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            copying.kill().await.expect("SIGKILL");
+            let _ = copying.wait().await;
+            let copied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM \"{}\".messages",
+                pg.schema
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
             assert!(
-                copying.try_wait().expect("poll").is_none(),
-                "the copy ended before the kill"
+                (1..300).contains(&copied),
+                "killed mid-table: {copied} of 300"
             );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        copying.kill().await.expect("SIGKILL");
-        let _ = copying.wait().await;
-        let copied: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{}\".messages",
-            pg.schema
-        )))
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
-        assert!(
-            (1..300).contains(&copied),
-            "killed mid-table: {copied} of 300"
-        );
 
-        let plain: Vec<&str> = args[..5].to_vec();
-        let (code, out, err) = run(&plain, &copy_env).await;
-        assert_eq!(code, Some(1), "{out}\n{err}");
-        assert!(err.contains("--resume"), "{err}");
+            let plain: Vec<&str> = args[..5].to_vec();
+            let (code, out, err) = run(&plain, &copy_env).await;
+            assert_eq!(code, Some(1), "{out}\n{err}");
+            assert!(err.contains("--resume"), "{err}");
 
-        let mut resume = plain.clone();
-        resume.push("--resume");
-        let (code, out, err) = run(&resume, &copy_env).await;
-        assert_eq!(code, Some(0), "{out}\n{err}");
-        assert_eq!(tallied(&out, "messages"), (300, 300), "{out}");
-        assert_eq!(tallied(&out, "deliveries"), (300, 300), "{out}");
-        let (attempts_from, attempts_to) = tallied(&out, "attempts");
-        assert_eq!(attempts_from, attempts_to);
-        let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM \"{}\".settings WHERE key LIKE 'copy-store:%'",
-            pg.schema
-        )))
-        .fetch_one(&mut conn)
-        .await
-        .expect("count");
-        assert_eq!(left, 0, "a complete copy forgets its progress");
-        let _ = conn.close().await;
-    })
+            let mut resume = plain.clone();
+            resume.push("--resume");
+            let (code, out, err) = run(&resume, &copy_env).await;
+            assert_eq!(code, Some(0), "{out}\n{err}");
+            assert_eq!(tallied(&out, "messages"), (300, 300), "{out}");
+            assert_eq!(tallied(&out, "deliveries"), (300, 300), "{out}");
+            let (attempts_from, attempts_to) = tallied(&out, "attempts");
+            assert_eq!(attempts_from, attempts_to);
+            let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM \"{}\".settings WHERE key LIKE 'copy-store:%'",
+                pg.schema
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+            assert_eq!(left, 0, "a complete copy forgets its progress");
+            let _ = conn.close().await;
+        },
+    )
     .await;
 }
 

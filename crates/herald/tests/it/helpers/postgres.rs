@@ -93,6 +93,18 @@ impl PgSchema {
         then_cleanup(test(self.clone()), self.drop_schema()).await;
     }
 
+    /// A fresh schema for `name`'s test, [`PgSchema::run`]; the test is
+    /// skipped (said on stderr) when no server is configured.
+    pub async fn for_test<F, Fut>(name: &str, test: F)
+    where
+        F: FnOnce(PgSchema) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        if let Some(pg) = PgSchema::new(name) {
+            pg.run(test).await;
+        }
+    }
+
     /// `HERALD_DATABASE_URL` and `HERALD_DATABASE_SCHEMA` for a Herald on it.
     pub fn env(&self) -> [(&str, &str); 2] {
         [
