@@ -596,6 +596,19 @@ async fn backup_while_serving_then_restore_loses_nothing() {
     let (code, out, err) = run(&["backup", target.to_str().expect("path")], &envs).await;
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("messages") && out.contains("pending"), "{out}");
+    // One self-contained file: nothing beside it (no -wal, -shm, .partial).
+    let name = target
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let beside: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&name) && *n != name)
+        .collect();
+    assert!(beside.is_empty(), "left beside the backup: {beside:?}");
     more.await.expect("more messages");
     for (args, says) in [
         (vec!["backup", target.to_str().expect("path")], "exists"),

@@ -171,6 +171,11 @@ fn backup_here(store: &Path, target: &Path) -> StoreResult<Summary> {
         let mut copy =
             Connection::open(&partial).map_err(|e| unavailable("cannot create", &partial, e))?;
         copy_every_page(&conn, &mut copy)
+            .and_then(|()| {
+                // One self-contained file: the copy came in WAL mode, whose
+                // -wal and -shm would be left beside it under the partial name.
+                copy.pragma_update_and_check(None, "journal_mode", "DELETE", |_| Ok(()))
+            })
             .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
         drop(copy);
         drop(conn);
