@@ -11,7 +11,7 @@ use std::time::Duration;
 use herald::ids::{AppId, MsgId};
 use herald::store::*;
 
-use crate::store_conformance::{app, assert_counts_exact, claim, endpoint, message, T0};
+use crate::store_conformance::{app, assert_counts_exact, claim, endpoint, message, sent, T0};
 
 struct Sqlite {
     store: Arc<dyn Store>,
@@ -168,11 +168,7 @@ async fn a_connection_without_the_fold_cannot_change_deliveries_silently() {
     let store = &db.store;
     let a = app(store, None).await;
     let e = endpoint(store, &a.id, None, false).await;
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     let insert =
         "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                   cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 3, 0, 0, 0, 0)";

@@ -238,11 +238,7 @@ async fn rotated_secrets_sign_until_their_grace_ends(store: Arc<dyn Store>) {
         .rotate_secret(&a.id, &e.id, &second, T0 + 1_000, T0)
         .await
         .expect("rotate"));
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    sent(&store, &a.id, "x", None).await;
     let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
     assert_eq!(got[0].secret, second);
     assert_eq!(got[0].old_secrets, vec![first.clone()], "within the grace");
@@ -437,11 +433,7 @@ async fn apps_update_and_delete_with_everything_under_them(store: Arc<dyn Store>
 async fn deleting_an_endpoint_removes_its_deliveries(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     assert!(store.delete_endpoint(&a.id, &e.id).await.expect("delete"));
     assert!(!store.delete_endpoint(&a.id, &e.id).await.expect("delete"));
     assert!(store

@@ -218,11 +218,7 @@ async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Sto
             .state,
         CircuitState::Open
     );
-    let live = message(&b.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&live))
-        .await
-        .expect("insert");
+    let live = sent(&store, &b.id, "x", None).await;
     let mut total = 0;
     for _ in 0..10 {
         let n = store

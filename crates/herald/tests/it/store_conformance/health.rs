@@ -359,11 +359,7 @@ async fn only_auto_disabled_endpoints_collect_new_messages(store: Arc<dyn Store>
         .disable_endpoint(&by_hand.id, "r", false, None, T0)
         .await
         .expect("disable"));
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     let deliveries = store
         .list_deliveries_of_message(&a.id, &m.id)
         .await

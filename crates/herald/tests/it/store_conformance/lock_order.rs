@@ -142,11 +142,7 @@ async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
         let store: Arc<dyn Store> = pg;
         let a = app(&store, None).await;
         let e = endpoint(&store, &a.id, None, false).await;
-        let m = message(&a.id, "x", None);
-        store
-            .insert_messages(std::slice::from_ref(&m))
-            .await
-            .expect("insert");
+        let m = sent(&store, &a.id, "x", None).await;
         let (deleting, resending) = (store.clone(), store.clone());
         let (app_id, resend_app, msg_id) = (a.id.clone(), a.id.clone(), m.id.clone());
         let (deleted, resent) = interleaved(

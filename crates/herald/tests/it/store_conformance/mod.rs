@@ -123,6 +123,21 @@ pub(crate) fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> 
     }
 }
 
+/// [`message`], stored.
+pub(crate) async fn sent(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    event_type: &str,
+    event_id: Option<&str>,
+) -> NewMessage {
+    let m = message(app, event_type, event_id);
+    store
+        .insert_messages(std::slice::from_ref(&m))
+        .await
+        .expect("insert");
+    m
+}
+
 pub(crate) async fn claim(
     store: &Arc<dyn Store>,
     now: Millis,

@@ -101,11 +101,7 @@ async fn duplicate_event_ids_are_refused_within_and_across_batches(store: Arc<dy
 async fn claim_leases_and_expired_leases_come_back(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     let none = HashMap::new();
     assert!(
         claim(&store, T0 - 1, 10, &none, 10).await.is_empty(),
@@ -446,11 +442,7 @@ async fn completion_moves_deliveries_and_logs_attempts(store: Arc<dyn Store>) {
 async fn a_stale_lease_token_cannot_move_a_reclaimed_delivery(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     endpoint(&store, &a.id, None, false).await;
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     let first = claim(&store, T0, 1, &HashMap::new(), 10).await.remove(0);
     let second = claim(&store, T0 + 60_000, 1, &HashMap::new(), 10)
         .await

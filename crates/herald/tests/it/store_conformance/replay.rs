@@ -92,11 +92,7 @@ async fn dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle(store: 
 async fn resend_reuses_the_delivery_or_creates_one(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, Some(vec!["other"]), false).await;
-    let m = message(&a.id, "x", None);
-    store
-        .insert_messages(std::slice::from_ref(&m))
-        .await
-        .expect("insert");
+    let m = sent(&store, &a.id, "x", None).await;
     assert!(store
         .list_deliveries_of_message(&a.id, &m.id)
         .await

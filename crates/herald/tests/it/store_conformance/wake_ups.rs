@@ -44,11 +44,7 @@ async fn postgres_wakes_other_processes_on_the_same_schema() {
         assert!(!woken_soon(&wake).await, "no delivery, no work: no wake-up");
 
         let e = endpoint(&store, &a.id, None, false).await;
-        let m = message(&a.id, "x", None);
-        store
-            .insert_messages(std::slice::from_ref(&m))
-            .await
-            .expect("insert");
+        let m = sent(&store, &a.id, "x", None).await;
         assert!(woken(&wake).await, "a new delivery wakes the other process");
 
         let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
