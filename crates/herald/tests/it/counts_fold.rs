@@ -168,7 +168,7 @@ async fn a_connection_without_the_fold_cannot_change_deliveries_silently() {
     let store = &db.store;
     let a = app(store, None).await;
     let e = endpoint(store, &a.id, None, false).await;
-    let m = sent(&store, &a.id, "x", None).await;
+    let m = sent(store, &a.id, "x", None).await;
     let insert =
         "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                   cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 3, 0, 0, 0, 0)";
