@@ -34,17 +34,6 @@ async fn app_with_endpoints(app: &TestApp, receivers: &[&Receiver]) -> (String, 
     (app_id, eps)
 }
 
-async fn send_n(app: &TestApp, app_id: &str, n: usize) -> Vec<String> {
-    let mut ids = Vec::new();
-    for i in 0..n {
-        ids.push(
-            app.send_message(app_id, "order.created", json!({ "n": i }))
-                .await,
-        );
-    }
-    ids
-}
-
 /// An endpoint answering `ok\0done`, one answering bytes that are not
 /// UTF-8, and another application's healthy endpoint, all through the
 /// background dispatcher: each message arrives once per endpoint, is logged
@@ -64,8 +53,8 @@ async fn bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps(db
     let (odd_app, odd_eps) = app_with_endpoints(&app, &[&nul, &broken]).await;
     let (other_app, _) = app_with_endpoints(&app, &[&healthy]).await;
     const N: usize = 5;
-    let odd_msgs = send_n(&app, &odd_app, N).await;
-    let other_msgs = send_n(&app, &other_app, N).await;
+    let odd_msgs = app.send_n(&odd_app, N).await;
+    let other_msgs = app.send_n(&other_app, N).await;
     for m in &odd_msgs {
         app.wait_for_state(&odd_app, m, "delivered").await;
     }
@@ -150,14 +139,14 @@ async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: &B
     let app = db.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let (app_id, _) = app_with_endpoints(&app, &[&rx]).await;
-    let first = send_n(&app, &app_id, 1).await.remove(0);
+    let first = app.send_n(&app_id, 1).await.remove(0);
     assert_eq!(app.step().await.delivered, 1);
     let taken = app.attempts_of_msg(&app_id, &first).await[0]["id"]
         .as_str()
         .expect("attempt id")
         .to_owned();
 
-    let msgs = send_n(&app, &app_id, 5).await;
+    let msgs = app.send_n(&app_id, 5).await;
     let claimed = claim_all(&app).await;
     assert_eq!(claimed.len(), 5);
     let mut batch: Vec<Completion> = claimed.iter().map(delivered).collect();
@@ -230,7 +219,7 @@ async fn a_stale_dead_outcome_sends_no_exhausted_event(db: &Backend) {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     rx.script([Reply::status(400).held(&gate)]);
     let (app_id, eps) = app_with_endpoints(&app, &[&rx]).await;
-    let msg = send_n(&app, &app_id, 1).await.remove(0);
+    let msg = app.send_n(&app_id, 1).await.remove(0);
 
     let stepping = {
         let dispatcher = app.running().dispatcher.clone();

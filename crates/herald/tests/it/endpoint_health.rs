@@ -23,17 +23,6 @@ async fn health(app: &TestApp, app_id: &str, ep_id: &str) -> Value {
     h
 }
 
-async fn send_n(app: &TestApp, app_id: &str, n: usize) -> Vec<String> {
-    let mut ids = Vec::new();
-    for i in 0..n {
-        ids.push(
-            app.send_message(app_id, "order.created", json!({ "n": i }))
-                .await,
-        );
-    }
-    ids
-}
-
 #[tokio::test]
 async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
     let app = spawn_stepped(&[
@@ -45,7 +34,7 @@ async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
     let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
-    send_n(&app, &app_id, 3).await;
+    app.send_n(&app_id, 3).await;
     assert_eq!(app.step().await.retried, 3);
 
     let h = health(&app, &app_id, &ep_id).await;
@@ -68,7 +57,7 @@ async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
 
     // Held: the retries fall due at once but are not attempted, and a new
     // message is routed to the (automatically) disabled endpoint and held.
-    let late = send_n(&app, &app_id, 1).await;
+    let late = app.send_n(&app_id, 1).await;
     assert_eq!(app.step().await.claimed, 0);
     assert_eq!(rx.requests().len(), 3);
     let held = app.deliveries(&app_id, &late[0]).await;
@@ -111,7 +100,7 @@ async fn the_window_must_pass_too_and_any_success_resets_the_streak() {
     let rx = Receiver::start().await;
     rx.always(Reply::status(503));
     let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
-    send_n(&app, &app_id, 3).await;
+    app.send_n(&app_id, 3).await;
     app.step().await;
     let h = health(&app, &app_id, &ep_id).await;
     assert_eq!(h["failureStreak"], 3);
@@ -133,7 +122,7 @@ async fn gone_disables_at_once_and_the_reason_says_so() {
     let rx = Receiver::start().await;
     rx.always(Reply::status(410));
     let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
-    send_n(&app, &app_id, 1).await;
+    app.send_n(&app_id, 1).await;
     let report = app.step().await;
     assert_eq!(report.dead, 1, "410 is a permanent status for the delivery");
     let h = health(&app, &app_id, &ep_id).await;
@@ -154,7 +143,7 @@ async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
     let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
-    let ids = send_n(&app, &app_id, 1).await;
+    let ids = app.send_n(&app_id, 1).await;
     assert_eq!(app.step().await.retried, 1);
     assert_eq!(health(&app, &app_id, &ep_id).await["disabled"], true);
     // The age cap is measured on the store's clock: let it pass.
@@ -207,7 +196,7 @@ async fn disabling_by_hand_routes_nothing_new_and_records_the_reason() {
         health(&app, &app_id, &ep_id).await["disabledReason"],
         "customer asked"
     );
-    let ids = send_n(&app, &app_id, 1).await;
+    let ids = app.send_n(&app_id, 1).await;
     assert!(app.deliveries(&app_id, &ids[0]).await.is_empty());
     let (status, out) = app
         .post(
@@ -227,7 +216,7 @@ async fn dead_letters_list_and_replay_across_apps_with_filters() {
     rx.always(Reply::status(400));
     let (a, _) = app_and_endpoint(&app, &rx).await;
     let (b, eb) = app_and_endpoint(&app, &rx).await;
-    send_n(&app, &a, 2).await;
+    app.send_n(&a, 2).await;
     app.send_message(&b, "invoice.paid", json!({})).await;
     assert_eq!(app.step().await.dead, 3);
 
@@ -314,7 +303,7 @@ async fn operator_webhooks_report_disable_enable_and_exhaustion() {
     let rx = Receiver::start().await;
     rx.always(Reply::status(400));
     let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
-    let msg = send_n(&app, &app_id, 1).await.remove(0);
+    let msg = app.send_n(&app_id, 1).await.remove(0);
     assert_eq!(app.step().await.dead, 1);
     // The events travel the durable path: the next step delivers them.
     app.step().await;
@@ -431,7 +420,7 @@ async fn operator_webhooks_reach_an_internal_address_that_customers_cannot() {
         ))
         .await
         .expect("endpoint");
-    send_n(&app, &app_id, 1).await;
+    app.send_n(&app_id, 1).await;
     app.step().await;
     app.step().await;
     // The operator's own URL, from the configuration, is trusted.

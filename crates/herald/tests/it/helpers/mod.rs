@@ -161,6 +161,18 @@ impl TestApp {
         out["id"].as_str().expect("msg id").to_owned()
     }
 
+    /// `n` messages `order.created` `{"n": i}`, one after another; their ids.
+    pub async fn send_n(&self, app: &str, n: usize) -> Vec<String> {
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            ids.push(
+                self.send_message(app, "order.created", serde_json::json!({ "n": i }))
+                    .await,
+            );
+        }
+        ids
+    }
+
     pub async fn deliveries(&self, app: &str, msg: &str) -> Vec<Value> {
         let (status, out) = self
             .get(&format!("/api/v1/app/{app}/msg/{msg}/delivery"))
