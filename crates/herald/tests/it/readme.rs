@@ -179,3 +179,40 @@ fn the_docker_commands_and_compose_file_match_the_image() {
         );
     }
 }
+
+/// README's first command, `cargo run --release -- serve`, needs the
+/// workspace's default members to hold exactly one binary, Herald's: a
+/// second (herald-bench) made cargo ask which to run.
+#[test]
+fn cargo_run_in_the_workspace_runs_herald() {
+    let manifest: toml::Value = toml::from_str(&repo_file("Cargo.toml")).expect("Cargo.toml");
+    let workspace = &manifest["workspace"];
+    let members = workspace
+        .get("default-members")
+        .or_else(|| workspace.get("members"))
+        .and_then(toml::Value::as_array)
+        .expect("members");
+    let mut binaries = Vec::new();
+    for member in members.iter().filter_map(toml::Value::as_str) {
+        let package: toml::Value =
+            toml::from_str(&repo_file(&format!("{member}/Cargo.toml"))).expect("member manifest");
+        let declared: Vec<String> = package
+            .get("bin")
+            .and_then(toml::Value::as_array)
+            .map(|bins| {
+                bins.iter()
+                    .filter_map(|b| b.get("name").and_then(toml::Value::as_str))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        if !declared.is_empty() {
+            binaries.extend(declared);
+        } else if root.join(member).join("src/main.rs").exists() {
+            binaries.push(member.to_owned());
+        }
+    }
+    assert_eq!(binaries, ["herald"], "binaries `cargo run` chooses from");
+    assert!(repo_file("README.md").contains("cargo run --release -- serve"));
+}
