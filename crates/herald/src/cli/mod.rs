@@ -427,12 +427,8 @@ pub struct CopyStoreArgs {
     #[arg(long)]
     pub resume: bool,
     /// Rows read and written at a time.
-    #[arg(long, default_value_t = herald_copy_page_rows(), hide = true)]
+    #[arg(long, default_value_t = crate::server::copy_store::PAGE_ROWS, hide = true)]
     pub page_rows: usize,
-}
-
-fn herald_copy_page_rows() -> usize {
-    crate::server::copy_store::PAGE_ROWS
 }
 
 /// Copies the configured store into `--to`, drawing a progress bar per

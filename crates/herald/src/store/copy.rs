@@ -525,6 +525,16 @@ pub fn progress_setting(table: &CopyTable) -> String {
     format!("{PROGRESS_PREFIX}{}", table.name)
 }
 
+/// The `WHERE` that counts `table`'s own rows: the settings without the
+/// copy's progress.
+pub fn own_rows_filter(table: &CopyTable) -> String {
+    if table.name == "settings" {
+        format!(" WHERE key NOT LIKE '{PROGRESS_PREFIX}%'")
+    } else {
+        String::new()
+    }
+}
+
 /// A key as its progress setting holds it: a JSON array.
 pub fn encode_key(key: &[CopyValue]) -> String {
     serde_json::Value::Array(

@@ -7,8 +7,8 @@ use sqlx::{Connection, PgConnection};
 
 use super::{map_err, quote_ident};
 use crate::store::copy::{
-    encode_key, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue, KeptCounts,
-    PROGRESS_PREFIX,
+    encode_key, own_rows_filter, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue,
+    KeptCounts, PROGRESS_PREFIX,
 };
 use crate::store::{StoreError, StoreResult};
 
@@ -97,11 +97,7 @@ impl PgEnd {
 
     /// The rows of `table`; the settings without the copy's progress.
     pub async fn count(&mut self, table: &CopyTable) -> StoreResult<u64> {
-        let filter = if table.name == "settings" {
-            format!(" WHERE key NOT LIKE '{PROGRESS_PREFIX}%'")
-        } else {
-            String::new()
-        };
+        let filter = own_rows_filter(table);
         let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {}.{}{filter}",
             self.ident, table.name

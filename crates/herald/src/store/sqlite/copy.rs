@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::counts::CountFold;
 use crate::store::copy::{
-    key_page_sql, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue, KeptCounts,
-    PROGRESS_PREFIX,
+    key_page_sql, own_rows_filter, progress_setting, ColumnKind, CopyRow, CopyTable, CopyValue,
+    KeptCounts, PROGRESS_PREFIX,
 };
 use crate::store::{StoreError, StoreResult};
 
@@ -58,11 +58,7 @@ impl SqliteEnd {
 
     /// The rows of `table`; the settings without the copy's progress.
     pub fn count(&self, table: &CopyTable) -> StoreResult<u64> {
-        let filter = if table.name == "settings" {
-            format!(" WHERE key NOT LIKE '{PROGRESS_PREFIX}%'")
-        } else {
-            String::new()
-        };
+        let filter = own_rows_filter(table);
         self.conn
             .query_row(
                 &format!("SELECT count(*) FROM {}{filter}", table.name),
@@ -173,16 +169,8 @@ pub fn read_page(
         key_len + 1
     );
     let mut stmt = conn.prepare(&sql).map_err(internal)?;
-    let mut params: Vec<rusqlite::types::Value> = after
-        .unwrap_or_default()
-        .iter()
-        .map(|v| match v {
-            CopyValue::Null => rusqlite::types::Value::Null,
-            CopyValue::Int(i) => rusqlite::types::Value::Integer(*i),
-            CopyValue::Bool(b) => rusqlite::types::Value::Integer(i64::from(*b)),
-            CopyValue::Text(t) => rusqlite::types::Value::Text(t.clone()),
-        })
-        .collect();
+    let mut params: Vec<rusqlite::types::Value> =
+        after.unwrap_or_default().iter().map(to_sql).collect();
     params.push(rusqlite::types::Value::Integer(
         i64::try_from(limit).unwrap_or(i64::MAX),
     ));
