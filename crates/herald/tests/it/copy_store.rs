@@ -77,6 +77,22 @@ impl Source {
     }
 }
 
+/// Order 17, due at `due`, sent with the Idempotency-Key `order-17`: the
+/// status and the answer.
+async fn send_order_17(remote: &Remote, due: chrono::DateTime<chrono::Utc>) -> (u16, Value) {
+    let sent = remote
+        .client
+        .post(format!("{}/app/shop/msg", remote.base))
+        .bearer_auth(TOKEN)
+        .header("idempotency-key", "order-17")
+        .json(&json!({"eventType": "order.paid", "payload": {"order": 17}, "deliverAt": due.to_rfc3339()}))
+        .send()
+        .await
+        .expect("send");
+    let status = sent.status().as_u16();
+    (status, sent.json().await.expect("json"))
+}
+
 /// The row of `table` in copy-store's closing table: (source, target).
 fn tallied(out: &str, table: &str) -> (u64, u64) {
     let line = out
@@ -313,17 +329,8 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
             assert_eq!(status, 202, "{msg}");
             pending.push(msg["id"].as_str().expect("id").to_owned());
         }
-        let idempotent = remote
-            .client
-            .post(format!("{}/app/shop/msg", remote.base))
-            .bearer_auth(TOKEN)
-            .header("idempotency-key", "order-17")
-            .json(&json!({"eventType": "order.paid", "payload": {"order": 17}, "deliverAt": due.to_rfc3339()}))
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(idempotent.status(), 202);
-        let idempotent: Value = idempotent.json().await.expect("json");
+        let (status, idempotent) = send_order_17(&remote, due).await;
+        assert_eq!(status, 202);
         pending.push(idempotent["id"].as_str().expect("id").to_owned());
         let (status, token) = remote
             .call(Method::POST, "/app/shop/token", Some(json!({"name": "ci"})))
@@ -362,16 +369,7 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
         assert_eq!(ep["rateLimit"], 50);
         let (_, headers) = remote.call(Method::GET, "/app/shop/endpoint/main/headers", None).await;
         assert_eq!(headers["headers"]["X-Tenant"], "t-1", "{headers}");
-        let again = remote
-            .client
-            .post(format!("{}/app/shop/msg", remote.base))
-            .bearer_auth(TOKEN)
-            .header("idempotency-key", "order-17")
-            .json(&json!({"eventType": "order.paid", "payload": {"order": 17}, "deliverAt": due.to_rfc3339()}))
-            .send()
-            .await
-            .expect("send");
-        let again: Value = again.json().await.expect("json");
+        let (_, again) = send_order_17(&remote, due).await;
         assert_eq!(again["id"], idempotent["id"], "the stored idempotent answer moved too");
         let by_token = remote
             .client
