@@ -367,21 +367,17 @@ impl Run<'_> {
             self.record(Kind::EventType, &format!("event type {name}"), outcome);
         }
         let apps = self.source.list("/app").await?;
+        // `--app` names an application by uid or source id.
+        let named = |a: &Value, o: &str| {
+            a.get("uid").and_then(Value::as_str) == Some(o)
+                || a.get("id").and_then(Value::as_str) == Some(o)
+        };
         let mut wanted: Vec<&Value> = apps
             .iter()
-            .filter(|a| {
-                only.is_empty()
-                    || only.iter().any(|o| {
-                        a.get("uid").and_then(Value::as_str) == Some(o)
-                            || a.get("id").and_then(Value::as_str) == Some(o)
-                    })
-            })
+            .filter(|a| only.is_empty() || only.iter().any(|o| named(a, o)))
             .collect();
         for o in only {
-            if !apps.iter().any(|a| {
-                a.get("uid").and_then(Value::as_str) == Some(o)
-                    || a.get("id").and_then(Value::as_str) == Some(o)
-            }) {
+            if !apps.iter().any(|a| named(a, o)) {
                 self.report.applications.add(Outcome::Failed);
                 self.report.failures.push(format!(
                     "application {o}: the source has none by that uid or id"
