@@ -64,9 +64,11 @@ impl Backups {
             schedule.keep,
         );
         let done = tokio::task::spawn_blocking(move || {
-            let summary = crate::store::sqlite::backup::backup(&store_path, &target_path)?;
-            prune(&dir, keep);
-            Ok::<_, crate::store::StoreError>(summary)
+            // Keeps one fewer before the new one is renamed in: the folder
+            // never holds more than `keep`.
+            crate::store::sqlite::backup::backup_making_room(&store_path, &target_path, move || {
+                prune(&dir, keep.saturating_sub(1))
+            })
         })
         .await;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());

@@ -135,12 +135,24 @@ pub fn check(path: &Path) -> StoreResult<Summary> {
 /// the serving process shares the cores with it, and a backup that takes
 /// longer is better than deliveries that do.
 pub fn backup(store: &Path, target: &Path) -> StoreResult<Summary> {
+    backup_making_room(store, target, || {})
+}
+
+/// As [`backup`], with `make_room` called once the copy is whole and
+/// checked, just before it is renamed to `target`: a rotation removes its
+/// oldest backup there, so no more than it keeps ever lie in the folder,
+/// and none is removed for a copy that failed.
+pub fn backup_making_room(
+    store: &Path,
+    target: &Path,
+    make_room: impl FnOnce() + Send + 'static,
+) -> StoreResult<Summary> {
     let (store, target) = (store.to_owned(), target.to_owned());
     std::thread::Builder::new()
         .name("herald-backup".into())
         .spawn(move || {
             lower_this_threads_priority();
-            backup_here(&store, &target)
+            backup_here(&store, &target, make_room)
         })
         .map_err(|e| StoreError::Internal(format!("cannot start the backup thread: {e}")))?
         .join()
@@ -158,7 +170,7 @@ fn lower_this_threads_priority() {
     }
 }
 
-fn backup_here(store: &Path, target: &Path) -> StoreResult<Summary> {
+fn backup_here(store: &Path, target: &Path, make_room: impl FnOnce()) -> StoreResult<Summary> {
     if !store.exists() {
         return Err(StoreError::Internal(format!(
             "no store at {} to back up",
@@ -190,6 +202,7 @@ fn backup_here(store: &Path, target: &Path) -> StoreResult<Summary> {
             .and_then(|f| f.sync_all())
             .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
         let summary = check(&partial)?;
+        make_room();
         std::fs::rename(&partial, target)
             .map_err(|e| unavailable("cannot move the backup to", target, e))?;
         Ok(summary)
