@@ -102,10 +102,9 @@ async fn applications_and_endpoints_have_svix_shapes() {
 
     app.create_event_types(&["a.b"]).await;
     let (s, patched) = app
-        .request(
-            reqwest::Method::PATCH,
+        .patch(
             &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            Some(json!({"disabled": true, "filterTypes": ["a.b"]})),
+            json!({"disabled": true, "filterTypes": ["a.b"]}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{patched}");
@@ -117,10 +116,9 @@ async fn applications_and_endpoints_have_svix_shapes() {
     assert_eq!(patched["eventTypes"], json!(["a.b"]));
 
     let (s, put) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            Some(json!({"url": "https://93.184.215.14/v2"})),
+            json!({"url": "https://93.184.215.14/v2"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{put}");
@@ -129,21 +127,16 @@ async fn applications_and_endpoints_have_svix_shapes() {
     assert_eq!(put["disabled"], true, "but the flag only when it is given");
     assert!(put["filterTypes"].is_null());
     let (s, put) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            Some(json!({"url": "https://93.184.215.14/v2", "disabled": false})),
+            json!({"url": "https://93.184.215.14/v2", "disabled": false}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{put}");
     assert_eq!(put["disabled"], false);
 
     let (s, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{id}/endpoint/{ep_id}"))
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, _) = app.get(&format!("/api/v1/app/{id}/endpoint/{ep_id}")).await;
@@ -398,18 +391,16 @@ async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
 
     // PUT creates (201) then replaces (200); PATCH keeps what it does not name.
     let (s, _) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             "/api/v1/event-type/order.paid",
-            Some(json!({"description": "paid"})),
+            json!({"description": "paid"}),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
     let (s, put) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             "/api/v1/event-type/order.paid",
-            Some(json!({"description": "paid!", "deprecated": true})),
+            json!({"description": "paid!", "deprecated": true}),
         )
         .await;
     assert_eq!(
@@ -417,10 +408,9 @@ async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
         (StatusCode::OK, json!(true))
     );
     let (s, patched) = app
-        .request(
-            reqwest::Method::PATCH,
+        .patch(
             "/api/v1/event-type/order.paid",
-            Some(json!({"groupName": "orders"})),
+            json!({"groupName": "orders"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{patched}");
@@ -453,13 +443,7 @@ async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
     .await;
 
     // DELETE archives: hidden from the list unless asked for.
-    let (s, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            "/api/v1/event-type/order.paid",
-            None,
-        )
-        .await;
+    let (s, _) = app.delete("/api/v1/event-type/order.paid").await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (_, list) = app.get("/api/v1/event-type").await;
     assert_eq!(list["data"].as_array().map(Vec::len), Some(1));
@@ -467,11 +451,7 @@ async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
     assert_eq!(list["data"][1]["archived"], true);
     let (s, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            "/api/v1/event-type/order.paid?expunge=true",
-            None,
-        )
+        .delete("/api/v1/event-type/order.paid?expunge=true")
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, _) = app.get("/api/v1/event-type/order.paid").await;
@@ -485,20 +465,15 @@ async fn event_types_are_a_catalogue_that_endpoint_filters_must_name() {
 async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     let app = spawn_stepped(&[]).await;
     let (s, created) = app
-        .request(
-            reqwest::Method::PUT,
-            "/api/v1/app/billing",
-            Some(json!({"name": "Billing"})),
-        )
+        .put("/api/v1/app/billing", json!({"name": "Billing"}))
         .await;
     assert_eq!(s, StatusCode::CREATED, "{created}");
     assert_eq!(created["uid"], "billing");
     let id = created["id"].as_str().expect("id").to_owned();
     let (s, replaced) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             "/api/v1/app/billing",
-            Some(json!({"name": "Billing 2", "uid": "billing", "metadata": {"team": "a"}})),
+            json!({"name": "Billing 2", "uid": "billing", "metadata": {"team": "a"}}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{replaced}");
@@ -507,20 +482,15 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
         (json!(id), json!("Billing 2"))
     );
     let (s, _) = app
-        .request(
-            reqwest::Method::PUT,
+        .put(
             "/api/v1/app/app_01ARZ3NDEKTSV4RRFFQ69G5FAV",
-            Some(json!({"name": "x"})),
+            json!({"name": "x"}),
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND, "an app id cannot be chosen");
 
     let (s, patched) = app
-        .request(
-            reqwest::Method::PATCH,
-            &format!("/api/v1/app/{id}"),
-            Some(json!({"uid": "invoicing"})),
-        )
+        .patch(&format!("/api/v1/app/{id}"), json!({"uid": "invoicing"}))
         .await;
     assert_eq!(s, StatusCode::OK, "{patched}");
     assert_eq!(
@@ -535,19 +505,11 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     assert_eq!(s, StatusCode::NOT_FOUND, "the old uid is free again");
     let other = app.create_app().await;
     let (s, _) = app
-        .request(
-            reqwest::Method::PATCH,
-            &format!("/api/v1/app/{other}"),
-            Some(json!({"uid": "invoicing"})),
-        )
+        .patch(&format!("/api/v1/app/{other}"), json!({"uid": "invoicing"}))
         .await;
     assert_eq!(s, StatusCode::CONFLICT);
     let (s, bad) = app
-        .request(
-            reqwest::Method::PATCH,
-            &format!("/api/v1/app/{id}"),
-            Some(json!({"name": ""})),
-        )
+        .patch(&format!("/api/v1/app/{id}"), json!({"name": ""}))
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
 
@@ -555,9 +517,7 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     app.create_endpoint("invoicing", &rx.url("/"), json!({}))
         .await;
     let msg = app.send_message("invoicing", "a.b", json!({})).await;
-    let (s, _) = app
-        .request(reqwest::Method::DELETE, "/api/v1/app/invoicing", None)
-        .await;
+    let (s, _) = app.delete("/api/v1/app/invoicing").await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     for path in [
         format!("/api/v1/app/{id}"),

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use reqwest::Method;
 use serde_json::{json, Value};
 
 use herald::ids::{AppId, AuditId};
@@ -83,19 +82,12 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
         .post(&format!("{ep_path}/secret/rotate"), json!({}))
         .await;
     assert_eq!(s, StatusCode::OK, "{rotated}");
-    let (s, _) = app
-        .request(
-            Method::PATCH,
-            &ep_path,
-            Some(json!({"description": "billing"})),
-        )
-        .await;
+    let (s, _) = app.patch(&ep_path, json!({"description": "billing"})).await;
     assert_eq!(s, StatusCode::OK);
     let (s, _) = app
-        .request(
-            Method::PUT,
+        .put(
             &format!("{ep_path}/headers"),
-            Some(json!({"headers": {"X-Api-Key": "hdr-value-s3cr3t"}})),
+            json!({"headers": {"X-Api-Key": "hdr-value-s3cr3t"}}),
         )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
@@ -127,36 +119,27 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
 
     // The application token: its own changes carry its id; the audit log
     // is the admin's alone.
-    let (s, _) = call(
-        &app,
-        &tok,
-        Method::PATCH,
-        &ep_path,
-        Some(json!({"url": rx.url("/v2"), "metadata": {"k": "v"}})),
-    )
-    .await;
+    let (s, _) = app
+        .as_token(&tok)
+        .patch(
+            &ep_path,
+            json!({"url": rx.url("/v2"), "metadata": {"k": "v"}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::OK);
-    let (s, body) = call(&app, &tok, Method::GET, "/api/v1/audit-log", None).await;
+    let (s, body) = app.as_token(&tok).get("/api/v1/audit-log").await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{body}");
-    let (s, _) = call(
-        &app,
-        &tok,
-        Method::POST,
-        &format!("{ep_path}/disable"),
-        Some(json!({})),
-    )
-    .await;
+    let (s, _) = app
+        .as_token(&tok)
+        .post(&format!("{ep_path}/disable"), json!({}))
+        .await;
     assert_eq!(s, StatusCode::OK);
 
     let (s, _) = app
-        .request(
-            Method::DELETE,
-            &format!("/api/v1/app/{app_id}/token/{tok_id}"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{app_id}/token/{tok_id}"))
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
-    let (s, _) = app.request(Method::DELETE, &ep_path, None).await;
+    let (s, _) = app.delete(&ep_path).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
 
     let (entries, raw) = audit_all(&app, "", 250).await;

@@ -708,7 +708,10 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .post(&rotate, json!({"gracePeriodSeconds": 99_999_999}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    let (status, _) = app.request(reqwest::Method::POST, &rotate, None).await;
+    let (status, _) = app
+        .as_token(TOKEN)
+        .request(reqwest::Method::POST, &rotate, None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert_ne!(
         secret_of(&app, &app_id, ep_id).await,

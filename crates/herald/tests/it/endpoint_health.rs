@@ -67,10 +67,9 @@ async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
     // Enabling (here by PATCH, as the Svix SDKs do) resumes everything.
     rx.always(Reply::status(200));
     let (status, out) = app
-        .request(
-            reqwest::Method::PATCH,
+        .patch(
             &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
-            Some(json!({"disabled": false})),
+            json!({"disabled": false}),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{out}");
@@ -461,10 +460,9 @@ async fn operator_webhooks_report_endpoint_changes_and_failing_then_recovered_as
         .await;
     let ep_id = ep["id"].as_str().expect("id").to_owned();
     let (s, _) = app
-        .request(
-            reqwest::Method::PATCH,
+        .patch(
             &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
-            Some(json!({"description": "changed"})),
+            json!({"description": "changed"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK);
@@ -518,11 +516,7 @@ async fn operator_webhooks_report_endpoint_changes_and_failing_then_recovered_as
     assert!(of_type("message.attempt.exhausted").is_empty());
 
     let (s, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let events = operator_events(&ops, secret, &["endpoint.deleted"]).await;

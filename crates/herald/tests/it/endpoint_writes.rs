@@ -5,7 +5,6 @@
 //! complete.
 
 use axum::http::StatusCode;
-use reqwest::Method;
 use serde_json::json;
 
 use crate::helpers::*;
@@ -41,15 +40,10 @@ async fn a_save_racing_a_disable_never_undoes_it(backend: &Backend) {
         let (headers_path, disable_path) =
             (format!("{ep_path}/headers"), format!("{ep_path}/disable"));
         let (patched, headers, disabled) = tokio::join!(
-            app.request(
-                Method::PATCH,
-                &ep_path,
-                Some(json!({ "description": description })),
-            ),
-            app.request(
-                Method::PUT,
+            app.patch(&ep_path, json!({ "description": description })),
+            app.put(
                 &headers_path,
-                Some(json!({"headers": {"X-Round": round.to_string()}})),
+                json!({"headers": {"X-Round": round.to_string()}})
             ),
             app.post(&disable_path, json!({ "reason": reason })),
         );
@@ -99,15 +93,10 @@ async fn a_save_racing_a_rotation_keeps_the_rotated_secret(backend: &Backend) {
             format!("{ep_path}/secret/rotate"),
         );
         let (patched, headers, rotated) = tokio::join!(
-            app.request(
-                Method::PATCH,
-                &ep_path,
-                Some(json!({ "description": format!("round {round}") })),
-            ),
-            app.request(
-                Method::PUT,
+            app.patch(&ep_path, json!({ "description": format!("round {round}") })),
+            app.put(
                 &headers_path,
-                Some(json!({"headers": {"X-Round": round.to_string()}})),
+                json!({"headers": {"X-Round": round.to_string()}})
             ),
             app.post(&rotate_path, json!({ "key": key, "gracePeriodSeconds": 0 })),
         );
@@ -205,9 +194,7 @@ async fn postgres_deleting_apps_while_their_deliveries_complete() {
             };
             // Outcomes are being recorded for its endpoints: delete it now.
             rx.wait_for(before + 6).await;
-            let (status, out) = app
-                .request(Method::DELETE, &format!("/api/v1/app/{app_id}"), None)
-                .await;
+            let (status, out) = app.delete(&format!("/api/v1/app/{app_id}")).await;
             assert_eq!(status, StatusCode::NO_CONTENT, "round {round}: {out}");
             sending.await.expect("sender");
             let (status, _) = app.get(&format!("/api/v1/app/{app_id}")).await;

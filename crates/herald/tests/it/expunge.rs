@@ -40,11 +40,9 @@ async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it(backend: &
 
     // The attempt's excerpt first.
     let (status, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/msg/{msg}/attempt/{attempt_id}/content"),
-            None,
-        )
+        .delete(&format!(
+            "/api/v1/app/{app_id}/msg/{msg}/attempt/{attempt_id}/content"
+        ))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (_, a) = app
@@ -56,11 +54,7 @@ async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it(backend: &
 
     // Then the payload.
     let (status, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{app_id}/msg/{msg}/content"))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (_, m) = app.get(&format!("/api/v1/app/{app_id}/msg/{msg}")).await;
@@ -96,19 +90,13 @@ async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it(backend: &
     assert_eq!(d[0]["state"], "dead");
     // A repeat is harmless; an unknown message is 404.
     let (status, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{app_id}/msg/{msg}/content"))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (status, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/msg/msg_01M8RY624CYWDGTSNY6BG0KV0S/content"),
-            None,
-        )
+        .delete(&format!(
+            "/api/v1/app/{app_id}/msg/msg_01M8RY624CYWDGTSNY6BG0KV0S/content"
+        ))
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     app.shutdown().await;
@@ -132,11 +120,7 @@ async fn a_delivery_in_flight_at_expunge_is_not_retried_with_an_empty_body(backe
     let step = tokio::spawn(async move { dispatcher.process_batch().await });
     rx.wait_for(1).await;
     let (status, _) = app
-        .request(
-            reqwest::Method::DELETE,
-            &format!("/api/v1/app/{app_id}/msg/{msg}/content"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{app_id}/msg/{msg}/content"))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     gate.add_permits(1);

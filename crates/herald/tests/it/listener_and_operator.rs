@@ -437,11 +437,7 @@ async fn herald_uids_are_refused_to_the_api() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     let (status, out) = app
-        .request(
-            reqwest::Method::PUT,
-            "/api/v1/app/herald-operator",
-            Some(json!({"name": "Mallory"})),
-        )
+        .put("/api/v1/app/herald-operator", json!({"name": "Mallory"}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     let (status, out) = app
@@ -452,11 +448,7 @@ async fn herald_uids_are_refused_to_the_api() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{out}");
     let (status, out) = app
-        .request(
-            reqwest::Method::PATCH,
-            "/api/v1/app/heraldic",
-            Some(json!({"uid": "herald-operator"})),
-        )
+        .patch("/api/v1/app/heraldic", json!({"uid": "herald-operator"}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert!(refused(&out), "{out}");
@@ -537,21 +529,6 @@ async fn hijack(store: &dyn Store, ops_url: &str, customer_url: &str) -> Hijacke
     Hijacked { app, token }
 }
 
-async fn as_token(
-    app: &TestApp,
-    token: &str,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> StatusCode {
-    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.expect("herald answers");
-    StatusCode::from_u16(resp.status().as_u16()).expect("status")
-}
-
 /// With operator webhooks configured on a store where a customer's
 /// application holds `herald-operator`, that application stays a
 /// customer's: its endpoints are guarded, its token reaches nothing of the
@@ -583,14 +560,13 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer(
     assert_eq!(operator["uid"], Value::Null, "the uid is taken");
 
     // Mallory's messages go nowhere private, the operator's URL included.
-    let sent = as_token(
-        &app,
-        &mallory.token,
-        reqwest::Method::POST,
-        &format!("/api/v1/app/{mallory_id}/msg"),
-        Some(json!({"eventType": "forged.event", "payload": {"forged": true}})),
-    )
-    .await;
+    let (sent, _) = app
+        .as_token(&mallory.token)
+        .post(
+            &format!("/api/v1/app/{mallory_id}/msg"),
+            json!({"eventType": "forged.event", "payload": {"forged": true}}),
+        )
+        .await;
     assert_eq!(sent, StatusCode::ACCEPTED);
     for _ in 0..4 {
         app.step().await;
@@ -658,7 +634,7 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer(
         format!("/api/v1/app/{operator_id}/endpoint"),
         format!("/api/v1/app/{operator_id}/msg"),
     ] {
-        let status = as_token(&app, &mallory.token, reqwest::Method::GET, &path, None).await;
+        let (status, _) = app.as_token(&mallory.token).get(&path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
     }
     let (status, out) = app

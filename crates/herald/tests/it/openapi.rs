@@ -370,9 +370,7 @@ async fn schemathesis_findings_stay_fixed() {
         serde_json::json!(null),
         serde_json::json!("x"),
     ] {
-        let (status, err) = app
-            .request(reqwest::Method::PATCH, "/api/v1/app/acme", Some(body))
-            .await;
+        let (status, err) = app.patch("/api/v1/app/acme", body).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
         assert_eq!(err["detail"][0]["loc"], serde_json::json!(["body"]));
     }
@@ -412,11 +410,7 @@ async fn schemathesis_findings_stay_fixed() {
 
     app.create_event_types(&["invoice.paid"]).await;
     let (status, err) = app
-        .request(
-            reqwest::Method::DELETE,
-            "/api/v1/event-type/invoice.paid?expunge=AAA",
-            None,
-        )
+        .delete("/api/v1/event-type/invoice.paid?expunge=AAA")
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
     assert_eq!(

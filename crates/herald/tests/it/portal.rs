@@ -133,7 +133,7 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
         .list("acme".into(), None)
         .await
         .expect("reads its app");
-    let (status, _) = call(&app, &out.token, Method::GET, "/api/v1/app", None).await;
+    let (status, _) = app.as_token(&out.token).get("/api/v1/app").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "still an application token");
 
     // A read-only one may read, not change.
@@ -147,23 +147,18 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
         .app_portal_access("acme".into(), ro, None)
         .await
         .expect("read-only link");
-    let (status, _) = call(
-        &app,
-        &read_only.token,
-        Method::GET,
-        "/api/v1/app/acme/endpoint",
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .as_token(&read_only.token)
+        .get("/api/v1/app/acme/endpoint")
+        .await;
     assert_eq!(status, StatusCode::OK);
-    let (status, err) = call(
-        &app,
-        &read_only.token,
-        Method::POST,
-        "/api/v1/app/acme/endpoint",
-        Some(json!({"url": "https://example.com/hook"})),
-    )
-    .await;
+    let (status, err) = app
+        .as_token(&read_only.token)
+        .post(
+            "/api/v1/app/acme/endpoint",
+            json!({"url": "https://example.com/hook"}),
+        )
+        .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
     assert!(
         err["detail"]
@@ -186,23 +181,15 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
         )
         .await
         .expect("expire-all through the SDK");
-    let (status, _) = call(
-        &app,
-        &out.token,
-        Method::GET,
-        "/api/v1/app/acme/endpoint",
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .as_token(&out.token)
+        .get("/api/v1/app/acme/endpoint")
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "expired at once");
-    let (status, _) = call(
-        &app,
-        &read_only.token,
-        Method::GET,
-        "/api/v1/app/acme/endpoint",
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .as_token(&read_only.token)
+        .get("/api/v1/app/acme/endpoint")
+        .await;
     assert_eq!(status, StatusCode::OK, "another sessionId is untouched");
 
     // logout ends the calling token.
@@ -211,14 +198,10 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
         .logout(None)
         .await
         .expect("logout through the SDK");
-    let (status, _) = call(
-        &app,
-        &read_only.token,
-        Method::GET,
-        "/api/v1/app/acme/endpoint",
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .as_token(&read_only.token)
+        .get("/api/v1/app/acme/endpoint")
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _) = app.post("/api/v1/auth/logout", json!({})).await;
     assert_eq!(
@@ -275,14 +258,10 @@ async fn access_requests_are_validated_with_named_fields() {
         .post(&format!("/api/v1/app/{id}/token"), json!({}))
         .await;
     let token = made["token"].as_str().expect("token");
-    let (status, _) = call(
-        &app,
-        token,
-        Method::POST,
-        &format!("/api/v1/auth/app-portal-access/{id}"),
-        Some(json!({})),
-    )
-    .await;
+    let (status, _) = app
+        .as_token(token)
+        .post(&format!("/api/v1/auth/app-portal-access/{id}"), json!({}))
+        .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
 
@@ -327,14 +306,10 @@ async fn a_link_works_once_and_its_session_ends_with_expire_all() {
         "the session died with its token"
     );
     let token = out["token"].as_str().expect("token");
-    let (status, _) = call(
-        &app,
-        token,
-        Method::GET,
-        &format!("/api/v1/app/{id}/endpoint"),
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .as_token(token)
+        .get(&format!("/api/v1/app/{id}/endpoint"))
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -346,7 +321,10 @@ async fn logout_of_the_token_ends_its_browser_sessions() {
     let cookie = open_link(&app, out["url"].as_str().expect("url")).await;
     assert_eq!(page(&app, &cookie, "/portal").await.0, StatusCode::OK);
     let token = out["token"].as_str().expect("token");
-    let (status, _) = call(&app, token, Method::POST, "/api/v1/auth/logout", None).await;
+    let (status, _) = app
+        .as_token(token)
+        .request(reqwest::Method::POST, "/api/v1/auth/logout", None)
+        .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(
         page(&app, &cookie, "/portal").await.0,
@@ -956,57 +934,41 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
     let example_path = format!("/api/v1/app/{id}/endpoint/{ep_id}/send-example");
     let base = token(json!(["ViewBase"])).await;
     assert_eq!(
-        call(&app, &base, Method::GET, &secret_path, None).await.0,
+        app.as_token(&base).get(&secret_path).await.0,
         StatusCode::FORBIDDEN
     );
     assert_eq!(
-        call(
-            &app,
-            &base,
-            Method::POST,
-            &example_path,
-            Some(json!({"eventType": "svix.ping"}))
-        )
-        .await
-        .0,
+        app.as_token(&base)
+            .post(&example_path, json!({"eventType": "svix.ping"}))
+            .await
+            .0,
         StatusCode::FORBIDDEN
     );
     let secrets = token(json!(["ManageEndpointSecret"])).await;
     assert_eq!(
-        call(&app, &secrets, Method::GET, &secret_path, None)
-            .await
-            .0,
+        app.as_token(&secrets).get(&secret_path).await.0,
         StatusCode::OK
     );
     assert_eq!(
-        call(&app, &secrets, Method::POST, &rotate_path, Some(json!({})))
-            .await
-            .0,
+        app.as_token(&secrets).post(&rotate_path, json!({})).await.0,
         StatusCode::OK
     );
     assert_eq!(
-        call(
-            &app,
-            &secrets,
-            Method::PATCH,
-            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            Some(json!({"description": "x"}))
-        )
-        .await
-        .0,
+        app.as_token(&secrets)
+            .patch(
+                &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+                json!({"description": "x"})
+            )
+            .await
+            .0,
         StatusCode::FORBIDDEN
     );
     let attempts = token(json!(["CreateAttempts"])).await;
     assert_eq!(
-        call(
-            &app,
-            &attempts,
-            Method::POST,
-            &example_path,
-            Some(json!({"eventType": "svix.ping"}))
-        )
-        .await
-        .0,
+        app.as_token(&attempts)
+            .post(&example_path, json!({"eventType": "svix.ping"}))
+            .await
+            .0,
         StatusCode::OK
     );
     let all = token(json!([
@@ -1017,14 +979,13 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
         "CreateAttempts"
     ]))
     .await;
-    let (status, err) = call(
-        &app,
-        &all,
-        Method::POST,
-        &format!("/api/v1/app/{id}/msg"),
-        Some(json!({"eventType": "a.b", "payload": {}})),
-    )
-    .await;
+    let (status, err) = app
+        .as_token(&all)
+        .post(
+            &format!("/api/v1/app/{id}/msg"),
+            json!({"eventType": "a.b", "payload": {}}),
+        )
+        .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{err}");
     assert_eq!(err["code"], "forbidden", "a JSON error: {err}");
 
@@ -1347,7 +1308,7 @@ async fn header_values_are_redacted_and_a_read_only_token_gets_names_only() {
         let (status, out) = access(&app, &id, json!({ "capabilities": caps })).await;
         assert_eq!(status, StatusCode::OK, "{out}");
         let token = out["token"].as_str().expect("token");
-        let (status, got) = call(&app, token, Method::GET, &path, None).await;
+        let (status, got) = app.as_token(token).get(&path).await;
         assert_eq!(status, StatusCode::OK, "{got}");
         let text = got.to_string();
         for value in secret_values {
@@ -1434,7 +1395,7 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
         let mut names = Vec::new();
         let mut path = "/api/v1/event-type?limit=1".to_owned();
         for _ in 0..10 {
-            let (s, page) = call(&app, token, Method::GET, &path, None).await;
+            let (s, page) = app.as_token(token).get(&path).await;
             assert_eq!(s, StatusCode::OK, "{who}: {page}");
             for e in page["data"].as_array().expect("data") {
                 names.push(e["name"].as_str().expect("name").to_owned());
@@ -1447,14 +1408,10 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
         }
         assert_eq!(names, *seen, "{who}");
         for name in all {
-            let (s, out) = call(
-                &app,
-                token,
-                Method::GET,
-                &format!("/api/v1/event-type/{name}"),
-                None,
-            )
-            .await;
+            let (s, out) = app
+                .as_token(token)
+                .get(&format!("/api/v1/event-type/{name}"))
+                .await;
             let expected = if seen.contains(&name) {
                 StatusCode::OK
             } else {

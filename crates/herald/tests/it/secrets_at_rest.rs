@@ -730,20 +730,16 @@ async fn url_credentials_sealed_and_masked(db: Db) {
         format!("/api/v1/app/{app_id}/endpoint"),
         format!("/api/v1/app/{app_id}/attempt/endpoint/{ep}"),
     ] {
-        let (status, got) = call(&app, token, reqwest::Method::GET, &path, None).await;
+        let (status, got) = app.as_token(token).get(&path).await;
         assert_eq!(status, StatusCode::OK, "{path}: {got}");
         let text = got.to_string();
         assert!(!text.contains(PASS), "{path}: {text}");
         assert!(!text.contains("hook-user"), "{path}: {text}");
     }
-    let (_, one) = call(
-        &app,
-        token,
-        reqwest::Method::GET,
-        &format!("/api/v1/app/{app_id}/endpoint/{ep}"),
-        None,
-    )
-    .await;
+    let (_, one) = app
+        .as_token(token)
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}"))
+        .await;
     assert!(one["url"].as_str().expect("url").contains("****@"), "{one}");
     let link = out["url"].as_str().expect("link");
     let parsed = url::Url::parse(link).expect("link");

@@ -218,19 +218,11 @@ async fn held_writes_stay_in_the_app_resolved_at_header_time(app: TestApp) {
 
     // Meanwhile `alpha` comes to name B.
     let (s, out) = app
-        .request(
-            Method::PATCH,
-            &format!("/api/v1/app/{a}"),
-            Some(json!({"uid": "alpha-old"})),
-        )
+        .patch(&format!("/api/v1/app/{a}"), json!({"uid": "alpha-old"}))
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
     let (s, out) = app
-        .request(
-            Method::PATCH,
-            &format!("/api/v1/app/{b}"),
-            Some(json!({"uid": "alpha"})),
-        )
+        .patch(&format!("/api/v1/app/{b}"), json!({"uid": "alpha"}))
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
 
@@ -303,9 +295,7 @@ async fn held_writes_fail_when_their_app_is_deleted(app: TestApp) {
         )
         .await,
     ];
-    let (s, _) = app
-        .request(Method::DELETE, &format!("/api/v1/app/{a}"), None)
-        .await;
+    let (s, _) = app.delete(&format!("/api/v1/app/{a}")).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let c = app_with_uid(&app, "C", "alpha").await;
 
@@ -403,6 +393,7 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
         );
         for method in [Method::PUT, Method::PATCH] {
             let (s, out) = app
+                .as_token(TOKEN)
                 .request(
                     method.clone(),
                     &format!("/api/v1/app/{a}/endpoint/{ep}/headers"),
@@ -421,11 +412,7 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
     // HERALD_MAX_HEADERS_PER_ENDPOINT, and the lengths of names and values.
     let four = json!({"headers": {"a": "1", "b": "2", "c": "3", "d": "4"}});
     let (s, out) = app
-        .request(
-            Method::PUT,
-            &format!("/api/v1/app/{a}/endpoint/{ep}/headers"),
-            Some(four),
-        )
+        .put(&format!("/api/v1/app/{a}/endpoint/{ep}/headers"), four)
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert_eq!(out["detail"][0]["loc"], json!(["body", "headers"]));
@@ -436,10 +423,9 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
         json!({ "x-long": long_value }),
     ] {
         let (s, out) = app
-            .request(
-                Method::PUT,
+            .put(
                 &format!("/api/v1/app/{a}/endpoint/{ep}/headers"),
-                Some(json!({ "headers": headers })),
+                json!({ "headers": headers }),
             )
             .await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
@@ -448,10 +434,9 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
 
     // Credentials stay allowed, and are sent.
     let (s, out) = app
-        .request(
-            Method::PATCH,
+        .patch(
             &format!("/api/v1/app/{a}/endpoint/{ep}/headers"),
-            Some(json!({"headers": {"X-Api-Key": "k", "Cookie": "session=1"}})),
+            json!({"headers": {"X-Api-Key": "k", "Cookie": "session=1"}}),
         )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT, "{out}");
@@ -571,7 +556,10 @@ async fn stored_strings_are_bounded_and_text(app: TestApp) {
         ),
     ];
     for (method, path, body, loc) in cases {
-        let (s, out) = app.request(method.clone(), &path, Some(body)).await;
+        let (s, out) = app
+            .as_token(TOKEN)
+            .request(method.clone(), &path, Some(body))
+            .await;
         // An answer that echoes the megabyte name is cut short.
         let shown: String = out.to_string().chars().take(300).collect();
         assert_eq!(
@@ -590,10 +578,9 @@ async fn stored_strings_are_bounded_and_text(app: TestApp) {
         .await;
     assert_eq!(s, StatusCode::CREATED, "{out}");
     let (s, out) = app
-        .request(
-            Method::PATCH,
+        .patch(
             &format!("/api/v1/app/{a}/endpoint/{ep}"),
-            Some(json!({"description": "first\nsecond\tcolumn"})),
+            json!({"description": "first\nsecond\tcolumn"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
@@ -675,34 +662,26 @@ async fn failed_authentications_never_refuse_a_valid_token_and_stay_401() {
     // Well past the burst: every wrong token is still a 401 with the JSON
     // error, never a 429.
     for i in 0..8 {
-        let (s, out) = call(
-            &app,
-            &format!("guess-{i}"),
-            Method::GET,
-            "/api/v1/app",
-            None,
-        )
-        .await;
+        let (s, out) = app.as_token(&format!("guess-{i}")).get("/api/v1/app").await;
         assert_eq!(s, StatusCode::UNAUTHORIZED, "wrong token {i}: {out}");
         assert_eq!(out["code"], "authentication_failed", "{out}");
     }
     // The address is over its limit now; a token that never authenticated
     // from it before, and the admin token, are served all the same.
     let fresh = app_token(&app, &a).await;
-    let (s, out) = call(&app, &fresh, Method::GET, &format!("/api/v1/app/{a}"), None).await;
+    let (s, out) = app.as_token(&fresh).get(&format!("/api/v1/app/{a}")).await;
     assert_eq!(s, StatusCode::OK, "{out}");
-    let (s, out) = call(&app, TOKEN, Method::GET, "/api/v1/app", None).await;
+    let (s, out) = app.as_token(TOKEN).get("/api/v1/app").await;
     assert_eq!(s, StatusCode::OK, "{out}");
-    let (s, out) = call(
-        &app,
-        TOKEN,
-        Method::POST,
-        &format!("/api/v1/app/{a}/msg"),
-        Some(json!({"eventType": "a.b", "payload": {}})),
-    )
-    .await;
+    let (s, out) = app
+        .as_token(TOKEN)
+        .post(
+            &format!("/api/v1/app/{a}/msg"),
+            json!({"eventType": "a.b", "payload": {}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED, "a producer's message: {out}");
-    let (s, _) = call(&app, "", Method::GET, "/api/v1/app", None).await;
+    let (s, _) = app.as_token("").get("/api/v1/app").await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "no token is no guess");
     app.shutdown().await;
 }
@@ -735,11 +714,7 @@ async fn an_application_has_at_most_the_configured_number_of_endpoints(backend: 
     assert_eq!(list["data"].as_array().map(Vec::len), Some(2));
     let first = list["data"][0]["id"].as_str().expect("id").to_owned();
     let (status, _) = app
-        .request(
-            Method::DELETE,
-            &format!("/api/v1/app/{a}/endpoint/{first}"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{a}/endpoint/{first}"))
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     app.create_endpoint(&a, "http://127.0.0.1:9/", json!({}))

@@ -58,27 +58,25 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
     );
 
     // Its own application works, by id and by uid.
-    let (s, _) = call(&app, &token, Method::GET, &format!("/api/v1/app/{a}"), None).await;
+    let (s, _) = app.as_token(&token).get(&format!("/api/v1/app/{a}")).await;
     assert_eq!(s, StatusCode::OK);
-    let (s, ep) = call(
-        &app,
-        &token,
-        Method::POST,
-        "/api/v1/app/tenant-a/endpoint",
-        Some(json!({"url": rx.url("/a")})),
-    )
-    .await;
+    let (s, ep) = app
+        .as_token(&token)
+        .post(
+            "/api/v1/app/tenant-a/endpoint",
+            json!({"url": rx.url("/a")}),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{ep}");
-    let (s, _) = call(
-        &app,
-        &token,
-        Method::POST,
-        &format!("/api/v1/app/{a}/msg"),
-        Some(json!({"eventType": "a.b", "payload": {}})),
-    )
-    .await;
+    let (s, _) = app
+        .as_token(&token)
+        .post(
+            &format!("/api/v1/app/{a}/msg"),
+            json!({"eventType": "a.b", "payload": {}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::ACCEPTED);
-    let (s, _) = call(&app, &token, Method::GET, "/api/v1/event-type", None).await;
+    let (s, _) = app.as_token(&token).get("/api/v1/event-type").await;
     assert_eq!(s, StatusCode::OK, "the catalogue is readable");
 
     // Every route of B, by id and by uid: 404, as if B did not exist.
@@ -129,7 +127,10 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
             (Method::POST, p(&format!("/dead-letter/{dlv_b}/replay"))),
         ];
         for (method, path) in routes {
-            let (s, out) = call(&app, &token, method.clone(), &path, body.clone()).await;
+            let (s, out) = app
+                .as_token(&token)
+                .request(method.clone(), &path, body.clone())
+                .await;
             assert_eq!(s, StatusCode::NOT_FOUND, "{method} {path}: {out}");
         }
         for (method, path) in [
@@ -137,7 +138,10 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
             (Method::POST, p("/token")),
             (Method::DELETE, p(&format!("/token/{tok_b_id}"))),
         ] {
-            let (s, out) = call(&app, &token, method.clone(), &path, None).await;
+            let (s, out) = app
+                .as_token(&token)
+                .request(method.clone(), &path, None)
+                .await;
             assert!(
                 s == StatusCode::NOT_FOUND || s == StatusCode::FORBIDDEN,
                 "{method} {path}: {s} {out}"
@@ -154,14 +158,10 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
         (Method::GET, format!("/api/v1/app/{a}/token")),
         (Method::POST, format!("/api/v1/app/{a}/token")),
     ] {
-        let (s, out) = call(
-            &app,
-            &token,
-            method.clone(),
-            &path,
-            Some(json!({"name": "x"})),
-        )
-        .await;
+        let (s, out) = app
+            .as_token(&token)
+            .request(method.clone(), &path, Some(json!({"name": "x"})))
+            .await;
         assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {out}");
         assert_eq!(out["code"], "forbidden");
     }
@@ -175,14 +175,10 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
     // Revoked: refused at once.
     let token_id = created["id"].as_str().expect("id");
     let (s, _) = app
-        .request(
-            Method::DELETE,
-            &format!("/api/v1/app/{a}/token/{token_id}"),
-            None,
-        )
+        .delete(&format!("/api/v1/app/{a}/token/{token_id}"))
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
-    let (s, _) = call(&app, &token, Method::GET, &format!("/api/v1/app/{a}"), None).await;
+    let (s, _) = app.as_token(&token).get(&format!("/api/v1/app/{a}")).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     app.shutdown().await;
 }
@@ -310,7 +306,7 @@ async fn an_idempotency_key_compares_the_json_not_its_spelling() {
 async fn refused_within(app: &TestApp, token: &str, path: &str, within: Duration) -> bool {
     let deadline = Instant::now() + within;
     loop {
-        let (s, _) = call(app, token, Method::GET, path, None).await;
+        let (s, _) = app.as_token(token).get(path).await;
         if s == StatusCode::UNAUTHORIZED {
             return true;
         }
@@ -356,19 +352,17 @@ async fn postgres_a_token_revoked_through_one_process_is_refused_by_the_others()
     let (_, expired) = mint("expired").await;
     // Both work through the other process, which caches them as valid.
     for token in [&deleted, &expired] {
-        let (s, _) = call(&two, token, Method::GET, &path, None).await;
+        let (s, _) = two.as_token(token).get(&path).await;
         assert_eq!(s, StatusCode::OK);
     }
 
-    let (s, _) = one
-        .request(Method::DELETE, &format!("{path}/token/{deleted_id}"), None)
-        .await;
+    let (s, _) = one.delete(&format!("{path}/token/{deleted_id}")).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     assert!(
         refused_within(&two, &deleted, &path, Duration::from_secs(10)).await,
         "the other process still accepts the deleted token"
     );
-    let (s, _) = call(&two, &expired, Method::GET, &path, None).await;
+    let (s, _) = two.as_token(&expired).get(&path).await;
     assert_eq!(s, StatusCode::OK, "the other token is untouched");
 
     let (s, body) = one
@@ -415,7 +409,7 @@ async fn an_application_token_cannot_change_or_delete_its_application(backend: &
             format!("/api/v1/app/{a}"),
             "/api/v1/app/customer-a".to_owned(),
         ] {
-            let (s, got) = call(&app, token, Method::GET, &path, None).await;
+            let (s, got) = app.as_token(token).get(&path).await;
             assert_eq!(s, StatusCode::OK, "{path}: {got}");
             for (method, body) in [
                 (Method::PATCH, Some(json!({"uid": "customer-c"}))),
@@ -423,7 +417,10 @@ async fn an_application_token_cannot_change_or_delete_its_application(backend: &
                 (Method::PUT, Some(json!({"name": "A", "uid": "customer-c"}))),
                 (Method::DELETE, None),
             ] {
-                let (s, out) = call(&app, token, method.clone(), &path, body).await;
+                let (s, out) = app
+                    .as_token(token)
+                    .request(method.clone(), &path, body)
+                    .await;
                 assert_eq!(s, StatusCode::FORBIDDEN, "{method} {path}: {out}");
                 assert_eq!(out["code"], "forbidden", "{out}");
             }
@@ -444,18 +441,13 @@ async fn an_application_token_cannot_change_or_delete_its_application(backend: &
 
     // The admin may move the uid; the audit log says from what to what.
     let (s, out) = app
-        .request(
-            Method::PATCH,
-            &format!("/api/v1/app/{a}"),
-            Some(json!({"uid": "customer-a2"})),
-        )
+        .patch(&format!("/api/v1/app/{a}"), json!({"uid": "customer-a2"}))
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
     let (s, out) = app
-        .request(
-            Method::PUT,
+        .put(
             &format!("/api/v1/app/{a}"),
-            Some(json!({"name": "A", "uid": "customer-a3"})),
+            json!({"name": "A", "uid": "customer-a3"}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
@@ -499,31 +491,22 @@ async fn uids_that_read_like_application_ids_are_refused(backend: &Backend) {
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
         assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
         let (s, out) = app
-            .request(
-                Method::PUT,
+            .put(
                 &format!("/api/v1/app/{a}"),
-                Some(json!({"name": "X", "uid": uid})),
+                json!({"name": "X", "uid": uid}),
             )
             .await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
         assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
         let (s, out) = app
-            .request(
-                Method::PATCH,
-                &format!("/api/v1/app/{a}"),
-                Some(json!({"uid": uid})),
-            )
+            .patch(&format!("/api/v1/app/{a}"), json!({"uid": uid}))
             .await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
         assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
     }
     // A PUT whose path names no application creates one with that uid.
     let (s, out) = app
-        .request(
-            Method::PUT,
-            "/api/v1/app/APP_newcustomer",
-            Some(json!({"name": "X"})),
-        )
+        .put("/api/v1/app/APP_newcustomer", json!({"name": "X"}))
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
     assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");

@@ -103,21 +103,29 @@ impl TestApp {
         format!("{}{path}", self.base)
     }
 
-    pub async fn request(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        call(self, TOKEN, method, path, body).await
+    /// Requests with `token` (any bearer token) instead of the admin's.
+    pub fn as_token<'a>(&'a self, token: &'a str) -> AsToken<'a> {
+        AsToken { app: self, token }
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.request(reqwest::Method::GET, path, None).await
+        self.as_token(TOKEN).get(path).await
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.request(reqwest::Method::POST, path, Some(body)).await
+        self.as_token(TOKEN).post(path, body).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.as_token(TOKEN).put(path, body).await
+    }
+
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.as_token(TOKEN).patch(path, body).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.as_token(TOKEN).delete(path).await
     }
 
     pub async fn create_app(&self) -> String {
@@ -253,25 +261,59 @@ pub async fn logged_in(app: &TestApp) -> reqwest::Client {
     client
 }
 
-/// `method path` with `token` (any bearer token); status and JSON body
-/// (`Null` when empty).
-pub async fn call(
-    app: &TestApp,
-    token: &str,
+/// Herald's API called with one bearer token: each answer is the status
+/// and the JSON body (`Null` when empty).
+pub struct AsToken<'a> {
+    app: &'a TestApp,
+    token: &'a str,
+}
+
+impl AsToken<'_> {
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let url = self.app.url(path);
+        let (status, value) = json_call(&self.app.client, method, url, self.token, body).await;
+        (StatusCode::from_u16(status).expect("valid status"), value)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.request(reqwest::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(reqwest::Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.request(reqwest::Method::PATCH, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.request(reqwest::Method::DELETE, path, None).await
+    }
+}
+
+/// `method url` with `token` and `body` as JSON: the status and the JSON
+/// body of the answer (`Null` when empty).
+async fn json_call(
+    client: &reqwest::Client,
     method: reqwest::Method,
-    path: &str,
+    url: String,
+    token: &str,
     body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut req = app.client.request(method, app.url(path)).bearer_auth(token);
+) -> (u16, Value) {
+    let mut req = client.request(method, url).bearer_auth(token);
     if let Some(b) = body {
         req = req.json(&b);
     }
-    let (status, value) = answer_of(req).await;
-    (StatusCode::from_u16(status).expect("valid status"), value)
-}
-
-/// Sends `req`: the status and the JSON body (`Null` when empty).
-async fn answer_of(req: reqwest::RequestBuilder) -> (u16, Value) {
     let resp = req.send().await.expect("request reaches herald");
     let status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
@@ -629,14 +671,8 @@ impl Remote {
         path: &str,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(TOKEN);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        answer_of(req).await
+        let url = format!("{}{path}", self.base);
+        json_call(&self.client, method, url, TOKEN, body).await
     }
 
     /// Creates an application with one endpoint at `url`; returns the app id.
