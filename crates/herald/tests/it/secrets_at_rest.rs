@@ -756,13 +756,7 @@ async fn url_credentials_sealed_and_masked(db: Db) {
         .send()
         .await
         .expect("login");
-    let cookie = login.headers()["set-cookie"]
-        .to_str()
-        .expect("cookie")
-        .split(';')
-        .next()
-        .expect("name=value")
-        .to_owned();
+    let cookie = cookie_pair(login.headers());
     for page in ["/portal".to_owned(), format!("/portal/endpoint/{ep}")] {
         let html = browser
             .get(app.url(&page))

@@ -766,6 +766,15 @@ pub async fn wait_healthy(addr: impl std::fmt::Display) {
     }
 }
 
+/// The `name=value` of the cookie an answer sets (the test fails without
+/// one).
+pub fn cookie_pair(headers: &HeaderMap) -> String {
+    let set = header_text(headers, "set-cookie");
+    let pair = set.split(';').next().unwrap_or_default();
+    assert!(pair.contains('='), "no cookie set: {set:?}");
+    pair.to_owned()
+}
+
 /// A header's value as text, or empty when absent or not text.
 pub fn header_text(headers: &HeaderMap, name: &str) -> String {
     headers

@@ -1,0 +1,350 @@
+//! The pages themselves: a full session, embedding, themes and CSP, and
+//! what the endpoint lists show.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::*;
+
+#[tokio::test]
+async fn a_full_session_adds_an_endpoint_sends_a_test_event_and_rotates_the_secret() {
+    let app = spawn_app(&[]).await;
+    let rx = Receiver::start().await;
+    let id = app.create_app().await;
+    let (_, out) = access(&app, &id, json!({})).await;
+    let cookie = open_link(&app, out["url"].as_str().expect("url")).await;
+    // A bad form is shown again with the API's error naming the field.
+    let (status, html) = post_form(
+        &app,
+        &cookie,
+        "/portal/endpoint/new",
+        &[("url", "not a url"), ("throttleRate", "fast")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
+    assert!(html.contains("class=\"error\""), "{html}");
+    let (status, html) = post_form(
+        &app,
+        &cookie,
+        "/portal/endpoint/new",
+        &[
+            ("url", &rx.url("/portal-hook")),
+            ("description", "from the portal"),
+            ("throttleRate", "7"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
+    let (_, list) = app.get(&format!("/api/v1/app/{id}/endpoint")).await;
+    let ep = &list["data"][0];
+    assert_eq!(ep["description"], "from the portal");
+    assert_eq!(ep["rateLimit"], 7);
+    let ep_id = ep["id"].as_str().expect("id");
+    let here = format!("/portal/endpoint/{ep_id}");
+
+    let (status, _) = post_form(
+        &app,
+        &cookie,
+        &format!("{here}/send-example"),
+        &[("eventType", "svix.ping")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let got = rx.wait_for(1).await;
+    assert!(got[0].headers.contains_key("webhook-signature"), "signed");
+    // The attempt appears on the endpoint's page (bounded wait).
+    let mut shown = false;
+    for _ in 0..100 {
+        let (_, html) = page(&app, &cookie, &here).await;
+        if html.contains("succeeded") {
+            shown = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(shown, "the attempt shows on the endpoint page");
+
+    let (_, before) = app
+        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}/secret"))
+        .await;
+    let (status, secret) = page(&app, &cookie, &format!("{here}/secret")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(secret, before["key"].as_str().expect("key"));
+    let (status, _) = post_form(&app, &cookie, &format!("{here}/rotate"), &[]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let (_, after) = app
+        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}/secret"))
+        .await;
+    assert_ne!(before["key"], after["key"], "rotated");
+
+    // The audit log names the portal session, never its cookie.
+    let (_, audit) = app.get("/api/v1/audit-log").await;
+    let entries = audit["data"].as_array().expect("entries");
+    let rotated = entries
+        .iter()
+        .find(|e| e["action"] == "endpoint.secret_rotated")
+        .expect("the rotation is audited");
+    assert_eq!(rotated["actorKind"], "portal", "{rotated}");
+    let value = cookie.split('=').nth(1).expect("value");
+    assert!(
+        !audit.to_string().contains(value),
+        "no cookie in the audit log"
+    );
+
+    // A form without its CSRF token, or from another origin, is refused.
+    let response = browser()
+        .post(app.url(&format!("{here}/rotate")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "wrong")])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let csrf = session_csrf(&app, &cookie).await;
+    let response = browser()
+        .post(app.url(&format!("{here}/rotate")))
+        .header("cookie", &cookie)
+        .header("origin", "https://evil.example")
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
+    let app = spawn_app(&[("HERALD_PORTAL_FRAME_ANCESTORS", "https://app.example.com")]).await;
+    let id = app.create_app().await;
+    let (_, out) = access(&app, &id, json!({})).await;
+    let url = out["url"].as_str().expect("url");
+    let response = browser()
+        .get(app.url(&format!(
+            "{}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks",
+            path_of(url)
+        )))
+        .send()
+        .await
+        .expect("GET");
+    let cookie = header_text(response.headers(), "set-cookie");
+    assert!(
+        cookie.contains("SameSite=None; Secure; Partitioned"),
+        "{cookie}"
+    );
+    let cookie = cookie.split(';').next().expect("pair").to_owned();
+    let response = browser()
+        .get(app.url("/portal"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("GET");
+    let csp = header_text(response.headers(), "content-security-policy");
+    assert!(
+        csp.contains("frame-ancestors https://app.example.com"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert!(response.headers().get("x-frame-options").is_none());
+    let html = response.text().await.expect("body");
+    assert!(html.contains("Acme Hooks"), "the link's product name");
+    assert!(html.contains("#ff6600"), "the link's colour");
+    assert!(html.contains("#0d1117"), "dark mode");
+
+    // Without embedding: 'self' and a Lax cookie; a bad link colour is
+    // ignored for the configured one.
+    let plain = spawn_app(&[("HERALD_PORTAL_PRIMARY_COLOR", "#123456")]).await;
+    let id = plain.create_app().await;
+    let (_, out) = access(&plain, &id, json!({})).await;
+    let url = out["url"].as_str().expect("url");
+    let response = browser()
+        .get(plain.url(&format!("{}&primaryColor=red;}}body{{x", path_of(url))))
+        .send()
+        .await
+        .expect("GET");
+    let cookie = header_text(response.headers(), "set-cookie");
+    assert!(cookie.contains("SameSite=Lax"), "{cookie}");
+    let cookie = cookie.split(';').next().expect("pair").to_owned();
+    let response = browser()
+        .get(plain.url("/portal"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("GET");
+    let csp = header_text(response.headers(), "content-security-policy");
+    assert!(csp.contains("frame-ancestors 'self'"), "{csp}");
+    let html = response.text().await.expect("body");
+    assert!(
+        html.contains("#123456") && !html.contains("red;"),
+        "the configured colour"
+    );
+}
+
+/// Every inline style of `html`, each allowed by the page's CSP (by its
+/// hash): a style the CSP leaves out would not apply in a browser.
+fn styles_allowed_by(csp: &str, html: &str) -> Vec<String> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let mut styles = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find("<style>") {
+        let inner = &rest[at + 7..];
+        let end = inner.find("</style>").expect("a closed style");
+        let style = &inner[..end];
+        let hash = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(style));
+        assert!(
+            csp.contains(&format!("'sha256-{hash}'")),
+            "a style the CSP does not allow: {style}\nCSP: {csp}"
+        );
+        styles.push(style.to_owned());
+        rest = &inner[end..];
+    }
+    styles
+}
+
+/// Error pages (a 404, the expired link) wear the session's theme, or the
+/// configured one without a session, with a CSP that lets it apply.
+#[tokio::test]
+async fn error_pages_wear_the_session_theme_or_the_configured_one() {
+    let app = spawn_app(&[("HERALD_PORTAL_PRIMARY_COLOR", "#123456")]).await;
+    let id = app.create_app().await;
+
+    // No session: the expired-link page, in the configured colour.
+    let response = browser()
+        .get(app.url("/portal/event-types"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let csp = header_text(response.headers(), "content-security-policy");
+    let html = response.text().await.expect("body");
+    assert!(html.contains("This link has expired"), "{html}");
+    let styles = styles_allowed_by(&csp, &html);
+    assert!(
+        styles.iter().any(|s| s.contains("--accent:#123456")),
+        "{styles:?}"
+    );
+
+    // A session whose link set a colour, a product name and dark mode:
+    // a 404 and a 403 in that theme.
+    let (_, out) = access(&app, &id, json!({"readOnly": true})).await;
+    let url = out["url"].as_str().expect("url");
+    let cookie = open_link(
+        &app,
+        &format!("{url}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks"),
+    )
+    .await;
+    for (method, path, status) in [
+        (
+            Method::GET,
+            "/portal/endpoint/ep_2ZZZZZZZZZZZZZZZZZZZZZZZZZ",
+            StatusCode::NOT_FOUND,
+        ),
+        (Method::GET, "/portal/no-such-page", StatusCode::NOT_FOUND),
+        (Method::GET, "/portal/endpoint/new", StatusCode::FORBIDDEN),
+    ] {
+        let response = browser()
+            .request(method, app.url(path))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(response.status(), status, "{path}");
+        let csp = header_text(response.headers(), "content-security-policy");
+        let html = response.text().await.expect("body");
+        assert!(html.contains("Acme Hooks"), "{path}: {html}");
+        let styles = styles_allowed_by(&csp, &html);
+        assert!(
+            styles
+                .iter()
+                .any(|s| s.contains("--accent:#ff6600") && s.contains("#0d1117")),
+            "{path}: {styles:?}"
+        );
+        assert!(
+            !html.contains("#123456"),
+            "{path}: the session's theme, not the configured one"
+        );
+    }
+}
+
+/// The endpoint lists (the portal's home, the dashboard's overview and
+/// application page) show each endpoint's open circuit breaker and its
+/// throttle, read for the whole page at once; so does the portal's
+/// endpoint page.
+#[tokio::test]
+async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
+    let app = crate::helpers::spawn_stepped(&[
+        ("HERALD_BREAKER_MIN_ATTEMPTS", "4"),
+        ("HERALD_BREAKER_WINDOW", "1m"),
+        ("HERALD_BREAKER_FAILURE_RATE", "50%"),
+        ("HERALD_BREAKER_COOLDOWN", "1h"),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    rx.always(Reply::status(500));
+    let app_id = app.create_app().await;
+    let failing = app
+        .create_endpoint(&app_id, &rx.url("/failing"), json!({}))
+        .await;
+    for n in 0..4 {
+        app.send_message(&app_id, "t.x", json!({ "n": n })).await;
+    }
+    let r = app.step().await;
+    assert_eq!((r.claimed, r.retried), (4, 4), "four failures open it");
+    // Created after the messages, so nothing is sent to it.
+    let throttled = app
+        .create_endpoint(&app_id, &rx.url("/throttled"), json!({ "throttleRate": 4 }))
+        .await;
+    let healthy = app
+        .create_endpoint(&app_id, &rx.url("/quiet"), json!({}))
+        .await;
+
+    let (_, link) = access(&app, &app_id, json!({})).await;
+    let cookie = open_link(&app, link["url"].as_str().expect("url")).await;
+    let (status, home) = page(&app, &cookie, "/portal").await;
+    assert_eq!(status, StatusCode::OK, "{home}");
+
+    let operator = logged_in(&app).await;
+    // The portal's endpoint page says it too (the dashboard's has rows of
+    // its own for the breaker and the throttle).
+    for (ep, text) in [(&failing, "circuit open"), (&throttled, "throttled at 4/s")] {
+        let id = ep["id"].as_str().expect("id");
+        let (status, html) = page(&app, &cookie, &format!("/portal/endpoint/{id}")).await;
+        assert_eq!(status, StatusCode::OK, "{html}");
+        assert!(html.contains(text), "{id}: {text}");
+    }
+    let mut pages = vec![("portal home", home)];
+    for path in [
+        format!("/dashboard?app={app_id}"),
+        format!("/dashboard/app/{app_id}"),
+    ] {
+        let resp = operator.get(app.url(&path)).send().await.expect("GET");
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        pages.push(("dashboard list", resp.text().await.expect("page")));
+    }
+    for (which, html) in &pages {
+        let row = |ep: &Value| {
+            let id = ep["id"].as_str().expect("id");
+            let at = html
+                .find(id)
+                .unwrap_or_else(|| panic!("{which} lists {id}"));
+            let end = html[at..].find("</tr>").map_or(html.len(), |e| at + e);
+            html[at..end].to_owned()
+        };
+        assert!(
+            row(&failing).contains("circuit open"),
+            "{which}: {}",
+            row(&failing)
+        );
+        assert!(
+            row(&throttled).contains("throttled at 4/s"),
+            "{which}: {}",
+            row(&throttled)
+        );
+        assert!(!row(&throttled).contains("circuit open"), "{which}");
+        let quiet = row(&healthy);
+        assert!(
+            !quiet.contains("circuit") && !quiet.contains("throttled"),
+            "{which}: {quiet}"
+        );
+    }
+}
