@@ -4,7 +4,9 @@
 //! benchmark. Options and the figures they give: BENCHMARKS.md.
 
 mod bench;
+mod claim_cost;
 mod engine;
+mod reads;
 mod receiver;
 
 use clap::Parser;
