@@ -7,6 +7,7 @@
 //! secret: it names what was acted on, never a secret, token or header
 //! value (see ARCHITECTURE.md).
 
+use super::conditions::{Conditions, Dialect};
 use super::rows::{col, StoredRow};
 use super::*;
 use crate::ids::AuditId;
@@ -94,6 +95,24 @@ pub struct AuditFilter {
     pub before: Option<Millis>,
     /// Made after (ms).
     pub after: Option<Millis>,
+}
+
+impl AuditFilter {
+    /// The entries this filter keeps.
+    pub(crate) fn conditions(&self, dialect: Dialect) -> Conditions {
+        let mut c = Conditions::new(dialect, "1 = 1");
+        c.and_some(" AND action = #", self.action.as_deref());
+        c.and_some(" AND app_id = #", self.app.as_ref().map(AppId::as_str));
+        c.and_some(
+            " AND actor_kind = #",
+            self.actor_kind.map(ActorKind::as_str),
+        );
+        c.and_some(" AND actor_id = #", self.actor_id.as_deref());
+        c.and_some(" AND target = #", self.target.as_deref());
+        c.and_some(" AND at < #", self.before);
+        c.and_some(" AND at > #", self.after);
+        c
+    }
 }
 
 /// An audit entry from its stored row (either backend).

@@ -4,6 +4,7 @@
 //! application (the portal's session, an operator who picked one) or to
 //! all of them (the operator).
 
+use super::conditions::{Conditions, Dialect};
 use super::rows::{col, StoredRow};
 use super::*;
 
@@ -39,6 +40,52 @@ pub struct FindFilter {
     pub created_before: Option<Millis>,
     /// Messages sent on this channel.
     pub channel: Option<String>,
+}
+
+impl FindFilter {
+    /// The messages this filter keeps, over `messages m`. Which index
+    /// serves it: the primary key or `UNIQUE (app_id, event_id)` /
+    /// `messages_by_event_id` for an id; `messages_by_app_type` for an
+    /// event type in an application (`messages_by_type` on PostgreSQL;
+    /// across all applications on SQLite, no index: the walk in id order
+    /// tests each); else `messages_by_app` or the primary key, walked in id
+    /// order. The status is checked per message through
+    /// `deliveries_by_msg` (on SQLite a rare one drives the search instead:
+    /// `sqlite::finder::find_messages_on`).
+    pub(crate) fn conditions(&self, dialect: Dialect) -> Conditions {
+        let sqlite = dialect == Dialect::Sqlite;
+        let mut c = Conditions::new(dialect, "1 = 1");
+        // With an id to look up, the id's indexes answer in one step: on
+        // SQLite the `+` keeps the planner from walking the whole
+        // application instead.
+        let app = if sqlite && self.id_or_event_id.is_some() {
+            " AND +m.app_id = #"
+        } else {
+            " AND m.app_id = #"
+        };
+        c.and_some(app, self.app.as_ref().map(AppId::as_str));
+        c.and_some(
+            " AND (m.id = # OR m.event_id = #)",
+            self.id_or_event_id.as_deref(),
+        );
+        c.and_some(" AND m.event_type = #", self.event_type.as_deref());
+        let in_state = if sqlite {
+            " AND EXISTS (SELECT 1 FROM deliveries d INDEXED BY deliveries_by_msg \
+             WHERE d.msg_id = m.id AND d.state = #)"
+        } else {
+            " AND EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state = #)"
+        };
+        c.and_some(in_state, self.status.map(|s| s as i64));
+        c.and_some(" AND m.created_at >= #", self.created_after);
+        c.and_some(" AND m.created_at < #", self.created_before);
+        let on_channel = if sqlite {
+            " AND EXISTS (SELECT 1 FROM json_each(m.channels) WHERE value = #)"
+        } else {
+            " AND jsonb_exists(m.channels::jsonb, #)"
+        };
+        c.and_some(on_channel, self.channel.as_deref());
+        c
+    }
 }
 
 /// One message of a search's answer.

@@ -1,6 +1,7 @@
 //! Reads of stored messages, deliveries and attempts for the API, the
 //! dashboard and the portal.
 
+use super::conditions::{Conditions, Dialect};
 use super::rows::{col, u16_col, u32_col, StoredRow};
 use super::*;
 
@@ -99,6 +100,37 @@ pub struct MessageFilter {
     pub after: Option<Millis>,
 }
 
+impl MessageFilter {
+    /// `app`'s messages this filter keeps. Messages keep their event
+    /// types, channels and tags as JSON arrays, which each backend reads
+    /// with functions of its own.
+    pub(crate) fn conditions(&self, app: &AppId, dialect: Dialect) -> StoreResult<Conditions> {
+        let (any_type, has_channel, has_tag) = match dialect {
+            Dialect::Sqlite => (
+                " AND event_type IN (SELECT value FROM json_each(#))",
+                " AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = #)",
+                " AND EXISTS (SELECT 1 FROM json_each(tags) WHERE value = #)",
+            ),
+            Dialect::Postgres { .. } => (
+                " AND event_type IN (SELECT jsonb_array_elements_text(#::jsonb))",
+                " AND jsonb_exists(channels::jsonb, #)",
+                " AND jsonb_exists(tags::jsonb, #)",
+            ),
+        };
+        let mut c = Conditions::new(dialect, "1 = 1");
+        c.and(" AND app_id = #", app.as_str());
+        c.and_some(
+            any_type,
+            self.event_types.as_ref().map(to_json).transpose()?,
+        );
+        c.and_some(has_channel, self.channel.as_deref());
+        c.and_some(has_tag, self.tag.as_deref());
+        c.and_some(" AND created_at < #", self.before);
+        c.and_some(" AND created_at > #", self.after);
+        Ok(c)
+    }
+}
+
 /// Which attempts of an app a listing shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AttemptFilter {
@@ -108,6 +140,29 @@ pub struct AttemptFilter {
     pub success: Option<bool>,
     /// 0: no response; 100, 200, …, 500: that class of status code.
     pub code_class: Option<u16>,
+}
+
+impl AttemptFilter {
+    /// `app`'s attempts this filter keeps.
+    pub(crate) fn conditions(&self, app: &AppId, dialect: Dialect) -> Conditions {
+        let mut c = Conditions::new(dialect, "1 = 1");
+        c.and(" AND app_id = #", app.as_str());
+        c.and_some(" AND msg_id = #", self.msg.as_ref().map(MsgId::as_str));
+        c.and_some(
+            " AND endpoint_id = #",
+            self.endpoint.as_ref().map(EndpointId::as_str),
+        );
+        c.and_some(" AND success = #", self.success);
+        match self.code_class {
+            None => {}
+            Some(0) => c.push(" AND status_code IS NULL"),
+            Some(class) => {
+                c.and(" AND status_code >= #", i64::from(class));
+                c.and(" AND status_code < #", i64::from(class) + 100);
+            }
+        }
+        c
+    }
 }
 
 /// A message from its stored row (either backend).

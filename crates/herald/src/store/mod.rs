@@ -27,6 +27,7 @@ use crate::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 mod apps;
 mod audit;
 mod circuits;
+mod conditions;
 pub mod copy;
 mod endpoints;
 mod event_types;
@@ -177,6 +178,11 @@ impl PageReq {
 pub struct Page<T> {
     pub items: Vec<T>,
     pub has_more: bool,
+}
+
+/// A value kept as JSON text.
+pub(crate) fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
 /// A value the store keeps as JSON text.

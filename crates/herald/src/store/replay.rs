@@ -1,5 +1,6 @@
 //! Replays of dead deliveries and Svix's resend.
 
+use super::conditions::{Conditions, Dialect};
 use super::*;
 
 /// Replays of dead deliveries and resends.
@@ -160,4 +161,27 @@ pub struct DeadFilter {
     pub created_since: Option<Millis>,
     /// Message created before (ms).
     pub created_until: Option<Millis>,
+}
+
+impl DeadFilter {
+    /// The dead deliveries this filter keeps, over `deliveries d JOIN
+    /// messages m`.
+    pub(crate) fn conditions(&self, dialect: Dialect) -> Conditions {
+        let mut c = Conditions::new(dialect, "d.state = 3");
+        c.and_some(" AND d.app_id = #", self.app.as_ref().map(AppId::as_str));
+        c.and_some(
+            " AND d.endpoint_id = #",
+            self.endpoint.as_ref().map(EndpointId::as_str),
+        );
+        c.and_some(" AND m.event_type = #", self.event_type.as_deref());
+        c.and_some(
+            " AND d.dead_reason = #",
+            self.reason.map(DeadReason::as_str),
+        );
+        c.and_some(" AND d.updated_at >= #", self.since);
+        c.and_some(" AND d.updated_at < #", self.until);
+        c.and_some(" AND d.created_at >= #", self.created_since);
+        c.and_some(" AND d.created_at < #", self.created_until);
+        c
+    }
 }

@@ -29,33 +29,8 @@ impl Audit for PostgresStore {
         filter: &AuditFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AuditEntry>> {
-        let mut sql = String::from("SELECT * FROM audit_log WHERE TRUE");
-        let mut args: Vec<String> = Vec::new();
-        let mut add = |sql: &mut String, fragment: &str, value: String| {
-            args.push(value);
-            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
-        };
-        if let Some(v) = &filter.action {
-            add(&mut sql, " AND action = #", v.clone());
-        }
-        if let Some(v) = &filter.app {
-            add(&mut sql, " AND app_id = #", v.as_str().to_owned());
-        }
-        if let Some(v) = filter.actor_kind {
-            add(&mut sql, " AND actor_kind = #", v.as_str().to_owned());
-        }
-        if let Some(v) = &filter.actor_id {
-            add(&mut sql, " AND actor_id = #", v.clone());
-        }
-        if let Some(v) = &filter.target {
-            add(&mut sql, " AND target = #", v.clone());
-        }
-        if let Some(before) = filter.before {
-            add(&mut sql, " AND at < #::int8", before.to_string());
-        }
-        if let Some(after) = filter.after {
-            add(&mut sql, " AND at > #::int8", after.to_string());
-        }
+        let (cond, args) = postgres_where(filter.conditions(Dialect::Postgres { first: 1 }));
+        let sql = format!("SELECT * FROM audit_log WHERE {cond}");
         self.page_of(&sql, "id", args, page, entry_from_row).await
     }
 }

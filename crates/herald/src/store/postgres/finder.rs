@@ -4,50 +4,6 @@ use super::apps::APP_COLUMNS;
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 
-/// The WHERE clause (after `WHERE`) and its text arguments (cast in the
-/// SQL). Indexes as on SQLite: the primary key, `(app_id, event_id)` or
-/// `messages_by_event_id` for an id, `messages_by_app_type` /
-/// `messages_by_type` for an event type, else `messages_by_app` or the
-/// primary key in id order; the status through `deliveries_by_msg`.
-pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<String>) {
-    let mut cond = String::from("TRUE");
-    let mut args: Vec<String> = Vec::new();
-    let mut add = |cond: &mut String, fragment: &str, value: String| {
-        args.push(value);
-        cond.push_str(&fragment.replace('#', &format!("${}", args.len())));
-    };
-    if let Some(app) = &filter.app {
-        add(&mut cond, " AND m.app_id = #", app.as_str().to_owned());
-    }
-    if let Some(key) = &filter.id_or_event_id {
-        add(&mut cond, " AND (m.id = # OR m.event_id = #)", key.clone());
-    }
-    if let Some(t) = &filter.event_type {
-        add(&mut cond, " AND m.event_type = #", t.clone());
-    }
-    if let Some(state) = filter.status {
-        add(
-            &mut cond,
-            " AND EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state = #::int2)",
-            (state as i64).to_string(),
-        );
-    }
-    if let Some(after) = filter.created_after {
-        add(&mut cond, " AND m.created_at >= #::int8", after.to_string());
-    }
-    if let Some(before) = filter.created_before {
-        add(&mut cond, " AND m.created_at < #::int8", before.to_string());
-    }
-    if let Some(channel) = &filter.channel {
-        add(
-            &mut cond,
-            " AND jsonb_exists(m.channels::jsonb, #)",
-            channel.clone(),
-        );
-    }
-    (cond, args)
-}
-
 #[async_trait]
 impl Finder for PostgresStore {
     async fn find_messages(
@@ -55,7 +11,7 @@ impl Finder for PostgresStore {
         filter: &FindFilter,
         page: &PageReq,
     ) -> StoreResult<Page<FoundMessage>> {
-        let (cond, args) = find_filter_sql(filter);
+        let (cond, args) = postgres_where(filter.conditions(Dialect::Postgres { first: 1 }));
         let sql = format!(
             "SELECT m.id, m.app_id, a.name AS app_name, m.event_type, m.event_id, m.created_at \
              FROM messages m JOIN applications a ON a.id = m.app_id WHERE {cond}"

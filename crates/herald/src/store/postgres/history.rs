@@ -1,6 +1,5 @@
 //! Reads of messages, deliveries and attempts on PostgreSQL.
 
-use super::replay::dead_filter_sql;
 use super::*;
 
 const MESSAGE_COLUMNS: &str =
@@ -60,7 +59,7 @@ impl History for PostgresStore {
     }
 
     async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
-        let (cond, args) = dead_filter_sql(filter, 1);
+        let (cond, args) = postgres_where(filter.conditions(Dialect::Postgres { first: 1 }));
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
@@ -74,37 +73,8 @@ impl History for PostgresStore {
         filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let mut sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE app_id = $1");
-        let mut args = vec![app.as_str().to_owned()];
-        let mut add = |sql: &mut String, fragment: &str, value: String| {
-            args.push(value);
-            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
-        };
-        if let Some(msg) = &filter.msg {
-            add(&mut sql, " AND msg_id = #", msg.as_str().to_owned());
-        }
-        if let Some(ep) = &filter.endpoint {
-            add(&mut sql, " AND endpoint_id = #", ep.as_str().to_owned());
-        }
-        if let Some(ok) = filter.success {
-            sql.push_str(if ok {
-                " AND success"
-            } else {
-                " AND NOT success"
-            });
-        }
-        match filter.code_class {
-            None => {}
-            Some(0) => sql.push_str(" AND status_code IS NULL"),
-            Some(class) => {
-                add(&mut sql, " AND status_code >= #::int4", class.to_string());
-                add(
-                    &mut sql,
-                    " AND status_code < #::int4",
-                    (class + 100).to_string(),
-                );
-            }
-        }
+        let (cond, args) = postgres_where(filter.conditions(app, Dialect::Postgres { first: 1 }));
+        let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {cond}");
         self.page_of(&sql, "id", args, page, attempt_from_row).await
     }
 
@@ -126,35 +96,8 @@ impl History for PostgresStore {
         filter: &MessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<Message>> {
-        let mut sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE app_id = $1");
-        let mut args = vec![app.as_str().to_owned()];
-        let mut add = |sql: &mut String, fragment: &str, value: String| {
-            args.push(value);
-            sql.push_str(&fragment.replace('#', &format!("${}", args.len())));
-        };
-        if let Some(types) = &filter.event_types {
-            add(
-                &mut sql,
-                " AND event_type IN (SELECT jsonb_array_elements_text(#::jsonb))",
-                to_json(types)?,
-            );
-        }
-        if let Some(channel) = &filter.channel {
-            add(
-                &mut sql,
-                " AND jsonb_exists(channels::jsonb, #)",
-                channel.clone(),
-            );
-        }
-        if let Some(tag) = &filter.tag {
-            add(&mut sql, " AND jsonb_exists(tags::jsonb, #)", tag.clone());
-        }
-        if let Some(before) = filter.before {
-            add(&mut sql, " AND created_at < #::int8", before.to_string());
-        }
-        if let Some(after) = filter.after {
-            add(&mut sql, " AND created_at > #::int8", after.to_string());
-        }
+        let (cond, args) = postgres_where(filter.conditions(app, Dialect::Postgres { first: 1 })?);
+        let sql = format!("SELECT {MESSAGE_COLUMNS} FROM messages WHERE {cond}");
         self.page_of(&sql, "id", args, page, message_from_row).await
     }
 

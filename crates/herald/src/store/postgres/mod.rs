@@ -37,6 +37,7 @@ use sqlx::{AssertSqlSafe, Executor, Row};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::conditions::{Arg, Conditions, Dialect};
 use super::*;
 
 mod circuits;
@@ -240,8 +241,19 @@ impl Drop for PostgresStore {
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
-    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+/// A filter as PostgreSQL runs it: the WHERE clause and its arguments as
+/// text (the clause casts each to its type).
+fn postgres_where(c: Conditions) -> (String, Vec<String>) {
+    let args = c
+        .args
+        .into_iter()
+        .map(|a| match a {
+            Arg::Text(s) => s,
+            Arg::Int(n) => n.to_string(),
+            Arg::Flag(b) => b.to_string(),
+        })
+        .collect();
+    (c.sql, args)
 }
 
 impl crate::store::rows::StoredRow for PgRow {

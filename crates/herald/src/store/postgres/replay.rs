@@ -10,43 +10,6 @@ const REPLAY_SET: &str =
      manual = TRUE, lease_token = NULL, dead_reason = NULL, parked = FALSE, updated_at = $1, \
      queued_at = NULL";
 
-/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, its
-/// parameters numbered from `$first`, with their values (all text; the
-/// times are cast).
-pub(super) fn dead_filter_sql(filter: &DeadFilter, first: usize) -> (String, Vec<String>) {
-    let mut sql = String::from("d.state = 3");
-    let mut args: Vec<String> = Vec::new();
-    let mut add = |sql: &mut String, fragment: &str, value: String| {
-        args.push(value);
-        sql.push_str(&fragment.replace('#', &format!("${}", first + args.len() - 1)));
-    };
-    if let Some(app) = &filter.app {
-        add(&mut sql, " AND d.app_id = #", app.as_str().to_owned());
-    }
-    if let Some(ep) = &filter.endpoint {
-        add(&mut sql, " AND d.endpoint_id = #", ep.as_str().to_owned());
-    }
-    if let Some(t) = &filter.event_type {
-        add(&mut sql, " AND m.event_type = #", t.clone());
-    }
-    if let Some(r) = filter.reason {
-        add(&mut sql, " AND d.dead_reason = #", r.as_str().to_owned());
-    }
-    if let Some(since) = filter.since {
-        add(&mut sql, " AND d.updated_at >= #::int8", since.to_string());
-    }
-    if let Some(until) = filter.until {
-        add(&mut sql, " AND d.updated_at < #::int8", until.to_string());
-    }
-    if let Some(since) = filter.created_since {
-        add(&mut sql, " AND d.created_at >= #::int8", since.to_string());
-    }
-    if let Some(until) = filter.created_until {
-        add(&mut sql, " AND d.created_at < #::int8", until.to_string());
-    }
-    (sql, args)
-}
-
 #[async_trait]
 impl Replay for PostgresStore {
     async fn replay_dead_matching(
@@ -58,7 +21,7 @@ impl Replay for PostgresStore {
     ) -> StoreResult<u64> {
         // $1 is REPLAY_SET's time, the filter's follow, then the id list,
         // then the channel.
-        let (mut cond, args) = dead_filter_sql(filter, 2);
+        let (mut cond, args) = postgres_where(filter.conditions(Dialect::Postgres { first: 2 }));
         // Nothing is sent for an expunged message: its dead stay dead.
         cond.push_str(" AND m.payload <> ''");
         let mut next = args.len() + 2;

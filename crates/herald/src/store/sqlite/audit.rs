@@ -35,35 +35,8 @@ impl Audit for SqliteStore {
         filter: &AuditFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AuditEntry>> {
-        let mut sql = String::from("SELECT * FROM audit_log WHERE 1 = 1");
-        let mut args: Vec<Value> = Vec::new();
-        let mut text = |sql: &mut String, column: &str, value: &Option<String>| {
-            if let Some(v) = value {
-                sql.push_str(&format!(" AND {column} = ?"));
-                args.push(v.clone().into());
-            }
-        };
-        text(&mut sql, "action", &filter.action);
-        text(
-            &mut sql,
-            "app_id",
-            &filter.app.as_ref().map(|a| a.as_str().to_owned()),
-        );
-        text(
-            &mut sql,
-            "actor_kind",
-            &filter.actor_kind.map(|k| k.as_str().to_owned()),
-        );
-        text(&mut sql, "actor_id", &filter.actor_id);
-        text(&mut sql, "target", &filter.target);
-        if let Some(before) = filter.before {
-            sql.push_str(" AND at < ?");
-            args.push(before.into());
-        }
-        if let Some(after) = filter.after {
-            sql.push_str(" AND at > ?");
-            args.push(after.into());
-        }
+        let (cond, args) = sqlite_where(filter.conditions(Dialect::Sqlite));
+        let sql = format!("SELECT * FROM audit_log WHERE {cond}");
         let page = page.clone();
         self.read(move |c| page_of(c, &sql, "id", args, &page, |r| entry_from_row(r)))
             .await

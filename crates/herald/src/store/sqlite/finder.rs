@@ -3,58 +3,6 @@
 use super::*;
 use crate::store::finder::{add_counts, like_pattern};
 
-/// The WHERE clause (after `WHERE`) and its arguments. Which index serves
-/// it: the primary key or `UNIQUE (app_id, event_id)` /
-/// `messages_by_event_id` for an id; `messages_by_app_type`
-/// for an event type in an application (across all of them, no index: the
-/// walk in id order tests each); else `messages_by_app` or the
-/// primary key, walked in id order. The status is checked per message
-/// through `deliveries_by_msg` (and a rare one drives the search instead:
-/// [`find_messages_on`]).
-pub(super) fn find_filter_sql(filter: &FindFilter) -> (String, Vec<Value>) {
-    let mut cond = String::from("1 = 1");
-    let mut args: Vec<Value> = Vec::new();
-    if let Some(app) = &filter.app {
-        // With an id to look up, the id's indexes answer in one step: the
-        // `+` keeps the planner from walking the whole application instead.
-        cond.push_str(if filter.id_or_event_id.is_some() {
-            " AND +m.app_id = ?"
-        } else {
-            " AND m.app_id = ?"
-        });
-        args.push(app.as_str().to_owned().into());
-    }
-    if let Some(key) = &filter.id_or_event_id {
-        cond.push_str(" AND (m.id = ? OR m.event_id = ?)");
-        args.push(key.clone().into());
-        args.push(key.clone().into());
-    }
-    if let Some(t) = &filter.event_type {
-        cond.push_str(" AND m.event_type = ?");
-        args.push(t.clone().into());
-    }
-    if let Some(state) = filter.status {
-        cond.push_str(
-            " AND EXISTS (SELECT 1 FROM deliveries d INDEXED BY deliveries_by_msg \
-             WHERE d.msg_id = m.id AND d.state = ?)",
-        );
-        args.push((state as i64).into());
-    }
-    if let Some(after) = filter.created_after {
-        cond.push_str(" AND m.created_at >= ?");
-        args.push(after.into());
-    }
-    if let Some(before) = filter.created_before {
-        cond.push_str(" AND m.created_at < ?");
-        args.push(before.into());
-    }
-    if let Some(channel) = &filter.channel {
-        cond.push_str(" AND EXISTS (SELECT 1 FROM json_each(m.channels) WHERE value = ?)");
-        args.push(channel.clone().into());
-    }
-    (cond, args)
-}
-
 /// A search by a status that at most this many deliveries have (of every
 /// application, as `delivery_counts` says) starts from those deliveries'
 /// own index: it costs them, sorted, however many messages there are.
@@ -108,7 +56,7 @@ pub(super) fn find_messages_on(
     filter: &FindFilter,
     page: &PageReq,
 ) -> StoreResult<Page<FoundMessage>> {
-    let (cond, mut args) = find_filter_sql(filter);
+    let (cond, mut args) = sqlite_where(filter.conditions(Dialect::Sqlite));
     let select =
         "SELECT m.id, m.app_id, a.name AS app_name, m.event_type, m.event_id, m.created_at";
     // An id or eventId is one index step already.

@@ -1,6 +1,5 @@
 //! Reads of messages, deliveries and attempts on SQLite.
 
-use super::replay::dead_filter_sql;
 use super::*;
 
 const DELIVERY_COLUMNS: &str =
@@ -55,7 +54,7 @@ impl History for SqliteStore {
     }
 
     async fn list_dead(&self, filter: &DeadFilter, page: &PageReq) -> StoreResult<Page<Delivery>> {
-        let (cond, args) = dead_filter_sql(filter);
+        let (cond, args) = sqlite_where(filter.conditions(Dialect::Sqlite));
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
@@ -70,32 +69,8 @@ impl History for SqliteStore {
         filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let mut sql = String::from("SELECT * FROM attempts WHERE app_id = ?");
-        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
-        if let Some(msg) = &filter.msg {
-            sql.push_str(" AND msg_id = ?");
-            args.push(msg.as_str().to_owned().into());
-        }
-        if let Some(ep) = &filter.endpoint {
-            sql.push_str(" AND endpoint_id = ?");
-            args.push(ep.as_str().to_owned().into());
-        }
-        if let Some(ok) = filter.success {
-            sql.push_str(if ok {
-                " AND success = 1"
-            } else {
-                " AND success = 0"
-            });
-        }
-        match filter.code_class {
-            None => {}
-            Some(0) => sql.push_str(" AND status_code IS NULL"),
-            Some(class) => {
-                sql.push_str(" AND status_code >= ? AND status_code < ?");
-                args.push(i64::from(class).into());
-                args.push((i64::from(class) + 100).into());
-            }
-        }
+        let (cond, args) = sqlite_where(filter.conditions(app, Dialect::Sqlite));
+        let sql = format!("SELECT * FROM attempts WHERE {cond}");
         let page = page.clone();
         self.read(move |c| page_of(c, &sql, "id", args, &page, |r| attempt_from_row(r)))
             .await
@@ -118,28 +93,8 @@ impl History for SqliteStore {
         filter: &MessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<Message>> {
-        let mut sql = String::from("SELECT * FROM messages WHERE app_id = ?");
-        let mut args: Vec<Value> = vec![app.as_str().to_owned().into()];
-        if let Some(types) = &filter.event_types {
-            sql.push_str(" AND event_type IN (SELECT value FROM json_each(?))");
-            args.push(to_json(types)?.into());
-        }
-        if let Some(channel) = &filter.channel {
-            sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(channels) WHERE value = ?)");
-            args.push(channel.clone().into());
-        }
-        if let Some(tag) = &filter.tag {
-            sql.push_str(" AND EXISTS (SELECT 1 FROM json_each(tags) WHERE value = ?)");
-            args.push(tag.clone().into());
-        }
-        if let Some(before) = filter.before {
-            sql.push_str(" AND created_at < ?");
-            args.push(before.into());
-        }
-        if let Some(after) = filter.after {
-            sql.push_str(" AND created_at > ?");
-            args.push(after.into());
-        }
+        let (cond, args) = sqlite_where(filter.conditions(app, Dialect::Sqlite)?);
+        let sql = format!("SELECT * FROM messages WHERE {cond}");
         let page = page.clone();
         self.read(move |c| page_of(c, &sql, "id", args, &page, |r| message_from_row(r)))
             .await

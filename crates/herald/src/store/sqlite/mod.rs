@@ -30,6 +30,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use super::conditions::{Arg, Conditions, Dialect};
 use super::*;
 
 mod apps;
@@ -537,8 +538,20 @@ impl SqliteStore {
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> StoreResult<String> {
-    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+/// A filter's arguments as SQLite binds them (flags as 0 or 1).
+fn sqlite_args(args: Vec<Arg>) -> Vec<Value> {
+    args.into_iter()
+        .map(|a| match a {
+            Arg::Text(s) => Value::Text(s),
+            Arg::Int(n) => Value::Integer(n),
+            Arg::Flag(b) => Value::Integer(i64::from(b)),
+        })
+        .collect()
+}
+
+/// A filter as SQLite runs it: the WHERE clause and its arguments.
+fn sqlite_where(c: Conditions) -> (String, Vec<Value>) {
+    (c.sql, sqlite_args(c.args))
 }
 
 impl crate::store::rows::StoredRow for Row<'_> {

@@ -2,46 +2,6 @@
 
 use super::*;
 
-/// The dead-letter filter as SQL over `deliveries d JOIN messages m`, with
-/// its arguments.
-pub(super) fn dead_filter_sql(filter: &DeadFilter) -> (String, Vec<Value>) {
-    let mut sql = String::from("d.state = 3");
-    let mut args: Vec<Value> = Vec::new();
-    if let Some(app) = &filter.app {
-        sql.push_str(" AND d.app_id = ?");
-        args.push(app.as_str().to_owned().into());
-    }
-    if let Some(ep) = &filter.endpoint {
-        sql.push_str(" AND d.endpoint_id = ?");
-        args.push(ep.as_str().to_owned().into());
-    }
-    if let Some(t) = &filter.event_type {
-        sql.push_str(" AND m.event_type = ?");
-        args.push(t.clone().into());
-    }
-    if let Some(r) = filter.reason {
-        sql.push_str(" AND d.dead_reason = ?");
-        args.push(r.as_str().to_owned().into());
-    }
-    if let Some(since) = filter.since {
-        sql.push_str(" AND d.updated_at >= ?");
-        args.push(since.into());
-    }
-    if let Some(until) = filter.until {
-        sql.push_str(" AND d.updated_at < ?");
-        args.push(until.into());
-    }
-    if let Some(since) = filter.created_since {
-        sql.push_str(" AND d.created_at >= ?");
-        args.push(since.into());
-    }
-    if let Some(until) = filter.created_until {
-        sql.push_str(" AND d.created_at < ?");
-        args.push(until.into());
-    }
-    (sql, args)
-}
-
 /// A new cycle; `queued_at` cleared, so a FIFO endpoint's claim queues it
 /// again at its `updated_at`: the back of the queue.
 pub(super) const REPLAY_SET: &str =
@@ -58,7 +18,7 @@ impl Replay for SqliteStore {
         limit: usize,
         now: Millis,
     ) -> StoreResult<u64> {
-        let (mut cond, filter_args) = dead_filter_sql(filter);
+        let (mut cond, filter_args) = sqlite_where(filter.conditions(Dialect::Sqlite));
         // Nothing is sent for an expunged message: its dead stay dead.
         cond.push_str(" AND m.payload <> ''");
         let mut args: Vec<Value> = vec![now.into()];
