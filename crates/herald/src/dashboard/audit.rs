@@ -53,15 +53,7 @@ pub async fn page(
             ])
         )
     };
-    let newer = listed
-        .newer
-        .as_deref()
-        .map(|id| (link("before", id), "Newer"));
-    let older = listed
-        .older
-        .as_deref()
-        .map(|id| (link("after", id), "Older"));
-    let first = (!cursor.is_first_page()).then(|| link("", ""));
+    let pager = listed.pager(link, (!cursor.is_first_page()).then(|| link("", "")));
     let body = html! {
         h1 { "Audit log" small { "every change by a person or a token, newest first" } }
         form.filters method="get" action="/dashboard/audit" {
@@ -83,7 +75,7 @@ pub async fn page(
         } @else {
             (audit_table(&listed.items))
         }
-        (layout::pager(newer, older, first))
+        (pager)
     };
     Ok(layout::page(&session, "Audit log", Nav::Audit, body))
 }

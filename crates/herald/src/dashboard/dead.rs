@@ -196,15 +196,7 @@ pub async fn page(
         pairs.push((cursor_name, id));
         format!("/dashboard/dead{}", query_string(pairs))
     };
-    let newer = listed
-        .newer
-        .as_deref()
-        .map(|id| (link("before", id), "Newer"));
-    let older = listed
-        .older
-        .as_deref()
-        .map(|id| (link("after", id), "Older"));
-    let first = (!cursor.is_first_page()).then(|| link("after", ""));
+    let pager = listed.pager(link, (!cursor.is_first_page()).then(|| link("after", "")));
 
     let body = html! {
         h1 {
@@ -239,7 +231,7 @@ pub async fn page(
                 (dead_table(&listed.items, &app_names, now))
             }
         }
-        (layout::pager(newer, older, first))
+        (pager)
     };
     let status = if problem.is_some() {
         axum::http::StatusCode::UNPROCESSABLE_ENTITY

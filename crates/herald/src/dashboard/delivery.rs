@@ -10,7 +10,7 @@ use maud::{html, Markup};
 use serde::Deserialize;
 
 use super::dead::{last_result, reason_badge};
-use super::layout::{self, ago, badge, truncate, when, Nav, Tone};
+use super::layout::{self, ago, badge, when, Nav, Tone};
 use super::overview::app_label;
 use super::session::{Authed, Posted};
 use super::{query_string, see_other, DashError, DashResult, PAGE_SIZE};
@@ -285,24 +285,14 @@ pub fn attempts_table(attempts: &[AttemptRecord], now: Millis, with_delivery: bo
                         td {
                             @if a.success { (badge(Tone::Ok, "success")) } @else { (badge(Tone::Bad, "failed")) }
                         }
-                        td.num.mono { @match a.status_code { Some(code) => (code), None => span.muted { "–" } } }
-                        td.num { (layout::duration_text(a.duration_ms)) }
+                        (layout::code_and_duration(a.status_code, a.duration_ms))
                         td {
                             @match &a.error {
                                 Some(error) => div.small.clip title=(error) { (error) },
                                 None => span.muted { "–" },
                             }
                         }
-                        td {
-                            @if a.response.is_empty() {
-                                span.muted { "–" }
-                            } @else {
-                                details {
-                                    summary.mono.small { (truncate(&a.response, 60)) }
-                                    pre { (a.response) }
-                                }
-                            }
-                        }
+                        td { (layout::response_cell(&a.response)) }
                         @if with_delivery {
                             td.mono.small {
                                 a href=(delivery_path(&a.app_id, &a.delivery_id)) { (a.delivery_id) }

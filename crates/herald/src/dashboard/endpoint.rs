@@ -61,15 +61,7 @@ pub async fn page(
 
     let here = endpoint_path(&ep);
     let link = |name: &str, id: &str| format!("{here}{}", query_string([(name, id)]));
-    let newer = listed
-        .newer
-        .as_deref()
-        .map(|id| (link("before", id), "Newer"));
-    let older = listed
-        .older
-        .as_deref()
-        .map(|id| (link("after", id), "Older"));
-    let first = (!cursor.is_first_page()).then(|| here.clone());
+    let pager = listed.pager(link, (!cursor.is_first_page()).then(|| here.clone()));
     let dead_href = format!(
         "/dashboard/dead{}",
         query_string([("app", app.id.as_str()), ("endpoint", ep.id.as_str())])
@@ -224,7 +216,7 @@ pub async fn page(
         } @else {
             (attempts_table(&listed.items, now, true))
         }
-        (layout::pager(newer, older, first))
+        (pager)
     };
     Ok(layout::page(
         &session,

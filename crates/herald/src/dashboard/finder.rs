@@ -450,18 +450,8 @@ pub fn message_attempts_table(
                             @if a.success { (badge(Tone::Ok, "success")) } @else { (badge(Tone::Bad, "failed")) }
                             @if let Some(error) = &a.error { div.small.clip.narrow title=(error) { (truncate(error, 48)) } }
                         }
-                        td.num.mono { @match a.status_code { Some(code) => (code), None => span.muted { "–" } } }
-                        td.num { (layout::duration_text(a.duration_ms)) }
-                        td {
-                            @if a.response.is_empty() {
-                                span.muted { "–" }
-                            } @else {
-                                details {
-                                    summary.mono.small { (truncate(&a.response, 60)) }
-                                    pre { (a.response) }
-                                }
-                            }
-                        }
+                        (layout::code_and_duration(a.status_code, a.duration_ms))
+                        td { (layout::response_cell(&a.response)) }
                     }
                 }
             }

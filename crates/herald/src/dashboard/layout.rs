@@ -512,6 +512,28 @@ fn fmt(v: f64) -> String {
     format!("{v:.1}")
 }
 
+/// An attempt's status code and duration, two cells of a table.
+pub fn code_and_duration(status_code: Option<u16>, duration_ms: i64) -> Markup {
+    html! {
+        td.num.mono { @match status_code { Some(code) => (code), None => span.muted { "–" } } }
+        td.num { (duration_text(duration_ms)) }
+    }
+}
+
+/// An attempt's response body: its start, opened for the whole.
+pub fn response_cell(response: &str) -> Markup {
+    html! {
+        @if response.is_empty() {
+            span.muted { "–" }
+        } @else {
+            details {
+                summary.mono.small { (truncate(response, 60)) }
+                pre { (response) }
+            }
+        }
+    }
+}
+
 /// "← Newer · Older →" style links; either may be absent.
 pub fn pager(
     prev: Option<(String, &str)>,

@@ -211,6 +211,19 @@ struct Listed<T> {
     older: Option<String>,
 }
 
+impl<T> Listed<T> {
+    /// The links to its neighbours ("Newer", "Older"; `link(key, id)`
+    /// makes one) and to `first`.
+    fn pager(&self, link: impl Fn(&'static str, &str) -> String, first: Option<String>) -> Markup {
+        let newer = self
+            .newer
+            .as_deref()
+            .map(|id| (link("before", id), "Newer"));
+        let older = self.older.as_deref().map(|id| (link("after", id), "Older"));
+        layout::pager(newer, older, first)
+    }
+}
+
 impl Cursor {
     pub fn new(after: &Option<String>, before: &Option<String>) -> Self {
         let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
