@@ -280,14 +280,7 @@ async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
         .expect("answer");
     assert_eq!(resp.status(), 303);
     let ep_page = format!("/dashboard/app/{app_id}/endpoint/{ep_id}");
-    let html = browser
-        .get(app.url(&ep_page))
-        .send()
-        .await
-        .expect("answer")
-        .text()
-        .await
-        .expect("page");
+    let html = browser.get(app.url(&ep_page)).text_answer().await;
     let csrf = csrf_of(&html);
     let resp = browser
         .post(app.url(&format!("{ep_page}/disable")))
@@ -298,12 +291,8 @@ async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     assert_eq!(resp.status(), 303);
     let secret = browser
         .get(app.url(&format!("{ep_page}/secret")))
-        .send()
-        .await
-        .expect("answer")
-        .text()
-        .await
-        .expect("secret");
+        .text_answer()
+        .await;
     assert!(secret.starts_with("whsec_"), "{secret}");
 
     let (entries, raw) = audit_all(&app, "actorKind=dashboard", 50).await;
@@ -358,12 +347,8 @@ async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     // Filtered by action on the dashboard page.
     let page = browser
         .get(app.url("/dashboard/audit?action=dashboard.login"))
-        .send()
-        .await
-        .expect("answer")
-        .text()
-        .await
-        .expect("page");
+        .text_answer()
+        .await;
     assert!(page.contains("<code>dashboard.login</code>"), "{page}");
     assert!(!page.contains("<code>endpoint.disabled</code>"), "{page}");
 

@@ -81,14 +81,7 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
         .expect("a number");
     assert!(at > 1.7e9, "{last}");
     let browser = logged_in(&app).await;
-    let page = browser
-        .get(app.url("/dashboard"))
-        .send()
-        .await
-        .expect("herald answers")
-        .text()
-        .await
-        .expect("page");
+    let page = browser.get(app.url("/dashboard")).text_answer().await;
     assert!(page.contains("Scheduled backups every"), "{page}");
     assert!(page.contains("last backup"), "{page}");
 

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use crate::helpers::binary::{herald, run, serve};
-use crate::helpers::{closed_port, Receiver, Recorded, Remote, Reply, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, Answered, Receiver, Recorded, Remote, Reply, PATIENCE, TOKEN};
 
 #[tokio::test]
 async fn an_invalid_setting_stops_the_binary_naming_the_key() {
@@ -194,12 +194,8 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
         .post(format!("{base}/app/{app_id}/msg"))
         .bearer_auth(TOKEN)
         .json(&json!({"eventType": "a.b", "payload": {}}))
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     rx.wait_for(1).await;
     let pid = i32::try_from(proc.child.id().expect("pid")).expect("pid fits");
     // SAFETY: sending a signal to our own child process.
@@ -260,12 +256,8 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
         .client
         .get(format!("{}/app/{app_id}/endpoint", remote.base))
         .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let ep_id = ep["data"][0]["id"].as_str().expect("endpoint").to_owned();
     for i in 0..3 {
         let resp = remote
@@ -345,12 +337,8 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
             remote.base
         ))
         .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("health")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     assert_eq!(health["disabledReason"], "maintenance");
     let (ok, out, err) = cli(proc.addr, TOKEN, &["endpoint", "enable", &app_id, &ep_id]).await;
     assert!(ok, "{err}");

@@ -178,15 +178,7 @@ async fn a_row_the_store_refuses_does_not_hold_back_the_rest_of_its_batch(db: &B
         1,
         "the attempt that held the id is untouched"
     );
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.client.get(app.url("/metrics")).text_answer().await;
     let unrecorded = metrics
         .lines()
         .find_map(|l| l.strip_prefix("herald_completions_unrecorded_total "))

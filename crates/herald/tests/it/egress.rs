@@ -9,7 +9,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::egress_parts::{have, HttpsReceiver, ProxyServer, TestCa, DANTED, TINYPROXY};
-use crate::helpers::{spawn_app, spawn_stepped, test_config, Receiver, TestApp, PATIENCE};
+use crate::helpers::{
+    spawn_app, spawn_stepped, test_config, Answered, Receiver, TestApp, PATIENCE,
+};
 
 /// Waits (bounded) for the first attempt of `msg` and returns it.
 async fn first_attempt(app: &TestApp, app_id: &str, msg: &str) -> Value {
@@ -288,12 +290,8 @@ async fn behind_a_name_resolving_proxy_private_targets_are_still_refused() {
     let attempts: Value = client
         .get(format!("{base}/api/v1/app/{app_id}/attempt/msg/{msg_id}"))
         .bearer_auth(crate::helpers::TOKEN)
-        .send()
-        .await
-        .expect("herald")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let error = attempts["data"][0]["error"].as_str().unwrap_or_default();
     assert!(
         error.starts_with("refused:") && error.contains("localhost"),

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
 use crate::helpers::{
-    closed_port, cookie_client, spawn_app, wait_healthy, Receiver, Reply, PATIENCE, TOKEN,
+    closed_port, cookie_client, spawn_app, wait_healthy, Answered, Receiver, Reply, PATIENCE, TOKEN,
 };
 
 /// One request as the probe saw it.
@@ -309,12 +309,8 @@ async fn a_throttled_endpoint_is_spread_and_its_neighbour_is_not_slowed() {
             "{}/dashboard/app/{app}/endpoint/{ep_id}",
             app_under_test.base
         ))
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+        .text_answer()
+        .await;
     assert!(page.contains("throttled at 4/s"), "{page}");
     app_under_test.shutdown().await;
 }

@@ -298,12 +298,8 @@ async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_paylo
     let dlv = d[0]["id"].as_str().expect("id");
     let page = browser
         .get(app.url(&format!("/dashboard/app/{app_id}/delivery/{dlv}")))
-        .send()
-        .await
-        .expect("page")
-        .text()
-        .await
-        .expect("html");
+        .text_answer()
+        .await;
     assert!(page.contains("payload was expunged"), "{page}");
     assert!(!page.contains(MARKER));
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, Receiver, Reply, TestApp, PATIENCE};
+use crate::helpers::{spawn_app, Answered, Receiver, Reply, TestApp, PATIENCE};
 
 /// Waits (bounded) until no delivery of `msgs` is `delivering`, and returns
 /// their deliveries.
@@ -132,12 +132,8 @@ async fn never_sent_twice_at_a_slow_endpoint(postgres: Option<(&str, &str)>) {
                 .post(format!("{base}/api/v1/app/{app_id}/msg"))
                 .bearer_auth(crate::helpers::TOKEN)
                 .json(&json!({"eventType": "order.created", "payload": {"i": i}}))
-                .send()
-                .await
-                .expect("request")
-                .json()
-                .await
-                .expect("json");
+                .json_answer()
+                .await;
             out["id"].as_str().expect("accepted").to_owned()
         })
     };

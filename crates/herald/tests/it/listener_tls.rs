@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::egress_parts::TestCa;
 use crate::helpers::binary::{herald, serve};
-use crate::helpers::{closed_port, spawn_app, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, spawn_app, Answered, PATIENCE, TOKEN};
 
 /// A client that trusts only `ca` and keeps no connection between calls,
 /// so each call sees the certificate served at that moment.
@@ -175,23 +175,15 @@ async fn the_api_rate_limit_answers_429_with_retry_after_per_caller() {
         .post(format!("{base}/api/v1/app"))
         .bearer_auth(TOKEN)
         .json(&json!({"name": "a"}))
-        .send()
-        .await
-        .expect("herald")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let app_id = created["id"].as_str().expect("id").to_owned();
     let token: Value = client
         .post(format!("{base}/api/v1/app/{app_id}/token"))
         .bearer_auth(TOKEN)
         .json(&json!({}))
-        .send()
-        .await
-        .expect("herald")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let app_token = token["token"].as_str().expect("token").to_owned();
 
     // Far more than 5 per second from the admin token.

@@ -761,12 +761,8 @@ async fn url_credentials_sealed_and_masked(db: Db) {
         let html = browser
             .get(app.url(&page))
             .header("cookie", &cookie)
-            .send()
-            .await
-            .expect("page")
-            .text()
-            .await
-            .expect("html");
+            .text_answer()
+            .await;
         assert!(!html.contains(PASS), "{page}: {html}");
         assert!(html.contains("****@"), "{page} shows the endpoint masked");
     }

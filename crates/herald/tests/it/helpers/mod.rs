@@ -248,6 +248,26 @@ pub fn csrf_of(html: &str) -> String {
     html[start..start + len].to_owned()
 }
 
+/// A request sent and its answer read whole; the test fails if Herald
+/// does not answer or (`json_answer`) answers with no JSON.
+#[allow(async_fn_in_trait)]
+pub trait Answered {
+    async fn text_answer(self) -> String;
+    async fn json_answer(self) -> Value;
+}
+
+impl Answered for reqwest::RequestBuilder {
+    async fn text_answer(self) -> String {
+        let answer = self.send().await.expect("herald answers");
+        answer.text().await.expect("the answer's body")
+    }
+
+    async fn json_answer(self) -> Value {
+        let answer = self.send().await.expect("herald answers");
+        answer.json().await.expect("the answer is JSON")
+    }
+}
+
 /// A [`cookie_client`] logged in to the dashboard as the operator.
 pub async fn logged_in(app: &TestApp) -> reqwest::Client {
     let client = cookie_client();

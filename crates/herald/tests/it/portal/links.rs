@@ -330,23 +330,15 @@ async fn sessions_survive_a_restart_of_the_binary() {
         .post(format!("{base}/api/v1/app"))
         .bearer_auth(TOKEN)
         .json(&json!({"name": "Acme"}))
-        .send()
-        .await
-        .expect("create app")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let id = created["id"].as_str().expect("id");
     let out: Value = client
         .post(format!("{base}/api/v1/auth/app-portal-access/{id}"))
         .bearer_auth(TOKEN)
         .json(&json!({}))
-        .send()
-        .await
-        .expect("mint")
-        .json()
-        .await
-        .expect("json");
+        .json_answer()
+        .await;
     let link = out["url"].as_str().expect("url");
     assert!(
         link.starts_with(&base),
