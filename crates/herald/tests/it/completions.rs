@@ -107,28 +107,7 @@ async fn claim_all(app: &TestApp) -> Vec<herald::store::ClaimedDelivery> {
 
 fn delivered(d: &herald::store::ClaimedDelivery) -> Completion {
     let now = chrono::Utc::now().timestamp_millis();
-    Completion {
-        attempt: herald::store::AttemptRecord {
-            id: AttemptId::generate(),
-            delivery_id: d.id.clone(),
-            msg_id: d.msg_id.clone(),
-            endpoint_id: d.endpoint_id.clone(),
-            app_id: d.app_id.clone(),
-            url: d.url.clone(),
-            attempt_number: d.attempts + 1,
-            started_at: now,
-            duration_ms: 2,
-            status_code: Some(200),
-            response: "ok".into(),
-            error: None,
-            success: true,
-            manual: false,
-        },
-        lease_token: d.lease_token.clone(),
-        next: NextState::Delivered,
-        now,
-        cycle_attempt: d.attempts + 1,
-    }
+    crate::store_conformance::completion(d, NextState::Delivered, now)
 }
 
 /// A batch of outcomes in which one row truly cannot be written: its

@@ -1,13 +1,13 @@
 //! The operator dashboard: log-in, sessions and CSRF over real HTTP, then
 //! the replay flow clicked through in headless Chromium (chromedriver).
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
 use serde_json::{json, Value};
 
+use crate::helpers::browser::{browser_installed, wait_for_text, Chromedriver};
 use crate::helpers::*;
 
 fn location(resp: &reqwest::Response) -> String {
@@ -401,93 +401,6 @@ async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
     app.shutdown().await;
 }
 
-/// chromedriver on a free local port, in its own process group so that
-/// the browsers it starts end with it.
-pub(crate) struct Chromedriver {
-    child: std::process::Child,
-    url: String,
-    profile: tempfile::TempDir,
-}
-
-pub(crate) const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-pub(crate) const CHROMIUM: &str = "/usr/bin/chromium";
-
-impl Chromedriver {
-    pub(crate) async fn start() -> Chromedriver {
-        use std::os::unix::process::CommandExt;
-        let port = closed_port().await;
-        let child = std::process::Command::new(CHROMEDRIVER)
-            .arg(format!("--port={port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("chromedriver starts");
-        let driver = Chromedriver {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            profile: tempfile::tempdir().expect("profile dir"),
-        };
-        let deadline = Instant::now() + PATIENCE;
-        let client = reqwest::Client::new();
-        loop {
-            if let Ok(r) = client.get(format!("{}/status", driver.url)).send().await {
-                if r.status() == 200 {
-                    return driver;
-                }
-            }
-            assert!(Instant::now() < deadline, "chromedriver never answered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    pub(crate) async fn browser(&self) -> Client {
-        let args = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-quic",
-            "--disable-dev-shm-usage",
-            "--window-size=1400,1000",
-            "--lang=en-US",
-        ]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([format!("--user-data-dir={}", self.profile.path().display())])
-        .collect::<Vec<_>>();
-        let mut capabilities = serde_json::Map::new();
-        capabilities.insert("browserName".into(), json!("chrome"));
-        capabilities.insert(
-            "goog:chromeOptions".into(),
-            json!({ "binary": CHROMIUM, "args": args }),
-        );
-        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-            .capabilities(capabilities)
-            .connect(&self.url)
-            .await
-            .expect("chromium starts under chromedriver")
-    }
-}
-
-impl Drop for Chromedriver {
-    fn drop(&mut self) {
-        // The group's id is chromedriver's pid: this ends it and the
-        // Chromium processes it started, and nothing else.
-        if let Ok(pgid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill(2) with a negative pid signals that process
-            // group; no memory is involved.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// Saves a screenshot into docs/ when asked to (`HERALD_UPDATE_SCREENSHOT=1`),
 /// so that ordinary runs leave the tree alone.
 async fn save_screenshot(browser: &Client, name: &str) {
@@ -500,38 +413,9 @@ async fn save_screenshot(browser: &Client, name: &str) {
     }
 }
 
-/// Waits (bounded) until the element's text contains `text`.
-pub(crate) async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Ok(el) = browser.find(Locator::Css(css)).await {
-            if let Ok(found) = el.text().await {
-                if found.contains(text) {
-                    return found;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "`{text}` never appeared in {css} (at {:?})",
-            browser.current_url().await.map(|u| u.to_string())
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn dashboard_in_chromium_replays_a_dead_letter() {
-    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
-        // CI installs them and sets this: there the test must run.
-        assert!(
-            std::env::var_os("HERALD_REQUIRE_BROWSER").is_none(),
-            "HERALD_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (chromium/chromedriver not installed): dashboard_in_chromium_replays_a_dead_letter"
-        );
+    if !browser_installed("dashboard_in_chromium_replays_a_dead_letter") {
         return;
     }
     let app = spawn_stepped(&[]).await;

@@ -4,7 +4,6 @@
 //! and the portal embedded in an iframe of another origin and used there.
 //! Screenshots go to `docs/portal-*.png` with `HERALD_SCREENSHOTS=1`.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use fantoccini::{Client, Locator};
 use svix::api::{Svix, SvixOptions};
 use svix::models::AppPortalAccessIn;
 
-use crate::dashboard::{wait_for_text, Chromedriver, CHROMEDRIVER, CHROMIUM};
+use crate::helpers::browser::{browser_installed, wait_for_text, Chromedriver};
 use crate::helpers::*;
 
 async fn shot(browser: &Client, name: &str) {
@@ -62,15 +61,7 @@ async fn framing_page(listener: tokio::net::TcpListener, src: Arc<Mutex<String>>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
-    if !std::path::Path::new(CHROMEDRIVER).exists() || !std::path::Path::new(CHROMIUM).exists() {
-        assert!(
-            std::env::var_os("HERALD_REQUIRE_BROWSER").is_none(),
-            "HERALD_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing"
-        );
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (chromium/chromedriver not installed): portal_in_chromium_from_an_sdk_link_to_an_embedded_frame"
-        );
+    if !browser_installed("portal_in_chromium_from_an_sdk_link_to_an_embedded_frame") {
         return;
     }
     // The operator's product, on another origin (localhost vs 127.0.0.1).

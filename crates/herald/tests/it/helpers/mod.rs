@@ -4,6 +4,7 @@
 //! the real binary (`binary`).
 
 pub mod binary;
+pub mod browser;
 pub mod postgres;
 
 pub use postgres::{postgres_url, Backend, PgSchema};

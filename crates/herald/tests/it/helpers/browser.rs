@@ -1,0 +1,135 @@
+//! Headless Chromium under chromedriver, for the tests that drive the
+//! dashboard and the portal in a real browser.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use super::{closed_port, PATIENCE};
+
+/// Whether Chromium and chromedriver are installed; when not, says that
+/// `test` is skipped (and fails where CI requires the browser:
+/// `HERALD_REQUIRE_BROWSER`).
+pub fn browser_installed(test: &str) -> bool {
+    if std::path::Path::new(CHROMEDRIVER).exists() && std::path::Path::new(CHROMIUM).exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("HERALD_REQUIRE_BROWSER").is_none(),
+        "HERALD_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing"
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED (chromium/chromedriver not installed): {test}"
+    );
+    false
+}
+
+/// chromedriver on a free local port, in its own process group so that
+/// the browsers it starts end with it.
+pub struct Chromedriver {
+    child: std::process::Child,
+    url: String,
+    profile: tempfile::TempDir,
+}
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+impl Chromedriver {
+    pub async fn start() -> Chromedriver {
+        use std::os::unix::process::CommandExt;
+        let port = closed_port().await;
+        let child = std::process::Command::new(CHROMEDRIVER)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("chromedriver starts");
+        let driver = Chromedriver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            profile: tempfile::tempdir().expect("profile dir"),
+        };
+        let deadline = Instant::now() + PATIENCE;
+        let client = reqwest::Client::new();
+        loop {
+            if let Ok(r) = client.get(format!("{}/status", driver.url)).send().await {
+                if r.status() == 200 {
+                    return driver;
+                }
+            }
+            assert!(Instant::now() < deadline, "chromedriver never answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn browser(&self) -> Client {
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-quic",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+            "--lang=en-US",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([format!("--user-data-dir={}", self.profile.path().display())])
+        .collect::<Vec<_>>();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({ "binary": CHROMIUM, "args": args }),
+        );
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("chromium starts under chromedriver")
+    }
+}
+
+impl Drop for Chromedriver {
+    fn drop(&mut self) {
+        // The group's id is chromedriver's pid: this ends it and the
+        // Chromium processes it started, and nothing else.
+        if let Ok(pgid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a negative pid signals that process
+            // group; no memory is involved.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (bounded) until the element's text contains `text`.
+pub async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(el) = browser.find(Locator::Css(css)).await {
+            if let Ok(found) = el.text().await {
+                if found.contains(text) {
+                    return found;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{text}` never appeared in {css} (at {:?})",
+            browser.current_url().await.map(|u| u.to_string())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
