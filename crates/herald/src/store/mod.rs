@@ -195,46 +195,20 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> StoreResu
 /// for every type that implements all of them. The engine holds an
 /// `Arc<dyn Store>` and calls the parts' methods on it directly; on a
 /// concrete store, bring the parts in scope with [`prelude`].
-pub trait Store:
-    Settings
-    + Apps
-    + Endpoints
-    + EventTypes
-    + Queue
-    + Replay
-    + History
-    + Finder
-    + Health
-    + Tokens
-    + Audit
-    + Retention
-    + Secrets
-    + Sessions
-    + Circuits
-    + Send
-    + Sync
-    + 'static
-{
+pub trait Store: StoreParts + Send + Sync + 'static {}
+
+impl<T> Store for T where T: StoreParts + Send + Sync + 'static {}
+
+/// The parts a [`Store`] is the sum of, listed once.
+macro_rules! store_parts {
+    ($($part:ident),+) => {
+        /// Every part of a store at once (see [`Store`]).
+        pub trait StoreParts: $($part +)+ {}
+        impl<T> StoreParts for T where T: $($part +)+ {}
+    };
 }
 
-impl<T> Store for T where
-    T: Settings
-        + Apps
-        + Endpoints
-        + EventTypes
-        + Queue
-        + Replay
-        + History
-        + Finder
-        + Health
-        + Tokens
-        + Audit
-        + Retention
-        + Secrets
-        + Sessions
-        + Circuits
-        + Send
-        + Sync
-        + 'static
-{
-}
+store_parts!(
+    Settings, Apps, Endpoints, EventTypes, Queue, Replay, History, Finder, Health, Tokens, Audit,
+    Retention, Secrets, Sessions, Circuits
+);
