@@ -108,10 +108,22 @@ pub async fn create_app(
             )));
         }
     }
+    let uid = body.uid.clone();
+    insert_app(&state, &actor, uid, body).await
+}
+
+/// Creates the application `body` describes under `uid` (checked by the
+/// caller), audited; answers 201 with it.
+async fn insert_app(
+    state: &ApiState,
+    actor: &Actor,
+    uid: Option<String>,
+    body: ApplicationIn,
+) -> ApiResult<Response> {
     let now = now_millis();
     let app = App {
         id: AppId::generate(),
-        uid: body.uid,
+        uid,
         name: body.name,
         rate_limit: body.rate_limit,
         metadata: body.metadata.unwrap_or_default(),
@@ -333,26 +345,7 @@ pub async fn put_app(
             check_not_reserved(&uid, None)?;
             check_uid_not_an_id(&uid, None)?;
             check_uid_free(&state, &uid, &AppId::generate()).await?;
-            let app = App {
-                id: AppId::generate(),
-                uid,
-                name: body.name,
-                rate_limit: body.rate_limit,
-                metadata: body.metadata.unwrap_or_default(),
-                created_at: now,
-                updated_at: now,
-            };
-            state.store.create_app(&app).await?;
-            actor
-                .record(
-                    &*state.store,
-                    "app.created",
-                    Some(&app.id),
-                    app.id.as_str(),
-                    serde_json::Value::Null,
-                )
-                .await;
-            Ok((StatusCode::CREATED, Json(ApplicationOut::from(app))).into_response())
+            insert_app(&state, &actor, uid, body).await
         }
     }
 }
