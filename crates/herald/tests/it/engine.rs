@@ -539,18 +539,13 @@ async fn on_postgres_with_two_workers(
         "herald_engine_{}",
         ulid::Ulid::new().to_string().to_ascii_lowercase()
     );
-    let out = herald()
-        .arg("migrate")
-        .env("HERALD_DATABASE_URL", &url)
-        .env("HERALD_DATABASE_SCHEMA", &schema)
-        .output()
-        .await
-        .expect("migrate runs");
-    assert!(
-        out.status.success(),
-        "migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::helpers::binary::succeeds(
+        herald()
+            .arg("migrate")
+            .env("HERALD_DATABASE_URL", &url)
+            .env("HERALD_DATABASE_SCHEMA", &schema),
+    )
+    .await;
     let port = closed_port().await;
     let spawn = |role: &str| {
         herald()

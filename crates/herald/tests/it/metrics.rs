@@ -101,12 +101,7 @@ async fn scrape(base: &str) -> String {
         .await
         .expect("herald answers /metrics");
     assert_eq!(resp.status(), 200, "no token needed for /metrics");
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = header_text(resp.headers(), "content-type");
     assert!(
         content_type.starts_with("text/plain; version=0.0.4"),
         "{content_type}"

@@ -148,12 +148,7 @@ async fn fetch_document(app: &TestApp) -> Value {
         .await
         .expect("request reaches herald");
     assert_eq!(resp.status().as_u16(), 200);
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let content_type = header_text(resp.headers(), "content-type");
     assert!(
         content_type.starts_with("application/json"),
         "{content_type}"

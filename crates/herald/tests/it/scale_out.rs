@@ -63,16 +63,7 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
     let rx_addr = w.addr;
 
     // `herald migrate` prepares the schema; nobody serves yet.
-    let out = herald(&url, &schema)
-        .arg("migrate")
-        .output()
-        .await
-        .expect("migrate runs");
-    assert!(
-        out.status.success(),
-        "migrate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::helpers::binary::succeeds(herald(&url, &schema).arg("migrate")).await;
 
     let port = closed_port().await;
     let _api: Child = herald(&url, &schema)

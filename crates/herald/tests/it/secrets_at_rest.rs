@@ -515,13 +515,7 @@ async fn rotate_with_the_binary(db: Db) {
     for (k, v) in db.env() {
         cmd.env(k, v);
     }
-    let out = cmd.output().await.expect("runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = crate::helpers::binary::succeeds(&mut cmd).await;
     assert!(stdout.contains("re-encrypted 2 endpoint rows"), "{stdout}");
     for id in [&ep, &ep2] {
         let (secret, old, headers) = db.raw(id).await;
@@ -547,8 +541,8 @@ async fn rotate_with_the_binary(db: Db) {
     for (k, v) in db.env() {
         cmd.env(k, v);
     }
-    let out = cmd.output().await.expect("runs");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("re-encrypted 0 endpoint rows"));
+    let stdout = crate::helpers::binary::succeeds(&mut cmd).await;
+    assert!(stdout.contains("re-encrypted 0 endpoint rows"), "{stdout}");
 
     // The old key alone no longer opens anything; the new one alone does.
     let err = db.start_fails(Some(&key(1))).await;

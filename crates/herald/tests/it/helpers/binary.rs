@@ -58,6 +58,22 @@ pub async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
     }
 }
 
+/// Runs `cmd` to its end (within the patience); the test fails, showing
+/// what it printed, unless it succeeds. Returns its stdout.
+pub async fn succeeds(cmd: &mut Command) -> String {
+    let out = tokio::time::timeout(PATIENCE, cmd.output())
+        .await
+        .expect("herald ends within the patience")
+        .expect("herald runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// `herald <args>` with `envs`: (exit code, stdout, stderr).
 pub async fn run(args: &[&str], envs: &[(&str, String)]) -> (Option<i32>, String, String) {
     let mut cmd = herald();
