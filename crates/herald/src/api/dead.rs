@@ -19,7 +19,7 @@ use super::error::{
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::audit::Actor;
-use crate::ids::{DeliveryId, EndpointId};
+use crate::ids::{AppId, DeliveryId, EndpointId};
 use crate::store::{now_millis, DeadFilter};
 
 #[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
@@ -93,17 +93,7 @@ pub async fn replay_dead(
     Path((_app_id, delivery_id)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let id = DeliveryId::parse(&delivery_id).ok_or(ApiError::NotFound("delivery"))?;
-    if state.store.replay_dead(&app.id, &id, now_millis()).await? {
-        state.wake.notify_one();
-        actor
-            .record(
-                &*state.store,
-                "dead.replayed",
-                Some(&app.id),
-                id.as_str(),
-                serde_json::json!({ "replayed": 1 }),
-            )
-            .await;
+    if replay_one(&state, &actor, &app.id, &id).await? {
         return Ok(accepted_empty());
     }
     match state.store.get_delivery(&app.id, &id).await? {
@@ -113,6 +103,30 @@ pub async fn replay_dead(
             d.state.as_str()
         ))),
     }
+}
+
+/// Replays `app`'s dead delivery `id`, wakes the dispatcher and records it
+/// in the audit log; false when it is not dead (or not there).
+pub(crate) async fn replay_one(
+    state: &ApiState,
+    actor: &Actor,
+    app: &AppId,
+    id: &DeliveryId,
+) -> ApiResult<bool> {
+    if !state.store.replay_dead(app, id, now_millis()).await? {
+        return Ok(false);
+    }
+    state.wake.notify_one();
+    actor
+        .record(
+            &*state.store,
+            "dead.replayed",
+            Some(app),
+            id.as_str(),
+            serde_json::json!({ "replayed": 1 }),
+        )
+        .await;
+    Ok(true)
 }
 
 #[utoipa::path(

@@ -44,18 +44,29 @@ pub async fn get_endpoint_secret(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<SecretOut>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let key = reveal_secret(&state, &actor, ep).await?;
+    Ok(Json(SecretOut { key }))
+}
+
+/// The endpoint's secret, for one who asked to see it: refused while its
+/// credentials cannot be opened; recorded in the audit log (which names
+/// the endpoint, never the secret).
+pub(crate) async fn reveal_secret(
+    state: &ApiState,
+    actor: &Actor,
+    ep: Endpoint,
+) -> ApiResult<String> {
     credentials_readable(&ep)?;
-    // Names the endpoint, never the secret.
     actor
         .record(
             &*state.store,
             "endpoint.secret_revealed",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
             Value::Null,
         )
         .await;
-    Ok(Json(SecretOut { key: ep.secret }))
+    Ok(ep.secret)
 }
 
 /// How long a rotated-out secret keeps signing unless the caller says

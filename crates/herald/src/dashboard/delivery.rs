@@ -407,20 +407,8 @@ pub async fn replay(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let id = DeliveryId::parse(&delivery_id).ok_or(DashError::NotFound("delivery"))?;
-    if state.store.replay_dead(&app.id, &id, now_millis()).await? {
-        state.wake.notify_one();
+    if crate::api::dead::replay_one(&state, &posted.session.actor(), &app.id, &id).await? {
         tracing::info!(delivery = %id, "delivery replayed from the dashboard");
-        posted
-            .session
-            .actor()
-            .record(
-                &*state.store,
-                "dead.replayed",
-                Some(&app.id),
-                id.as_str(),
-                serde_json::json!({ "replayed": 1 }),
-            )
-            .await;
         posted.session.flash("Replayed 1").await;
     } else {
         let d = state

@@ -7,7 +7,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::delivery::{attempts_table, shown_header_value};
 use super::layout::{self, ago, hourly_chart, latency, percent, when, Nav};
@@ -249,21 +249,10 @@ pub async fn secret(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    crate::api::endpoint_secrets::credentials_readable(&ep)?;
-    // Names the endpoint, never the secret.
-    session
-        .actor()
-        .record(
-            &*state.store,
-            "endpoint.secret_revealed",
-            Some(&app.id),
-            ep.id.as_str(),
-            Value::Null,
-        )
-        .await;
+    let secret = crate::api::endpoint_secrets::reveal_secret(&state, &session.actor(), ep).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        ep.secret,
+        secret,
     )
         .into_response())
 }

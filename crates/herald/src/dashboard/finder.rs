@@ -304,6 +304,31 @@ pub fn messages_table(view: &View, items: &[FoundMessage], now: Millis) -> Marku
     }
 }
 
+/// The messages page's body: the search `query` asks for, or, when its
+/// filter is wrong, why above the form (which keeps what was typed) and a
+/// 400.
+pub async fn messages_search(
+    view: &View,
+    state: &ApiState,
+    query: &MessagesQuery,
+) -> DashResult<(StatusCode, Markup)> {
+    let text = SearchText::from_query(query);
+    let cursor = Cursor::new(&query.after, &query.before);
+    let (status, found) = match search_page(view, state, &text, &cursor).await {
+        Ok(markup) => (StatusCode::OK, markup),
+        Err(DashError::BadRequest(why)) => (
+            StatusCode::BAD_REQUEST,
+            html! { div.error role="alert" { (why) } (search_form(view, &text)) },
+        ),
+        Err(other) => return Err(other),
+    };
+    let body = html! {
+        h1 { "Messages" small { "newest first" } }
+        (found)
+    };
+    Ok((status, body))
+}
+
 /// One page of a search, with its pager links.
 pub async fn search_page(
     view: &View,
@@ -591,21 +616,7 @@ pub async fn messages_page(
     Query(query): Query<MessagesQuery>,
 ) -> DashResult<Response> {
     let view = operator_view(&session);
-    let text = SearchText::from_query(&query);
-    let cursor = Cursor::new(&query.after, &query.before);
-    let (status, found) = match search_page(&view, &state, &text, &cursor).await {
-        Ok(markup) => (StatusCode::OK, markup),
-        // A wrong filter is shown above the form, which keeps what was typed.
-        Err(DashError::BadRequest(why)) => (
-            StatusCode::BAD_REQUEST,
-            html! { div.error role="alert" { (why) } (search_form(&view, &text)) },
-        ),
-        Err(other) => return Err(other),
-    };
-    let body = html! {
-        h1 { "Messages" small { "newest first" } }
-        (found)
-    };
+    let (status, body) = messages_search(&view, &state, &query).await?;
     Ok((
         status,
         layout::page(&session, "Messages", Nav::Messages, body),

@@ -140,23 +140,13 @@ impl Authed {
 }
 
 /// A session whose forms carry a CSRF token ([`Posted`] checks it).
-pub(crate) trait FormSession: Sized + Send {
-    /// The session's own extractor (a `Send` future, as axum needs).
-    fn extract(
-        parts: &mut Parts,
-        state: &ApiState,
-    ) -> impl std::future::Future<Output = Result<Self, Response>> + Send;
+pub(crate) trait FormSession:
+    FromRequestParts<ApiState, Rejection = Response> + Send
+{
     fn csrf(&self) -> &str;
 }
 
 impl FormSession for Authed {
-    fn extract(
-        parts: &mut Parts,
-        state: &ApiState,
-    ) -> impl std::future::Future<Output = Result<Self, Response>> + Send {
-        Self::from_request_parts(parts, state)
-    }
-
     fn csrf(&self) -> &str {
         &self.csrf
     }
@@ -241,7 +231,7 @@ impl<S: FormSession> FromRequest<ApiState> for Posted<S> {
 
     async fn from_request(req: Request, state: &ApiState) -> Result<Self, Response> {
         let (mut parts, body) = req.into_parts();
-        let session = S::extract(&mut parts, state).await?;
+        let session = S::from_request_parts(&mut parts, state).await?;
         let form = FormFields::from_request(Request::from_parts(parts, body), state)
             .await
             .map_err(IntoResponse::into_response)?;

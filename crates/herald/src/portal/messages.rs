@@ -4,17 +4,14 @@
 //! application's message is "not found".
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use maud::html;
 
 use super::{Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::{ApiError, ApiState};
 use crate::dashboard::finder::{
-    message_body, search_form, search_page, MessagePageQuery, MessagesQuery, Scope, SearchText,
-    View,
+    message_body, messages_search, MessagePageQuery, MessagesQuery, Scope, View,
 };
-use crate::dashboard::{see_other, Cursor, DashError};
+use crate::dashboard::{see_other, DashError};
 
 /// The session's view: its application only, links under `/portal`, resend
 /// forms only with `CreateAttempts`.
@@ -42,20 +39,7 @@ pub async fn messages(
     let view = view_of(&state, &session).await?;
     // The application comes from the session, never from the query.
     let query = MessagesQuery { app: None, ..query };
-    let text = SearchText::from_query(&query);
-    let cursor = Cursor::new(&query.after, &query.before);
-    let (status, found) = match search_page(&view, &state, &text, &cursor).await {
-        Ok(markup) => (StatusCode::OK, markup),
-        Err(DashError::BadRequest(why)) => (
-            StatusCode::BAD_REQUEST,
-            html! { div.error role="alert" { (why) } (search_form(&view, &text)) },
-        ),
-        Err(other) => return Err(other.into()),
-    };
-    let body = html! {
-        h1 { "Messages" small { "newest first" } }
-        (found)
-    };
+    let (status, body) = messages_search(&view, &state, &query).await?;
     let mut page = session.page("Messages", Nav::Messages, body);
     *page.status_mut() = status;
     Ok(page)

@@ -401,13 +401,6 @@ impl FromRequestParts<ApiState> for PortalSession {
 }
 
 impl FormSession for PortalSession {
-    fn extract(
-        parts: &mut Parts,
-        state: &ApiState,
-    ) -> impl std::future::Future<Output = Result<Self, Response>> + Send {
-        Self::from_request_parts(parts, state)
-    }
-
     fn csrf(&self) -> &str {
         &self.csrf
     }
