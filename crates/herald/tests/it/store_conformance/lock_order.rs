@@ -96,8 +96,7 @@ async fn postgres_deleting_an_app_and_completing_lock_in_one_order() {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run_postgres(|pg| async move {
-        let store: Arc<dyn Store> = pg;
+    f.run(|store| async move {
         let a = app(&store, None).await;
         endpoint(&store, &a.id, None, false).await;
         let got = claim_n(&store, &a.id, 2, T0).await;
@@ -138,8 +137,7 @@ async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run_postgres(|pg| async move {
-        let store: Arc<dyn Store> = pg;
+    f.run(|store| async move {
         let a = app(&store, None).await;
         let e = endpoint(&store, &a.id, None, false).await;
         let m = sent(&store, &a.id, "x", None).await;
@@ -175,8 +173,7 @@ async fn postgres_deleting_an_app_and_pruning_lock_in_one_order() {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run_postgres(|pg| async move {
-        let store: Arc<dyn Store> = pg;
+    f.run(|store| async move {
         let a = app(&store, None).await;
         endpoint(&store, &a.id, None, false).await;
         // The held one first by id and on disk: the deletion meets it first.

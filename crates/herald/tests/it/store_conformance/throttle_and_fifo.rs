@@ -626,8 +626,7 @@ async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_wa
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run_postgres(|pg| async move {
-        let store: Arc<dyn Store> = pg;
+    f.run(|store| async move {
         let a = app(&store, None).await;
         let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
         let (mut monitor, _) = pg_connection(&url, &schema).await;
@@ -689,8 +688,7 @@ async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run_postgres(|first| async move {
-        let store: Arc<dyn Store> = first;
+    f.run(|store| async move {
         let second = Arc::new(
             herald::store::postgres::PostgresStore::open(&url, &schema)
                 .await

@@ -27,8 +27,7 @@ async fn postgres_wakes_other_processes_on_the_same_schema() {
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
     assert_eq!(f.store.wake_channel(), format!("herald_wake_{schema}"));
-    f.run_postgres(|first| async move {
-        let store: Arc<dyn Store> = first;
+    f.run(|store| async move {
         // Another process on the same schema.
         let other = herald::store::postgres::PostgresStore::open(&url, &schema)
             .await
