@@ -456,16 +456,12 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     let paused = app
         .create_endpoint(&globex, &rx_orders.url("/globex/events"), json!({}))
         .await;
-    let (status, _) = app
-        .post(
-            &format!(
-                "/api/v1/app/{globex}/endpoint/{}/disable",
-                paused["id"].as_str().expect("id")
-            ),
-            json!({"reason": "receiver migrating to a new cluster"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    app.disable_endpoint(
+        &globex,
+        paused["id"].as_str().expect("id"),
+        json!({"reason": "receiver migrating to a new cluster"}),
+    )
+    .await;
     let deadline = Instant::now() + PATIENCE;
     while rx_orders.requests().len() < 6 || rx_flaky.requests().len() < 5 {
         app.step().await;

@@ -362,16 +362,12 @@ async fn overview_and_metrics_count_held_deliveries_apart_from_due_ones() {
     for i in 0..3 {
         send(&app, &acme, "invoice.paid", Some(&format!("inv-{i}"))).await;
     }
-    let (status, _) = app
-        .post(
-            &format!(
-                "/api/v1/app/{acme}/endpoint/{}/disable",
-                paused["id"].as_str().expect("id")
-            ),
-            json!({"reason": "receiver migrating"}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    app.disable_endpoint(
+        &acme,
+        paused["id"].as_str().expect("id"),
+        json!({"reason": "receiver migrating"}),
+    )
+    .await;
 
     let card = |html: &str, label: &str| -> String {
         let at = html

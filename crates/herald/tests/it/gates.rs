@@ -253,13 +253,7 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_disable() {
     let sends = (0..3).map(|i| app.send_message(&app_id, "order.created", json!({ "i": i })));
     let msgs = futures::future::join_all(sends).await;
     receiver.wait_for(1).await;
-    let (status, out) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/disable"),
-            json!({}),
-        )
-        .await;
-    assert!(status.is_success(), "{status} {out}");
+    app.disable_endpoint(&app_id, &ep_id, json!({})).await;
     let all = settled(&app, &app_id, &msgs).await;
     assert_eq!(
         receiver.requests().len(),
@@ -327,13 +321,7 @@ async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (status, out) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/disable"),
-            json!({}),
-        )
-        .await;
-    assert!(status.is_success(), "{status} {out}");
+    app.disable_endpoint(&app_id, &ep_id, json!({})).await;
     block.end().await;
 
     let out = send.await.expect("send task");

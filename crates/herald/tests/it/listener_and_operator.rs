@@ -613,13 +613,7 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer(
         .as_str()
         .expect("endpoint id")
         .to_owned();
-    let (status, _) = app
-        .post(
-            &format!("/api/v1/app/{mallory_id}/endpoint/{hooks}/disable"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    app.disable_endpoint(&mallory_id, &hooks, json!({})).await;
     for _ in 0..4 {
         app.step().await;
     }
@@ -759,16 +753,8 @@ async fn the_operator_app_an_earlier_herald_made_is_adopted_and_gets_no_token() 
     // It carries the events.
     let app_id = app.create_app().await;
     let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let (status, _) = app
-        .post(
-            &format!(
-                "/api/v1/app/{app_id}/endpoint/{}/disable",
-                ep["id"].as_str().expect("id")
-            ),
-            json!({}),
-        )
+    app.disable_endpoint(&app_id, ep["id"].as_str().expect("id"), json!({}))
         .await;
-    assert_eq!(status, StatusCode::OK);
     app.step().await;
     let got = ops.wait_for(2).await;
     let types: Vec<Value> = got

@@ -137,6 +137,14 @@ impl TestApp {
         body["id"].as_str().expect("app id").to_owned()
     }
 
+    /// Disables endpoint `ep` of `app` through the API, `body` giving a
+    /// reason or `{}`.
+    pub async fn disable_endpoint(&self, app: &str, ep: &str, body: Value) {
+        let path = format!("/api/v1/app/{app}/endpoint/{ep}/disable");
+        let (status, out) = self.post(&path, body).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+    }
+
     pub async fn create_endpoint(&self, app: &str, url: &str, extra: Value) -> Value {
         let mut body = serde_json::json!({ "url": url });
         if let (Some(obj), Some(more)) = (body.as_object_mut(), extra.as_object()) {

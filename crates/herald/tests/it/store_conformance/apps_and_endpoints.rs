@@ -139,11 +139,7 @@ async fn endpoint_updates_write_only_what_they_change(store: Arc<dyn Store>) {
             ..e.clone()
         }
     );
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(
         (
             status.disabled,

@@ -17,11 +17,7 @@ crate::on_both_stores!(store:
 async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(
         status,
         EndpointStatus::default(),
@@ -47,11 +43,7 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
             disabled: false,
         }]
     );
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(status.last_error.as_deref(), Some("HTTP 503"));
     assert_eq!(status.last_error_at, Some(T0 + 10));
 
@@ -82,11 +74,7 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
         (streaks[0].fail_streak, streaks[0].streak_started_at),
         (1, Some(T0 + 220))
     );
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(status.last_success_at, Some(T0 + 210));
 
     // A success last: no streak, and nothing reported.
@@ -97,11 +85,7 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
         .expect("complete")
         .streaks;
     assert!(streaks.is_empty());
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(
         (
             status.fail_streak,
@@ -235,11 +219,7 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
             .expect("disable"),
         "already disabled"
     );
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert!(status.disabled && status.auto_disabled);
     assert_eq!(
         (status.disabled_reason.as_deref(), status.disabled_at),
@@ -279,11 +259,7 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
     let resumed = claim(&store, T0 + 100_000, 10, &HashMap::new(), 10).await;
     assert_eq!(resumed.len(), 1, "the young one resumes");
     assert_eq!(resumed[0].msg_id, fresh.id);
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(
         (status.disabled, status.fail_streak, status.disabled_reason),
         (false, 0, None)
@@ -322,11 +298,7 @@ async fn enabling_an_enabled_endpoint_changes_nothing(store: Arc<dyn Store>) {
         .expect("enable")
         .expect("exists");
     assert_eq!(report, EnableReport::default());
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(
         (
             status.disabled,

@@ -158,6 +158,15 @@ pub(crate) async fn claim(
         .expect("claim")
 }
 
+/// The endpoint's health state (the test fails if it has none).
+pub(crate) async fn status_of(store: &Arc<dyn Store>, ep: &EndpointId) -> EndpointStatus {
+    store
+        .endpoint_status(ep)
+        .await
+        .expect("status")
+        .expect("the endpoint exists")
+}
+
 pub(crate) fn completion(d: &ClaimedDelivery, next: NextState, now: Millis) -> Completion {
     Completion {
         attempt: AttemptRecord {

@@ -512,11 +512,7 @@ async fn completion_stores_any_text_a_receiver_can_send(store: Arc<dyn Store>) {
         (d.state, d.last_error.as_deref()),
         (DeliveryState::Pending, Some("reset\u{FFFD}by peer"))
     );
-    let status = store
-        .endpoint_status(&e.id)
-        .await
-        .expect("status")
-        .expect("exists");
+    let status = status_of(&store, &e.id).await;
     assert_eq!(status.last_error.as_deref(), Some("reset\u{FFFD}by peer"));
     let other = store
         .get_attempt(&a.id, &plain.attempt.id)
