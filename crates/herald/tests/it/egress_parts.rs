@@ -2,7 +2,6 @@
 //! test (rcgen), an HTTPS receiver, and real proxy servers (Debian's
 //! tinyproxy and dante-server) started as child processes.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -131,18 +130,7 @@ impl HttpsReceiver {
 
 /// Skips (by name) when `binary` is missing, unless CI requires it.
 pub fn have(binary: &str, test: &str) -> bool {
-    if Path::new(binary).exists() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("HERALD_REQUIRE_PROXIES").is_none(),
-        "HERALD_REQUIRE_PROXIES is set but {binary} is missing"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED ({binary} not installed): {test}"
-    );
-    false
+    crate::helpers::installed(&[binary], "HERALD_REQUIRE_PROXIES", test)
 }
 
 pub const TINYPROXY: &str = "/usr/bin/tinyproxy";

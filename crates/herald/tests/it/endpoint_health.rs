@@ -148,13 +148,7 @@ async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
     // The age cap is measured on the store's clock: let it pass.
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
 
-    let (status, out) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/enable"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{out}");
+    let out = app.enable_endpoint(&app_id, &ep_id).await;
     assert_eq!(out["expiredDeliveries"], 1);
     assert_eq!(out["endpoint"]["disabled"], false);
     let ds = app.deliveries(&app_id, &ids[0]).await;
@@ -328,13 +322,7 @@ async fn operator_webhooks_report_disable_enable_and_exhaustion() {
     assert_eq!(exhausted["data"]["reason"], "permanent_status");
     assert_eq!(exhausted["data"]["lastAttempt"]["responseStatusCode"], 400);
 
-    let (status, _) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/enable"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
+    app.enable_endpoint(&app_id, &ep_id).await;
     app.step().await;
     let events = operator_events(&ops, secret, &["endpoint.enabled"]).await;
     let enabled = events

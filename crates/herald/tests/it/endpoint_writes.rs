@@ -123,13 +123,7 @@ async fn enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries(backend: 
     // The age cap is measured on the store's clock: let it pass.
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
 
-    let (status, out) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/enable"),
-            json!({}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{out}");
+    let out = app.enable_endpoint(&app_id, &ep_id).await;
     assert_eq!(
         (
             out["expiredDeliveries"].clone(),

@@ -1,7 +1,6 @@
 //! Headless Chromium under chromedriver, for the tests that drive the
 //! dashboard and the portal in a real browser.
 
-use std::io::Write;
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -13,18 +12,7 @@ use super::{closed_port, PATIENCE};
 /// `test` is skipped (and fails where CI requires the browser:
 /// `HERALD_REQUIRE_BROWSER`).
 pub fn browser_installed(test: &str) -> bool {
-    if std::path::Path::new(CHROMEDRIVER).exists() && std::path::Path::new(CHROMIUM).exists() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("HERALD_REQUIRE_BROWSER").is_none(),
-        "HERALD_REQUIRE_BROWSER is set but {CHROMIUM} or {CHROMEDRIVER} is missing"
-    );
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED (chromium/chromedriver not installed): {test}"
-    );
-    false
+    super::installed(&[CHROMEDRIVER, CHROMIUM], "HERALD_REQUIRE_BROWSER", test)
 }
 
 /// chromedriver on a free local port, in its own process group so that

@@ -10,6 +10,7 @@ pub mod postgres;
 pub use postgres::{postgres_url, Backend, PgSchema};
 
 use std::collections::{BTreeMap, VecDeque};
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -135,6 +136,14 @@ impl TestApp {
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["id"].as_str().expect("app id").to_owned()
+    }
+
+    /// Enables endpoint `ep` of `app` through the API; its answer.
+    pub async fn enable_endpoint(&self, app: &str, ep: &str) -> Value {
+        let path = format!("/api/v1/app/{app}/endpoint/{ep}/enable");
+        let (status, out) = self.post(&path, serde_json::json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        out
     }
 
     /// Disables endpoint `ep` of `app` through the API, `body` giving a
@@ -275,6 +284,25 @@ impl Answered for reqwest::RequestBuilder {
         let answer = self.send().await.expect("herald answers");
         answer.json().await.expect("the answer is JSON")
     }
+}
+
+/// Whether every program in `programs` is installed. When one is not, the
+/// test named `test` says on stderr that it is skipped, unless CI requires
+/// those programs (`required_by` set), where it fails instead.
+pub fn installed(programs: &[&str], required_by: &str, test: &str) -> bool {
+    let Some(missing) = programs.iter().find(|p| !std::path::Path::new(p).exists()) else {
+        return true;
+    };
+    assert!(
+        std::env::var_os(required_by).is_none(),
+        "{required_by} is set but {missing} is missing"
+    );
+    // Past the test harness's capture, so that a run shows what it skipped.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED ({missing} not installed): {test}"
+    );
+    false
 }
 
 /// A [`cookie_client`] logged in to the dashboard as the operator.
