@@ -5,13 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::egress_parts::{have, HttpsReceiver, ProxyServer, TestCa, DANTED, TINYPROXY};
-use crate::helpers::{
-    spawn_app, spawn_stepped, test_config, Answered, Receiver, TestApp, PATIENCE,
-};
+use crate::helpers::{spawn_app, spawn_stepped, test_config, Receiver, Remote, TestApp, PATIENCE};
 
 /// Waits (bounded) for the first attempt of `msg` and returns it.
 async fn first_attempt(app: &TestApp, app_id: &str, msg: &str) -> Value {
@@ -244,29 +242,9 @@ async fn behind_a_name_resolving_proxy_private_targets_are_still_refused() {
         }
     };
     let first = start(vec![]).await;
-    let client = reqwest::Client::new();
-    let base = format!("http://{}", first.addr.expect("addr"));
-    let call = |path: &str, body: Value| {
-        client
-            .post(format!("{base}{path}"))
-            .bearer_auth(crate::helpers::TOKEN)
-            .json(&body)
-            .send()
-    };
-    let app: Value = call("/api/v1/app", json!({"name": "a"}))
-        .await
-        .expect("herald")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
-    let resp = call(
-        &format!("/api/v1/app/{app_id}/endpoint"),
-        json!({"url": url}),
-    )
-    .await
-    .expect("herald");
-    assert_eq!(resp.status(), StatusCode::CREATED);
+    let app_id = Remote::new(first.addr.expect("addr"))
+        .app_with_endpoint(&url)
+        .await;
     first.shutdown().await.expect("shutdown");
 
     let proxy_url = format!("http://herald:s3cret@127.0.0.1:{}", proxy.port);
@@ -275,22 +253,20 @@ async fn behind_a_name_resolving_proxy_private_targets_are_still_refused() {
         ("HERALD_PROXY_URL", proxy_url),
     ])
     .await;
-    let base = format!("http://{}", second.addr.expect("addr"));
-    let resp = client
-        .post(format!("{base}/api/v1/app/{app_id}/msg"))
-        .bearer_auth(crate::helpers::TOKEN)
-        .json(&json!({"eventType": "user.created", "payload": {}}))
-        .send()
-        .await
-        .expect("herald");
-    assert_eq!(resp.status(), StatusCode::ACCEPTED);
-    let msg: Value = resp.json().await.expect("json");
+    let remote = Remote::new(second.addr.expect("addr"));
+    let message = json!({"eventType": "user.created", "payload": {}});
+    let (status, msg) = remote
+        .call(Method::POST, &format!("/app/{app_id}/msg"), Some(message))
+        .await;
+    assert_eq!(status, 202, "{msg}");
     let msg_id = msg["id"].as_str().expect("id");
     second.dispatcher.process_batch().await.expect("batch");
-    let attempts: Value = client
-        .get(format!("{base}/api/v1/app/{app_id}/attempt/msg/{msg_id}"))
-        .bearer_auth(crate::helpers::TOKEN)
-        .json_answer()
+    let (_, attempts) = remote
+        .call(
+            Method::GET,
+            &format!("/app/{app_id}/attempt/msg/{msg_id}"),
+            None,
+        )
         .await;
     let error = attempts["data"][0]["error"].as_str().unwrap_or_default();
     assert!(

@@ -13,10 +13,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::helpers::binary::serve;
-use crate::helpers::{Receiver, Reply, PATIENCE, TOKEN};
+use crate::helpers::{Receiver, Remote, Reply, PATIENCE, TOKEN};
 
 /// Spans received, decoded.
 #[derive(Clone, Default)]
@@ -110,28 +110,14 @@ async fn spans_go_to_an_otlp_receiver_and_the_callers_trace_reaches_the_webhook(
     .await;
     let base = format!("http://{}", proc.addr);
     let client = reqwest::Client::new();
-    let post = |path: String, body: Value| {
-        client
-            .post(format!("{base}{path}"))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-    };
-    let app: Value = post("/api/v1/app".into(), json!({"name": "traced"}))
-        .await
-        .expect("herald")
-        .json()
-        .await
-        .expect("json");
-    let app_id = app["id"].as_str().expect("id").to_owned();
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    let resp = post(
-        format!("/api/v1/app/{app_id}/endpoint"),
-        json!({"url": rx.url("/traced"), "secret": secret, "headers": {"X-Api-Key": "hidden-value-1"}}),
-    )
-    .await
-    .expect("herald");
-    assert_eq!(resp.status(), reqwest::StatusCode::CREATED);
+    let app_id = Remote::new(proc.addr)
+        .app_with_endpoint_of(json!({
+            "url": rx.url("/traced"),
+            "secret": secret,
+            "headers": {"X-Api-Key": "hidden-value-1"},
+        }))
+        .await;
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";

@@ -734,26 +734,21 @@ impl Remote {
 
     /// Creates an application with one endpoint at `url`; returns the app id.
     pub async fn app_with_endpoint(&self, url: &str) -> String {
-        let resp = self
-            .client
-            .post(format!("{}/app", self.base))
-            .bearer_auth(TOKEN)
-            .json(&serde_json::json!({"name": "remote"}))
-            .send()
+        self.app_with_endpoint_of(serde_json::json!({ "url": url }))
             .await
-            .expect("herald answers");
-        assert_eq!(resp.status(), 201);
-        let app: Value = resp.json().await.expect("json");
+    }
+
+    /// Creates an application with one endpoint made of `endpoint` (its
+    /// JSON body); returns the app id.
+    pub async fn app_with_endpoint_of(&self, endpoint: Value) -> String {
+        let post = reqwest::Method::POST;
+        let name = serde_json::json!({"name": "remote"});
+        let (status, app) = self.call(post.clone(), "/app", Some(name)).await;
+        assert_eq!(status, 201, "{app}");
         let app_id = app["id"].as_str().expect("app id").to_owned();
-        let ep = self
-            .client
-            .post(format!("{}/app/{app_id}/endpoint", self.base))
-            .bearer_auth(TOKEN)
-            .json(&serde_json::json!({ "url": url }))
-            .send()
-            .await
-            .expect("herald answers");
-        assert_eq!(ep.status(), 201);
+        let path = format!("/app/{app_id}/endpoint");
+        let (status, ep) = self.call(post, &path, Some(endpoint)).await;
+        assert_eq!(status, 201, "{ep}");
         app_id
     }
 
