@@ -139,6 +139,21 @@ pub async fn postgres(test: &str) -> Option<PgStore> {
     })
 }
 
+/// Runs `test` on a PostgreSQL store of its own (as `dyn Store`), with the
+/// URL and schema it is in, then drops the schema; without a server, says
+/// that `name` is skipped.
+pub async fn on_postgres<F, Fut>(name: &str, test: F)
+where
+    F: FnOnce(Arc<dyn Store>, String, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(f) = postgres(name).await else {
+        return;
+    };
+    let (url, schema) = (f.url.clone(), f.schema.clone());
+    f.run(|store| test(store, url, schema)).await
+}
+
 impl PgStore {
     /// Runs `test` on the store as `dyn Store`, then drops the schema.
     pub async fn run<F, Fut>(self, test: F)
