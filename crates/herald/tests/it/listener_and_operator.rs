@@ -358,14 +358,8 @@ async fn failed_dashboard_logins_are_limited_per_address_but_never_the_right_tok
 async fn the_binary_logs_failed_logins_with_the_address_and_never_the_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = closed_port().await;
-    let mut cmd = crate::helpers::binary::herald();
+    let mut cmd = crate::helpers::binary::serve_command(&dir.path().join("h.db"), port);
     let mut child = cmd
-        .arg("serve")
-        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
-        .env(
-            "HERALD_DATABASE_URL",
-            format!("sqlite://{}", dir.path().join("h.db").display()),
-        )
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_LOG", "info")
         .env("NO_COLOR", "1")

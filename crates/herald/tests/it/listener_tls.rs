@@ -9,7 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::egress_parts::TestCa;
-use crate::helpers::binary::{herald, serve};
+use crate::helpers::binary::{serve, serve_command};
 use crate::helpers::{closed_port, spawn_app, Answered, PATIENCE, TOKEN};
 
 /// A client that trusts only `ca` and keeps no connection between calls,
@@ -95,13 +95,7 @@ async fn sighup_reloads_the_listener_certificate_and_a_bad_file_keeps_the_old_on
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key) = old_ca.issue(&["localhost"]).write(dir.path(), "listener");
     let port = closed_port().await;
-    let mut child = herald()
-        .arg("serve")
-        .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
-        .env(
-            "HERALD_DATABASE_URL",
-            format!("sqlite://{}", dir.path().join("h.db").display()),
-        )
+    let mut child = serve_command(&dir.path().join("h.db"), port)
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_TLS_CERT", &cert)
         .env("HERALD_TLS_KEY", &key)

@@ -287,14 +287,8 @@ async fn the_binary_counts_accepted_messages_exactly() {
     let rx = Receiver::start().await;
     let port = closed_port().await;
     let addr = format!("127.0.0.1:{port}");
-    let mut cmd = crate::helpers::binary::herald();
+    let mut cmd = crate::helpers::binary::serve_command(&dir.path().join("h.db"), port);
     let _child = cmd
-        .arg("serve")
-        .env("HERALD_LISTEN", &addr)
-        .env(
-            "HERALD_DATABASE_URL",
-            format!("sqlite://{}", dir.path().join("h.db").display()),
-        )
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
         // No safety-net poll during the test: every claim below is one

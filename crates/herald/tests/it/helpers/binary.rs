@@ -28,14 +28,21 @@ pub struct Proc {
     pub first_line: String,
 }
 
-/// Starts `herald serve` and waits (bounded) until /healthz answers.
-pub async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
-    let port = closed_port().await;
+/// `herald serve` on 127.0.0.1:`port` over the SQLite store `db`, to be
+/// given more settings and started.
+pub fn serve_command(db: &std::path::Path, port: u16) -> Command {
     let mut cmd = herald();
     cmd.arg("serve")
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
-        .env("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()))
-        .stdout(Stdio::piped());
+        .env("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()));
+    cmd
+}
+
+/// Starts `herald serve` and waits (bounded) until /healthz answers.
+pub async fn serve(db: &std::path::Path, envs: &[(&str, &str)]) -> Proc {
+    let port = closed_port().await;
+    let mut cmd = serve_command(db, port);
+    cmd.stdout(Stdio::piped());
     for (k, v) in envs {
         cmd.env(k, v);
     }
