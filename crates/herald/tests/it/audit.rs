@@ -265,19 +265,9 @@ async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
     let browser = cookie_client();
     let wrong = "wrong-token-attempt-0123456789abcdef";
-    let resp = browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", wrong)])
-        .send()
-        .await
-        .expect("answer");
+    let resp = login_with(&browser, &app, wrong).await;
     assert_eq!(resp.status(), 401);
-    let resp = browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("answer");
+    let resp = login_with(&browser, &app, TOKEN).await;
     assert_eq!(resp.status(), 303);
     let ep_page = format!("/dashboard/app/{app_id}/endpoint/{ep_id}");
     let html = browser.get(app.url(&ep_page)).text_answer().await;

@@ -316,15 +316,6 @@ async fn connections_beyond_the_per_address_bound_are_closed_at_once() {
     app.shutdown().await;
 }
 
-async fn login_with(browser: &reqwest::Client, app: &TestApp, token: &str) -> reqwest::Response {
-    browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", token)])
-        .send()
-        .await
-        .expect("herald answers")
-}
-
 #[tokio::test]
 async fn failed_dashboard_logins_are_limited_per_address_but_never_the_right_token() {
     let app = spawn_stepped(&[("HERALD_LOGIN_FAILURE_LIMIT", "3")]).await;

@@ -308,14 +308,23 @@ pub fn installed(programs: &[&str], required_by: &str, test: &str) -> bool {
 /// A [`cookie_client`] logged in to the dashboard as the operator.
 pub async fn logged_in(app: &TestApp) -> reqwest::Client {
     let client = cookie_client();
-    let resp = client
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("herald answers");
+    let resp = login_with(&client, app, TOKEN).await;
     assert_eq!(resp.status(), 303, "logged in");
     client
+}
+
+/// The dashboard's log-in form posted from `browser` with `token`.
+pub async fn login_with(
+    browser: &reqwest::Client,
+    app: &TestApp,
+    token: &str,
+) -> reqwest::Response {
+    browser
+        .post(app.url("/dashboard/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .expect("herald answers")
 }
 
 /// Herald's API called with one bearer token: each answer is the status

@@ -264,12 +264,7 @@ async fn failed_link_exchanges_are_limited_per_address_apart_from_the_dashboard(
     // The portal's failures do not touch the dashboard's log-in limit: a
     // wrong admin token is still a plain 401 there.
     let browser = cookie_client();
-    let resp = browser
-        .post(app.url("/dashboard/login"))
-        .form(&[("token", "guess")])
-        .send()
-        .await
-        .expect("herald answers");
+    let resp = login_with(&browser, &app, "guess").await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -299,12 +294,7 @@ async fn a_session_made_by_one_process_works_in_another_on_postgres() {
         StatusCode::UNAUTHORIZED
     );
     // The dashboard's sessions too.
-    let response = browser()
-        .post(one.url("/dashboard/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("log in");
+    let response = login_with(&browser(), &one, TOKEN).await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     let dash = cookie_pair(response.headers());
     let (status, html) = page(&two, &dash, "/dashboard").await;
