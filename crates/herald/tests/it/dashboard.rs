@@ -14,16 +14,6 @@ fn location(resp: &reqwest::Response) -> String {
     header_text(resp.headers(), "location")
 }
 
-async fn get_page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
-    let resp = client
-        .get(app.url(path))
-        .send()
-        .await
-        .expect("herald answers");
-    let status = resp.status().as_u16();
-    (status, resp.text().await.expect("body"))
-}
-
 async fn post_form(
     client: &reqwest::Client,
     app: &TestApp,

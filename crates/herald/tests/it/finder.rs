@@ -12,16 +12,6 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
-async fn page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
-    let resp = client
-        .get(app.url(path))
-        .send()
-        .await
-        .expect("herald answers");
-    let status = resp.status().as_u16();
-    (status, resp.text().await.expect("body"))
-}
-
 /// The message ids a messages page links to.
 fn linked_messages(html: &str) -> BTreeSet<String> {
     html.split("/msg/")
@@ -101,7 +91,7 @@ async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
             let q = url::form_urlencoded::Serializer::new(String::new())
                 .extend_pairs(&query)
                 .finish();
-            let (status, html) = page(&client, app, &format!("/dashboard/messages?{q}")).await;
+            let (status, html) = get_page(&client, app, &format!("/dashboard/messages?{q}")).await;
             assert_eq!(status, 200, "{q}: {html}");
             linked_messages(&html)
         }
@@ -161,7 +151,7 @@ async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
         ("created_after=yesterday", "created_after:"),
         ("app=nobody", "app:"),
     ] {
-        let (status, html) = page(&client, &app, &format!("/dashboard/messages?{query}")).await;
+        let (status, html) = get_page(&client, &app, &format!("/dashboard/messages?{query}")).await;
         assert_eq!(status, 400, "{query}");
         assert!(html.contains(field), "{query}: {html}");
         assert!(
@@ -174,7 +164,7 @@ async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
     for i in 0..55 {
         send(&app, &other, "bulk.event", Some(&format!("bulk-{i}"))).await;
     }
-    let (_, first) = page(&client, &app, "/dashboard/messages?event_type=bulk.event").await;
+    let (_, first) = get_page(&client, &app, "/dashboard/messages?event_type=bulk.event").await;
     let first_ids = linked_messages(&first);
     assert_eq!(first_ids.len(), 50);
     let older = first
@@ -184,7 +174,7 @@ async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
         .and_then(|rest| rest.split('"').next())
         .expect("an Older link")
         .replace("&amp;", "&");
-    let (status, second) = page(&client, &app, &older).await;
+    let (status, second) = get_page(&client, &app, &older).await;
     assert_eq!(status, 200);
     let second_ids = linked_messages(&second);
     assert_eq!(second_ids.len(), 5);
@@ -211,7 +201,8 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     let client = logged_in(&app).await;
     // By id and by eventId alike.
     for key in [msg.as_str(), "inv-42"] {
-        let (status, html) = page(&client, &app, &format!("/dashboard/app/acme/msg/{key}")).await;
+        let (status, html) =
+            get_page(&client, &app, &format!("/dashboard/app/acme/msg/{key}")).await;
         assert_eq!(status, 200, "{html}");
         assert!(html.contains(&msg));
         assert!(
@@ -235,9 +226,9 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
         assert!(html.contains("Resend"));
     }
     // Another application's path: as if the message did not exist.
-    let (status, _) = page(&client, &app, &format!("/dashboard/app/{other}/msg/{msg}")).await;
+    let (status, _) = get_page(&client, &app, &format!("/dashboard/app/{other}/msg/{msg}")).await;
     assert_eq!(status, 404);
-    let (status, _) = page(
+    let (status, _) = get_page(
         &client,
         &app,
         &format!("/dashboard/app/{acme}/msg/msg_nothing"),
@@ -246,7 +237,7 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     assert_eq!(status, 404);
 
     // Resend: a POST with the session's CSRF token, through the API's resend.
-    let (_, html) = page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
+    let (_, html) = get_page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
     let csrf = csrf_of(&html);
     let action = format!("/dashboard/app/{acme}/msg/{msg}/endpoint/{ep_id}/resend");
     assert!(html.contains(&action), "{html}");
@@ -280,7 +271,7 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     let attempts = app.attempts_of_msg(&acme, &msg).await;
     assert_eq!(attempts.len(), 3);
     assert_eq!(attempts[2]["triggerType"], 1, "a manual attempt");
-    let (_, html) = page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
+    let (_, html) = get_page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
     assert!(html.contains("Resent"), "the flash says so");
     assert!(html.contains("manual"));
 
@@ -308,7 +299,7 @@ async fn applications_lead_to_their_endpoints_and_messages() {
         .await;
     let client = logged_in(&app).await;
 
-    let (status, html) = page(&client, &app, "/dashboard/apps").await;
+    let (status, html) = get_page(&client, &app, "/dashboard/apps").await;
     assert_eq!(status, 200);
     assert!(html.contains("Acme Shop") && html.contains("Initech"));
     assert!(
@@ -320,23 +311,23 @@ async fn applications_lead_to_their_endpoints_and_messages() {
         "in the navigation"
     );
     for q in ["acme", "ACME", "Shop", &acme] {
-        let (status, html) = page(&client, &app, &format!("/dashboard/apps?q={q}")).await;
+        let (status, html) = get_page(&client, &app, &format!("/dashboard/apps?q={q}")).await;
         assert_eq!(status, 200);
         assert!(html.contains(&format!("/dashboard/app/{acme}\"")), "{q}");
         assert!(!html.contains("Initech"), "{q}: {html}");
     }
-    let (_, html) = page(&client, &app, "/dashboard/apps?q=globex").await;
+    let (_, html) = get_page(&client, &app, "/dashboard/apps?q=globex").await;
     assert!(html.contains("No application matches"));
 
     for key in [acme.as_str(), "acme"] {
-        let (status, html) = page(&client, &app, &format!("/dashboard/app/{key}")).await;
+        let (status, html) = get_page(&client, &app, &format!("/dashboard/app/{key}")).await;
         assert_eq!(status, 200, "{html}");
         assert!(html.contains(&format!("/dashboard/app/{acme}/endpoint/{ep_id}")));
         assert!(html.contains("/acme/hooks"));
         assert!(!html.contains("/initech/hooks"), "only its own endpoints");
         assert!(html.contains(&format!("/dashboard/messages?app={acme}")));
     }
-    let (status, _) = page(&client, &app, "/dashboard/app/nobody").await;
+    let (status, _) = get_page(&client, &app, "/dashboard/app/nobody").await;
     assert_eq!(status, 404);
     app.shutdown().await;
 }
@@ -379,7 +370,7 @@ async fn overview_and_metrics_count_held_deliveries_apart_from_due_ones() {
         rest[start..start + rest[start..].find('<').expect("end")].to_owned()
     };
     let client = logged_in(&app).await;
-    let (_, html) = page(&client, &app, "/dashboard").await;
+    let (_, html) = get_page(&client, &app, "/dashboard").await;
     assert_eq!(card(&html, "Due now"), "3", "the open endpoint's three");
     assert_eq!(card(&html, "Held"), "3", "the disabled endpoint's three");
     assert_eq!(card(&html, "Pending"), "6");
@@ -396,7 +387,7 @@ async fn overview_and_metrics_count_held_deliveries_apart_from_due_ones() {
     // ones do not look like a stuck queue.
     deliver_until(&app, &rx, 3).await;
     app.step().await;
-    let (_, html) = page(&client, &app, "/dashboard").await;
+    let (_, html) = get_page(&client, &app, "/dashboard").await;
     assert_eq!(card(&html, "Due now"), "0");
     assert_eq!(card(&html, "Oldest due"), "–");
     assert_eq!(card(&html, "Held"), "3");

@@ -313,6 +313,18 @@ pub async fn logged_in(app: &TestApp) -> reqwest::Client {
     client
 }
 
+/// `GET path` from `client` (a browser, with its cookies): the status and
+/// the page.
+pub async fn get_page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
+    let resp = client
+        .get(app.url(path))
+        .send()
+        .await
+        .expect("herald answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("body"))
+}
+
 /// The dashboard's log-in form posted from `browser` with `token`.
 pub async fn login_with(
     browser: &reqwest::Client,
