@@ -253,7 +253,7 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_disable() {
     let sends = (0..3).map(|i| app.send_message(&app_id, "order.created", json!({ "i": i })));
     let msgs = futures::future::join_all(sends).await;
     receiver.wait_for(1).await;
-    app.disable_endpoint(&app_id, &ep_id, json!({})).await;
+    app.disable_endpoint(&app_id, ep_id, json!({})).await;
     let all = settled(&app, &app_id, &msgs).await;
     assert_eq!(
         receiver.requests().len(),

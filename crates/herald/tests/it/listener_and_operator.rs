@@ -598,7 +598,7 @@ async fn a_customer_app_holding_the_operator_uid_stays_a_customer(
         .as_str()
         .expect("endpoint id")
         .to_owned();
-    app.disable_endpoint(&mallory_id, &hooks, json!({})).await;
+    app.disable_endpoint(mallory_id, &hooks, json!({})).await;
     for _ in 0..4 {
         app.step().await;
     }
