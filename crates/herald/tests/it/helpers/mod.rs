@@ -1,7 +1,8 @@
 //! What every test shares, written once: `spawn_app()` (Herald in this
-//! process), a scriptable receiver, small waiting helpers; the PostgreSQL
-//! fixture and the macro that runs a test on both stores (`postgres`);
-//! the real binary (`binary`).
+//! process, called as `app.get(…)` or `app.as_token(t).post(…)`), a
+//! scriptable receiver, small waiting helpers; the PostgreSQL fixture and
+//! the macro that runs a test on both stores (`postgres`); the real binary
+//! (`binary`); headless Chromium (`browser`).
 
 pub mod binary;
 pub mod browser;
