@@ -219,15 +219,8 @@ async fn the_message_page_resends_only_with_create_attempts() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.contains("inv-42"), "the payload is shown: {body}");
     assert!(!body.contains("/resend"), "no resend form: {body}");
-    let csrf = session_csrf(&app, &viewer).await;
-    let refused = browser()
-        .post(app.url(&resend))
-        .header("cookie", &viewer)
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let (status, _) = post_form(&app, &viewer, &resend, &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
 
     let (_, out) = access(
         &app,
@@ -238,15 +231,8 @@ async fn the_message_page_resends_only_with_create_attempts() {
     let operator = open_link(&app, out["url"].as_str().expect("url")).await;
     let (_, body) = page(&app, &operator, &format!("/portal/msg/{msg}")).await;
     assert!(body.contains(&resend), "the resend form: {body}");
-    let csrf = session_csrf(&app, &operator).await;
-    let done = browser()
-        .post(app.url(&resend))
-        .header("cookie", &operator)
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("post");
-    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let (status, _) = post_form(&app, &operator, &resend, &[]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
     let got = rx.wait_for(2).await;
     assert_eq!(got.len(), 2, "one more attempt reached the receiver");
     assert_eq!(got[1].header("x-attempt"), "2");

@@ -50,10 +50,10 @@ async fn open_link(app: &TestApp, url: &str) -> String {
     assert_eq!(headers["location"], "/portal");
     assert_eq!(headers["referrer-policy"], "no-referrer");
     assert_eq!(headers["cache-control"], "no-store");
-    let cookie = headers["set-cookie"].to_str().expect("text").to_owned();
+    let cookie = header_text(headers, "set-cookie");
     assert!(cookie.contains("HttpOnly"), "{cookie}");
     assert!(cookie.contains("Path=/portal"), "{cookie}");
-    cookie.split(';').next().expect("name=value").to_owned()
+    cookie_pair(headers)
 }
 
 async fn page(app: &TestApp, cookie: &str, path: &str) -> (StatusCode, String) {

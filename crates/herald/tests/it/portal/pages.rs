@@ -131,7 +131,7 @@ async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
         cookie.contains("SameSite=None; Secure; Partitioned"),
         "{cookie}"
     );
-    let cookie = cookie.split(';').next().expect("pair").to_owned();
+    let cookie = cookie_pair(response.headers());
     let response = browser()
         .get(app.url("/portal"))
         .header("cookie", &cookie)
@@ -163,7 +163,7 @@ async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
         .expect("GET");
     let cookie = header_text(response.headers(), "set-cookie");
     assert!(cookie.contains("SameSite=Lax"), "{cookie}");
-    let cookie = cookie.split(';').next().expect("pair").to_owned();
+    let cookie = cookie_pair(response.headers());
     let response = browser()
         .get(plain.url("/portal"))
         .header("cookie", &cookie)
