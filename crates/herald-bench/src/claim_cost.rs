@@ -32,7 +32,7 @@ struct ClaimCost {
 /// what it finds (leased for an hour, so they stay out of the next one's
 /// way), and `next_due_at`.
 async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::Result<ClaimCost> {
-    use herald::ids::{AppId, MsgId};
+    use herald::ids::AppId;
     use herald::store::{App, ClaimRequest, Endpoint, NewMessage};
 
     let dir = tempfile::tempdir()?;
@@ -67,19 +67,9 @@ async fn claim_cost_run(target: &Target, overdue: usize, held: bool) -> anyhow::
         async move {
             let step = span / i64::try_from(messages.max(1)).unwrap_or(i64::MAX);
             let all: Vec<NewMessage> = (0..messages)
-                .map(|i| NewMessage {
-                    id: MsgId::generate(),
-                    app_id: app.clone(),
-                    event_type: "bench.event".to_owned(),
-                    event_id: None,
-                    payload: "{}".to_owned(),
-                    channels: None,
-                    created_at: from + step * i64::try_from(i).unwrap_or(0),
-                    traceparent: None,
-                    tags: None,
-                    deliver_at: None,
-                    payload_expires_at: None,
-                    application: None,
+                .map(|i| {
+                    let at = from + step * i64::try_from(i).unwrap_or(0);
+                    NewMessage::plain(&app, "bench.event", "{}".to_owned(), at)
                 })
                 .collect();
             for chunk in all.chunks(500) {

@@ -239,7 +239,7 @@ async fn seed(
     n: usize,
     t0: i64,
 ) -> anyhow::Result<()> {
-    use herald::ids::{AttemptId, MsgId};
+    use herald::ids::AttemptId;
     use herald::store::{AttemptRecord, ClaimRequest, Completion, NewMessage, NextState};
 
     let step = 86_400_000 / i64::try_from(n.max(1))?;
@@ -247,19 +247,13 @@ async fn seed(
     while from < n {
         let to = (from + READS_BATCH).min(n);
         let batch: Vec<NewMessage> = (from..to)
-            .map(|i| NewMessage {
-                id: MsgId::generate(),
-                app_id: app.clone(),
-                event_type: format!("bench.event.{}", i % endpoints),
-                event_id: Some(format!("evt-{i}")),
-                payload: "{\"n\":1}".to_owned(),
-                channels: None,
-                created_at: t0 + step * i64::try_from(i).unwrap_or(0),
-                traceparent: None,
-                tags: None,
-                deliver_at: None,
-                payload_expires_at: None,
-                application: None,
+            .map(|i| {
+                let event_type = format!("bench.event.{}", i % endpoints);
+                let at = t0 + step * i64::try_from(i).unwrap_or(0);
+                NewMessage {
+                    event_id: Some(format!("evt-{i}")),
+                    ..NewMessage::plain(app, &event_type, "{\"n\":1}".to_owned(), at)
+                }
             })
             .collect();
         store.insert_messages(&batch).await?;

@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::config::Config;
-use crate::ids::{AppId, EndpointId, MsgId};
+use crate::ids::{AppId, EndpointId};
 use crate::store::{
     now_millis, App, ClaimedDelivery, Completion, EnableReport, Endpoint, EndpointChanges, Millis,
     NewMessage, NextState, PageReq, Store, StoreError, StoreResult,
@@ -151,24 +151,13 @@ impl Operator {
         let now = now_millis();
         let messages: Vec<NewMessage> = events
             .into_iter()
-            .map(|(event_type, data)| NewMessage {
-                id: MsgId::generate(),
-                app_id: app.clone(),
-                event_type: event_type.to_owned(),
-                event_id: None,
-                payload: json!({
+            .map(|(event_type, data)| {
+                let payload = json!({
                     "type": event_type,
                     "timestamp": crate::store::rfc3339(now),
                     "data": data,
-                })
-                .to_string(),
-                channels: None,
-                created_at: now,
-                traceparent: None,
-                tags: None,
-                deliver_at: None,
-                payload_expires_at: None,
-                application: None,
+                });
+                NewMessage::plain(app, event_type, payload.to_string(), now)
             })
             .collect();
         match self.store.insert_messages(&messages).await {

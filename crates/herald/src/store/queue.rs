@@ -104,6 +104,25 @@ pub struct NewMessage {
 }
 
 impl NewMessage {
+    /// A message of `app` with a fresh id and nothing optional set (no
+    /// `eventId`, channels, tags, schedule or trace).
+    pub fn plain(app: &AppId, event_type: &str, payload: String, created_at: Millis) -> Self {
+        NewMessage {
+            id: MsgId::generate(),
+            app_id: app.clone(),
+            event_type: event_type.to_owned(),
+            event_id: None,
+            payload,
+            channels: None,
+            created_at,
+            traceparent: None,
+            tags: None,
+            deliver_at: None,
+            payload_expires_at: None,
+            application: None,
+        }
+    }
+
     /// When its deliveries are first due and their retry cycle (and so the
     /// age cap) starts: `deliver_at`, or creation when that is sooner.
     pub fn due_at(&self) -> Millis {

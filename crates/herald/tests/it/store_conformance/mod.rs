@@ -108,18 +108,8 @@ pub(crate) async fn endpoint(
 
 pub(crate) fn message(app: &AppId, event_type: &str, event_id: Option<&str>) -> NewMessage {
     NewMessage {
-        id: MsgId::generate(),
-        app_id: app.clone(),
-        event_type: event_type.into(),
         event_id: event_id.map(str::to_owned),
-        payload: r#"{"a": 1}"#.into(),
-        created_at: T0,
-        traceparent: None,
-        tags: None,
-        deliver_at: None,
-        payload_expires_at: None,
-        application: None,
-        channels: None,
+        ..NewMessage::plain(app, event_type, r#"{"a": 1}"#.into(), T0)
     }
 }
 
