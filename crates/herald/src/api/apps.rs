@@ -108,22 +108,16 @@ pub async fn create_app(
             )));
         }
     }
-    let uid = body.uid.clone();
-    insert_app(&state, &actor, uid, body).await
+    insert_app(&state, &actor, body).await
 }
 
-/// Creates the application `body` describes under `uid` (checked by the
+/// Creates the application `body` describes (its uid checked by the
 /// caller), audited; answers 201 with it.
-async fn insert_app(
-    state: &ApiState,
-    actor: &Actor,
-    uid: Option<String>,
-    body: ApplicationIn,
-) -> ApiResult<Response> {
+async fn insert_app(state: &ApiState, actor: &Actor, body: ApplicationIn) -> ApiResult<Response> {
     let now = now_millis();
     let app = App {
         id: AppId::generate(),
-        uid,
+        uid: body.uid,
         name: body.name,
         rate_limit: body.rate_limit,
         metadata: body.metadata.unwrap_or_default(),
@@ -345,7 +339,7 @@ pub async fn put_app(
             check_not_reserved(&uid, None)?;
             check_uid_not_an_id(&uid, None)?;
             check_uid_free(&state, &uid, &AppId::generate()).await?;
-            insert_app(&state, &actor, uid, body).await
+            insert_app(&state, &actor, ApplicationIn { uid, ..body }).await
         }
     }
 }
