@@ -21,8 +21,7 @@ impl Apps for PostgresStore {
         .bind(app.created_at)
         .bind(app.updated_at)
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(())
     }
 
@@ -39,8 +38,7 @@ impl Apps for PostgresStore {
         .bind(app.updated_at)
         .bind(app.id.as_str())
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -51,17 +49,16 @@ impl Apps for PostgresStore {
         // last the attempts and stats buckets. Deleting the stats before the
         // endpoints, as this once did, closed a cycle with a completer that
         // held an endpoint and was adding to its bucket.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // The application's row lock makes a concurrent ingest (which takes
         // KEY SHARE on it) wait and then find it gone, and lets one that
         // committed before show its messages to the statements below.
         let found = sqlx::query("SELECT 1 FROM applications WHERE id = $1 FOR UPDATE")
             .bind(id.as_str())
             .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         if found.is_none() {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(false);
         }
         // Waits for the completers holding them: their stats and attempts
@@ -70,8 +67,7 @@ impl Apps for PostgresStore {
             sqlx::query_scalar("SELECT id FROM endpoints WHERE app_id = $1 ORDER BY id FOR UPDATE")
                 .bind(id.as_str())
                 .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
         // Before the deliveries go: retention locks a message, then its
         // deliveries.
         sqlx::query(
@@ -79,14 +75,12 @@ impl Apps for PostgresStore {
         )
         .bind(id.as_str())
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         // Endpoints, their deliveries and tokens cascade.
         sqlx::query("DELETE FROM applications WHERE id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         // Attempts are history without a foreign key, found through the
         // messages (indexed), which carry none either (migration 0008).
         sqlx::query(
@@ -94,19 +88,16 @@ impl Apps for PostgresStore {
         )
         .bind(id.as_str())
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         sqlx::query("DELETE FROM endpoint_stats WHERE endpoint_id = ANY($1)")
             .bind(&endpoints)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         sqlx::query("DELETE FROM messages WHERE app_id = $1")
             .bind(id.as_str())
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+            .await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -117,8 +108,7 @@ impl Apps for PostgresStore {
         )))
         .bind(id_or_uid)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(app_from_row).transpose()
     }
 
@@ -173,13 +163,11 @@ pub(super) async fn create_inline_apps(
     .bind(apps.iter().map(|a| a.created_at).collect::<Vec<_>>())
     .bind(apps.iter().map(|a| a.updated_at).collect::<Vec<_>>())
     .execute(&mut *tx)
-    .await
-    .map_err(map_err)?;
+    .await?;
     let rows = sqlx::query("SELECT id, uid FROM applications WHERE uid = ANY($1)")
         .bind(&uids)
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
     let mut id_of: HashMap<String, String> = HashMap::new();
     for r in &rows {
         id_of.insert(get(r, "uid")?, get(r, "id")?);

@@ -19,8 +19,7 @@ impl Audit for PostgresStore {
         .bind(&entry.source)
         .bind(to_json(&entry.details)?)
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(())
     }
 

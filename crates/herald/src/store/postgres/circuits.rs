@@ -30,8 +30,7 @@ impl Circuits for PostgresStore {
             "SELECT id, app_id, {CIRCUIT_COLUMNS} FROM endpoints WHERE circuit_state <> 0"
         )))
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         map_rows(&rows, |r| {
             Ok(EndpointCircuit {
                 endpoint_id: EndpointId::from_trusted(get(r, "id")?),
@@ -47,8 +46,7 @@ impl Circuits for PostgresStore {
         )))
         .bind(ep.as_str())
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(circuit_of_pg_row).transpose()
     }
 
@@ -76,8 +74,7 @@ impl Circuits for PostgresStore {
         .bind(seen.since)
         .bind(seen.probe_by.as_deref())
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?
+        .await?
         .rows_affected();
         Ok(n == 1)
     }

@@ -26,7 +26,7 @@ pub struct PgEnd {
 impl PgEnd {
     pub async fn connect(url: &str, schema: &str) -> StoreResult<PgEnd> {
         let ident = quote_ident(schema)?;
-        let conn = PgConnection::connect(url).await.map_err(map_err)?;
+        let conn = PgConnection::connect(url).await?;
         Ok(PgEnd {
             conn,
             schema: schema.to_owned(),
@@ -46,8 +46,7 @@ impl PgEnd {
             self.ident
         )))
         .fetch_one(&mut self.conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let tokens = wake.replacen("herald_wake_", "herald_tok_", 1);
         sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \
@@ -79,7 +78,7 @@ impl PgEnd {
         rows: &[CopyRow],
         last: &[CopyValue],
     ) -> StoreResult<u64> {
-        let mut tx = self.conn.begin().await.map_err(map_err)?;
+        let mut tx = self.conn.begin().await?;
         let done = insert_page(&mut tx, &self.schema, table, rows).await?;
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {}.settings (key, value) VALUES ($1, $2) \
@@ -89,9 +88,8 @@ impl PgEnd {
         .bind(progress_setting(table))
         .bind(encode_key(last))
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+        .await?;
+        tx.commit().await?;
         Ok(done)
     }
 
@@ -103,8 +101,7 @@ impl PgEnd {
             self.ident, table.name
         )))
         .fetch_one(&mut self.conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -176,8 +173,7 @@ impl PgEnd {
             s = self.ident
         )))
         .fetch_all(&mut self.conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(rows
             .into_iter()
             .map(|(e, state, held, n)| ((e, i64::from(state), held), n))
@@ -269,7 +265,7 @@ async fn insert_statement(
             };
         }
     }
-    let done = query.execute(&mut *conn).await.map_err(map_err)?;
+    let done = query.execute(&mut *conn).await?;
     Ok(done.rows_affected())
 }
 
@@ -327,7 +323,7 @@ pub async fn read_page(
         };
     }
     query = query.bind(i64::try_from(limit).unwrap_or(i64::MAX));
-    let rows = query.fetch_all(&mut *conn).await.map_err(map_err)?;
+    let rows = query.fetch_all(&mut *conn).await?;
     rows.iter()
         .map(|r| {
             columns
@@ -336,16 +332,13 @@ pub async fn read_page(
                 .map(|(i, c)| {
                     Ok(match c.kind {
                         ColumnKind::Int => r
-                            .try_get::<Option<i64>, _>(i)
-                            .map_err(map_err)?
+                            .try_get::<Option<i64>, _>(i)?
                             .map_or(CopyValue::Null, CopyValue::Int),
                         ColumnKind::Bool | ColumnKind::Parking => r
-                            .try_get::<Option<bool>, _>(i)
-                            .map_err(map_err)?
+                            .try_get::<Option<bool>, _>(i)?
                             .map_or(CopyValue::Null, CopyValue::Bool),
                         _ => r
-                            .try_get::<Option<String>, _>(i)
-                            .map_err(map_err)?
+                            .try_get::<Option<String>, _>(i)?
                             .map_or(CopyValue::Null, CopyValue::Text),
                     })
                 })

@@ -44,8 +44,7 @@ pub(super) async fn fold(pool: &sqlx::PgPool) -> StoreResult<u64> {
         let row = sqlx::query(FOLD_SQL)
             .bind(FOLD_BATCH)
             .fetch_one(pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         let taken: i64 = get(&row, "taken")?;
         total = total.saturating_add(u64::try_from(taken).unwrap_or(0));
         if taken < FOLD_BATCH {

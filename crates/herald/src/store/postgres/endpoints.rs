@@ -56,8 +56,7 @@ impl Endpoints for PostgresStore {
         ))
         .bind(ep.ordering.as_str())
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(())
     }
 
@@ -69,8 +68,7 @@ impl Endpoints for PostgresStore {
         .bind(app.as_str())
         .bind(id_or_uid)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref()
             .map(|r| endpoint_from_row(r, &self.keys))
             .transpose()
@@ -156,8 +154,7 @@ impl Endpoints for PostgresStore {
         .bind(app.as_str())
         .bind(changes.ordering.map(EndpointOrdering::as_str))
         .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(updated == 1)
     }
 
@@ -181,8 +178,7 @@ impl Endpoints for PostgresStore {
         .bind(ep.as_str())
         .bind(app.as_str())
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -192,8 +188,7 @@ impl Endpoints for PostgresStore {
             .bind(id.as_str())
             .bind(app.as_str())
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -201,8 +196,7 @@ impl Endpoints for PostgresStore {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM endpoints WHERE app_id = $1")
             .bind(app.as_str())
             .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -214,15 +208,14 @@ impl Endpoints for PostgresStore {
         grace_until: Millis,
         now: Millis,
     ) -> StoreResult<bool> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "SELECT secret, old_secrets FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
         )
         .bind(ep.as_str())
         .bind(app.as_str())
         .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let Some(row) = row else { return Ok(false) };
         let id = ep.as_str();
         let secret = open_or_fail(
@@ -252,9 +245,8 @@ impl Endpoints for PostgresStore {
         .bind(now)
         .bind(ep.as_str())
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+        .await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -264,8 +256,7 @@ impl Endpoints for PostgresStore {
         )))
         .bind(ep.as_str())
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(status_from_row).transpose()
     }
 
@@ -301,8 +292,7 @@ impl Endpoints for PostgresStore {
         .bind(ep.as_str())
         .bind(streak_started_at)
         .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(n == 1)
     }
 
@@ -313,20 +303,19 @@ impl Endpoints for PostgresStore {
         now: Millis,
         too_old_before: Millis,
     ) -> StoreResult<Option<EnableReport>> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         let was: Option<bool> = sqlx::query_scalar(
             "SELECT disabled FROM endpoints WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
         )
         .bind(ep.as_str())
         .bind(app.as_str())
         .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let Some(was) = was else { return Ok(None) };
         if !was {
             // Nothing is held for an enabled endpoint: the age cap at
             // enable is for deliveries that waited while it was off.
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(Some(EnableReport::default()));
         }
         sqlx::query(
@@ -336,8 +325,7 @@ impl Endpoints for PostgresStore {
         .bind(now)
         .bind(ep.as_str())
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         // Held past the age cap: dead now, and replayable like any other.
         let expired = sqlx::query(
             "UPDATE deliveries SET state = 3, dead_reason = 'too_old', held = FALSE, parked = FALSE, \
@@ -348,15 +336,14 @@ impl Endpoints for PostgresStore {
         .bind(ep.as_str())
         .bind(too_old_before)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
+        .await?
         .rows_affected();
         // Its held deliveries are claimable again. (The row lock above
         // waited for any claim holding more of them: these statements
         // see what it held.)
         unhold(&mut tx, ep).await?;
         self.notify_in(&mut tx).await?;
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(Some(EnableReport {
             was_disabled: true,
             expired,

@@ -20,8 +20,7 @@ impl EventTypes for PostgresStore {
         .bind(et.created_at)
         .bind(et.updated_at)
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::Conflict(format!(
                 "an event type named `{}` already exists",
@@ -35,8 +34,7 @@ impl EventTypes for PostgresStore {
         let row = sqlx::query("SELECT * FROM event_types WHERE name = $1")
             .bind(name)
             .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         row.as_ref().map(event_type_from_row).transpose()
     }
 
@@ -68,8 +66,7 @@ impl EventTypes for PostgresStore {
         .bind(et.updated_at)
         .bind(&et.name)
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -77,8 +74,7 @@ impl EventTypes for PostgresStore {
         let done = sqlx::query("DELETE FROM event_types WHERE name = $1")
             .bind(name)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -33,8 +33,7 @@ impl Finder for PostgresStore {
         )
         .bind(&ids)
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let counts = map_rows(&rows, |r| {
             Ok((
                 get::<String>(r, "msg_id")?,

@@ -32,8 +32,7 @@ impl Health for PostgresStore {
         )
         .bind(ep.as_str())
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let mut counts = DeliveryCounts::default();
         for r in &rows {
             counts.set(i64::from(get::<i16>(r, "state")?), get::<i64>(r, "n")?);
@@ -52,8 +51,7 @@ impl Health for PostgresStore {
         .bind(ep.as_str())
         .bind(since)
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         map_rows(&rows, stats_from_row)
     }
 
@@ -74,8 +72,7 @@ impl Health for PostgresStore {
         .bind(&ids)
         .bind(since)
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let found = rows
             .iter()
             .map(|r| Ok((get::<String>(r, "endpoint_id")?, stats_from_row(r)?)))
@@ -100,8 +97,7 @@ impl Health for PostgresStore {
         .bind(i64_of(limit))
         .bind(i64_of(offset))
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         rows.iter()
             .map(|r| {
                 Ok(EndpointOverview {
@@ -131,8 +127,7 @@ impl Health for PostgresStore {
              ) c JOIN endpoints e ON e.id = c.endpoint_id GROUP BY c.state, c.held",
         )
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let u = |n: i64| u64::try_from(n).unwrap_or(0);
         let mut stats = QueueStats::default();
         for r in &totals {
@@ -167,8 +162,7 @@ impl Health for PostgresStore {
         .bind(now)
         .bind(cap)
         .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         // Parked rows (out of the claim index, see `claim`) are due too.
         stats.due = u(get::<i64>(&row, "due")? + get::<i64>(&row, "parked")?).min(DUE_COUNT_CAP);
         stats.oldest_due_at = [

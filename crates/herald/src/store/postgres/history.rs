@@ -23,8 +23,7 @@ impl History for PostgresStore {
         .bind(app.as_str())
         .bind(id_or_event_id)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(message_from_row).transpose()
     }
 
@@ -36,8 +35,7 @@ impl History for PostgresStore {
         .bind(id.as_str())
         .bind(app.as_str())
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(delivery_from_row).transpose()
     }
 
@@ -53,8 +51,7 @@ impl History for PostgresStore {
         .bind(msg.as_str())
         .bind(app.as_str())
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         map_rows(&rows, delivery_from_row)
     }
 
@@ -85,8 +82,7 @@ impl History for PostgresStore {
         .bind(id.as_str())
         .bind(app.as_str())
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(attempt_from_row).transpose()
     }
 

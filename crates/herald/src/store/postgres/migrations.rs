@@ -4,7 +4,7 @@
 
 use sqlx::{Connection, PgConnection};
 
-use super::{map_err, quote_ident, MIGRATOR};
+use super::{quote_ident, MIGRATOR};
 use crate::store::{Migration, MigrationStatus, StoreResult};
 
 /// The newest schema version this binary knows.
@@ -16,19 +16,17 @@ pub fn newest_version() -> i64 {
 /// schema or its bookkeeping table does not exist yet).
 pub async fn status(url: &str, schema: &str) -> StoreResult<MigrationStatus> {
     let table = format!("{}._sqlx_migrations", quote_ident(schema)?);
-    let mut conn = PgConnection::connect(url).await.map_err(map_err)?;
+    let mut conn = PgConnection::connect(url).await?;
     let exists: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
         .bind(&table)
         .fetch_one(&mut conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
     let done: Vec<i64> = if exists.is_some() {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT version FROM {table} WHERE success ORDER BY version"
         )))
         .fetch_all(&mut conn)
-        .await
-        .map_err(map_err)?
+        .await?
     } else {
         Vec::new()
     };

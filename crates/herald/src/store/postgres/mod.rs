@@ -92,6 +92,14 @@ pub struct PostgresStore {
     keys: Arc<crate::crypto::Keyring>,
 }
 
+/// Lets `?` classify a driver error (conflict, parent gone, unavailable)
+/// where each statement would otherwise spell `.map_err(map_err)`.
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        map_err(e)
+    }
+}
+
 fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
@@ -160,8 +168,7 @@ impl PostgresStore {
                 })
             })
             .connect(url)
-            .await
-            .map_err(map_err)?;
+            .await?;
         // Setting a search_path to a schema that does not exist yet is
         // allowed; it takes effect once the schema is there.
         let created = pool
@@ -181,8 +188,7 @@ impl PostgresStore {
         // too, so both sides always agree.
         let wake_channel: String = sqlx::query_scalar("SELECT herald_wake_channel()")
             .fetch_one(&pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         // `herald_wake_…` with a prefix one byte shorter: within 63 bytes
         // whenever the wake channel is.
         let tokens_channel = wake_channel.replacen("herald_wake_", "herald_tok_", 1);
@@ -215,11 +221,7 @@ impl PostgresStore {
         &self,
         query: sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> StoreResult<u64> {
-        Ok(query
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?
-            .rows_affected())
+        Ok(query.execute(&self.pool).await?.rows_affected())
     }
 
     /// Wakes the processes listening on this schema when `tx` commits.
@@ -227,8 +229,7 @@ impl PostgresStore {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(&self.wake_channel)
             .execute(tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 }
@@ -350,8 +351,7 @@ impl PostgresStore {
         let rows = query
             .bind(i64_of(page.limit.saturating_add(1)))
             .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         let mut items = map_rows(&rows, map)?;
         let has_more = items.len() > page.limit;
         items.truncate(page.limit);

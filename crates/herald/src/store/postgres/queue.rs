@@ -23,9 +23,7 @@ pub(super) async fn spawn_listener(
     what: &'static str,
     wake: std::sync::Arc<Notify>,
 ) -> StoreResult<()> {
-    let listener = start_listener(&store.pool, channel)
-        .await
-        .map_err(map_err)?;
+    let listener = start_listener(&store.pool, channel).await?;
     tokio::spawn(listen_loop(
         listener,
         store.pool.clone(),
@@ -106,8 +104,7 @@ pub(super) async fn unhold(tx: &mut sqlx::PgConnection, ep: &EndpointId) -> Stor
     sqlx::query("UPDATE deliveries SET held = FALSE WHERE endpoint_id = $1 AND held")
         .bind(ep.as_str())
         .execute(tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
     Ok(())
 }
 
@@ -128,8 +125,7 @@ impl PostgresStore {
         )
         .bind(endpoint.map(|e| e.as_str().to_owned()))
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         rows.iter()
             .map(|r| {
                 Ok(ThrottleWaiting {
@@ -155,13 +151,13 @@ impl PostgresStore {
             return Ok((Vec::new(), Vec::new()));
         }
         if batch.iter().any(|m| m.application.is_some()) {
-            let mut tx = self.pool.begin().await.map_err(map_err)?;
+            let mut tx = self.pool.begin().await?;
             let resolved = super::apps::create_inline_apps(&mut tx, batch).await?;
             let stored = self.ingest_on(&mut tx, &resolved, claim).await?;
-            tx.commit().await.map_err(map_err)?;
+            tx.commit().await?;
             return Ok(stored);
         }
-        let mut conn = self.pool.acquire().await.map_err(map_err)?;
+        let mut conn = self.pool.acquire().await?;
         self.ingest_on(&mut conn, batch, claim).await
     }
 
@@ -186,8 +182,7 @@ impl PostgresStore {
         )
         .bind(&apps)
         .fetch_all(&mut *conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
         for r in &rows {
             let target = FanoutTarget::from_row(
@@ -384,8 +379,7 @@ impl PostgresStore {
         .bind(&d_start)
         .bind(batch.iter().map(|m| m.payload_expires_at).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
         let mut taken = Vec::new();
         let mut fanned: HashMap<String, usize> = HashMap::new();
@@ -529,7 +523,7 @@ impl Queue for PostgresStore {
     }
 
     async fn insert_example(&self, m: &NewMessage, ep: &EndpointId) -> StoreResult<bool> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // KEY SHARE keeps the endpoint (and so its application) from being
         // deleted under the new rows; the lock order is ingest's.
         let found =
@@ -537,10 +531,9 @@ impl Queue for PostgresStore {
                 .bind(ep.as_str())
                 .bind(m.app_id.as_str())
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
         if found.is_none() {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(false);
         }
         sqlx::query(
@@ -552,8 +545,7 @@ impl Queue for PostgresStore {
         .bind(&m.payload)
         .bind(m.created_at)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         sqlx::query(
             "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
              cycle_started_at, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, $5, $5, $5, $5)",
@@ -564,14 +556,12 @@ impl Queue for PostgresStore {
         .bind(m.app_id.as_str())
         .bind(m.created_at)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(&self.wake_channel)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+            .await?;
+        tx.commit().await?;
         Ok(true)
     }
 
@@ -580,11 +570,7 @@ impl Queue for PostgresStore {
             return Ok(Vec::new());
         }
         let args = ClaimArgs::new(req);
-        let rows = args
-            .bind(CLAIM_SQL)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let rows = args.bind(CLAIM_SQL).fetch_all(&self.pool).await?;
         let token = args.token.clone();
         let mut out = rows
             .iter()
@@ -691,7 +677,7 @@ impl Queue for PostgresStore {
         // not block ingest's KEY SHARE. Within one statement the order in
         // which PostgreSQL runs its parts is not ours to choose: hence a
         // statement of its own.
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // The lock also reads each circuit breaker, which the batch steps
         // (`herald_policy::breaker::step`) and the statement below writes
         // with the streak: no other process can move it in between.
@@ -701,8 +687,7 @@ impl Queue for PostgresStore {
         )))
         .bind(&ep_ids)
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let stored = locked
             .iter()
             .map(|r| {
@@ -876,8 +861,8 @@ impl Queue for PostgresStore {
                     .map(|c| count(c.window.prev_failures))
                     .collect::<Vec<_>>(),
             );
-        let rows = query.fetch_all(&mut *tx).await.map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         // The moved deliveries' rows carry the token that moved them; the
         // rest are endpoints.
         let mut moved_by: HashSet<(String, String)> = HashSet::new();
@@ -926,8 +911,7 @@ impl Queue for PostgresStore {
         .bind(lease_token)
         .bind(&self.wake_channel)
         .fetch_one(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(())
     }
 

@@ -51,11 +51,7 @@ impl Replay for PostgresStore {
                     .collect::<Vec<_>>(),
             );
         }
-        let n = query
-            .bind(&self.wake_channel)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
+        let n = query.bind(&self.wake_channel).fetch_one(&self.pool).await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
@@ -68,7 +64,7 @@ impl Replay for PostgresStore {
         limit: usize,
         now: Millis,
     ) -> StoreResult<Option<MissingBatch>> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // NO KEY UPDATE on the endpoint serialises replay-missing of one
         // endpoint (ingest's KEY SHARE is not held up); SHARE on the
         // messages serialises it with resends of them (NO KEY UPDATE).
@@ -80,10 +76,9 @@ impl Replay for PostgresStore {
         .bind(ep.as_str())
         .bind(app.as_str())
         .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let Some(routing) = routing else {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(None);
         };
         let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
@@ -107,8 +102,7 @@ impl Replay for PostgresStore {
         .bind(window.1)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         // A statement of its own, so its snapshot sees every delivery
         // committed before the locks above were granted.
         let missing = sqlx::query(
@@ -118,8 +112,7 @@ impl Replay for PostgresStore {
         .bind(&looked)
         .bind(ep.as_str())
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?
+        .await?
         .iter()
         .map(|r| Ok((get(r, "id")?, get(r, "event_type")?, get(r, "channels")?)))
         .collect::<StoreResult<Vec<_>>>()?;
@@ -141,15 +134,13 @@ impl Replay for PostgresStore {
             .bind(app.as_str())
             .bind(now)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
             sqlx::query("SELECT pg_notify($1, '')")
                 .bind(&self.wake_channel)
                 .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(Some(MissingBatch {
             delivered: wanted.len() as u64,
             last: looked.last().cloned().map(MsgId::from_trusted),
@@ -163,7 +154,7 @@ impl Replay for PostgresStore {
         ep: &EndpointId,
         now: Millis,
     ) -> StoreResult<ResendOutcome> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // KEY SHARE on the endpoint keeps it from being deleted meanwhile;
         // NO KEY UPDATE on the message serialises resends of it, so two at
         // once cannot both find no delivery and both create one. Endpoint
@@ -173,8 +164,7 @@ impl Replay for PostgresStore {
                 .bind(ep.as_str())
                 .bind(app.as_str())
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?
+                .await?
                 .is_some();
         let msg_row = sqlx::query(
             "SELECT payload = '' AS expunged FROM messages WHERE id = $1 AND app_id = $2 FOR NO KEY UPDATE",
@@ -182,17 +172,16 @@ impl Replay for PostgresStore {
         .bind(msg.as_str())
         .bind(app.as_str())
         .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let has_msg = msg_row.is_some();
         if let Some(row) = &msg_row {
             if get::<bool>(row, "expunged")? {
-                tx.rollback().await.map_err(map_err)?;
+                tx.rollback().await?;
                 return Ok(ResendOutcome::Expunged);
             }
         }
         if !has_msg || !has_ep {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(if has_msg {
                 ResendOutcome::NoSuchEndpoint
             } else {
@@ -211,18 +200,16 @@ impl Replay for PostgresStore {
         .bind(msg.as_str())
         .bind(ep.as_str())
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let in_flight = done.rows_affected() == 0
             && sqlx::query("SELECT 1 FROM deliveries WHERE msg_id = $1 AND endpoint_id = $2")
                 .bind(msg.as_str())
                 .bind(ep.as_str())
                 .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?
+                .await?
                 .is_some();
         if in_flight {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(ResendOutcome::InFlight);
         }
         if done.rows_affected() == 0 {
@@ -237,11 +224,10 @@ impl Replay for PostgresStore {
             .bind(app.as_str())
             .bind(now)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         }
         self.notify_in(&mut tx).await?;
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(ResendOutcome::Queued)
     }
 }

@@ -15,7 +15,7 @@ impl Retention for PostgresStore {
             return Ok(PruneReport::default());
         }
         let limit = i64_of(batch);
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
 
         // Dead deliveries past their retention, oldest first. SKIP LOCKED:
         // one being replayed or resent right now is left alone. Locked by
@@ -28,16 +28,14 @@ impl Retention for PostgresStore {
         .bind(dead_before)
         .bind(limit)
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let dead = if locked.is_empty() {
             Vec::new()
         } else {
             sqlx::query("DELETE FROM deliveries WHERE id = ANY($1) RETURNING id, msg_id")
                 .bind(&locked)
                 .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?
+                .await?
         };
         let mut dead_ids = Vec::with_capacity(dead.len());
         let mut dead_msgs = Vec::with_capacity(dead.len());
@@ -53,8 +51,7 @@ impl Retention for PostgresStore {
                 .bind(&dead_msgs)
                 .bind(&dead_ids)
                 .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
             // Their messages go too once old enough and left with no
             // delivery. Locked first (one a resend holds is skipped: with
             // no delivery left, a later prune takes it), then checked by a
@@ -67,8 +64,7 @@ impl Retention for PostgresStore {
             .bind(&dead_msgs)
             .bind(finished_before)
             .fetch_all(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
             if !locked.is_empty() {
                 messages = sqlx::query_scalar(
                     "DELETE FROM messages m WHERE m.id = ANY($1) \
@@ -77,8 +73,7 @@ impl Retention for PostgresStore {
                 )
                 .bind(&locked)
                 .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
             }
         }
 
@@ -96,8 +91,7 @@ impl Retention for PostgresStore {
             .bind(finished_before)
             .bind(i64_of(budget))
             .fetch_all(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
             taken = locked.len();
             if !locked.is_empty() {
                 let gone: Vec<String> = sqlx::query_scalar(
@@ -107,15 +101,13 @@ impl Retention for PostgresStore {
                 )
                 .bind(&locked)
                 .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
                 // No foreign key cascades them (migration 0008); a resend
                 // adding one waits on the message's lock, then finds it gone.
                 sqlx::query("DELETE FROM deliveries WHERE msg_id = ANY($1)")
                     .bind(&gone)
                     .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
+                    .await?;
                 messages.extend(gone);
             }
         }
@@ -125,10 +117,9 @@ impl Retention for PostgresStore {
             sqlx::query("DELETE FROM attempts WHERE msg_id = ANY($1)")
                 .bind(&messages)
                 .execute(&mut *tx)
-                .await
-                .map_err(map_err)?;
+                .await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(PruneReport {
             messages: u64::try_from(messages.len()).unwrap_or(u64::MAX),
             dead_deliveries: u64::try_from(dead_ids.len()).unwrap_or(u64::MAX),
@@ -205,7 +196,7 @@ impl Retention for PostgresStore {
         msg: &MsgId,
         now: Millis,
     ) -> StoreResult<Option<u64>> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // The message first, then its deliveries: the store's lock order.
         let found = sqlx::query(
             "UPDATE messages SET payload = '', expunged_at = COALESCE(expunged_at, $3) \
@@ -215,14 +206,13 @@ impl Retention for PostgresStore {
         .bind(app.as_str())
         .bind(now)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         if found.rows_affected() == 0 {
-            tx.rollback().await.map_err(map_err)?;
+            tx.rollback().await?;
             return Ok(None);
         }
         let dead = kill_pending_of(&mut tx, &[msg.as_str().to_owned()], now).await?;
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(Some(dead))
     }
 
@@ -231,8 +221,7 @@ impl Retention for PostgresStore {
             .bind(attempt.as_str())
             .bind(app.as_str())
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -277,8 +266,7 @@ async fn kill_pending_of(
     .bind(msgs)
     .bind(now)
     .execute(&mut **tx)
-    .await
-    .map_err(map_err)?;
+    .await?;
     Ok(done.rows_affected())
 }
 
@@ -292,7 +280,7 @@ impl PostgresStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
             "UPDATE messages SET payload = '', expunged_at = $2 WHERE id IN ({select}) RETURNING id"
         )))
@@ -300,12 +288,11 @@ impl PostgresStore {
         .bind(now)
         .bind(i64::try_from(batch).unwrap_or(i64::MAX))
         .fetch_all(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         if !ids.is_empty() {
             kill_pending_of(&mut tx, &ids, now).await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(ids.len() as u64)
     }
 }

@@ -20,8 +20,7 @@ impl Secrets for PostgresStore {
                 n = crate::crypto::KEY_PREFIX_LEN
             )))
             .fetch_all(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
             for r in &found {
                 out.push(SealedSample {
                     endpoint_id: get(r, "id")?,
@@ -55,8 +54,7 @@ impl Secrets for PostgresStore {
                 .bind(&keep)
                 .bind(i64_of(RESEAL_BATCH))
                 .fetch_all(&self.pool)
-                .await
-                .map_err(map_err)?;
+                .await?;
                 let batch = map_rows(&found, |r| {
                     Ok(SecretRow {
                         id: get(r, "id")?,
@@ -116,8 +114,7 @@ impl Secrets for PostgresStore {
                 .bind(&cols[7])
                 .bind(&cols[8])
                 .execute(&self.pool)
-                .await
-                .map_err(map_err)?
+                .await?
                 .rows_affected();
                 total += done;
                 missed += writes.len() as u64 - done;

@@ -22,8 +22,7 @@ impl Sessions for PostgresStore {
         .bind(s.created_at)
         .bind(s.expires_at)
         .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(())
     }
 
@@ -35,16 +34,14 @@ impl Sessions for PostgresStore {
         .bind(sha256_hex)
         .bind(now)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let found = row.as_ref().map(session_from_row).transpose()?;
         // A write only when there is a flash to take (rarely).
         if found.as_ref().is_some_and(|s| s.flash.is_some()) {
             sqlx::query("UPDATE sessions SET flash = NULL WHERE sha256 = $1")
                 .bind(sha256_hex)
                 .execute(&self.pool)
-                .await
-                .map_err(map_err)?;
+                .await?;
         }
         Ok(found)
     }
@@ -54,8 +51,7 @@ impl Sessions for PostgresStore {
             .bind(sha256_hex)
             .bind(text)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 
@@ -63,8 +59,7 @@ impl Sessions for PostgresStore {
         sqlx::query("DELETE FROM sessions WHERE sha256 = $1")
             .bind(sha256_hex)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 
@@ -72,14 +67,12 @@ impl Sessions for PostgresStore {
         let n = sqlx::query("DELETE FROM sessions WHERE expires_at <= $1")
             .bind(now)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?
+            .await?
             .rows_affected();
         sqlx::query("DELETE FROM portal_codes WHERE expires_at <= $1")
             .bind(now)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(n)
     }
 }

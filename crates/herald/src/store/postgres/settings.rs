@@ -19,8 +19,7 @@ impl Settings for PostgresStore {
         .bind(key)
         .bind(value)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         if let Some(v) = inserted {
             return Ok(v);
         }
@@ -47,10 +46,7 @@ impl Settings for PostgresStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 }

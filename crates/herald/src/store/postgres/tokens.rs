@@ -24,8 +24,7 @@ async fn insert_token<'e, E: sqlx::PgExecutor<'e>>(
     .bind(&t.session_id)
     .bind(&t.feature_flags)
     .execute(executor)
-    .await
-    .map_err(map_err)?;
+    .await?;
     Ok(())
 }
 
@@ -35,8 +34,7 @@ impl Tokens for PostgresStore {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(&self.tokens_channel)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 
@@ -58,16 +56,15 @@ impl Tokens for PostgresStore {
         sha256_hex: &str,
         code_sha256_hex: &str,
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         insert_token(&mut *tx, token, sha256_hex).await?;
         sqlx::query("INSERT INTO portal_codes (sha256, token_id, expires_at) VALUES ($1, $2, $3)")
             .bind(code_sha256_hex)
             .bind(&token.id)
             .bind(token.expires_at.unwrap_or(i64::MAX))
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -85,8 +82,7 @@ impl Tokens for PostgresStore {
         .bind(code_sha256_hex)
         .bind(now)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         Ok(row
             .as_ref()
             .map(token_from_row)
@@ -100,7 +96,7 @@ impl Tokens for PostgresStore {
         at: Millis,
         session_ids: Option<&[String]>,
     ) -> StoreResult<u64> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         let chosen = "SELECT id FROM api_tokens WHERE app_id = $1 \
              AND ($2::text[] IS NULL OR session_id = ANY($2))";
         let n = sqlx::query(AssertSqlSafe(format!(
@@ -111,8 +107,7 @@ impl Tokens for PostgresStore {
         .bind(session_ids)
         .bind(at)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
+        .await?
         .rows_affected();
         for table in ["sessions", "portal_codes"] {
             sqlx::query(AssertSqlSafe(format!(
@@ -123,15 +118,14 @@ impl Tokens for PostgresStore {
             .bind(session_ids)
             .bind(at)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(n)
     }
 
     async fn end_token(&self, token_id: &str, now: Millis) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         sqlx::query(
             "UPDATE api_tokens SET expires_at = $2 WHERE id = $1 \
              AND (expires_at IS NULL OR expires_at > $2)",
@@ -139,18 +133,16 @@ impl Tokens for PostgresStore {
         .bind(token_id)
         .bind(now)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         for table in ["sessions", "portal_codes"] {
             sqlx::query(AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE token_id = $1"
             )))
             .bind(token_id)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -160,8 +152,7 @@ impl Tokens for PostgresStore {
         )))
         .bind(sha256_hex)
         .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         row.as_ref().map(token_from_row).transpose()
     }
 
@@ -171,8 +162,7 @@ impl Tokens for PostgresStore {
         )))
         .bind(app.as_str())
         .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
+        .await?;
         map_rows(&rows, token_from_row)
     }
 
@@ -181,8 +171,7 @@ impl Tokens for PostgresStore {
             .bind(id)
             .bind(app.as_str())
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -195,7 +184,7 @@ impl Tokens for PostgresStore {
         valid_after: Millis,
         stale_before: Millis,
     ) -> StoreResult<IdemBegin> {
-        let mut tx = self.pool.begin().await.map_err(map_err)?;
+        let mut tx = self.pool.begin().await?;
         // Concurrent first requests: one inserts, the other waits on its
         // row and then sees it (in progress, or done).
         let inserted = sqlx::query(
@@ -207,11 +196,10 @@ impl Tokens for PostgresStore {
         .bind(request_hash)
         .bind(now)
         .execute(&mut *tx)
-        .await
-        .map_err(map_err)?
+        .await?
         .rows_affected();
         if inserted == 1 {
-            tx.commit().await.map_err(map_err)?;
+            tx.commit().await?;
             return Ok(IdemBegin::Fresh);
         }
         let row = sqlx::query(
@@ -221,8 +209,7 @@ impl Tokens for PostgresStore {
         .bind(scope)
         .bind(key)
         .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        .await?;
         let found = match &row {
             Some(r) => Some((
                 get::<String>(r, "request_hash")?,
@@ -245,10 +232,9 @@ impl Tokens for PostgresStore {
             .bind(request_hash)
             .bind(now)
             .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            .await?;
         }
-        tx.commit().await.map_err(map_err)?;
+        tx.commit().await?;
         Ok(verdict)
     }
 
@@ -265,8 +251,7 @@ impl Tokens for PostgresStore {
             .bind(scope)
             .bind(key)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 
@@ -275,8 +260,7 @@ impl Tokens for PostgresStore {
             .bind(scope)
             .bind(key)
             .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
+            .await?;
         Ok(())
     }
 }

@@ -12,8 +12,7 @@ impl Apps for SqliteStore {
                 "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![app.id.as_str(), app.uid, app.name, app.rate_limit, metadata, app.created_at, app.updated_at],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -28,8 +27,7 @@ impl Apps for SqliteStore {
                     "UPDATE applications SET uid = ?1, name = ?2, rate_limit = ?3, metadata = ?4, updated_at = ?5 \
                      WHERE id = ?6",
                     params![app.uid, app.name, app.rate_limit, metadata, app.updated_at, app.id.as_str()],
-                )
-                .map_err(map_err)?;
+                )?;
             Ok(n == 1)
         })
         .await
@@ -43,16 +41,13 @@ impl Apps for SqliteStore {
             c.execute(
                 "DELETE FROM attempts WHERE msg_id IN (SELECT id FROM messages WHERE app_id = ?1)",
                 params![id],
-            )
-            .map_err(map_err)?;
+            )?;
             c.execute(
                 "DELETE FROM endpoint_stats WHERE endpoint_id IN (SELECT id FROM endpoints WHERE app_id = ?1)",
                 params![id],
-            )
-            .map_err(map_err)?;
+            )?;
             let n = c
-                .execute("DELETE FROM applications WHERE id = ?1", params![id])
-                .map_err(map_err)?;
+                .execute("DELETE FROM applications WHERE id = ?1", params![id])?;
             Ok(n == 1)
         })
         .await
@@ -62,8 +57,7 @@ impl Apps for SqliteStore {
         let key = id_or_uid.to_owned();
         self.read(move |c| {
             let mut stmt = c
-                .prepare_cached("SELECT * FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1")
-                .map_err(map_err)?;
+                .prepare_cached("SELECT * FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1")?;
             Ok(rows(&mut stmt, params![key], |r| app_from_row(r))?.pop())
         })
         .await

@@ -11,8 +11,7 @@ impl Audit for SqliteStore {
             c.prepare_cached(
                 "INSERT INTO audit_log (id, at, actor_kind, actor_id, action, app_id, target, source, details) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-            )
-            .map_err(map_err)?
+            )?
             .execute(params![
                 e.id.as_str(),
                 e.at,
@@ -23,8 +22,7 @@ impl Audit for SqliteStore {
                 e.target,
                 e.source,
                 details
-            ])
-            .map_err(map_err)?;
+            ])?;
             Ok(())
         })
         .await

@@ -43,8 +43,7 @@ impl Circuits for SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {CIRCUIT_COLUMNS}, id, app_id FROM endpoints INDEXED BY endpoints_circuit_broken \
                      WHERE circuit_state <> 0"
-                ))
-                .map_err(map_err)?;
+                ))?;
             let rows = stmt
                 .query_map([], |r| {
                     Ok(EndpointCircuit {
@@ -52,8 +51,7 @@ impl Circuits for SqliteStore {
                         endpoint_id: EndpointId::from_trusted(r.get(10)?),
                         app_id: AppId::from_trusted(r.get(11)?),
                     })
-                })
-                .map_err(map_err)?;
+                })?;
             rows.collect::<Result<Vec<_>, _>>().map_err(map_err)
         })
         .await
@@ -64,8 +62,7 @@ impl Circuits for SqliteStore {
         self.read(move |c| {
             c.prepare_cached(&format!(
                 "SELECT {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ?1"
-            ))
-            .map_err(map_err)?
+            ))?
             .query_row(params![ep], circuit_of_row)
             .optional()
             .map_err(map_err)
@@ -87,8 +84,7 @@ impl Circuits for SqliteStore {
                        circuit_cooldown_ms = ?4, circuit_probe_by = ?5 \
                      WHERE id = ?6 AND circuit_state = ?7 AND circuit_since IS ?8 \
                        AND circuit_probe_by IS ?9",
-                )
-                .map_err(map_err)?
+                )?
                 .execute(params![
                     i64::from(next.state.code()),
                     next.since,
@@ -99,8 +95,7 @@ impl Circuits for SqliteStore {
                     i64::from(seen.state.code()),
                     seen.since,
                     seen.probe_by,
-                ])
-                .map_err(map_err)?;
+                ])?;
             Ok(n == 1)
         })
         .await

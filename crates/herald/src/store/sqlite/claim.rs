@@ -52,31 +52,27 @@ pub(super) fn claim_tx(
             "UPDATE deliveries SET state = 1, next_attempt_at = ?1, lease_token = ?2, updated_at = ?3 \
              WHERE id = ?4 \
              RETURNING id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual",
-        )
-        .map_err(map_err)?;
+        )?;
     let mut details = conn
         .prepare_cached(
             "SELECT m.event_type, m.payload, e.url, e.secret, e.old_secrets, e.headers, m.traceparent, \
              e.ordering = 'fifo' FROM messages m, endpoints e \
              WHERE m.id = ?1 AND e.id = ?2",
-        )
-        .map_err(map_err)?;
+        )?;
     let mut out = Vec::with_capacity(picked.len());
     for (id, send_at) in &picked {
-        let claimed = take
-            .query_row(params![lease_until, token, now, id], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, i64>(4)?,
-                    r.get::<_, i64>(5)?,
-                    r.get::<_, i64>(6)?,
-                    r.get::<_, i64>(7)?,
-                ))
-            })
-            .map_err(map_err)?;
+        let claimed = take.query_row(params![lease_until, token, now, id], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, i64>(6)?,
+                r.get::<_, i64>(7)?,
+            ))
+        })?;
         let (id, msg_id, app_id, endpoint_id, attempts, cycle_started_at, cycle_base, manual) =
             claimed;
         // The take names no `parked`, so it counts itself (counts.rs): a
@@ -86,20 +82,18 @@ pub(super) fn claim_tx(
             counts::moved(&endpoint_id, 0, 1, false)?;
         }
         let (event_type, payload, url, secret, old_secrets, headers, traceparent, ordered) =
-            details
-                .query_row(params![msg_id, endpoint_id], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, String>(4)?,
-                        r.get::<_, String>(5)?,
-                        r.get::<_, Option<String>>(6)?,
-                        r.get::<_, bool>(7)?,
-                    ))
-                })
-                .map_err(map_err)?;
+            details.query_row(params![msg_id, endpoint_id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                    r.get::<_, bool>(7)?,
+                ))
+            })?;
         let to = SendTo::from_columns(
             keys,
             &endpoint_id,
@@ -194,8 +188,7 @@ fn fifo_head(conn: &Connection, endpoint: &str, now: Millis) -> StoreResult<Stor
          FROM deliveries INDEXED BY deliveries_fifo \
          WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 \
          ORDER BY queued_at, msg_id LIMIT 1",
-    )
-    .map_err(map_err)?
+    )?
     .query_row(params![endpoint, now], |r| {
         Ok(((r.get(0)?, r.get(1)?, r.get(2)?), r.get(3)?))
     })
@@ -241,8 +234,7 @@ fn walk_due_head(
              FROM deliveries d INDEXED BY deliveries_due JOIN endpoints e ON e.id = d.endpoint_id \
              WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 \
              ORDER BY d.next_attempt_at",
-        )
-        .map_err(map_err)?;
+        )?;
     // Only rows that have waited a while are parked: a busy but healthy
     // endpoint's rows are claimed within milliseconds and never pay for it.
     let overdue = now.saturating_sub(PARK_AFTER_MS);
@@ -256,8 +248,8 @@ fn walk_due_head(
     let (mut claimable, mut passed, mut retries) = (0, 0, 0);
     let limit = room.remaining();
     let retry_share = retry_share(limit);
-    let mut rs = due.query(params![now]).map_err(map_err)?;
-    while let Some(r) = rs.next().map_err(map_err)? {
+    let mut rs = due.query(params![now])?;
+    while let Some(r) = rs.next()? {
         let id: String = get(r, "id")?;
         let endpoint: String = get(r, "endpoint_id")?;
         // (A delivering row here is a lease that expired: claimable, but
@@ -420,22 +412,18 @@ fn fresh_from_the_top(
     saturated: &HashSet<&str>,
     head: &mut DueHead,
 ) -> StoreResult<()> {
-    let mut top = conn
-        .prepare_cached(
-            "SELECT d.id, d.endpoint_id FROM deliveries d INDEXED BY deliveries_due \
+    let mut top = conn.prepare_cached(
+        "SELECT d.id, d.endpoint_id FROM deliveries d INDEXED BY deliveries_due \
                JOIN endpoints e ON e.id = d.endpoint_id \
              WHERE d.state < 2 AND d.parked = 0 AND d.next_attempt_at <= ?1 AND d.state = 0 \
                AND d.attempts = 0 AND e.disabled = 0 AND e.ordering = 'none' \
                AND COALESCE(e.rate_limit, 0) <= 0 \
              ORDER BY d.next_attempt_at DESC LIMIT ?2",
-        )
-        .map_err(map_err)?;
+    )?;
     let window = claim_window(room.remaining());
     let picked: HashSet<String> = head.picked.iter().map(|(id, _)| id.clone()).collect();
-    let mut rs = top
-        .query(params![now, i64::try_from(window).unwrap_or(i64::MAX)])
-        .map_err(map_err)?;
-    while let Some(r) = rs.next().map_err(map_err)? {
+    let mut rs = top.query(params![now, i64::try_from(window).unwrap_or(i64::MAX)])?;
+    while let Some(r) = rs.next()? {
         if room.is_full() {
             break;
         }
@@ -456,40 +444,34 @@ fn fresh_from_the_top(
 /// throttles moved on.
 fn set_aside(conn: &Connection, head: &DueHead) -> StoreResult<()> {
     if !head.queue.is_empty() {
-        let mut queue = conn
-            .prepare_cached("UPDATE deliveries SET queued_at = ?1 WHERE id = ?2")
-            .map_err(map_err)?;
+        let mut queue =
+            conn.prepare_cached("UPDATE deliveries SET queued_at = ?1 WHERE id = ?2")?;
         for (id, key) in &head.queue {
-            queue.execute(params![key, id]).map_err(map_err)?;
+            queue.execute(params![key, id])?;
         }
     }
     if !head.throttles.is_empty() {
-        let mut advance = conn
-            .prepare_cached("UPDATE endpoints SET throttle_tat = ?1 WHERE id = ?2")
-            .map_err(map_err)?;
+        let mut advance =
+            conn.prepare_cached("UPDATE endpoints SET throttle_tat = ?1 WHERE id = ?2")?;
         for (ep, tat) in &head.throttles {
-            advance.execute(params![tat, ep]).map_err(map_err)?;
+            advance.execute(params![tat, ep])?;
         }
     }
     if head.park.is_empty() && head.hold.is_empty() {
         return Ok(());
     }
-    let mut set = conn
-        .prepare_cached("UPDATE deliveries SET parked = ?1 WHERE id = ?2")
-        .map_err(map_err)?;
+    let mut set = conn.prepare_cached("UPDATE deliveries SET parked = ?1 WHERE id = ?2")?;
     for id in &head.hold {
-        set.execute(params![2, id]).map_err(map_err)?;
+        set.execute(params![2, id])?;
     }
-    let mut remember = conn
-        .prepare_cached(
-            "INSERT INTO parked_endpoints (endpoint_id) VALUES (?1) ON CONFLICT DO NOTHING",
-        )
-        .map_err(map_err)?;
+    let mut remember = conn.prepare_cached(
+        "INSERT INTO parked_endpoints (endpoint_id) VALUES (?1) ON CONFLICT DO NOTHING",
+    )?;
     let mut noted = HashSet::new();
     for (id, endpoint) in &head.park {
-        set.execute(params![1, id]).map_err(map_err)?;
+        set.execute(params![1, id])?;
         if noted.insert(endpoint.as_str()) {
-            remember.execute(params![endpoint]).map_err(map_err)?;
+            remember.execute(params![endpoint])?;
         }
     }
     Ok(())
@@ -508,47 +490,37 @@ fn unpark(
     (endpoint_cap, unlisted_cap): (usize, usize),
 ) -> StoreResult<()> {
     let parked: Vec<(String, bool, Option<i64>, String, i64)> = {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT p.endpoint_id, e.disabled, e.rate_limit, e.ordering, e.throttle_tat \
+        let mut stmt = conn.prepare_cached(
+            "SELECT p.endpoint_id, e.disabled, e.rate_limit, e.ordering, e.throttle_tat \
                  FROM parked_endpoints p JOIN endpoints e ON e.id = p.endpoint_id",
-            )
-            .map_err(map_err)?;
-        let ids = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get::<_, i64>(1)? != 0,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                ))
-            })
-            .map_err(map_err)?;
-        ids.collect::<Result<_, _>>().map_err(map_err)?
+        )?;
+        let ids = stmt.query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get::<_, i64>(1)? != 0,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+            ))
+        })?;
+        ids.collect::<Result<_, _>>()?
     };
     let mut unpark = conn
         .prepare_cached(
             "UPDATE deliveries SET parked = 0 WHERE id IN \
              (SELECT id FROM deliveries WHERE endpoint_id = ?1 AND parked = 1 ORDER BY next_attempt_at LIMIT ?2)",
-        )
-        .map_err(map_err)?;
-    let mut unpark_head = conn
-        .prepare_cached(
-            "UPDATE deliveries SET parked = 0 WHERE parked = 1 AND id = \
+        )?;
+    let mut unpark_head = conn.prepare_cached(
+        "UPDATE deliveries SET parked = 0 WHERE parked = 1 AND id = \
              (SELECT id FROM deliveries INDEXED BY deliveries_fifo \
                WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 \
                ORDER BY queued_at, msg_id LIMIT 1)",
-        )
-        .map_err(map_err)?;
+    )?;
     let mut any_parked = conn
         .prepare_cached(
             "SELECT 1 FROM deliveries INDEXED BY deliveries_parked WHERE endpoint_id = ?1 AND parked = 1",
-        )
-        .map_err(map_err)?;
-    let mut forget = conn
-        .prepare_cached("DELETE FROM parked_endpoints WHERE endpoint_id = ?1")
-        .map_err(map_err)?;
+        )?;
+    let mut forget = conn.prepare_cached("DELETE FROM parked_endpoints WHERE endpoint_id = ?1")?;
     for (ep, disabled, rate_limit, ordering, tat) in parked {
         // A disabled endpoint's deliveries wait for it to be enabled.
         if disabled {
@@ -562,9 +534,9 @@ fn unpark(
             continue;
         }
         if EndpointOrdering::from_stored(&ordering) == EndpointOrdering::Fifo {
-            unpark_head.execute(params![ep]).map_err(map_err)?;
-            if !any_parked.exists(params![ep]).map_err(map_err)? {
-                forget.execute(params![ep]).map_err(map_err)?;
+            unpark_head.execute(params![ep])?;
+            if !any_parked.exists(params![ep])? {
+                forget.execute(params![ep])?;
             }
             continue;
         }
@@ -579,11 +551,9 @@ fn unpark(
                 continue;
             }
         }
-        let moved = unpark
-            .execute(params![ep, i64::try_from(room).unwrap_or(i64::MAX)])
-            .map_err(map_err)?;
+        let moved = unpark.execute(params![ep, i64::try_from(room).unwrap_or(i64::MAX)])?;
         if moved < room {
-            forget.execute(params![ep]).map_err(map_err)?;
+            forget.execute(params![ep])?;
         }
     }
     Ok(())
@@ -604,10 +574,8 @@ pub(super) fn queue_waiting(conn: &Connection, endpoint_id: &str, now: Millis) -
         "UPDATE deliveries SET queued_at = created_at \
          WHERE endpoint_id = ?1 AND state < 2 AND queued_at IS NULL \
            AND (state = 1 OR next_attempt_at <= ?2)",
-    )
-    .map_err(map_err)?
-    .execute(params![endpoint_id, now])
-    .map_err(map_err)?;
+    )?
+    .execute(params![endpoint_id, now])?;
     conn.prepare_cached(
         "UPDATE deliveries SET queued_at = ( \
              SELECT MIN(queued_at) - 1 FROM deliveries INDEXED BY deliveries_fifo \
@@ -615,10 +583,8 @@ pub(super) fn queue_waiting(conn: &Connection, endpoint_id: &str, now: Millis) -
          WHERE endpoint_id = ?1 AND state = 1 AND queued_at >= ( \
              SELECT MIN(queued_at) FROM deliveries INDEXED BY deliveries_fifo \
              WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2 AND state = 0)",
-    )
-    .map_err(map_err)?
-    .execute(params![endpoint_id])
-    .map_err(map_err)?;
+    )?
+    .execute(params![endpoint_id])?;
     Ok(())
 }
 
@@ -627,9 +593,7 @@ pub(super) fn unhold(conn: &Connection, endpoint_id: &str) -> StoreResult<()> {
     conn.prepare_cached(
         "UPDATE deliveries INDEXED BY deliveries_held SET parked = 0 \
          WHERE endpoint_id = ?1 AND parked = 2",
-    )
-    .map_err(map_err)?
-    .execute(params![endpoint_id])
-    .map_err(map_err)?;
+    )?
+    .execute(params![endpoint_id])?;
     Ok(())
 }

@@ -41,8 +41,7 @@ impl Endpoints for SqliteStore {
                     headers,
                     ep.ordering.as_str()
                 ],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -55,8 +54,7 @@ impl Endpoints for SqliteStore {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT * FROM endpoints WHERE app_id = ?1 AND (id = ?2 OR uid = ?2) ORDER BY id = ?2 DESC LIMIT 1",
-                )
-                .map_err(map_err)?;
+                )?;
             Ok(rows(&mut stmt, params![app, key], |r| endpoint_from_row(r, &keys))?.pop())
         })
         .await
@@ -122,8 +120,7 @@ impl Endpoints for SqliteStore {
                      channels = CASE WHEN ?10 THEN ?11 ELSE channels END, updated_at = ?12, \
                      ordering = COALESCE(?15, ordering) \
                      WHERE id = ?13 AND app_id = ?14",
-                )
-                .map_err(map_err)?
+                )?
                 .execute(params![
                     ch.uid.is_some(),
                     ch.uid.flatten(),
@@ -140,8 +137,7 @@ impl Endpoints for SqliteStore {
                     ep,
                     app,
                     ch.ordering.map(EndpointOrdering::as_str)
-                ])
-                .map_err(map_err)?;
+                ])?;
             if n == 1 && ch.ordering == Some(EndpointOrdering::Fifo) {
                 queue_waiting(c, &ep, now)?;
             }
@@ -160,12 +156,10 @@ impl Endpoints for SqliteStore {
         let (app, ep) = (app.as_str().to_owned(), ep.as_str().to_owned());
         let headers = seal_column(&self.keys, &ep, SecretColumn::Headers, &to_json(headers)?);
         self.write(move |c| {
-            let n = c
-                .execute(
-                    "UPDATE endpoints SET headers = ?1, updated_at = ?2 WHERE id = ?3 AND app_id = ?4",
-                    params![headers, now, ep, app],
-                )
-                .map_err(map_err)?;
+            let n = c.execute(
+                "UPDATE endpoints SET headers = ?1, updated_at = ?2 WHERE id = ?3 AND app_id = ?4",
+                params![headers, now, ep, app],
+            )?;
             Ok(n == 1)
         })
         .await
@@ -175,12 +169,10 @@ impl Endpoints for SqliteStore {
         let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
         // Deliveries go with it (ON DELETE CASCADE); attempts are history.
         self.write(move |c| {
-            let n = c
-                .execute(
-                    "DELETE FROM endpoints WHERE id = ?1 AND app_id = ?2",
-                    params![id, app],
-                )
-                .map_err(map_err)?;
+            let n = c.execute(
+                "DELETE FROM endpoints WHERE id = ?1 AND app_id = ?2",
+                params![id, app],
+            )?;
             Ok(n == 1)
         })
         .await
@@ -189,13 +181,11 @@ impl Endpoints for SqliteStore {
     async fn count_endpoints(&self, app: &AppId) -> StoreResult<u64> {
         let app = app.as_str().to_owned();
         self.read(move |c| {
-            let n: i64 = c
-                .query_row(
-                    "SELECT COUNT(*) FROM endpoints WHERE app_id = ?1",
-                    params![app],
-                    |r| r.get(0),
-                )
-                .map_err(map_err)?;
+            let n: i64 = c.query_row(
+                "SELECT COUNT(*) FROM endpoints WHERE app_id = ?1",
+                params![app],
+                |r| r.get(0),
+            )?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
@@ -222,8 +212,7 @@ impl Endpoints for SqliteStore {
                     params![ep, app],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             let Some((secret, old)) = current else {
                 return Ok(false);
             };
@@ -235,8 +224,7 @@ impl Endpoints for SqliteStore {
             c.execute(
                 "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
                 params![new_secret, old, now, ep],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(true)
         })
         .await
@@ -245,9 +233,7 @@ impl Endpoints for SqliteStore {
     async fn endpoint_status(&self, ep: &EndpointId) -> StoreResult<Option<EndpointStatus>> {
         let ep = ep.as_str().to_owned();
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM endpoints WHERE id = ?1")
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached("SELECT * FROM endpoints WHERE id = ?1")?;
             Ok(rows(&mut stmt, params![ep], |r| status_from_row(r))?.pop())
         })
         .await
@@ -264,14 +250,12 @@ impl Endpoints for SqliteStore {
         let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
         let by = if auto { "auto" } else { "operator" };
         self.write(move |c| {
-            let n = c
-                .execute(
-                    "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
+            let n = c.execute(
+                "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \
                      disabled_at = ?3, updated_at = ?3 \
                      WHERE id = ?4 AND disabled = 0 AND (?5 IS NULL OR streak_started_at = ?5)",
-                    params![reason, by, now, ep, streak_started_at],
-                )
-                .map_err(map_err)?;
+                params![reason, by, now, ep, streak_started_at],
+            )?;
             if n == 1 {
                 // Its pending deliveries are held from now on, parked or
                 // not: out of the claim index, and found by retention's age
@@ -279,13 +263,11 @@ impl Endpoints for SqliteStore {
                 c.execute(
                     "UPDATE deliveries SET parked = 2 WHERE endpoint_id = ?1 AND state = 0",
                     params![ep],
-                )
-                .map_err(map_err)?;
+                )?;
                 c.execute(
                     "DELETE FROM parked_endpoints WHERE endpoint_id = ?1",
                     params![ep],
-                )
-                .map_err(map_err)?;
+                )?;
             }
             Ok(n == 1)
         })
@@ -307,8 +289,7 @@ impl Endpoints for SqliteStore {
                     params![ep, app],
                     |r| r.get(0),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             let Some(was) = was else { return Ok(None) };
             if was == 0 {
                 // Nothing is held for an enabled endpoint: the age cap at
@@ -319,8 +300,7 @@ impl Endpoints for SqliteStore {
                 "UPDATE endpoints SET disabled = 0, disabled_reason = NULL, disabled_by = NULL, \
                  disabled_at = NULL, fail_streak = 0, streak_started_at = NULL, updated_at = ?1 WHERE id = ?2",
                 params![now, ep],
-            )
-            .map_err(map_err)?;
+            )?;
             // Held past the age cap: dead now, and replayable like any other.
             let expired = c
                 .execute(
@@ -328,16 +308,13 @@ impl Endpoints for SqliteStore {
                      next_attempt_at = ?1, updated_at = ?1 \
                      WHERE endpoint_id = ?2 AND state = 0 AND cycle_started_at < ?3",
                     params![now, ep, too_old_before],
-                )
-                .map_err(map_err)?;
+                )?;
             c.execute(
                 "UPDATE deliveries SET parked = 0 WHERE endpoint_id = ?1 AND parked = 1",
                 params![ep],
-            )
-            .map_err(map_err)?;
+            )?;
             unhold(c, &ep)?;
-            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])
-                .map_err(map_err)?;
+            c.execute("DELETE FROM parked_endpoints WHERE endpoint_id = ?1", params![ep])?;
             Ok(Some(EnableReport {
                 was_disabled: true,
                 expired: u64::try_from(expired).unwrap_or(0),

@@ -23,8 +23,7 @@ impl EventTypes for SqliteStore {
                         et.created_at,
                         et.updated_at
                     ],
-                )
-                .map_err(map_err)?;
+                )?;
             if n == 0 {
                 return Err(StoreError::Conflict(format!(
                     "an event type named `{}` already exists",
@@ -39,9 +38,7 @@ impl EventTypes for SqliteStore {
     async fn get_event_type(&self, name: &str) -> StoreResult<Option<EventType>> {
         let name = name.to_owned();
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM event_types WHERE name = ?1")
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached("SELECT * FROM event_types WHERE name = ?1")?;
             Ok(rows(&mut stmt, params![name], |r| event_type_from_row(r))?.pop())
         })
         .await
@@ -83,8 +80,7 @@ impl EventTypes for SqliteStore {
                         et.updated_at,
                         et.name
                     ],
-                )
-                .map_err(map_err)?;
+                )?;
             Ok(n == 1)
         })
         .await
@@ -93,9 +89,7 @@ impl EventTypes for SqliteStore {
     async fn delete_event_type(&self, name: &str) -> StoreResult<bool> {
         let name = name.to_owned();
         self.write(move |c| {
-            let n = c
-                .execute("DELETE FROM event_types WHERE name = ?1", params![name])
-                .map_err(map_err)?;
+            let n = c.execute("DELETE FROM event_types WHERE name = ?1", params![name])?;
             Ok(n == 1)
         })
         .await
@@ -104,14 +98,10 @@ impl EventTypes for SqliteStore {
     async fn unknown_event_types(&self, names: &[String]) -> StoreResult<Vec<String>> {
         let list = to_json(&names)?;
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT name FROM event_types)",
-                )
-                .map_err(map_err)?;
-            let found = stmt
-                .query_map(params![list], |r| r.get::<_, String>(0))
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached(
+                "SELECT value FROM json_each(?1) WHERE value NOT IN (SELECT name FROM event_types)",
+            )?;
+            let found = stmt.query_map(params![list], |r| r.get::<_, String>(0))?;
             found.collect::<Result<Vec<_>, _>>().map_err(map_err)
         })
         .await

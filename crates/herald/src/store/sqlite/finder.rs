@@ -68,8 +68,7 @@ pub(super) fn find_messages_on(
                         .prepare_cached(
                             "SELECT COALESCE(SUM(n), 0) FROM delivery_counts WHERE state = ?1",
                         )
-                        .and_then(|mut st| st.query_row(params![state as i64], |r| r.get(0)))
-                        .map_err(map_err)?;
+                        .and_then(|mut st| st.query_row(params![state as i64], |r| r.get(0)))?;
                     (n <= STATUS_DRIVEN_AT_MOST).then_some(rows)
                 }
                 None => None,
@@ -99,19 +98,15 @@ pub(super) fn find_messages_on(
         return Ok(found);
     }
     let ids: Vec<&str> = found.items.iter().map(|m| m.id.as_str()).collect();
-    let mut stmt = c
-        .prepare_cached(
-            "SELECT msg_id, state, COUNT(*) FROM deliveries INDEXED BY deliveries_by_msg \
+    let mut stmt = c.prepare_cached(
+        "SELECT msg_id, state, COUNT(*) FROM deliveries INDEXED BY deliveries_by_msg \
              WHERE msg_id IN (SELECT value FROM json_each(?1)) GROUP BY msg_id, state",
-        )
-        .map_err(map_err)?;
+    )?;
     let counts = stmt
         .query_map(params![to_json(&ids)?], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .map_err(map_err)?
-        .collect::<Result<Vec<(String, i64, i64)>, _>>()
-        .map_err(map_err)?;
+        })?
+        .collect::<Result<Vec<(String, i64, i64)>, _>>()?;
     add_counts(&mut found.items, counts);
     Ok(found)
 }

@@ -10,15 +10,13 @@ impl Health for SqliteStore {
         self.read(move |c| {
             // The trigger-kept counts (migration 0016): ≤ 8 rows, however
             // many deliveries the endpoint has.
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT state, SUM(n) FROM delivery_counts WHERE endpoint_id = ?1 GROUP BY state",
-                )
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached(
+                "SELECT state, SUM(n) FROM delivery_counts WHERE endpoint_id = ?1 GROUP BY state",
+            )?;
             let mut counts = DeliveryCounts::default();
-            let mut rs = stmt.query(params![ep]).map_err(map_err)?;
-            while let Some(r) = rs.next().map_err(map_err)? {
-                counts.set(r.get(0).map_err(map_err)?, r.get(1).map_err(map_err)?);
+            let mut rs = stmt.query(params![ep])?;
+            while let Some(r) = rs.next()? {
+                counts.set(r.get(0)?, r.get(1)?);
             }
             Ok(counts)
         })
@@ -35,8 +33,7 @@ impl Health for SqliteStore {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT * FROM endpoint_stats WHERE endpoint_id = ?1 AND bucket >= ?2 ORDER BY bucket",
-                )
-                .map_err(map_err)?;
+                )?;
             rows(&mut stmt, params![ep, since], |r| stats_from_row(r))
         })
         .await
@@ -53,13 +50,11 @@ impl Health for SqliteStore {
         let ids = to_json(&eps.iter().map(EndpointId::as_str).collect::<Vec<_>>())?;
         self.read(move |c| {
             // One seek of the (endpoint_id, bucket) key per endpoint.
-            let mut stmt = c
-                .prepare_cached(
-                    "SELECT * FROM endpoint_stats \
+            let mut stmt = c.prepare_cached(
+                "SELECT * FROM endpoint_stats \
                      WHERE endpoint_id IN (SELECT value FROM json_each(?1)) AND bucket >= ?2 \
                      ORDER BY endpoint_id, bucket",
-                )
-                .map_err(map_err)?;
+            )?;
             let found = rows(&mut stmt, params![ids, since], |r| {
                 Ok((get::<String>(r, "endpoint_id")?, stats_from_row(r)?))
             })?;
@@ -86,8 +81,7 @@ impl Health for SqliteStore {
                     "SELECT e.*, a.name AS app_name FROM endpoints e JOIN applications a ON a.id = e.app_id \
                      WHERE (?1 IS NULL OR e.app_id = ?1) \
                      ORDER BY e.fail_streak DESC, e.id LIMIT ?2 OFFSET ?3",
-                )
-                .map_err(map_err)?;
+                )?;
             rows(&mut stmt, params![app, limit, offset], |r| {
                 Ok(EndpointOverview {
                     endpoint: endpoint_from_row(r, &keys)?,
@@ -103,8 +97,7 @@ impl Health for SqliteStore {
     async fn queue_stats(&self, now: Millis) -> StoreResult<QueueStats> {
         self.read(move |c| {
             let one = |sql: &str, args: &[&dyn rusqlite::ToSql]| -> StoreResult<Option<i64>> {
-                c.prepare_cached(sql)
-                    .map_err(map_err)?
+                c.prepare_cached(sql)?
                     .query_row(args, |r| r.get(0))
                     .map_err(map_err)
             };
@@ -116,14 +109,13 @@ impl Health for SqliteStore {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT state, held, SUM(n) FROM delivery_counts GROUP BY state, held",
-                )
-                .map_err(map_err)?;
-            let mut rs = stmt.query([]).map_err(map_err)?;
-            while let Some(r) = rs.next().map_err(map_err)? {
+                )?;
+            let mut rs = stmt.query([])?;
+            while let Some(r) = rs.next()? {
                 let (state, held, n): (i64, i64, i64) = (
-                    r.get(0).map_err(map_err)?,
-                    r.get(1).map_err(map_err)?,
-                    r.get(2).map_err(map_err)?,
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
                 );
                 match DeliveryState::from_i64(state) {
                     Some(DeliveryState::Pending) => {

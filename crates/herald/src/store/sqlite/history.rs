@@ -14,8 +14,7 @@ impl History for SqliteStore {
             let mut stmt = c
                 .prepare_cached(
                     "SELECT * FROM messages WHERE app_id = ?1 AND (id = ?2 OR event_id = ?2) ORDER BY id = ?2 DESC LIMIT 1",
-                )
-                .map_err(map_err)?;
+                )?;
             Ok(rows(&mut stmt, params![app, key], |r| message_from_row(r))?.pop())
         })
         .await
@@ -24,12 +23,10 @@ impl History for SqliteStore {
     async fn get_delivery(&self, app: &AppId, id: &DeliveryId) -> StoreResult<Option<Delivery>> {
         let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
                      WHERE d.id = ?1 AND d.app_id = ?2"
-                ))
-                .map_err(map_err)?;
+            ))?;
             Ok(rows(&mut stmt, params![id, app], |r| delivery_from_row(r))?.pop())
         })
         .await
@@ -42,12 +39,10 @@ impl History for SqliteStore {
     ) -> StoreResult<Vec<Delivery>> {
         let (app, msg) = (app.as_str().to_owned(), msg.as_str().to_owned());
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached(&format!(
-                    "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {DELIVERY_COLUMNS} FROM deliveries d JOIN messages m ON m.id = d.msg_id \
                      WHERE d.msg_id = ?1 AND d.app_id = ?2 ORDER BY d.id"
-                ))
-                .map_err(map_err)?;
+            ))?;
             rows(&mut stmt, params![msg, app], |r| delivery_from_row(r))
         })
         .await
@@ -79,9 +74,8 @@ impl History for SqliteStore {
     async fn get_attempt(&self, app: &AppId, id: &AttemptId) -> StoreResult<Option<AttemptRecord>> {
         let (app, id) = (app.as_str().to_owned(), id.as_str().to_owned());
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM attempts WHERE id = ?1 AND app_id = ?2")
-                .map_err(map_err)?;
+            let mut stmt =
+                c.prepare_cached("SELECT * FROM attempts WHERE id = ?1 AND app_id = ?2")?;
             Ok(rows(&mut stmt, params![id, app], |r| attempt_from_row(r))?.pop())
         })
         .await

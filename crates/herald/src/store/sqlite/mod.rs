@@ -197,6 +197,14 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     }
 }
 
+/// Lets `?` classify a driver error (conflict, parent gone, unavailable)
+/// where each statement would otherwise spell `.map_err(map_err)`.
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        map_err(e)
+    }
+}
+
 fn map_err(e: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode;
     match &e {
@@ -239,37 +247,28 @@ fn open_connection(path: &std::path::Path, read_only: bool) -> StoreResult<Conne
     };
     let conn = Connection::open_with_flags(path, flags)
         .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
-    conn.busy_timeout(Duration::from_secs(10))
-        .map_err(map_err)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
     conn.set_prepared_statement_cache_capacity(64);
     if !read_only {
         // WAL: readers never block the writer. FULL: a commit is fsynced.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(map_err)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(map_err)?;
-        conn.pragma_update(None, "wal_autocheckpoint", 4000)
-            .map_err(map_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
     }
-    conn.pragma_update(None, "foreign_keys", "ON")
-        .map_err(map_err)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
     // Each writer job runs in a savepoint, whose sub-journal would
     // otherwise spill to a temporary file (a write per page touched).
-    conn.pragma_update(None, "temp_store", "MEMORY")
-        .map_err(map_err)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     // A group commit touches more than the default 2 MiB of pages; a
     // smaller cache spills dirty pages into the WAL mid-transaction.
-    conn.pragma_update(None, "cache_size", -CACHE_KIB)
-        .map_err(map_err)?;
+    conn.pragma_update(None, "cache_size", -CACHE_KIB)?;
     Ok(conn)
 }
 
 /// Applies the migrations `conn` lacks; `counts` is the fold registered on
 /// it, flushed before the commit (a migration may move deliveries).
 fn migrate(conn: &mut Connection, counts: &CountFold) -> StoreResult<()> {
-    let applied: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(map_err)?;
+    let applied: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let applied = usize::try_from(applied).unwrap_or(0);
     if applied > MIGRATIONS.len() {
         return Err(StoreError::Internal(crate::store::newer_schema(
@@ -277,22 +276,21 @@ fn migrate(conn: &mut Connection, counts: &CountFold) -> StoreResult<()> {
             migrations::newest_version(),
         )));
     }
-    let tx = conn.transaction().map_err(map_err)?;
+    let tx = conn.transaction()?;
     counts.begin();
     for (i, (_, sql)) in MIGRATIONS.iter().enumerate().skip(applied) {
         tx.execute_batch(sql)
             .map_err(|e| StoreError::Internal(format!("migration {} failed: {e}", i + 1)))?;
-        tx.pragma_update(None, "user_version", i + 1)
-            .map_err(map_err)?;
+        tx.pragma_update(None, "user_version", i + 1)?;
     }
-    counts.flush(&tx).map_err(map_err)?;
+    counts.flush(&tx)?;
     tx.commit().map_err(map_err)
 }
 
 /// Opens the writing connection with `herald_count` registered on it.
 fn open_writer(path: &std::path::Path) -> StoreResult<(Connection, CountFold)> {
     let conn = open_connection(path, false)?;
-    let counts = CountFold::register(&conn).map_err(map_err)?;
+    let counts = CountFold::register(&conn)?;
     Ok((conn, counts))
 }
 
@@ -379,7 +377,7 @@ fn in_savepoint<T>(
     counts: &CountFold,
     f: impl FnOnce(&Connection) -> StoreResult<T>,
 ) -> StoreResult<T> {
-    conn.execute_batch("SAVEPOINT job").map_err(map_err)?;
+    conn.execute_batch("SAVEPOINT job")?;
     counts.job_start();
     let r = f(conn);
     let end = if r.is_ok() {
@@ -419,7 +417,7 @@ impl SqliteStore {
                 }
                 let (mut writer, counts) = open_writer(&path)?;
                 migrate(&mut writer, &counts)?;
-                counts::use_writer_triggers(&writer).map_err(map_err)?;
+                counts::use_writer_triggers(&writer)?;
                 let readers = (0..READERS)
                     .map(|_| open_connection(&path, true))
                     .collect::<StoreResult<Vec<_>>>()?;
@@ -461,11 +459,7 @@ impl SqliteStore {
         P: rusqlite::Params + Send + 'static,
     {
         self.write(move |c| {
-            let n = c
-                .prepare_cached(sql)
-                .map_err(map_err)?
-                .execute(params)
-                .map_err(map_err)?;
+            let n = c.prepare_cached(sql)?.execute(params)?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
@@ -565,10 +559,7 @@ impl crate::store::rows::StoredRow for Row<'_> {
 
     /// SQLite keeps flags as 0 and 1.
     fn flag(&self, column: &str) -> StoreResult<Option<bool>> {
-        Ok(self
-            .get::<_, Option<i64>>(column)
-            .map_err(map_err)?
-            .map(|v| v != 0))
+        Ok(self.get::<_, Option<i64>>(column)?.map(|v| v != 0))
     }
 }
 
@@ -583,8 +574,8 @@ fn rows<T>(
     map: impl Fn(&Row<'_>) -> StoreResult<T>,
 ) -> StoreResult<Vec<T>> {
     let mut out = Vec::new();
-    let mut rs = stmt.query(params).map_err(map_err)?;
-    while let Some(row) = rs.next().map_err(map_err)? {
+    let mut rs = stmt.query(params)?;
+    while let Some(row) = rs.next()? {
         out.push(map(row)?);
     }
     Ok(out)
@@ -619,7 +610,7 @@ fn page_of<T>(
         if up { "ASC" } else { "DESC" },
         page.limit.saturating_add(1)
     ));
-    let mut stmt = conn.prepare_cached(&sql).map_err(map_err)?;
+    let mut stmt = conn.prepare_cached(&sql)?;
     let mut items = rows(&mut stmt, rusqlite::params_from_iter(args), map)?;
     let has_more = items.len() > page.limit;
     items.truncate(page.limit);
@@ -635,11 +626,9 @@ fn page_of<T>(
 /// here: on for every statement it costs the hot path's updates ≈ 4 %
 /// (BENCHMARKS.md). The WAL holds older page images until a checkpoint.
 fn securely<T>(c: &Connection, erase: impl FnOnce() -> StoreResult<T>) -> StoreResult<T> {
-    c.pragma_update(None, "secure_delete", "ON")
-        .map_err(map_err)?;
+    c.pragma_update(None, "secure_delete", "ON")?;
     let result = erase();
-    c.pragma_update(None, "secure_delete", "OFF")
-        .map_err(map_err)?;
+    c.pragma_update(None, "secure_delete", "OFF")?;
     result
 }
 

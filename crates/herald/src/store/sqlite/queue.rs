@@ -17,14 +17,12 @@ fn insert_messages_tx(
             "INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
              tags, deliver_at, payload_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
              ON CONFLICT DO NOTHING",
-        )
-        .map_err(map_err)?;
+        )?;
     let mut endpoints_q = conn
         .prepare_cached(
             "SELECT id, filter_types, channels, disabled, url, secret, old_secrets, headers, rate_limit, ordering \
              FROM endpoints WHERE app_id = ?1 AND (disabled = 0 OR disabled_by = 'auto')",
-        )
-        .map_err(map_err)?;
+        )?;
     // A delivery claimed at ingest is born `delivering` under a lease, just
     // as `claim_tx` would leave it; the others are born pending. A
     // scheduled message's cycle starts at its `deliverAt` (the age cap
@@ -34,8 +32,7 @@ fn insert_messages_tx(
             "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, lease_token, \
              cycle_started_at, created_at, updated_at, queued_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?9, ?8, ?8, ?10)",
-        )
-        .map_err(map_err)?;
+        )?;
     // A FIFO endpoint's deliveries take their queue place here, in the
     // order the writer stores them (which is the order of the commits):
     // after every live delivery's place (among them the one in flight), and
@@ -46,16 +43,12 @@ fn insert_messages_tx(
     // message's (`deliverAt` ahead) gets none: a head not due would hold
     // the queue; it takes its place when a claim meets it due. One index
     // seek per FIFO endpoint and batch (its last place), none per delivery.
-    let mut last_place = conn
-        .prepare_cached(
-            "SELECT MAX(queued_at) FROM deliveries INDEXED BY deliveries_fifo \
+    let mut last_place = conn.prepare_cached(
+        "SELECT MAX(queued_at) FROM deliveries INDEXED BY deliveries_fifo \
              WHERE endpoint_id = ?1 AND queued_at IS NOT NULL AND state < 2",
-        )
-        .map_err(map_err)?;
+    )?;
     let mut fifo_last: HashMap<String, Option<Millis>> = HashMap::new();
-    let mut app_exists = conn
-        .prepare_cached("SELECT 1 FROM applications WHERE id = ?1")
-        .map_err(map_err)?;
+    let mut app_exists = conn.prepare_cached("SELECT 1 FROM applications WHERE id = ?1")?;
     let mut claimed = Vec::new();
     let mut apps_known: HashMap<String, bool> = HashMap::new();
     let mut endpoints_of: HashMap<String, Vec<FanoutTarget>> = HashMap::new();
@@ -82,9 +75,7 @@ fn insert_messages_tx(
         let known = match apps_known.get(m.app_id.as_str()) {
             Some(k) => *k,
             None => {
-                let k = app_exists
-                    .exists(params![m.app_id.as_str()])
-                    .map_err(map_err)?;
+                let k = app_exists.exists(params![m.app_id.as_str()])?;
                 apps_known.insert(m.app_id.as_str().to_owned(), k);
                 k
             }
@@ -93,40 +84,35 @@ fn insert_messages_tx(
             outcomes.push(InsertOutcome::NoSuchApp);
             continue;
         }
-        let inserted = insert_msg
-            .execute(params![
-                m.id.as_str(),
-                m.app_id.as_str(),
-                m.event_type,
-                m.event_id,
-                m.payload,
-                m.created_at,
-                m.channels.as_ref().map(to_json).transpose()?,
-                m.traceparent,
-                m.tags.as_ref().map(to_json).transpose()?,
-                m.deliver_at,
-                m.payload_expires_at
-            ])
-            .map_err(map_err)?;
+        let inserted = insert_msg.execute(params![
+            m.id.as_str(),
+            m.app_id.as_str(),
+            m.event_type,
+            m.event_id,
+            m.payload,
+            m.created_at,
+            m.channels.as_ref().map(to_json).transpose()?,
+            m.traceparent,
+            m.tags.as_ref().map(to_json).transpose()?,
+            m.deliver_at,
+            m.payload_expires_at
+        ])?;
         if inserted == 0 {
             outcomes.push(InsertOutcome::DuplicateEventId);
             continue;
         }
         if !endpoints_of.contains_key(m.app_id.as_str()) {
             let mut eps = Vec::new();
-            let mut rs = endpoints_q
-                .query(params![m.app_id.as_str()])
-                .map_err(map_err)?;
-            while let Some(r) = rs.next().map_err(map_err)? {
+            let mut rs = endpoints_q.query(params![m.app_id.as_str()])?;
+            while let Some(r) = rs.next()? {
                 if EndpointOrdering::from_stored(&get::<String>(r, "ordering")?)
                     == EndpointOrdering::Fifo
                 {
                     if let std::collections::hash_map::Entry::Vacant(slot) =
                         fifo_last.entry(get::<String>(r, "id")?)
                     {
-                        let last: Option<Millis> = last_place
-                            .query_row(params![slot.key()], |row| row.get(0))
-                            .map_err(map_err)?;
+                        let last: Option<Millis> =
+                            last_place.query_row(params![slot.key()], |row| row.get(0))?;
                         slot.insert(last);
                     }
                 }
@@ -167,20 +153,18 @@ fn insert_messages_tx(
                 }
                 _ => None,
             };
-            insert_delivery
-                .execute(params![
-                    d.id.as_str(),
-                    m.id.as_str(),
-                    d.endpoint_id,
-                    m.app_id.as_str(),
-                    d.state as i64,
-                    d.due,
-                    d.lease_token(),
-                    m.created_at,
-                    m.due_at(),
-                    place
-                ])
-                .map_err(map_err)?;
+            insert_delivery.execute(params![
+                d.id.as_str(),
+                m.id.as_str(),
+                d.endpoint_id,
+                m.app_id.as_str(),
+                d.state as i64,
+                d.due,
+                d.lease_token(),
+                m.created_at,
+                m.due_at(),
+                place
+            ])?;
             counts::counted(d.endpoint_id, d.state as i64, false, 1)?;
             claimed.extend(d.claimed);
         }
@@ -197,19 +181,16 @@ fn create_app_unless_uid_taken(conn: &Connection, app: &App) -> StoreResult<AppI
     let existing: Option<String> = conn
         .prepare_cached(
             "SELECT id FROM applications WHERE id = ?1 OR uid = ?1 ORDER BY id = ?1 DESC LIMIT 1",
-        )
-        .map_err(map_err)?
+        )?
         .query_row(params![key], |r| r.get(0))
-        .optional()
-        .map_err(map_err)?;
+        .optional()?;
     if let Some(id) = existing {
         return Ok(AppId::from_trusted(id));
     }
     conn.prepare_cached(
         "INSERT INTO applications (id, uid, name, rate_limit, metadata, created_at, updated_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )
-    .map_err(map_err)?
+    )?
     .execute(params![
         app.id.as_str(),
         app.uid,
@@ -218,8 +199,7 @@ fn create_app_unless_uid_taken(conn: &Connection, app: &App) -> StoreResult<AppI
         to_json(&app.metadata)?,
         app.created_at,
         app.updated_at
-    ])
-    .map_err(map_err)?;
+    ])?;
     Ok(app.id.clone())
 }
 
@@ -233,51 +213,45 @@ fn complete_tx(
             "INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, started_at, \
              duration_ms, status_code, response, error, success, manual) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
-        )
-        .map_err(map_err)?;
+        )?;
     // The lease token guard leaves a re-claimed delivery to its new holder.
     let mut update = conn
         .prepare_cached(
             "UPDATE deliveries SET state = ?1, attempts = ?2, next_attempt_at = ?3, lease_token = NULL, manual = 0, \
              dead_reason = ?4, last_status = ?5, last_error = ?6, updated_at = ?7 \
              WHERE id = ?8 AND lease_token = ?9",
-        )
-        .map_err(map_err)?;
+        )?;
     let mut moved = Vec::with_capacity(batch.len());
     for c in batch {
         let a = &c.attempt;
-        insert
-            .execute(params![
-                a.id.as_str(),
-                a.delivery_id.as_str(),
-                a.msg_id.as_str(),
-                a.endpoint_id.as_str(),
-                a.app_id.as_str(),
-                a.url,
-                i64::from(a.attempt_number),
-                a.started_at,
-                a.duration_ms,
-                a.status_code.map(i64::from),
-                a.response,
-                a.error,
-                i64::from(a.success),
-                i64::from(a.manual),
-            ])
-            .map_err(map_err)?;
+        insert.execute(params![
+            a.id.as_str(),
+            a.delivery_id.as_str(),
+            a.msg_id.as_str(),
+            a.endpoint_id.as_str(),
+            a.app_id.as_str(),
+            a.url,
+            i64::from(a.attempt_number),
+            a.started_at,
+            a.duration_ms,
+            a.status_code.map(i64::from),
+            a.response,
+            a.error,
+            i64::from(a.success),
+            i64::from(a.manual),
+        ])?;
         let (state, next_at, reason) = c.next_state();
-        let changed = update
-            .execute(params![
-                state as i64,
-                i64::from(a.attempt_number),
-                next_at,
-                reason,
-                a.status_code.map(i64::from),
-                a.error,
-                c.now,
-                a.delivery_id.as_str(),
-                c.lease_token,
-            ])
-            .map_err(map_err)?;
+        let changed = update.execute(params![
+            state as i64,
+            i64::from(a.attempt_number),
+            next_at,
+            reason,
+            a.status_code.map(i64::from),
+            a.error,
+            c.now,
+            a.delivery_id.as_str(),
+            c.lease_token,
+        ])?;
         // Names no `parked`: counts itself (counts.rs). Leased, so it was
         // delivering, and never held (only pending rows are parked or
         // held). No RETURNING: SQLite would build a table for its rows on
@@ -308,11 +282,9 @@ fn record_endpoint_health(
     batch: &[Completion],
     breaker: &BreakerRule,
 ) -> StoreResult<(Vec<StreakUpdate>, Vec<CircuitChange>)> {
-    let mut read_circuit = conn
-        .prepare_cached(&format!(
-            "SELECT {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ?1"
-        ))
-        .map_err(map_err)?;
+    let mut read_circuit = conn.prepare_cached(&format!(
+        "SELECT {CIRCUIT_COLUMNS} FROM endpoints WHERE id = ?1"
+    ))?;
     let mut streak = conn
         .prepare_cached(
             "UPDATE endpoints SET \
@@ -324,8 +296,7 @@ fn record_endpoint_health(
                circuit_probe_by = ?12, circuit_window_at = ?13, circuit_attempts = ?14, \
                circuit_failures = ?15, circuit_prev_attempts = ?16, circuit_prev_failures = ?17 \
              WHERE id = ?7 RETURNING fail_streak, streak_started_at, disabled",
-        )
-        .map_err(map_err)?;
+        )?;
     let seen = fold_seen(batch);
     // The store reads no clock: the batch's latest "now" is its time.
     let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
@@ -338,8 +309,7 @@ fn record_endpoint_health(
         };
         let stored = read_circuit
             .query_row(params![e.endpoint_id.as_str()], circuit_of_row)
-            .optional()
-            .map_err(map_err)?;
+            .optional()?;
         // (None: the endpoint was deleted while its attempt was in flight.)
         let Some(stored) = stored else { continue };
         let (mut next, changed) = step_circuits(
@@ -383,8 +353,7 @@ fn record_endpoint_health(
                     ))
                 },
             )
-            .optional()
-            .map_err(map_err)?;
+            .optional()?;
         if let Some((fail_streak, started, disabled)) = row {
             if e.failures > 0 {
                 out.push(StreakUpdate {
@@ -408,8 +377,7 @@ fn record_endpoint_health(
                h0 = h0 + excluded.h0, h1 = h1 + excluded.h1, h2 = h2 + excluded.h2, h3 = h3 + excluded.h3, \
                h4 = h4 + excluded.h4, h5 = h5 + excluded.h5, h6 = h6 + excluded.h6, h7 = h7 + excluded.h7, \
                h8 = h8 + excluded.h8, h9 = h9 + excluded.h9, h10 = h10 + excluded.h10, h11 = h11 + excluded.h11",
-        )
-        .map_err(map_err)?;
+        )?;
     for (ep, b) in fold_stats(batch) {
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut values: Vec<Value> = vec![
@@ -421,8 +389,7 @@ fn record_endpoint_health(
             n(b.latency_sum_ms).into(),
         ];
         values.extend(b.histogram.iter().map(|h| Value::from(n(*h))));
-        add.execute(rusqlite::params_from_iter(values))
-            .map_err(map_err)?;
+        add.execute(rusqlite::params_from_iter(values))?;
     }
     Ok((out, changes))
 }
@@ -461,16 +428,14 @@ impl Queue for SqliteStore {
                     params![ep, m.app_id.as_str()],
                     |_| Ok(()),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             if found.is_none() {
                 return Ok(false);
             }
             c.execute(
                 "INSERT INTO messages (id, app_id, event_type, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![m.id.as_str(), m.app_id.as_str(), m.event_type, m.payload, m.created_at],
-            )
-            .map_err(map_err)?;
+            )?;
             c.execute(
                 "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                  cycle_started_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, ?5, ?5)",
@@ -481,8 +446,7 @@ impl Queue for SqliteStore {
                     m.app_id.as_str(),
                     m.created_at
                 ],
-            )
-            .map_err(map_err)?;
+            )?;
             counts::counted(&ep, 0, false, 1)?;
             Ok(true)
         })
@@ -521,8 +485,7 @@ impl Queue for SqliteStore {
                             WHERE d.parked = 1 AND d.endpoint_id = p.endpoint_id) \
                      FROM parked_endpoints p \
                     WHERE p.endpoint_id NOT IN (SELECT id FROM endpoints WHERE disabled = 1))",
-            )
-            .map_err(map_err)?
+            )?
             .query_row([], |r| r.get(0))
             .map_err(map_err)
         })
@@ -555,8 +518,7 @@ impl Queue for SqliteStore {
                     params![now, id, token],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             if let Some((endpoint, parked)) = released {
                 counts::moved(&endpoint, 1, 0, parked == 2)?;
             }
@@ -585,17 +547,15 @@ fn throttle_waiting_on(
     c: &Connection,
     endpoint: Option<String>,
 ) -> StoreResult<Vec<ThrottleWaiting>> {
-    let mut stmt = c
-        .prepare_cached(
-            "SELECT e.id, e.rate_limit, \
+    let mut stmt = c.prepare_cached(
+        "SELECT e.id, e.rate_limit, \
                     (SELECT COUNT(*) FROM deliveries d INDEXED BY deliveries_fifo \
                       WHERE d.endpoint_id = e.id AND d.queued_at IS NOT NULL AND d.state < 2 \
                         AND d.state = 0 AND d.parked < 2) AS waiting \
              FROM endpoints e INDEXED BY endpoints_throttled \
              WHERE e.rate_limit > 0 AND e.disabled = 0 AND (?1 IS NULL OR e.id = ?1) \
              ORDER BY e.id",
-        )
-        .map_err(map_err)?;
+    )?;
     rows(&mut stmt, params![endpoint], |r| {
         Ok(ThrottleWaiting {
             endpoint_id: EndpointId::from_trusted(get(r, "id")?),

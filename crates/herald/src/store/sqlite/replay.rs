@@ -35,9 +35,7 @@ impl Replay for SqliteStore {
             renumber_from(&cond, 2)
         );
         self.write(move |c| {
-            let n = c
-                .execute(&sql, rusqlite::params_from_iter(args))
-                .map_err(map_err)?;
+            let n = c.execute(&sql, rusqlite::params_from_iter(args))?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await
@@ -65,8 +63,7 @@ impl Replay for SqliteStore {
                     params![msg, app],
                     |r| r.get(0),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             match expunged {
                 None => return Ok(ResendOutcome::NoSuchMessage),
                 Some(true) => return Ok(ResendOutcome::Expunged),
@@ -84,8 +81,7 @@ impl Replay for SqliteStore {
                     params![msg, ep],
                     |r| r.get(0),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             if state == Some(DeliveryState::Delivering as i64) {
                 return Ok(ResendOutcome::InFlight);
             }
@@ -93,15 +89,13 @@ impl Replay for SqliteStore {
                 .execute(
                     &format!("UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"),
                     params![now, msg, ep],
-                )
-                .map_err(map_err)?;
+                )?;
             if n == 0 {
                 c.execute(
                     "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
                      manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
                     params![DeliveryId::generate().as_str(), msg, ep, app, now],
-                )
-                .map_err(map_err)?;
+                )?;
                 counts::counted(&ep, 0, false, 1)?;
             }
             Ok(ResendOutcome::Queued)
@@ -132,8 +126,7 @@ impl Replay for SqliteStore {
                     params![ep, app],
                     |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?)),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             let Some((filter_types, channels)) = routing else {
                 return Ok(None);
             };
@@ -148,18 +141,16 @@ impl Replay for SqliteStore {
                        SELECT 1 FROM deliveries d WHERE d.endpoint_id = ?1 AND d.msg_id = m.id) \
                      FROM messages m WHERE m.app_id = ?2 AND m.id > ?3 \
                        AND m.created_at >= ?4 AND m.created_at < ?5 ORDER BY m.id LIMIT ?6",
-                )
-                .map_err(map_err)?;
+                )?;
             let mut last = None;
             let mut missing = Vec::new();
             let mut rows = looked
-                .query(params![ep, app, after, window.0, window.1, limit])
-                .map_err(map_err)?;
-            while let Some(r) = rows.next().map_err(map_err)? {
-                let id: String = r.get(0).map_err(map_err)?;
+                .query(params![ep, app, after, window.0, window.1, limit])?;
+            while let Some(r) = rows.next()? {
+                let id: String = r.get(0)?;
                 last = Some(id.clone());
-                if !r.get::<_, bool>(3).map_err(map_err)? {
-                    missing.push((id, r.get(1).map_err(map_err)?, r.get(2).map_err(map_err)?));
+                if !r.get::<_, bool>(3)? {
+                    missing.push((id, r.get(1)?, r.get(2)?));
                 }
             }
             drop(rows);
@@ -168,12 +159,10 @@ impl Replay for SqliteStore {
                 .prepare_cached(
                     "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                      cycle_started_at, manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
-                )
-                .map_err(map_err)?;
+                )?;
             for msg in &wanted {
                 insert
-                    .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])
-                    .map_err(map_err)?;
+                    .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])?;
                 counts::counted(&ep, 0, false, 1)?;
             }
             Ok(Some(MissingBatch {

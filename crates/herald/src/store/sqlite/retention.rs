@@ -15,53 +15,37 @@ fn prune_tx(
     let limit = i64::try_from(batch).unwrap_or(i64::MAX);
     let mut dead = Vec::new();
     {
-        let mut stmt = conn
-            .prepare_cached(
-                "SELECT id, msg_id FROM deliveries WHERE state = 3 AND updated_at < ?1 \
+        let mut stmt = conn.prepare_cached(
+            "SELECT id, msg_id FROM deliveries WHERE state = 3 AND updated_at < ?1 \
                  ORDER BY updated_at LIMIT ?2",
-            )
-            .map_err(map_err)?;
-        let mut rs = stmt.query(params![dead_before, limit]).map_err(map_err)?;
-        while let Some(r) = rs.next().map_err(map_err)? {
+        )?;
+        let mut rs = stmt.query(params![dead_before, limit])?;
+        while let Some(r) = rs.next()? {
             dead.push((get::<String>(r, "id")?, get::<String>(r, "msg_id")?));
         }
     }
-    let mut delete_attempts_of_delivery = conn
-        .prepare_cached("DELETE FROM attempts WHERE msg_id = ?1 AND delivery_id = ?2")
-        .map_err(map_err)?;
-    let mut delete_delivery = conn
-        .prepare_cached("DELETE FROM deliveries WHERE id = ?1")
-        .map_err(map_err)?;
+    let mut delete_attempts_of_delivery =
+        conn.prepare_cached("DELETE FROM attempts WHERE msg_id = ?1 AND delivery_id = ?2")?;
+    let mut delete_delivery = conn.prepare_cached("DELETE FROM deliveries WHERE id = ?1")?;
     // Attempts are history without a foreign key: a message's go with it,
     // including those of endpoints deleted since.
-    let mut delete_attempts_of_message = conn
-        .prepare_cached("DELETE FROM attempts WHERE msg_id = ?1")
-        .map_err(map_err)?;
-    let mut delete_orphan = conn
-        .prepare_cached(
-            "DELETE FROM messages WHERE id = ?1 AND created_at < ?2 \
+    let mut delete_attempts_of_message =
+        conn.prepare_cached("DELETE FROM attempts WHERE msg_id = ?1")?;
+    let mut delete_orphan = conn.prepare_cached(
+        "DELETE FROM messages WHERE id = ?1 AND created_at < ?2 \
                AND NOT EXISTS (SELECT 1 FROM deliveries WHERE msg_id = ?1)",
-        )
-        .map_err(map_err)?;
+    )?;
     let mut messages: usize = 0;
     for (id, msg) in &dead {
-        delete_attempts_of_delivery
-            .execute(params![msg, id])
-            .map_err(map_err)?;
-        delete_delivery.execute(params![id]).map_err(map_err)?;
+        delete_attempts_of_delivery.execute(params![msg, id])?;
+        delete_delivery.execute(params![id])?;
     }
     let mut dead_msgs: Vec<&String> = dead.iter().map(|(_, m)| m).collect();
     dead_msgs.sort_unstable();
     dead_msgs.dedup();
     for msg in dead_msgs {
-        if delete_orphan
-            .execute(params![msg, finished_before])
-            .map_err(map_err)?
-            == 1
-        {
-            delete_attempts_of_message
-                .execute(params![msg])
-                .map_err(map_err)?;
+        if delete_orphan.execute(params![msg, finished_before])? == 1 {
+            delete_attempts_of_message.execute(params![msg])?;
             messages += 1;
         }
     }
@@ -76,32 +60,22 @@ fn prune_tx(
                 "SELECT id FROM messages m WHERE created_at < ?1 \
                    AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.msg_id = m.id AND d.state <> 2) \
                  ORDER BY created_at LIMIT ?2",
-            )
-            .map_err(map_err)?;
-        let mut rs = stmt
-            .query(params![
-                finished_before,
-                i64::try_from(budget).unwrap_or(i64::MAX)
-            ])
-            .map_err(map_err)?;
-        while let Some(r) = rs.next().map_err(map_err)? {
+            )?;
+        let mut rs = stmt.query(params![
+            finished_before,
+            i64::try_from(budget).unwrap_or(i64::MAX)
+        ])?;
+        while let Some(r) = rs.next()? {
             finished.push(get::<String>(r, "id")?);
         }
     }
-    let mut delete_deliveries_of_message = conn
-        .prepare_cached("DELETE FROM deliveries WHERE msg_id = ?1")
-        .map_err(map_err)?;
-    let mut delete_message = conn
-        .prepare_cached("DELETE FROM messages WHERE id = ?1")
-        .map_err(map_err)?;
+    let mut delete_deliveries_of_message =
+        conn.prepare_cached("DELETE FROM deliveries WHERE msg_id = ?1")?;
+    let mut delete_message = conn.prepare_cached("DELETE FROM messages WHERE id = ?1")?;
     for msg in &finished {
-        delete_attempts_of_message
-            .execute(params![msg])
-            .map_err(map_err)?;
-        delete_deliveries_of_message
-            .execute(params![msg])
-            .map_err(map_err)?;
-        delete_message.execute(params![msg]).map_err(map_err)?;
+        delete_attempts_of_message.execute(params![msg])?;
+        delete_deliveries_of_message.execute(params![msg])?;
+        delete_message.execute(params![msg])?;
     }
     messages += finished.len();
     Ok(PruneReport {
@@ -188,8 +162,7 @@ impl Retention for SqliteStore {
                     params![msg, app],
                     |_| Ok(()),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             if found.is_none() {
                 return Ok(None);
             }
@@ -254,15 +227,12 @@ fn expunge_tx(c: &Connection, msg: &str, now: Millis) -> StoreResult<u64> {
     c.execute(
         "UPDATE messages SET payload = '', expunged_at = COALESCE(expunged_at, ?2) WHERE id = ?1",
         params![msg, now],
-    )
-    .map_err(map_err)?;
-    let dead = c
-        .execute(
-            "UPDATE deliveries SET state = 3, dead_reason = 'expunged', lease_token = NULL, \
+    )?;
+    let dead = c.execute(
+        "UPDATE deliveries SET state = 3, dead_reason = 'expunged', lease_token = NULL, \
              parked = 0, updated_at = ?2 WHERE msg_id = ?1 AND state = 0",
-            params![msg, now],
-        )
-        .map_err(map_err)?;
+        params![msg, now],
+    )?;
     Ok(dead as u64)
 }
 
@@ -275,12 +245,10 @@ fn expunge_picked(
     now: Millis,
 ) -> StoreResult<u64> {
     let ids: Vec<String> = {
-        let mut stmt = c.prepare_cached(select).map_err(map_err)?;
+        let mut stmt = c.prepare_cached(select)?;
         let found = stmt
-            .query_map(params![bound, limit], |r| r.get(0))
-            .map_err(map_err)?
-            .collect::<Result<Vec<String>, _>>()
-            .map_err(map_err)?;
+            .query_map(params![bound, limit], |r| r.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
         found
     };
     securely(c, || {

@@ -16,13 +16,11 @@ impl Secrets for SqliteStore {
                 let name = col.name();
                 // One row per key prefix (`enc:v1:<id>:`); SQLite takes the
                 // bare columns from the row of MIN(id).
-                let mut stmt = c
-                    .prepare_cached(&format!(
-                        "SELECT MIN(id) AS id, {name} AS v FROM endpoints \
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT MIN(id) AS id, {name} AS v FROM endpoints \
                          WHERE substr({name}, 1, 4) = 'enc:' GROUP BY substr({name}, 1, {})",
-                        crate::crypto::KEY_PREFIX_LEN
-                    ))
-                    .map_err(map_err)?;
+                    crate::crypto::KEY_PREFIX_LEN
+                ))?;
                 out.extend(rows(&mut stmt, [], |r| {
                     Ok(SealedSample {
                         endpoint_id: get(r, "id")?,
@@ -57,8 +55,7 @@ impl Secrets for SqliteStore {
                                    OR (substr(url, 1, 4) = 'enc:' AND substr(url, 1, length(?2)) <> ?2) \
                                    OR (substr(url, 1, 4) <> 'enc:' AND instr(url, '@') > 0)) \
                                  ORDER BY id LIMIT ?3",
-                            )
-                            .map_err(map_err)?;
+                            )?;
                         rows(&mut stmt, params![a, k, RESEAL_BATCH as i64], |r| {
                             Ok(SecretRow {
                                 id: get(r, "id")?,
@@ -86,8 +83,7 @@ impl Secrets for SqliteStore {
                                 "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3, url = ?8 \
                                  WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7 \
                                    AND url = ?9",
-                            )
-                            .map_err(map_err)?;
+                            )?;
                         let mut n = 0u64;
                         for (old, new) in &writes {
                             n += stmt
@@ -101,8 +97,7 @@ impl Secrets for SqliteStore {
                                     old.headers,
                                     new.url,
                                     old.url
-                                ])
-                                .map_err(map_err)? as u64;
+                                ])? as u64;
                         }
                         Ok(n)
                     })

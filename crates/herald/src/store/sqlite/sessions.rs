@@ -24,8 +24,7 @@ impl Sessions for SqliteStore {
                     s.created_at,
                     s.expires_at
                 ],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -37,11 +36,9 @@ impl Sessions for SqliteStore {
             .read({
                 let sha = sha.clone();
                 move |c| {
-                    let mut stmt = c
-                        .prepare_cached(
-                            "SELECT * FROM sessions WHERE sha256 = ?1 AND expires_at > ?2",
-                        )
-                        .map_err(map_err)?;
+                    let mut stmt = c.prepare_cached(
+                        "SELECT * FROM sessions WHERE sha256 = ?1 AND expires_at > ?2",
+                    )?;
                     Ok(rows(&mut stmt, params![sha, now], |r| session_from_row(r))?.pop())
                 }
             })
@@ -52,8 +49,7 @@ impl Sessions for SqliteStore {
                 c.execute(
                     "UPDATE sessions SET flash = NULL WHERE sha256 = ?1",
                     params![sha],
-                )
-                .map_err(map_err)?;
+                )?;
                 Ok(())
             })
             .await?;
@@ -67,8 +63,7 @@ impl Sessions for SqliteStore {
             c.execute(
                 "UPDATE sessions SET flash = ?2 WHERE sha256 = ?1",
                 params![sha, text],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -77,8 +72,7 @@ impl Sessions for SqliteStore {
     async fn delete_session(&self, sha256_hex: &str) -> StoreResult<()> {
         let sha = sha256_hex.to_owned();
         self.write(move |c| {
-            c.execute("DELETE FROM sessions WHERE sha256 = ?1", params![sha])
-                .map_err(map_err)?;
+            c.execute("DELETE FROM sessions WHERE sha256 = ?1", params![sha])?;
             Ok(())
         })
         .await
@@ -86,14 +80,11 @@ impl Sessions for SqliteStore {
 
     async fn prune_sessions(&self, now: Millis) -> StoreResult<u64> {
         self.write(move |c| {
-            let n = c
-                .execute("DELETE FROM sessions WHERE expires_at <= ?1", params![now])
-                .map_err(map_err)?;
+            let n = c.execute("DELETE FROM sessions WHERE expires_at <= ?1", params![now])?;
             c.execute(
                 "DELETE FROM portal_codes WHERE expires_at <= ?1",
                 params![now],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(n as u64)
         })
         .await

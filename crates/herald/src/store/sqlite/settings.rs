@@ -24,8 +24,7 @@ impl Settings for SqliteStore {
             c.execute(
                 "INSERT INTO settings (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
                 params![key, value],
-            )
-            .map_err(map_err)?;
+            )?;
             c.query_row(
                 "SELECT value FROM settings WHERE key = ?1",
                 params![key],

@@ -17,8 +17,7 @@ fn insert_token(c: &Connection, t: &ApiToken, sha: &str) -> StoreResult<()> {
             t.session_id,
             t.feature_flags
         ],
-    )
-    .map_err(map_err)?;
+    )?;
     Ok(())
 }
 
@@ -45,8 +44,7 @@ impl Tokens for SqliteStore {
             c.execute(
                 "INSERT INTO portal_codes (sha256, token_id, expires_at) VALUES (?1, ?2, ?3)",
                 params![code, t.id, t.expires_at.unwrap_or(i64::MAX)],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -65,17 +63,14 @@ impl Tokens for SqliteStore {
                     params![code],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             let Some((token_id, expires_at)) = taken else {
                 return Ok(None);
             };
             if expires_at <= now {
                 return Ok(None);
             }
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM api_tokens WHERE id = ?1")
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached("SELECT * FROM api_tokens WHERE id = ?1")?;
             Ok(rows(&mut stmt, params![token_id], |r| token_from_row(r))?
                 .pop()
                 .filter(|t| t.live_at(now)))
@@ -95,15 +90,13 @@ impl Tokens for SqliteStore {
             // The chosen tokens, then what was made from them.
             let chosen = "SELECT id FROM api_tokens WHERE app_id = ?1 \
                  AND (?2 IS NULL OR session_id IN (SELECT value FROM json_each(?2)))";
-            let n = c
-                .execute(
-                    &format!(
-                        "UPDATE api_tokens SET expires_at = ?3 WHERE id IN ({chosen}) \
+            let n = c.execute(
+                &format!(
+                    "UPDATE api_tokens SET expires_at = ?3 WHERE id IN ({chosen}) \
                          AND (expires_at IS NULL OR expires_at > ?3)"
-                    ),
-                    params![app, session_ids, at],
-                )
-                .map_err(map_err)?;
+                ),
+                params![app, session_ids, at],
+            )?;
             for table in ["sessions", "portal_codes"] {
                 c.execute(
                     &format!(
@@ -111,8 +104,7 @@ impl Tokens for SqliteStore {
                          AND expires_at > ?3"
                     ),
                     params![app, session_ids, at],
-                )
-                .map_err(map_err)?;
+                )?;
             }
             Ok(n as u64)
         })
@@ -126,12 +118,9 @@ impl Tokens for SqliteStore {
                 "UPDATE api_tokens SET expires_at = ?2 WHERE id = ?1 \
                  AND (expires_at IS NULL OR expires_at > ?2)",
                 params![id, now],
-            )
-            .map_err(map_err)?;
-            c.execute("DELETE FROM sessions WHERE token_id = ?1", params![id])
-                .map_err(map_err)?;
-            c.execute("DELETE FROM portal_codes WHERE token_id = ?1", params![id])
-                .map_err(map_err)?;
+            )?;
+            c.execute("DELETE FROM sessions WHERE token_id = ?1", params![id])?;
+            c.execute("DELETE FROM portal_codes WHERE token_id = ?1", params![id])?;
             Ok(())
         })
         .await
@@ -140,9 +129,7 @@ impl Tokens for SqliteStore {
     async fn find_token(&self, sha256_hex: &str) -> StoreResult<Option<ApiToken>> {
         let sha = sha256_hex.to_owned();
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM api_tokens WHERE sha256 = ?1")
-                .map_err(map_err)?;
+            let mut stmt = c.prepare_cached("SELECT * FROM api_tokens WHERE sha256 = ?1")?;
             Ok(rows(&mut stmt, params![sha], |r| token_from_row(r))?.pop())
         })
         .await
@@ -151,9 +138,8 @@ impl Tokens for SqliteStore {
     async fn list_tokens(&self, app: &AppId) -> StoreResult<Vec<ApiToken>> {
         let app = app.as_str().to_owned();
         self.read(move |c| {
-            let mut stmt = c
-                .prepare_cached("SELECT * FROM api_tokens WHERE app_id = ?1 ORDER BY id")
-                .map_err(map_err)?;
+            let mut stmt =
+                c.prepare_cached("SELECT * FROM api_tokens WHERE app_id = ?1 ORDER BY id")?;
             rows(&mut stmt, params![app], |r| token_from_row(r))
         })
         .await
@@ -162,12 +148,10 @@ impl Tokens for SqliteStore {
     async fn delete_token(&self, app: &AppId, id: &str) -> StoreResult<bool> {
         let (app, id) = (app.as_str().to_owned(), id.to_owned());
         self.write(move |c| {
-            let n = c
-                .execute(
-                    "DELETE FROM api_tokens WHERE id = ?1 AND app_id = ?2",
-                    params![id, app],
-                )
-                .map_err(map_err)?;
+            let n = c.execute(
+                "DELETE FROM api_tokens WHERE id = ?1 AND app_id = ?2",
+                params![id, app],
+            )?;
             Ok(n == 1)
         })
         .await
@@ -190,8 +174,7 @@ impl Tokens for SqliteStore {
                     params![scope, key],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
-                .optional()
-                .map_err(map_err)?;
+                .optional()?;
             let verdict = idem_verdict(found, &hash, valid_after, stale_before);
             if verdict == IdemBegin::Fresh {
                 c.execute(
@@ -200,8 +183,7 @@ impl Tokens for SqliteStore {
                      ON CONFLICT (scope, key) DO UPDATE SET request_hash = excluded.request_hash, \
                      status = 0, body = '', created_at = excluded.created_at",
                     params![scope, key, hash, now],
-                )
-                .map_err(map_err)?;
+                )?;
             }
             Ok(verdict)
         })
@@ -220,8 +202,7 @@ impl Tokens for SqliteStore {
             c.execute(
                 "UPDATE idempotency SET status = ?1, body = ?2 WHERE scope = ?3 AND key = ?4",
                 params![i64::from(status), body, scope, key],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
@@ -233,8 +214,7 @@ impl Tokens for SqliteStore {
             c.execute(
                 "DELETE FROM idempotency WHERE scope = ?1 AND key = ?2 AND status = 0",
                 params![scope, key],
-            )
-            .map_err(map_err)?;
+            )?;
             Ok(())
         })
         .await
