@@ -375,6 +375,8 @@ fn entry(at: Millis, action: &str, app: Option<&AppId>, kind: ActorKind) -> Audi
     }
 }
 
+crate::on_both_stores!(store: audit_round_trips_filters_pages_and_prunes);
+
 async fn audit_round_trips_filters_pages_and_prunes(store: Arc<dyn Store>) {
     const T0: Millis = 1_700_000_000_000;
     let (a, b) = (AppId::generate(), AppId::generate());
@@ -521,25 +523,6 @@ async fn audit_round_trips_filters_pages_and_prunes(store: Arc<dyn Store>) {
         .expect("list")
         .items
         .is_empty());
-}
-
-#[tokio::test]
-async fn audit_store_on_sqlite() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("sqlite://{}", dir.path().join("audit.db").display());
-    let store = herald::store::sqlite::SqliteStore::open(&url)
-        .await
-        .expect("open sqlite");
-    audit_round_trips_filters_pages_and_prunes(Arc::new(store)).await;
-}
-
-#[tokio::test]
-async fn audit_store_on_postgres() {
-    let Some(f) = crate::helpers::postgres::postgres("audit::audit_store_on_postgres").await else {
-        return;
-    };
-    f.run_postgres(|store| audit_round_trips_filters_pages_and_prunes(store))
-        .await;
 }
 
 #[tokio::test]

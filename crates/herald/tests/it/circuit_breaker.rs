@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{Backend, Receiver, Reply, TestApp, PATIENCE};
+use crate::helpers::{Backend, PgSchema, Receiver, Reply, TestApp, PATIENCE};
+
+crate::on_both_stores!(postgres:
+    two_dispatchers_send_one_probe,
+);
 
 /// Four attempts at 50 % open it; a 300 ms first cooldown (600 ms after
 /// one failed probe).
@@ -203,13 +207,7 @@ async fn min_attempts_zero_turns_the_breaker_off() {
 /// cooldown ends: one probe reaches the receiver, not two, each time the
 /// breaker is half-open (the receiver keeps failing, so each probe
 /// reopens it and nothing else may go).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_two_dispatchers_send_one_probe() {
-    let Some(pg) =
-        crate::helpers::PgSchema::new("circuit_breaker::postgres_two_dispatchers_send_one_probe")
-    else {
-        return;
-    };
+async fn two_dispatchers_send_one_probe(pg: PgSchema) {
     let backend = Backend::Postgres(pg);
     let first = backend.spawn_stepped(BREAKER).await;
     let second = backend.spawn_stepped(BREAKER).await;

@@ -9,6 +9,8 @@ use serde_json::json;
 
 use crate::helpers::*;
 
+crate::on_both_stores!(postgres: deleting_apps_while_their_deliveries_complete);
+
 /// Races per test: one lost race in five was common before saves wrote
 /// only what they change.
 const ROUNDS: usize = 100;
@@ -144,15 +146,9 @@ async fn enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries(backend: 
 /// recorded (PostgreSQL: completers and the deletion lock endpoints and
 /// their stats buckets): every deletion answers 204, never a 500 for a
 /// deadlock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_deleting_apps_while_their_deliveries_complete() {
+async fn deleting_apps_while_their_deliveries_complete(pg: PgSchema) {
     use futures::FutureExt;
     const APPS: usize = 40;
-    let Some(pg) =
-        PgSchema::new("endpoint_writes::postgres_deleting_apps_while_their_deliveries_complete")
-    else {
-        return;
-    };
     let backend = Backend::Postgres(pg);
     let outcome = std::panic::AssertUnwindSafe(async {
         let app = backend.spawn_app(&[]).await;

@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, Answered, Receiver, Reply, TestApp, PATIENCE};
+use crate::helpers::{spawn_app, Answered, Backend, PgSchema, Receiver, Reply, TestApp, PATIENCE};
+
+crate::on_both_stores!(a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint);
+
+crate::on_both_stores!(postgres: ingest_gives_nothing_to_an_endpoint_disabled_after_routing);
 
 /// Waits (bounded) until no delivery of `msgs` is `delivering`, and returns
 /// their deliveries.
@@ -37,16 +41,16 @@ enum WriteBlock {
 }
 
 impl WriteBlock {
-    async fn start(app: &TestApp, postgres: Option<(&str, &str)>) -> WriteBlock {
-        match postgres {
-            None => {
+    async fn start(app: &TestApp, backend: &Backend) -> WriteBlock {
+        match backend {
+            Backend::Sqlite => {
                 let conn = rusqlite::Connection::open(app._dir.path().join("herald.db"))
                     .expect("open the SQLite file");
                 conn.execute_batch("BEGIN IMMEDIATE")
                     .expect("take the write lock");
                 WriteBlock::Sqlite(conn)
             }
-            Some((url, schema)) => {
+            Backend::Postgres(PgSchema { url, schema }) => {
                 use sqlx::Connection;
                 let mut conn = sqlx::PgConnection::connect(url)
                     .await
@@ -100,8 +104,8 @@ impl WriteBlock {
 /// Idempotency-Key, `X-Attempt: 1` both times). Now a delivery whose lease
 /// no longer covers a request when it passes the gate is released and
 /// claimed afresh.
-async fn never_sent_twice_at_a_slow_endpoint(postgres: Option<(&str, &str)>) {
-    let mut config = vec![
+async fn a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint(backend: &Backend) {
+    let config = [
         ("HERALD_ENDPOINT_CONCURRENCY", "1"),
         ("HERALD_REQUEST_TIMEOUT", "3s"),
         ("HERALD_LEASE", "7100ms"),
@@ -110,13 +114,7 @@ async fn never_sent_twice_at_a_slow_endpoint(postgres: Option<(&str, &str)>) {
         // store is held, leaving the handoffs none.
         ("HERALD_POLL_INTERVAL", "10s"),
     ];
-    if let Some((url, schema)) = postgres {
-        config.extend([
-            ("HERALD_DATABASE_URL", url),
-            ("HERALD_DATABASE_SCHEMA", schema),
-        ]);
-    }
-    let app = spawn_app(&config).await;
+    let app = backend.spawn_app(&config).await;
     let receiver = Receiver::start().await;
     // Slow but within the timeout: the third request in a row to the
     // endpoint ends 7.5 s after the claims, past their 7.1 s lease.
@@ -137,7 +135,7 @@ async fn never_sent_twice_at_a_slow_endpoint(postgres: Option<(&str, &str)>) {
             out["id"].as_str().expect("accepted").to_owned()
         })
     };
-    let block = WriteBlock::start(&app, postgres).await;
+    let block = WriteBlock::start(&app, backend).await;
     // One batch is stuck at the store; the next gathers the other two and
     // reserves its handoff before the first one's delivery is counted, so
     // three wait at a gate that was to hold two.
@@ -182,22 +180,6 @@ async fn never_sent_twice_at_a_slow_endpoint(postgres: Option<(&str, &str)>) {
         assert_eq!(attempts.len(), 1, "one attempt row for {m}: {attempts:?}");
     }
     app.shutdown().await;
-}
-
-#[tokio::test]
-async fn sqlite_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint() {
-    never_sent_twice_at_a_slow_endpoint(None).await;
-}
-
-#[tokio::test]
-async fn postgres_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint() {
-    let Some(url) = crate::helpers::postgres_url(
-        "gates::postgres_a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint",
-    ) else {
-        return;
-    };
-    let schema = format!("herald_gates_lease_{}", std::process::id());
-    never_sent_twice_at_a_slow_endpoint(Some((url.as_str(), schema.as_str()))).await;
 }
 
 /// Issue #16, defect 9: deliveries already waiting at an endpoint's gate
@@ -272,19 +254,9 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_disable() {
 /// open deterministically: the test holds a table lock on `messages`, so the
 /// insert statement waits for it after routing and before it takes its
 /// snapshot (PostgreSQL takes a statement's table locks first).
-#[tokio::test]
-async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
-    let Some(url) = crate::helpers::postgres_url(
-        "gates::postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing",
-    ) else {
-        return;
-    };
-    let schema = format!("herald_gates_{}", std::process::id());
-    let app = spawn_app(&[
-        ("HERALD_DATABASE_URL", url.as_str()),
-        ("HERALD_DATABASE_SCHEMA", schema.as_str()),
-    ])
-    .await;
+async fn ingest_gives_nothing_to_an_endpoint_disabled_after_routing(pg: PgSchema) {
+    let backend = Backend::Postgres(pg);
+    let app = backend.spawn_app(&[]).await;
     let receiver = Receiver::start().await;
     let app_id = app.create_app().await;
     let ep = app
@@ -292,7 +264,7 @@ async fn postgres_ingest_gives_nothing_to_an_endpoint_disabled_after_routing() {
         .await;
     let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
 
-    let mut block = WriteBlock::start(&app, Some((url.as_str(), schema.as_str()))).await;
+    let mut block = WriteBlock::start(&app, &backend).await;
 
     let send = {
         let (client, base, app_id) = (reqwest::Client::new(), app.url(""), app_id.clone());

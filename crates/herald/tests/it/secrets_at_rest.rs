@@ -14,6 +14,15 @@ use herald::server::{self, Role};
 
 use crate::helpers::*;
 
+crate::on_both_stores!(Db =>
+    secrets_are_ciphertext_at_rest_and_delivered_signed,
+    idempotent_answers_keep_no_secret,
+    plain_rows_are_encrypted_at_the_first_start_with_a_key,
+    rotate_encryption_key_moves_everything_to_the_first_key,
+    one_unreadable_row_spoils_nothing_else,
+    url_credentials_are_sealed_and_masked,
+);
+
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const NEW_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 const AUTH: &str = "Bearer customer-credential-7f3a";
@@ -227,7 +236,7 @@ fn assert_sealed(value: &str, key: u8, plain: &[&str]) {
     }
 }
 
-async fn sealed_and_delivered(db: Db) {
+async fn secrets_are_ciphertext_at_rest_and_delivered_signed(db: Db) {
     let k1 = key(1);
     let app = db.start(Some(&k1)).await;
     let rx = Receiver::start().await;
@@ -281,21 +290,6 @@ async fn sealed_and_delivered(db: Db) {
     );
     app.shutdown().await;
     db.done().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_secrets_are_ciphertext_in_the_file_and_delivered_signed() {
-    sealed_and_delivered(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_secrets_are_ciphertext_in_the_table_and_delivered_signed() {
-    let Some(db) =
-        Db::postgres("postgres_secrets_are_ciphertext_in_the_table_and_delivered_signed")
-    else {
-        return;
-    };
-    sealed_and_delivered(db).await;
 }
 
 /// `POST path` with the admin token and an `Idempotency-Key`: status,
@@ -423,20 +417,7 @@ async fn idempotent_answers_keep_no_secret(db: Db) {
     db.done().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_idempotent_answers_keep_no_secret() {
-    idempotent_answers_keep_no_secret(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_idempotent_answers_keep_no_secret() {
-    let Some(db) = Db::postgres("postgres_idempotent_answers_keep_no_secret") else {
-        return;
-    };
-    idempotent_answers_keep_no_secret(db).await;
-}
-
-async fn plain_rows_then_keys(db: Db) {
+async fn plain_rows_are_encrypted_at_the_first_start_with_a_key(db: Db) {
     let rx = Receiver::start().await;
     let app = db.start(None).await;
     let (app_id, ep) = endpoint(&app, &rx).await;
@@ -477,21 +458,7 @@ async fn plain_rows_then_keys(db: Db) {
     db.done().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_plain_rows_are_encrypted_at_the_first_start_with_a_key() {
-    plain_rows_then_keys(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_plain_rows_are_encrypted_at_the_first_start_with_a_key() {
-    let Some(db) = Db::postgres("postgres_plain_rows_are_encrypted_at_the_first_start_with_a_key")
-    else {
-        return;
-    };
-    plain_rows_then_keys(db).await;
-}
-
-async fn rotate_with_the_binary(db: Db) {
+async fn rotate_encryption_key_moves_everything_to_the_first_key(db: Db) {
     let rx = Receiver::start().await;
     let app = db.start(Some(&key(1))).await;
     let (app_id, ep) = endpoint(&app, &rx).await;
@@ -554,20 +521,6 @@ async fn rotate_with_the_binary(db: Db) {
     assert_eq!(got["key"], NEW_SECRET);
     app.shutdown().await;
     db.done().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_rotate_encryption_key_moves_everything_to_the_first_key() {
-    rotate_with_the_binary(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_rotate_encryption_key_moves_everything_to_the_first_key() {
-    let Some(db) = Db::postgres("postgres_rotate_encryption_key_moves_everything_to_the_first_key")
-    else {
-        return;
-    };
-    rotate_with_the_binary(db).await;
 }
 
 /// A secret this process cannot decrypt (written by one with another key)
@@ -661,24 +614,10 @@ async fn one_unreadable_row_spoils_nothing_else(db: Db) {
     db.done().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_one_unreadable_row_spoils_nothing_else() {
-    one_unreadable_row_spoils_nothing_else(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_one_unreadable_row_spoils_nothing_else() {
-    let Some(db) = Db::postgres("secrets_at_rest::postgres_one_unreadable_row_spoils_nothing_else")
-    else {
-        return;
-    };
-    one_unreadable_row_spoils_nothing_else(db).await;
-}
-
 /// Credentials in an endpoint's URL (userinfo) are sealed at rest like the
 /// secret, used when sending, and shown masked to whoever may not read the
 /// secret (a read-only portal token, its pages) and in the attempt log.
-async fn url_credentials_sealed_and_masked(db: Db) {
+async fn url_credentials_are_sealed_and_masked(db: Db) {
     const PASS: &str = "url-pass-93e1";
     let app = db.start(Some(&key(1))).await;
     let rx = Receiver::start().await;
@@ -762,17 +701,4 @@ async fn url_credentials_sealed_and_masked(db: Db) {
     }
     app.shutdown().await;
     db.done().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_url_credentials_are_sealed_and_masked() {
-    url_credentials_sealed_and_masked(Db::sqlite()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_url_credentials_are_sealed_and_masked() {
-    let Some(db) = Db::postgres("postgres_url_credentials_are_sealed_and_masked") else {
-        return;
-    };
-    url_credentials_sealed_and_masked(db).await;
 }

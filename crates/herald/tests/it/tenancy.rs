@@ -9,6 +9,10 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 use crate::on_both_stores;
 
+crate::on_both_stores!(postgres:
+    a_token_revoked_through_one_process_is_refused_by_the_others,
+);
+
 #[tokio::test]
 async fn an_application_token_reaches_its_own_application_and_nothing_else() {
     let app = spawn_stepped(&[]).await;
@@ -322,11 +326,7 @@ async fn refused_within(app: &TestApp, token: &str, path: &str, within: Duration
 /// at once, though the other had cached it as valid: the revoking process
 /// tells the others through the store. Checked well inside the cache's
 /// 30 s, which would otherwise keep it working there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_token_revoked_through_one_process_is_refused_by_the_others() {
-    let Some(pg) = PgSchema::new("tenancy::postgres_a_token_revoked_through_one_process") else {
-        return;
-    };
+async fn a_token_revoked_through_one_process_is_refused_by_the_others(pg: PgSchema) {
     let backend = Backend::Postgres(pg);
     let one = backend.spawn_stepped(&[]).await;
     let two = backend.spawn_stepped(&[]).await;

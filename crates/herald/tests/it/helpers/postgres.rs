@@ -139,19 +139,26 @@ pub async fn postgres(test: &str) -> Option<PgStore> {
     })
 }
 
-/// Runs `test` on a PostgreSQL store of its own (as `dyn Store`), with the
-/// URL and schema it is in, then drops the schema; without a server, says
-/// that `name` is skipped.
+/// A PostgreSQL store of a test's own (as `dyn Store`), with the URL and
+/// schema it is in, for connections the test makes beside it.
+pub struct OnPostgres {
+    pub store: Arc<dyn Store>,
+    pub url: String,
+    pub schema: String,
+}
+
+/// Runs `test` on an [`OnPostgres`], then drops the schema; without a
+/// server, says that `name` is skipped.
 pub async fn on_postgres<F, Fut>(name: &str, test: F)
 where
-    F: FnOnce(Arc<dyn Store>, String, String) -> Fut,
+    F: FnOnce(OnPostgres) -> Fut,
     Fut: Future<Output = ()>,
 {
     let Some(f) = postgres(name).await else {
         return;
     };
     let (url, schema) = (f.url.clone(), f.schema.clone());
-    f.run(|store| test(store, url, schema)).await
+    f.run(|store| test(OnPostgres { store, url, schema })).await
 }
 
 impl PgStore {
@@ -257,9 +264,62 @@ impl Backend {
 /// - `on_both_stores!(a, b)`: `async fn a(backend: &Backend)`, which
 ///   starts Herald on it (`backend.spawn_app(…)`) or reads its settings;
 /// - `on_both_stores!(store: a, b)`: `async fn a(store: Arc<dyn Store>)`,
-///   on a fresh store opened directly (the conformance suite).
+///   on a fresh store opened directly (the conformance suite);
+/// - `on_both_stores!(Fixture => a, b)`: `async fn a(db: Fixture)`, with
+///   the test's own fixture made by `Fixture::sqlite()` and
+///   `Fixture::postgres(test_name) -> Option<Fixture>`.
+///
+/// And for what only PostgreSQL has (locks between processes, LISTEN), in
+/// a module `postgres_only`, skipped likewise and its schema dropped:
+/// - `on_both_stores!(postgres: a, b)`: `async fn a(pg: PgSchema)`;
+/// - `on_both_stores!(postgres_store: a, b)`: `async fn a(pg: OnPostgres)`,
+///   a store opened on the schema, with the schema's URL and name.
 #[macro_export]
 macro_rules! on_both_stores {
+    (postgres: $($test:ident),* $(,)?) => {
+        mod postgres_only {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let name = concat!(module_path!(), "::", stringify!($test));
+                    $crate::helpers::PgSchema::for_test(name, super::$test).await;
+                }
+            )*
+        }
+    };
+    (postgres_store: $($test:ident),* $(,)?) => {
+        mod postgres_only {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let name = concat!(module_path!(), "::", stringify!($test));
+                    $crate::helpers::postgres::on_postgres(name, super::$test).await;
+                }
+            )*
+        }
+    };
+    ($fixture:ident => $($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::$fixture::sqlite()).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let name = concat!(module_path!(), "::", stringify!($test));
+                    let Some(db) = super::$fixture::postgres(name) else {
+                        return;
+                    };
+                    super::$test(db).await;
+                }
+            )*
+        }
+    };
     (store: $($test:ident),* $(,)?) => {
         mod sqlite {
             $(

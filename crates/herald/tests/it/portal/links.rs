@@ -7,6 +7,8 @@ use svix::models::{AppPortalAccessIn, ApplicationIn, ApplicationTokenExpireIn};
 
 use super::*;
 
+crate::on_both_stores!(postgres: a_session_made_by_one_process_works_in_another);
+
 #[tokio::test]
 async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
     let app = spawn_app(&[]).await;
@@ -270,12 +272,7 @@ async fn failed_link_exchanges_are_limited_per_address_apart_from_the_dashboard(
 
 /// A session made through one API process is accepted by another on the
 /// same PostgreSQL database (sessions live in the store).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_made_by_one_process_works_in_another_on_postgres() {
-    let name = "portal::a_session_made_by_one_process_works_in_another_on_postgres";
-    let Some(pg) = PgSchema::new(name) else {
-        return;
-    };
+async fn a_session_made_by_one_process_works_in_another(pg: PgSchema) {
     let backend = Backend::Postgres(pg);
     let one = backend.spawn_stepped(&[]).await;
     let two = backend.spawn_stepped(&[]).await;

@@ -2,6 +2,12 @@
 
 use super::*;
 
+crate::on_both_stores!(postgres_store:
+    deleting_an_app_and_completing_lock_in_one_order,
+    deleting_an_app_and_resending_lock_in_one_order,
+    deleting_an_app_and_pruning_lock_in_one_order,
+);
+
 /// PostgreSQL lock order: a connection of the test's own on `schema`,
 /// and its backend's pid.
 pub(super) async fn pg_connection(url: &str, schema: &str) -> (sqlx::PgConnection, i32) {
@@ -86,66 +92,56 @@ where
 /// endpoint: the completer holds the endpoint and adds to its stats
 /// bucket; the deletion must not hold that bucket while it waits for the
 /// endpoint. Held here: the application (so the deletion waits early).
-#[tokio::test]
-async fn postgres_deleting_an_app_and_completing_lock_in_one_order() {
-    crate::helpers::postgres::on_postgres(
-        "store_conformance::postgres_deleting_an_app_and_completing_lock_in_one_order",
-        |store, url, schema| async move {
-            let a = app(&store, None).await;
-            endpoint(&store, &a.id, None, false).await;
-            let got = claim_n(&store, &a.id, 2, T0).await;
-            // A first outcome makes the stats bucket the second one adds to.
-            store
-                .complete(&[outcome(&got[0], true, 200, T0, 5)])
-                .await
-                .expect("complete");
-            let late = outcome(&got[1], true, 200, T0, 5);
-            let (deleting, completing) = (store.clone(), store.clone());
-            let app_id = a.id.clone();
-            let (deleted, completed) = interleaved(
-                &url,
-                &schema,
-                "SELECT 1 FROM applications WHERE id = $1 FOR KEY SHARE",
-                a.id.as_str(),
-                async move { deleting.delete_app(&app_id).await },
-                async move { completing.complete(&[late]).await },
-            )
-            .await;
-            assert!(matches!(deleted, Ok(true)), "{deleted:?}");
-            assert!(completed.is_ok(), "{completed:?}");
-            assert_eq!(store.get_app(a.id.as_str()).await.expect("get"), None);
-        },
+async fn deleting_an_app_and_completing_lock_in_one_order(
+    OnPostgres { store, url, schema }: OnPostgres,
+) {
+    let a = app(&store, None).await;
+    endpoint(&store, &a.id, None, false).await;
+    let got = claim_n(&store, &a.id, 2, T0).await;
+    // A first outcome makes the stats bucket the second one adds to.
+    store
+        .complete(&[outcome(&got[0], true, 200, T0, 5)])
+        .await
+        .expect("complete");
+    let late = outcome(&got[1], true, 200, T0, 5);
+    let (deleting, completing) = (store.clone(), store.clone());
+    let app_id = a.id.clone();
+    let (deleted, completed) = interleaved(
+        &url,
+        &schema,
+        "SELECT 1 FROM applications WHERE id = $1 FOR KEY SHARE",
+        a.id.as_str(),
+        async move { deleting.delete_app(&app_id).await },
+        async move { completing.complete(&[late]).await },
     )
     .await;
+    assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+    assert!(completed.is_ok(), "{completed:?}");
+    assert_eq!(store.get_app(a.id.as_str()).await.expect("get"), None);
 }
 
 /// Deleting an application while a message of it is resent: the resend
 /// must take the endpoint before the message, as the deletion does. Held
 /// here: the message (so the deletion waits there, holding the endpoint).
-#[tokio::test]
-async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
-    crate::helpers::postgres::on_postgres(
-        "store_conformance::postgres_deleting_an_app_and_resending_lock_in_one_order",
-        |store, url, schema| async move {
-            let a = app(&store, None).await;
-            let e = endpoint(&store, &a.id, None, false).await;
-            let m = sent(&store, &a.id, "x", None).await;
-            let (deleting, resending) = (store.clone(), store.clone());
-            let (app_id, resend_app, msg_id) = (a.id.clone(), a.id.clone(), m.id.clone());
-            let (deleted, resent) = interleaved(
-                &url,
-                &schema,
-                "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
-                m.id.as_str(),
-                async move { deleting.delete_app(&app_id).await },
-                async move { resending.resend(&resend_app, &msg_id, &e.id, T0).await },
-            )
-            .await;
-            assert!(matches!(deleted, Ok(true)), "{deleted:?}");
-            assert!(resent.is_ok(), "{resent:?}");
-        },
+async fn deleting_an_app_and_resending_lock_in_one_order(
+    OnPostgres { store, url, schema }: OnPostgres,
+) {
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    let m = sent(&store, &a.id, "x", None).await;
+    let (deleting, resending) = (store.clone(), store.clone());
+    let (app_id, resend_app, msg_id) = (a.id.clone(), a.id.clone(), m.id.clone());
+    let (deleted, resent) = interleaved(
+        &url,
+        &schema,
+        "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
+        m.id.as_str(),
+        async move { deleting.delete_app(&app_id).await },
+        async move { resending.resend(&resend_app, &msg_id, &e.id, T0).await },
     )
     .await;
+    assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+    assert!(resent.is_ok(), "{resent:?}");
 }
 
 /// Deleting an application while retention prunes an old message of it:
@@ -153,43 +149,38 @@ async fn postgres_deleting_an_app_and_resending_lock_in_one_order() {
 /// take the messages before the deliveries too. Held here: an older
 /// message of the app (so the deletion waits at the messages, before it
 /// reaches the one pruned).
-#[tokio::test]
-async fn postgres_deleting_an_app_and_pruning_lock_in_one_order() {
-    crate::helpers::postgres::on_postgres(
-        "store_conformance::postgres_deleting_an_app_and_pruning_lock_in_one_order",
-        |store, url, schema| async move {
-            let a = app(&store, None).await;
-            endpoint(&store, &a.id, None, false).await;
-            // The held one first by id and on disk: the deletion meets it first.
-            let mut two = [message(&a.id, "x", None), message(&a.id, "x", None)];
-            two.sort_by(|x, y| x.id.as_str().cmp(y.id.as_str()));
-            for m in &two {
-                store
-                    .insert_messages(std::slice::from_ref(m))
-                    .await
-                    .expect("insert");
-            }
-            let held = &two[0];
-            let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
-            let done: Vec<Completion> = got
-                .iter()
-                .map(|d| completion(d, NextState::Delivered, T0 + 1))
-                .collect();
-            store.complete(&done).await.expect("complete");
-            let (deleting, pruning) = (store.clone(), store.clone());
-            let app_id = a.id.clone();
-            let (deleted, report) = interleaved(
-                &url,
-                &schema,
-                "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
-                held.id.as_str(),
-                async move { deleting.delete_app(&app_id).await },
-                async move { pruning.prune(T0 + 10, T0 + 10, 100).await },
-            )
-            .await;
-            assert!(matches!(deleted, Ok(true)), "{deleted:?}");
-            assert!(report.is_ok(), "{report:?}");
-        },
+async fn deleting_an_app_and_pruning_lock_in_one_order(
+    OnPostgres { store, url, schema }: OnPostgres,
+) {
+    let a = app(&store, None).await;
+    endpoint(&store, &a.id, None, false).await;
+    // The held one first by id and on disk: the deletion meets it first.
+    let mut two = [message(&a.id, "x", None), message(&a.id, "x", None)];
+    two.sort_by(|x, y| x.id.as_str().cmp(y.id.as_str()));
+    for m in &two {
+        store
+            .insert_messages(std::slice::from_ref(m))
+            .await
+            .expect("insert");
+    }
+    let held = &two[0];
+    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let done: Vec<Completion> = got
+        .iter()
+        .map(|d| completion(d, NextState::Delivered, T0 + 1))
+        .collect();
+    store.complete(&done).await.expect("complete");
+    let (deleting, pruning) = (store.clone(), store.clone());
+    let app_id = a.id.clone();
+    let (deleted, report) = interleaved(
+        &url,
+        &schema,
+        "SELECT 1 FROM messages WHERE id = $1 FOR KEY SHARE",
+        held.id.as_str(),
+        async move { deleting.delete_app(&app_id).await },
+        async move { pruning.prune(T0 + 10, T0 + 10, 100).await },
     )
     .await;
+    assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+    assert!(report.is_ok(), "{report:?}");
 }

@@ -12,6 +12,7 @@ pub(crate) use std::collections::HashMap;
 pub(crate) use std::sync::Arc;
 pub(crate) use std::time::Duration;
 
+pub(crate) use crate::helpers::OnPostgres;
 pub(crate) use herald::ids::{AppId, AttemptId, DeliveryId, EndpointId, MsgId};
 pub(crate) use herald::store::*;
 pub(crate) use herald_policy::DeadReason;

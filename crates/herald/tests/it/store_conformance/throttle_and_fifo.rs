@@ -3,6 +3,11 @@
 use super::lock_order::{blocked_by, pg_connection};
 use super::*;
 
+crate::on_both_stores!(postgres_store:
+    a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for,
+    racing_claims_never_take_two_of_a_fifo_endpoint,
+);
+
 crate::on_both_stores!(store:
     claim_reserves_throttle_slots_within_the_horizon,
     a_changed_throttle_rate_moves_the_next_slot,
@@ -615,47 +620,46 @@ async fn a_fifo_endpoints_order_is_the_order_its_messages_are_stored_in(store: A
 /// it, its statement's snapshot older than that commit. Its place must
 /// come after the place the other one took: read from the row as locked
 /// (the newest version), not from its snapshot.
-#[tokio::test]
-async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for() {
+async fn a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for(
+    OnPostgres { store, url, schema }: OnPostgres,
+) {
     use sqlx::Connection;
-    crate::helpers::postgres::on_postgres("store_conformance::postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_waited_for", |store, url, schema| async move {
-        let a = app(&store, None).await;
-        let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
-        let (mut monitor, _) = pg_connection(&url, &schema).await;
-        let (mut other, other_pid) = pg_connection(&url, &schema).await;
-        let mut held = other.begin().await.expect("begin");
-        let taken = T0 + 1_000;
-        sqlx::query("UPDATE endpoints SET fifo_last = $2 WHERE id = $1")
-            .bind(ep.id.as_str())
-            .bind(taken)
-            .execute(&mut *held)
+
+    let a = app(&store, None).await;
+    let ep = endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let (mut monitor, _) = pg_connection(&url, &schema).await;
+    let (mut other, other_pid) = pg_connection(&url, &schema).await;
+    let mut held = other.begin().await.expect("begin");
+    let taken = T0 + 1_000;
+    sqlx::query("UPDATE endpoints SET fifo_last = $2 WHERE id = $1")
+        .bind(ep.id.as_str())
+        .bind(taken)
+        .execute(&mut *held)
+        .await
+        .expect("the other batch's place");
+    let made = NewMessage {
+        created_at: T0 - 10,
+        ..message(&a.id, "x", None)
+    };
+    let inserting = {
+        let (store, made) = (store.clone(), made.clone());
+        tokio::spawn(async move { store.insert_messages(&[made]).await })
+    };
+    let deadline = tokio::time::Instant::now() + crate::helpers::PATIENCE;
+    while blocked_by(&mut monitor, other_pid).await.is_empty() {
+        assert!(!inserting.is_finished(), "the batch never waited");
+        assert!(tokio::time::Instant::now() < deadline, "nothing waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.commit().await.expect("commit");
+    inserting.await.expect("task").expect("insert");
+    let place: Option<i64> =
+        sqlx::query_scalar("SELECT queued_at FROM deliveries WHERE msg_id = $1")
+            .bind(made.id.as_str())
+            .fetch_one(&mut monitor)
             .await
-            .expect("the other batch's place");
-        let made = NewMessage {
-            created_at: T0 - 10,
-            ..message(&a.id, "x", None)
-        };
-        let inserting = {
-            let (store, made) = (store.clone(), made.clone());
-            tokio::spawn(async move { store.insert_messages(&[made]).await })
-        };
-        let deadline = tokio::time::Instant::now() + crate::helpers::PATIENCE;
-        while blocked_by(&mut monitor, other_pid).await.is_empty() {
-            assert!(!inserting.is_finished(), "the batch never waited");
-            assert!(tokio::time::Instant::now() < deadline, "nothing waited");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        held.commit().await.expect("commit");
-        inserting.await.expect("task").expect("insert");
-        let place: Option<i64> =
-            sqlx::query_scalar("SELECT queued_at FROM deliveries WHERE msg_id = $1")
-                .bind(made.id.as_str())
-                .fetch_one(&mut monitor)
-                .await
-                .expect("place");
-        assert_eq!(place, Some(taken + 1), "after the batch it waited for");
-    })
-    .await;
+            .expect("place");
+    assert_eq!(place, Some(taken + 1), "after the batch it waited for");
 }
 
 /// Two processes' claims racing on one FIFO endpoint whose new deliveries
@@ -669,43 +673,42 @@ async fn postgres_a_batch_waiting_for_a_fifo_endpoint_queues_after_the_one_it_wa
 /// locks only FIFO endpoints with work in reach, so each of them has a
 /// request in flight (its lease far off) and a delivery set aside behind
 /// it: noted in `parked_endpoints`, locked by every claim, taken by none.
-#[tokio::test]
-async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
+async fn racing_claims_never_take_two_of_a_fifo_endpoint(
+    OnPostgres { store, url, schema }: OnPostgres,
+) {
     use sqlx::Connection;
-    crate::helpers::postgres::on_postgres(
-        "store_conformance::postgres_racing_claims_never_take_two_of_a_fifo_endpoint",
-        |store, url, schema| async move {
-            let second = Arc::new(
-                herald::store::postgres::PostgresStore::open(&url, &schema)
-                    .await
-                    .expect("open the second store"),
-            );
-            let other: Arc<dyn Store> = second.clone();
-            // The other FIFO endpoints, of another application (so the
-            // messages below do not go to them), made before the one raced
-            // for, so that claims lock them first.
-            let elsewhere = app(&store, None).await;
-            let model = endpoint_with(&store, &elsewhere.id, None, EndpointOrdering::Fifo).await;
-            let (mut conn, _) = pg_connection(&url, &schema).await;
-            sqlx::query(
-                "INSERT INTO endpoints SELECT (jsonb_populate_record(NULL::endpoints, \
+
+    let second = Arc::new(
+        herald::store::postgres::PostgresStore::open(&url, &schema)
+            .await
+            .expect("open the second store"),
+    );
+    let other: Arc<dyn Store> = second.clone();
+    // The other FIFO endpoints, of another application (so the
+    // messages below do not go to them), made before the one raced
+    // for, so that claims lock them first.
+    let elsewhere = app(&store, None).await;
+    let model = endpoint_with(&store, &elsewhere.id, None, EndpointOrdering::Fifo).await;
+    let (mut conn, _) = pg_connection(&url, &schema).await;
+    sqlx::query(
+        "INSERT INTO endpoints SELECT (jsonb_populate_record(NULL::endpoints, \
                to_jsonb(e) || jsonb_build_object('id', e.id || '_' || g, 'uid', NULL))).* \
              FROM endpoints e, generate_series(1, 5000) g WHERE e.id = $1",
-            )
-            .bind(model.id.as_str())
-            .execute(&mut conn)
-            .await
-            .expect("other endpoints");
-            sqlx::query(
-                "INSERT INTO messages (id, app_id, event_type, payload, created_at) \
+    )
+    .bind(model.id.as_str())
+    .execute(&mut conn)
+    .await
+    .expect("other endpoints");
+    sqlx::query(
+        "INSERT INTO messages (id, app_id, event_type, payload, created_at) \
              VALUES ('msg_filler_head', $1, 'x', '{}', 1), ('msg_filler_next', $1, 'x', '{}', 2)",
-            )
-            .bind(elsewhere.id.as_str())
-            .execute(&mut conn)
-            .await
-            .expect("their messages");
-            sqlx::query(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+    )
+    .bind(elsewhere.id.as_str())
+    .execute(&mut conn)
+    .await
+    .expect("their messages");
+    sqlx::query(
+        "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
                                      lease_token, queued_at, parked, cycle_started_at, \
                                      created_at, updated_at) \
              SELECT 'dlv_head_' || e.id, 'msg_filler_head', e.id, e.app_id, 1, $2, 'filler', \
@@ -713,68 +716,65 @@ async fn postgres_racing_claims_never_take_two_of_a_fifo_endpoint() {
              UNION ALL \
              SELECT 'dlv_next_' || e.id, 'msg_filler_next', e.id, e.app_id, 0, 2, NULL, \
                     2, TRUE, 2, 2, 2 FROM endpoints e WHERE e.app_id = $1",
-            )
-            .bind(elsewhere.id.as_str())
-            .bind(i64::MAX / 2)
-            .execute(&mut conn)
-            .await
-            .expect("their deliveries");
-            sqlx::query(
-            "INSERT INTO parked_endpoints (endpoint_id) SELECT id FROM endpoints WHERE app_id = $1",
-        )
-        .bind(elsewhere.id.as_str())
-        .execute(&mut conn)
-        .await
-        .expect("noted as having parked rows");
-            conn.close().await.expect("close");
-            let a = app(&store, None).await;
-            endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
-            let none = HashMap::new();
-            let mut overlaps = Vec::new();
-            for round in 0..40i64 {
-                let ms: Vec<_> = (0..3)
-                    .map(|i| NewMessage {
-                        created_at: T0 + round * 10 + i,
-                        ..message(&a.id, "x", None)
-                    })
-                    .collect();
-                let now = T0 + 1_000_000 + round * 10;
-                let stagger = Duration::from_millis(u64::try_from(round % 20).unwrap_or(0) * 3);
-                // The head first; the two behind it come once the first claim
-                // has read its snapshot, before the second claim reads its.
-                store.insert_messages(&ms[..1]).await.expect("insert");
-                let (s1, s2, n1, n2) = (store.clone(), other.clone(), none.clone(), none.clone());
-                let one = tokio::spawn(async move { claim(&s1, now, 10, &n1, 10).await });
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                store.insert_messages(&ms[1..]).await.expect("insert");
-                let two = tokio::spawn(async move {
-                    tokio::time::sleep(stagger).await;
-                    claim(&s2, now, 10, &n2, 10).await
-                });
-                let mut got = one.await.expect("claim one");
-                got.extend(two.await.expect("claim two"));
-                if got.len() > 1 {
-                    overlaps.push((
-                        round,
-                        got.iter().map(|d| d.msg_id.clone()).collect::<Vec<_>>(),
-                    ));
-                }
-                // Deliver the round's three, one at a time, in order.
-                let mut open = got;
-                for _ in 0..4 {
-                    for d in open.drain(..) {
-                        store
-                            .complete(&[completion(&d, NextState::Delivered, now)])
-                            .await
-                            .expect("complete");
-                    }
-                    open = claim(&store, now, 10, &none, 10).await;
-                }
-                assert!(open.is_empty(), "round {round}: all delivered");
-            }
-            assert!(overlaps.is_empty(), "two in flight at once: {overlaps:?}");
-            second.close().await;
-        },
     )
-    .await;
+    .bind(elsewhere.id.as_str())
+    .bind(i64::MAX / 2)
+    .execute(&mut conn)
+    .await
+    .expect("their deliveries");
+    sqlx::query(
+        "INSERT INTO parked_endpoints (endpoint_id) SELECT id FROM endpoints WHERE app_id = $1",
+    )
+    .bind(elsewhere.id.as_str())
+    .execute(&mut conn)
+    .await
+    .expect("noted as having parked rows");
+    conn.close().await.expect("close");
+    let a = app(&store, None).await;
+    endpoint_with(&store, &a.id, None, EndpointOrdering::Fifo).await;
+    let none = HashMap::new();
+    let mut overlaps = Vec::new();
+    for round in 0..40i64 {
+        let ms: Vec<_> = (0..3)
+            .map(|i| NewMessage {
+                created_at: T0 + round * 10 + i,
+                ..message(&a.id, "x", None)
+            })
+            .collect();
+        let now = T0 + 1_000_000 + round * 10;
+        let stagger = Duration::from_millis(u64::try_from(round % 20).unwrap_or(0) * 3);
+        // The head first; the two behind it come once the first claim
+        // has read its snapshot, before the second claim reads its.
+        store.insert_messages(&ms[..1]).await.expect("insert");
+        let (s1, s2, n1, n2) = (store.clone(), other.clone(), none.clone(), none.clone());
+        let one = tokio::spawn(async move { claim(&s1, now, 10, &n1, 10).await });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        store.insert_messages(&ms[1..]).await.expect("insert");
+        let two = tokio::spawn(async move {
+            tokio::time::sleep(stagger).await;
+            claim(&s2, now, 10, &n2, 10).await
+        });
+        let mut got = one.await.expect("claim one");
+        got.extend(two.await.expect("claim two"));
+        if got.len() > 1 {
+            overlaps.push((
+                round,
+                got.iter().map(|d| d.msg_id.clone()).collect::<Vec<_>>(),
+            ));
+        }
+        // Deliver the round's three, one at a time, in order.
+        let mut open = got;
+        for _ in 0..4 {
+            for d in open.drain(..) {
+                store
+                    .complete(&[completion(&d, NextState::Delivered, now)])
+                    .await
+                    .expect("complete");
+            }
+            open = claim(&store, now, 10, &none, 10).await;
+        }
+        assert!(open.is_empty(), "round {round}: all delivered");
+    }
+    assert!(overlaps.is_empty(), "two in flight at once: {overlaps:?}");
+    second.close().await;
 }
