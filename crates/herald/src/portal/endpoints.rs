@@ -12,7 +12,8 @@ use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
 use crate::api::endpoint_health::{endpoint_health, listed_health};
 use crate::api::endpoints::find_endpoint;
-use crate::api::{parse_json, ApiJson, ApiJsonOrEmpty, ApiState};
+use crate::api::{parse_json, ApiError, ApiJson, ApiJsonOrEmpty, ApiState};
+use crate::audit::Actor;
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
 use crate::dashboard::overview::state_cell;
 use crate::dashboard::see_other;
@@ -21,12 +22,6 @@ use crate::store::{now_millis, Endpoint, EventType, PageReq};
 
 fn path_of(ep: &Endpoint) -> String {
     format!("/portal/endpoint/{}", ep.id)
-}
-
-fn app_of(session: &PortalSession) -> ResolvedApp {
-    ResolvedApp {
-        id: session.app_id.clone(),
-    }
 }
 
 /// The endpoint named in the path, within the session's application only.
@@ -38,8 +33,40 @@ async fn endpoint_of(
     Ok(find_endpoint(state, &session.app_id, endpoint_id).await?)
 }
 
-fn api_path(session: &PortalSession, ep: &Endpoint) -> Path<(String, String)> {
-    Path((session.app_id.to_string(), ep.id.to_string()))
+fn app_of(session: &PortalSession) -> ResolvedApp {
+    ResolvedApp {
+        id: session.app_id.clone(),
+    }
+}
+
+/// The arguments the API's handlers for one endpoint begin with: the
+/// state, the session as the actor, its application and the endpoint's
+/// path.
+fn api_args(
+    state: &ApiState,
+    session: &PortalSession,
+    ep: &Endpoint,
+) -> (State<ApiState>, Actor, ResolvedApp, Path<(String, String)>) {
+    let path = Path((session.app_id.to_string(), ep.id.to_string()));
+    (State(state.clone()), session.actor(), app_of(session), path)
+}
+
+/// Flashes `done` when the API's answer is a success, or `failed: …` with
+/// what was wrong with the form; any other error is the page's.
+async fn flash_outcome<T>(
+    session: &PortalSession,
+    answer: Result<T, ApiError>,
+    done: &str,
+    failed: &str,
+) -> PortalResult<()> {
+    match answer {
+        Ok(_) => session.flash(done).await,
+        Err(e) => match form_problem(&e) {
+            Some(problem) => session.flash(format!("{failed}: {problem}")).await,
+            None => return Err(e.into()),
+        },
+    }
+    Ok(())
 }
 
 /// The catalogue the session sees, unarchived, in one page of at most
@@ -328,10 +355,11 @@ pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> Port
     session.need(session.capabilities.manage_endpoint())?;
     let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
         Ok(body) => {
+            let app = app_of(session);
             crate::api::endpoints::create_endpoint(
                 State(state.clone()),
                 session.actor(),
-                app_of(session),
+                app,
                 ApiJson(body),
             )
             .await
@@ -525,14 +553,8 @@ pub async fn update(
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
         Ok(body) => {
-            crate::api::endpoints::update_endpoint(
-                State(state.clone()),
-                session.actor(),
-                app_of(session),
-                api_path(session, &ep),
-                ApiJson(body),
-            )
-            .await
+            let (st, actor, app, path) = api_args(&state, session, &ep);
+            crate::api::endpoints::update_endpoint(st, actor, app, path, ApiJson(body)).await
         }
         Err(e) => Err(e),
     };
@@ -580,13 +602,8 @@ pub async fn delete(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    crate::api::endpoints::delete_endpoint(
-        State(state.clone()),
-        session.actor(),
-        app_of(session),
-        api_path(session, &ep),
-    )
-    .await?;
+    let (st, actor, app, path) = api_args(&state, session, &ep);
+    crate::api::endpoints::delete_endpoint(st, actor, app, path).await?;
     session.flash("Endpoint deleted.").await;
     Ok(see_other("/portal"))
 }
@@ -600,13 +617,8 @@ pub async fn secret(
 ) -> PortalResult {
     session.need(session.capabilities.view_secret())?;
     let ep = endpoint_of(&state, &session, &endpoint_id).await?;
-    let out = crate::api::endpoint_secrets::get_endpoint_secret(
-        State(state.clone()),
-        session.actor(),
-        app_of(&session),
-        api_path(&session, &ep),
-    )
-    .await?;
+    let (st, actor, app, path) = api_args(&state, &session, &ep);
+    let out = crate::api::endpoint_secrets::get_endpoint_secret(st, actor, app, path).await?;
     Ok(out.0.key.into_response())
 }
 
@@ -619,11 +631,12 @@ pub async fn rotate(
     let session = &posted.session;
     session.need(session.capabilities.rotate_secret())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let (st, actor, app, path) = api_args(&state, session, &ep);
     let _ = crate::api::endpoint_secrets::rotate_endpoint_secret(
-        State(state.clone()),
-        session.actor(),
-        app_of(session),
-        api_path(session, &ep),
+        st,
+        actor,
+        app,
+        path,
         ApiJsonOrEmpty(Default::default()),
     )
     .await?;
@@ -642,13 +655,8 @@ pub async fn enable(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let _ = crate::api::endpoints::enable_endpoint_route(
-        State(state.clone()),
-        session.actor(),
-        app_of(session),
-        api_path(session, &ep),
-    )
-    .await?;
+    let (st, actor, app, path) = api_args(&state, session, &ep);
+    let _ = crate::api::endpoints::enable_endpoint_route(st, actor, app, path).await?;
     session.flash("Enabled.").await;
     Ok(see_other(&path_of(&ep)))
 }
@@ -663,14 +671,10 @@ pub async fn disable(
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let body = parse_json(br#"{"reason":"disabled in the portal"}"#)?;
-    let _ = crate::api::endpoints::disable_endpoint_route(
-        State(state.clone()),
-        session.actor(),
-        app_of(session),
-        api_path(session, &ep),
-        ApiJsonOrEmpty(body),
-    )
-    .await?;
+    let (st, actor, app, path) = api_args(&state, session, &ep);
+    let _ =
+        crate::api::endpoints::disable_endpoint_route(st, actor, app, path, ApiJsonOrEmpty(body))
+            .await?;
     session
         .flash("Disabled: nothing is sent to it until it is enabled.")
         .await;
@@ -693,24 +697,15 @@ pub async fn send_example(
             .to_string()
             .as_bytes(),
     )?;
-    let sent = crate::api::messages::send_example(
-        State(state.clone()),
-        app_of(session),
-        api_path(session, &ep),
-        ApiJson(body),
+    let (st, _, app, path) = api_args(&state, session, &ep);
+    let sent = crate::api::messages::send_example(st, app, path, ApiJson(body)).await;
+    flash_outcome(
+        session,
+        sent,
+        &format!("Sent a test {event_type} event."),
+        "Not sent",
     )
-    .await;
-    match sent {
-        Ok(_) => {
-            session
-                .flash(format!("Sent a test {event_type} event."))
-                .await
-        }
-        Err(e) => match form_problem(&e) {
-            Some(problem) => session.flash(format!("Not sent: {problem}")).await,
-            None => return Err(e.into()),
-        },
-    }
+    .await?;
     Ok(see_other(&path_of(&ep)))
 }
 
@@ -733,24 +728,14 @@ pub async fn recover(
         since.to_owned()
     };
     let body = parse_json(serde_json::json!({ "since": since }).to_string().as_bytes())?;
-    let done = crate::api::history::recover(
-        State(state.clone()),
-        session.actor(),
-        app_of(session),
-        api_path(session, &ep),
-        ApiJson(body),
+    let (st, actor, app, path) = api_args(&state, session, &ep);
+    let done = crate::api::history::recover(st, actor, app, path, ApiJson(body)).await;
+    flash_outcome(
+        session,
+        done,
+        "Failed messages since then are being sent again.",
+        "Not recovered",
     )
-    .await;
-    match done {
-        Ok(_) => {
-            session
-                .flash("Failed messages since then are being sent again.")
-                .await
-        }
-        Err(e) => match form_problem(&e) {
-            Some(problem) => session.flash(format!("Not recovered: {problem}")).await,
-            None => return Err(e.into()),
-        },
-    }
+    .await?;
     Ok(see_other(&path_of(&ep)))
 }
