@@ -141,7 +141,6 @@ async fn insert_app(state: &ApiState, actor: &Actor, body: ApplicationIn) -> Api
     get,
     path = "/app/{app_id}",
     tag = "Application",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     responses(
         (status = 200, description = "The application", body = ApplicationOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -369,7 +368,6 @@ pub struct ApplicationPatch {
     patch,
     path = "/app/{app_id}",
     tag = "Application",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body = ApplicationPatch,
     responses(
         (status = 200, description = "Changed", body = ApplicationOut),
@@ -436,7 +434,6 @@ pub async fn patch_app(
     delete,
     path = "/app/{app_id}",
     tag = "Application",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     responses(
         (status = 204, description = "Deleted"),
         UnauthorizedResponse, NotFoundResponse,

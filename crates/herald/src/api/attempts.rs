@@ -73,7 +73,7 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
     get,
     path = "/app/{app_id}/attempt/msg/{msg_id}",
     tag = "Attempt",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ListParams, super::history::AttemptListParams),
+    params(ListParams, super::history::AttemptListParams),
     responses(
         (status = 200, description = "A page of the message's attempts", body = ListResponse<AttemptOut>),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
@@ -93,7 +93,7 @@ pub async fn list_attempts_by_msg(
     get,
     path = "/app/{app_id}/attempt/endpoint/{endpoint_id}",
     tag = "Attempt",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid"), ListParams, super::history::AttemptListParams),
+    params(ListParams, super::history::AttemptListParams),
     responses(
         (status = 200, description = "A page of the attempts to the endpoint", body = ListResponse<AttemptOut>),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,

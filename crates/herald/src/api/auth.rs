@@ -414,7 +414,6 @@ impl From<ApiToken> for TokenOut {
     post,
     path = "/app/{app_id}/token",
     tag = "Token",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body(content = ref("#/components/schemas/TokenIn"), description = "Optional; an empty body is fine"),
     responses(
         (status = 201, description = "Created; `token` is shown this once", body = TokenOut),
@@ -464,7 +463,6 @@ pub async fn create_token(
     get,
     path = "/app/{app_id}/token",
     tag = "Token",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     responses(
         (status = 200, description = "The application's tokens, in one page", body = super::ListResponse<TokenOut>),
         UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
@@ -490,7 +488,6 @@ pub async fn list_tokens(
     delete,
     path = "/app/{app_id}/token/{token_id}",
     tag = "Token",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("token_id" = String, Path, description = "The token's id (tok_…)")),
     responses(
         (status = 204, description = "Revoked"),
         UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,

@@ -52,7 +52,7 @@ pub struct BulkReplayOut {
     get,
     path = "/app/{app_id}/dead-letter",
     tag = "Dead letter",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams, DeadParams),
+    params(ListParams, DeadParams),
     responses(
         (status = 200, description = "A page of the application's dead deliveries, newest first",
          body = ListResponse<DeliveryOut>),
@@ -80,7 +80,6 @@ pub async fn list_dead(
     post,
     path = "/app/{app_id}/dead-letter/{delivery_id}/replay",
     tag = "Dead letter",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("delivery_id" = String, Path, description = "The delivery's id (dlv_…)")),
     responses(
         (status = 202, description = "Replayed: a fresh retry cycle starts now", body = super::EmptyOut),
         UnauthorizedResponse, NotFoundResponse, ConflictResponse,
@@ -133,7 +132,6 @@ pub(crate) async fn replay_one(
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
     tag = "Dead letter",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 202, description = "Every dead delivery of the endpoint replayed", body = ReplayedOut),
         UnauthorizedResponse, NotFoundResponse,

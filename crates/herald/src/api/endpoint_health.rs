@@ -18,7 +18,6 @@ use super::endpoints::find_endpoint;
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/health",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "Attempt figures of the last hour and day, and the circuit breaker's state", body = crate::health::EndpointHealth),
         UnauthorizedResponse, NotFoundResponse,

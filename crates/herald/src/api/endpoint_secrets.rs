@@ -31,7 +31,6 @@ pub struct SecretOut {
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/secret",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "The current signing secret", body = SecretOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -94,7 +93,6 @@ pub struct RotateIn {
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body(content = ref("#/components/schemas/RotateIn"), description = "Optional; an empty body generates the new secret"),
     responses(
         (status = 200, description = "Rotated: the new secret", body = SecretOut),
@@ -253,7 +251,6 @@ pub struct HeadersPatch {
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "The extra headers sent with every attempt", body = HeadersOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -319,7 +316,6 @@ async fn save_headers(
     put,
     path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = HeadersIn,
     responses(
         (status = 204, description = "Replaced"),
@@ -343,7 +339,6 @@ pub async fn put_endpoint_headers(
     patch,
     path = "/app/{app_id}/endpoint/{endpoint_id}/headers",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = HeadersPatch,
     responses(
         (status = 204, description = "Changed"),

@@ -357,7 +357,6 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
     post,
     path = "/app/{app_id}/endpoint",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body = EndpointIn,
     responses(
         (status = 201, description = "Created", body = EndpointOut),
@@ -466,7 +465,6 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "The endpoint", body = EndpointOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -486,7 +484,7 @@ pub async fn get_endpoint(
     get,
     path = "/app/{app_id}/endpoint",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams),
+    params(ListParams),
     responses(
         (status = 200, description = "A page of endpoints", body = ListResponse<EndpointOut>),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
@@ -607,7 +605,6 @@ fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
     put,
     path = "/app/{app_id}/endpoint/{endpoint_id}",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = EndpointIn,
     responses(
         (status = 200, description = "Replaced", body = EndpointOut),
@@ -656,7 +653,6 @@ pub async fn update_endpoint(
     patch,
     path = "/app/{app_id}/endpoint/{endpoint_id}",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = EndpointPatch,
     responses(
         (status = 200, description = "Changed", body = EndpointOut),
@@ -705,7 +701,6 @@ pub async fn patch_endpoint(
     delete,
     path = "/app/{app_id}/endpoint/{endpoint_id}",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 204, description = "Deleted, with its deliveries and attempts"),
         UnauthorizedResponse, NotFoundResponse,
@@ -752,7 +747,6 @@ pub struct DisableIn {
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/disable",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body(content = ref("#/components/schemas/DisableIn"), description = "Optional; an empty body is fine"),
     responses(
         (status = 200, description = "Disabled: new deliveries are held", body = EndpointOut),
@@ -809,7 +803,6 @@ pub struct EnableOut {
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/enable",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "Enabled: held deliveries resume", body = EnableOut),
         UnauthorizedResponse, NotFoundResponse,

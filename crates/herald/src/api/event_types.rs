@@ -323,7 +323,6 @@ async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
     get,
     path = "/event-type/{event_type_name}",
     tag = "Event type",
-    params(("event_type_name" = String, Path, description = "The event type's name")),
     responses(
         (status = 200, description = "The event type", body = EventTypeOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -347,7 +346,6 @@ pub async fn get_event_type(
     put,
     path = "/event-type/{event_type_name}",
     tag = "Event type",
-    params(("event_type_name" = String, Path, description = "The event type's name")),
     request_body = EventTypeUpdate,
     responses(
         (status = 200, description = "Replaced", body = EventTypeOut),
@@ -412,7 +410,6 @@ pub async fn put_event_type(
     patch,
     path = "/event-type/{event_type_name}",
     tag = "Event type",
-    params(("event_type_name" = String, Path, description = "The event type's name")),
     request_body = EventTypePatch,
     responses(
         (status = 200, description = "Changed", body = EventTypeOut),
@@ -498,7 +495,7 @@ pub struct DeleteParams {
     delete,
     path = "/event-type/{event_type_name}",
     tag = "Event type",
-    params(("event_type_name" = String, Path, description = "The event type's name"), DeleteParams),
+    params(DeleteParams),
     responses(
         (status = 204, description = "Archived (or deleted with `expunge=true`)"),
         BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,

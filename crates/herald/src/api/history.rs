@@ -74,7 +74,7 @@ pub struct MessageListParams {
     get,
     path = "/app/{app_id}/msg",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ListParams, MessageListParams),
+    params(ListParams, MessageListParams),
     responses(
         (status = 200, description = "A page of messages, newest first", body = ListResponse<MessageOut>),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
@@ -186,7 +186,6 @@ impl AttemptListParams {
     get,
     path = "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}",
     tag = "Attempt",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("attempt_id" = String, Path, description = "The attempt's id (atmpt_…)")),
     responses(
         (status = 200, description = "The attempt", body = AttemptOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -213,7 +212,6 @@ pub async fn get_attempt(
     delete,
     path = "/app/{app_id}/msg/{msg_id}/content",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
     responses(
         (status = 204, description = "The payload is erased"),
         UnauthorizedResponse, NotFoundResponse,
@@ -250,7 +248,6 @@ pub async fn expunge_message_content(
     delete,
     path = "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
     tag = "Attempt",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("attempt_id" = String, Path, description = "The attempt's id (atmpt_…)")),
     responses(
         (status = 204, description = "The response excerpt is erased"),
         UnauthorizedResponse, NotFoundResponse,
@@ -314,7 +311,7 @@ fn next_attempt(d: &Delivery) -> Option<String> {
     get,
     path = "/app/{app_id}/msg/{msg_id}/endpoint",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ListParams),
+    params(ListParams),
     responses(
         (status = 200, description = "The endpoints the message was routed to", body = ListResponse<MessageEndpointOut>),
         BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
@@ -426,7 +423,7 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/msg",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid"), ListParams),
+    params(ListParams),
     responses(
         (status = 200, description = "A page of the messages sent to the endpoint, newest first",
          body = ListResponse<EndpointMessageOut>),
@@ -472,7 +469,6 @@ pub struct EndpointStatsOut {
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/stats",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 200, description = "The endpoint's deliveries by status", body = EndpointStatsOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -546,7 +542,6 @@ pub struct RecoverOut {
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/recover",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = RecoverIn,
     responses(
         (status = 202, description = "The dead deliveries of the period replayed", body = RecoverOut),
@@ -621,7 +616,6 @@ const MISSING_BATCH: usize = 500;
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/replay-missing",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = RecoverIn,
     responses(
         (status = 202, description = "The missing deliveries were made", body = RecoverOut),

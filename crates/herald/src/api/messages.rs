@@ -257,7 +257,6 @@ pub(super) fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiRes
     post,
     path = "/app/{app_id}/msg",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body = MessageIn,
     responses(
         (status = 202, description = "Stored (committed); delivery follows", body = MessageOut),
@@ -463,7 +462,6 @@ pub fn nests_deeper_than(json: &str, max: usize) -> bool {
     get,
     path = "/app/{app_id}/msg/{msg_id}",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
     responses(
         (status = 200, description = "The message, with its payload", body = MessageOut),
         UnauthorizedResponse, NotFoundResponse,
@@ -543,7 +541,6 @@ pub struct DeliveryList {
     get,
     path = "/app/{app_id}/msg/{msg_id}/delivery",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId")),
     responses(
         (status = 200, description = "The message's deliveries, one per endpoint", body = DeliveryList),
         UnauthorizedResponse, NotFoundResponse,
@@ -571,7 +568,6 @@ pub async fn list_message_deliveries(
     post,
     path = "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
     tag = "Message",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("msg_id" = String, Path, description = "The message's id (msg_…) or eventId"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     responses(
         (status = 202, description = "Queued: one more attempt now", body = super::EmptyOut),
         UnauthorizedResponse, NotFoundResponse, ConflictResponse,
@@ -655,7 +651,6 @@ const PING_PAYLOAD: &str = r#"{"success": true}"#;
     post,
     path = "/app/{app_id}/endpoint/{endpoint_id}/send-example",
     tag = "Endpoint",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid"), ("endpoint_id" = String, Path, description = "The endpoint's id (ep_…) or uid")),
     request_body = EventExampleIn,
     responses(
         (status = 200, description = "Stored (committed); delivery to this endpoint follows", body = MessageOut),

@@ -113,7 +113,7 @@ struct V1;
         super::auth::Capability,
     )),
     security(("bearer" = [])),
-    modifiers(&BearerScheme, &IdempotencyKey, &CommonErrors),
+    modifiers(&BearerScheme, &IdempotencyKey, &CommonErrors, &PathParams),
 )]
 pub struct HeraldApi;
 
@@ -214,6 +214,79 @@ impl utoipa::Modify for CommonErrors {
                         .entry(status.clone())
                         .or_insert_with(|| response.clone());
                 }
+            }
+        }
+    }
+}
+
+/// What each path parameter is, by name: written once here rather than
+/// in each of the ~50 annotations whose path names it.
+const PATH_PARAMS: &[(&str, &str)] = &[
+    ("app_id", "The application's id (app_…) or uid"),
+    ("endpoint_id", "The endpoint's id (ep_…) or uid"),
+    ("msg_id", "The message's id (msg_…) or eventId"),
+    ("attempt_id", "The attempt's id (atmpt_…)"),
+    ("delivery_id", "The delivery's id (dlv_…)"),
+    ("token_id", "The token's id (tok_…)"),
+    ("event_type_name", "The event type's name"),
+];
+
+/// Gives every operation each parameter of its path template, in the
+/// template's order and ahead of its query parameters, described from
+/// [`PATH_PARAMS`]; one an annotation describes itself keeps that
+/// description (`PUT /app/{app_id}` says what a new uid does).
+struct PathParams;
+
+impl utoipa::Modify for PathParams {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+        use utoipa::openapi::{ObjectBuilder, Required, Type};
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let names: Vec<&str> = path
+                .split('/')
+                .filter_map(|part| part.strip_prefix('{')?.strip_suffix('}'))
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            for op in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let params = op.parameters.get_or_insert_with(Vec::new);
+                let mut in_path: Vec<Parameter> = Vec::new();
+                for name in &names {
+                    let description = PATH_PARAMS
+                        .iter()
+                        .find(|(known, _)| known == name)
+                        .map(|(_, d)| *d);
+                    let declared = params
+                        .iter()
+                        .position(|p| p.name == *name && p.parameter_in == ParameterIn::Path);
+                    in_path.push(match declared {
+                        Some(at) => {
+                            let mut p = params.remove(at);
+                            if p.description.is_none() {
+                                p.description = description.map(str::to_owned);
+                            }
+                            p
+                        }
+                        None => ParameterBuilder::new()
+                            .name(*name)
+                            .parameter_in(ParameterIn::Path)
+                            .required(Required::True)
+                            .description(description)
+                            .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
+                            .build(),
+                    });
+                }
+                params.splice(0..0, in_path);
             }
         }
     }

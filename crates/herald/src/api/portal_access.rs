@@ -89,7 +89,6 @@ pub struct ApplicationTokenExpireIn {
     post,
     path = "/auth/app-portal-access/{app_id}",
     tag = "Authentication",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body(content = ref("#/components/schemas/AppPortalAccessIn"), description = "Optional; an empty body is all capabilities for 7 days"),
     responses(
         (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
@@ -150,7 +149,6 @@ pub async fn app_portal_access(
     post,
     path = "/auth/dashboard-access/{app_id}",
     tag = "Authentication",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     responses(
         (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
         UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
@@ -272,7 +270,6 @@ async fn mint_portal_access(
     post,
     path = "/auth/app/{app_id}/expire-all",
     tag = "Authentication",
-    params(("app_id" = String, Path, description = "The application's id (app_…) or uid")),
     request_body(content = ref("#/components/schemas/ApplicationTokenExpireIn"), description = "Optional; an empty body ends them all at once"),
     responses(
         (status = 204, description = "They expire then"),
