@@ -259,17 +259,10 @@ async fn a_messages_payload_retention_period_erases_it_when_it_ends(backend: &Ba
 async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_payload(
     backend: &Backend,
 ) {
-    use svix::api::{Svix, SvixOptions};
     let app = backend.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(503));
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     let app_id = app.create_app().await;
     let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
     let ep = ep["id"].as_str().expect("id").to_owned();

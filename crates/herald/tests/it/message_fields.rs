@@ -8,22 +8,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::json;
-use svix::api::{MessageListOptions, Svix, SvixOptions};
+use svix::api::MessageListOptions;
 use svix::error::Error as SvixError;
 use svix::models::{ApplicationIn, EndpointIn, MessageIn};
 
 use crate::helpers::*;
 use crate::on_both_stores;
-
-fn sdk(app: &TestApp) -> Svix {
-    Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    )
-}
 
 fn inline(uid: &str, name: &str) -> ApplicationIn {
     ApplicationIn {
@@ -77,7 +67,7 @@ on_both_stores!(
 
 async fn a_message_with_application_creates_its_app_in_the_same_commit(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
-    let svix = sdk(&app);
+    let svix = app.sdk();
 
     // No application, no `application`: 404 as before.
     let missing = svix
@@ -223,7 +213,7 @@ async fn a_message_with_application_creates_its_app_in_the_same_commit(backend: 
 
 async fn concurrent_inline_creations_of_one_uid_make_one_app(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
-    let svix = std::sync::Arc::new(sdk(&app));
+    let svix = std::sync::Arc::new(app.sdk());
     let sends = (0..10).map(|i| {
         let svix = svix.clone();
         tokio::spawn(async move {
@@ -267,7 +257,7 @@ async fn concurrent_inline_creations_of_one_uid_make_one_app(backend: &Backend) 
 #[tokio::test]
 async fn tags_round_trip_and_filter_message_lists() {
     let app = spawn_stepped(&[]).await;
-    let svix = sdk(&app);
+    let svix = app.sdk();
     let app_id = app.create_app().await;
     let tagged = |tags: &[&str]| MessageIn {
         tags: Some(tags.iter().map(|t| (*t).to_owned()).collect()),
@@ -364,7 +354,7 @@ async fn tags_round_trip_and_filter_message_lists() {
 
 async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
     let app = backend.spawn_stepped(&[("HERALD_MAX_AGE", "2h")]).await;
-    let svix = sdk(&app);
+    let svix = app.sdk();
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
     let ep = svix
@@ -488,7 +478,7 @@ async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
 /// itself (the handoff): never a scheduled one before its time.
 async fn deliver_at_is_never_handed_off_early(backend: &Backend) {
     let app = backend.spawn_app(&[]).await;
-    let svix = sdk(&app);
+    let svix = app.sdk();
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
     svix.endpoint()

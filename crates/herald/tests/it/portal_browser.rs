@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
-use svix::api::{Svix, SvixOptions};
+use svix::api::Svix;
 use svix::models::AppPortalAccessIn;
 
 use crate::helpers::browser::{browser_installed, wait_for_text, Chromedriver};
@@ -89,13 +89,7 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
         )
         .await;
     assert_eq!(status, 201);
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     let link = mint(&svix, "acme").await;
 
     let driver = Chromedriver::start().await;

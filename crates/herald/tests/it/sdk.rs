@@ -1,6 +1,5 @@
 //! The official Svix Rust SDK, pointed at Herald, drives the happy path.
 
-use svix::api::{Svix, SvixOptions};
 use svix::models::{ApplicationIn, EndpointIn, EventTypeIn, MessageIn};
 
 use crate::helpers::*;
@@ -9,13 +8,7 @@ use crate::helpers::*;
 async fn the_svix_sdk_creates_an_app_an_endpoint_and_a_message_that_arrives() {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     let created = svix
         .application()
         .create(
@@ -125,13 +118,7 @@ async fn the_svix_sdk_drives_the_core_surface() {
 
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     let set = |items: &[&str]| {
         items
             .iter()
@@ -531,13 +518,7 @@ async fn the_svix_sdk_drives_the_core_surface() {
 #[tokio::test]
 async fn the_svix_sdk_health_check_and_svixs_health_routes_answer() {
     let app = spawn_app(&[]).await;
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     svix.health()
         .get()
         .await

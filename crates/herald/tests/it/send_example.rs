@@ -3,7 +3,6 @@
 //! `svix.ping`'s body; no example is a 400 that says so.
 
 use serde_json::json;
-use svix::api::{Svix, SvixOptions};
 use svix::models::EventExampleIn;
 
 use crate::helpers::*;
@@ -15,13 +14,7 @@ async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_a
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
     let other = Receiver::start().await;
-    let svix = Svix::new(
-        TOKEN.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    );
+    let svix = app.sdk();
     let (status, _) = app
         .post(
             "/api/v1/event-type",

@@ -106,6 +106,20 @@ impl TestApp {
         format!("{}{path}", self.base)
     }
 
+    /// The official Svix SDK pointed at this Herald, with the admin token.
+    pub fn sdk(&self) -> svix::api::Svix {
+        self.sdk_as(TOKEN)
+    }
+
+    /// The official Svix SDK pointed at this Herald, with `token`.
+    pub fn sdk_as(&self, token: &str) -> svix::api::Svix {
+        let options = svix::api::SvixOptions {
+            server_url: Some(self.base.clone()),
+            ..svix::api::SvixOptions::default()
+        };
+        svix::api::Svix::new(token.to_owned(), Some(options))
+    }
+
     /// Requests with `token` (any bearer token) instead of the admin's.
     pub fn as_token<'a>(&'a self, token: &'a str) -> AsToken<'a> {
         AsToken { app: self, token }

@@ -12,7 +12,7 @@ crate::on_both_stores!(postgres: a_session_made_by_one_process_works_in_another)
 #[tokio::test]
 async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
     let app = spawn_app(&[]).await;
-    let admin = sdk(&app, TOKEN);
+    let admin = app.sdk();
     // Inline creation, as Svix does it, when the uid names no app.
     let mut body = AppPortalAccessIn::new();
     body.application = Some(ApplicationIn {
@@ -36,7 +36,7 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
     assert_eq!(status, StatusCode::OK, "created inline: {acme}");
 
     // The token is an application token with every capability.
-    let tenant = sdk(&app, &out.token);
+    let tenant = app.sdk_as(&out.token);
     tenant
         .endpoint()
         .list("acme".into(), None)
@@ -102,7 +102,7 @@ async fn the_svix_sdk_mints_portal_links_expires_them_and_logs_tokens_out() {
     assert_eq!(status, StatusCode::OK, "another sessionId is untouched");
 
     // logout ends the calling token.
-    sdk(&app, &read_only.token)
+    app.sdk_as(&read_only.token)
         .authentication()
         .logout(None)
         .await

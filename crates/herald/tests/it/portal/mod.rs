@@ -4,7 +4,6 @@
 
 use reqwest::StatusCode;
 use serde_json::Value;
-use svix::api::{Svix, SvixOptions};
 
 use crate::helpers::*;
 
@@ -12,16 +11,6 @@ mod capabilities;
 mod links;
 mod pages;
 mod scope;
-
-fn sdk(app: &TestApp, token: &str) -> Svix {
-    Svix::new(
-        token.to_owned(),
-        Some(SvixOptions {
-            server_url: Some(app.base.clone()),
-            ..SvixOptions::default()
-        }),
-    )
-}
 
 /// A browser without redirects or a cookie jar: each test says what it
 /// sends.
