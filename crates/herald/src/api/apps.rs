@@ -463,9 +463,22 @@ pub async fn delete_app(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /app/{app}/token` (documented at [`super::auth::create_token`]),
-/// refused (403, audited) for the operator application: see
-/// [`super::auth::refuse_for_operator_app`].
+// `super::auth::create_token`, refused (403, audited) for the operator
+// application (`super::auth::refuse_for_operator_app`). Its doc comment is
+// the operation's summary in the OpenAPI description.
+/// `POST /app/{app}/token` (admin): a new application token, shown once.
+#[utoipa::path(
+    post,
+    path = "/app/{app_id}/token",
+    tag = "Token",
+    operation_id = "create_token",
+    request_body(content = ref("#/components/schemas/TokenIn"), description = "Optional; an empty body is fine"),
+    responses(
+        (status = 201, description = "Created; `token` is shown this once", body = super::auth::TokenOut),
+        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        PayloadTooLargeResponse, ValidationResponse,
+    )
+)]
 pub async fn create_app_token(
     State(state): State<ApiState>,
     actor: Actor,

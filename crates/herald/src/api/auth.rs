@@ -19,10 +19,7 @@ use axum::Json;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use super::error::{
-    BadRequestResponse, ForbiddenResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ForbiddenResponse, NotFoundResponse, UnauthorizedResponse};
 use super::{rfc3339, token_sha256, ApiError, ApiResult, ApiState};
 use crate::audit::Actor;
 use crate::ids::AppId;
@@ -409,18 +406,8 @@ impl From<ApiToken> for TokenOut {
     }
 }
 
-/// `POST /app/{app}/token` (admin): a new application token, shown once.
-#[utoipa::path(
-    post,
-    path = "/app/{app_id}/token",
-    tag = "Token",
-    request_body(content = ref("#/components/schemas/TokenIn"), description = "Optional; an empty body is fine"),
-    responses(
-        (status = 201, description = "Created; `token` is shown this once", body = TokenOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
-    )
-)]
+/// `POST /app/{app}/token` (admin): a new application token, shown once
+/// (routed through [`super::apps::create_app_token`], which documents it).
 pub async fn create_token(
     State(state): State<ApiState>,
     actor: crate::audit::Actor,

@@ -9,13 +9,15 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::ingest::Ingest;
 use crate::net::NetworkPolicy;
@@ -152,168 +154,85 @@ pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// The API's routes under `/api/v1`, each registered from its handler's
+/// `#[utoipa::path]` (method and path, written there once), together with
+/// the description they make (`openapi::document`).
+pub fn v1_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(apps::list_apps, apps::create_app))
+        .routes(routes!(
+            apps::get_app,
+            apps::put_app,
+            apps::patch_app,
+            apps::delete_app
+        ))
+        .routes(routes!(
+            endpoints::list_endpoints,
+            endpoints::create_endpoint
+        ))
+        .routes(routes!(
+            endpoints::get_endpoint,
+            endpoints::update_endpoint,
+            endpoints::patch_endpoint,
+            endpoints::delete_endpoint
+        ))
+        .routes(routes!(endpoint_secrets::get_endpoint_secret))
+        .routes(routes!(endpoint_secrets::rotate_endpoint_secret))
+        .routes(routes!(
+            endpoint_secrets::get_endpoint_headers,
+            endpoint_secrets::put_endpoint_headers,
+            endpoint_secrets::patch_endpoint_headers
+        ))
+        .routes(routes!(endpoint_health::get_endpoint_health))
+        .routes(routes!(endpoints::enable_endpoint_route))
+        .routes(routes!(endpoints::disable_endpoint_route))
+        .routes(routes!(history::list_attempted_messages))
+        .routes(routes!(history::endpoint_stats))
+        .routes(routes!(history::recover))
+        .routes(routes!(history::replay_missing))
+        .routes(routes!(messages::send_example))
+        .routes(routes!(history::expunge_message_content))
+        .routes(routes!(history::expunge_attempt_content))
+        .routes(routes!(
+            event_types::list_event_types,
+            event_types::create_event_type
+        ))
+        .routes(routes!(
+            event_types::get_event_type,
+            event_types::put_event_type,
+            event_types::patch_event_type,
+            event_types::delete_event_type
+        ))
+        .routes(routes!(history::list_messages, messages::create_message))
+        .routes(routes!(messages::get_message))
+        .routes(routes!(messages::list_message_deliveries))
+        .routes(routes!(history::list_attempted_destinations))
+        .routes(routes!(messages::resend))
+        .routes(routes!(history::get_attempt))
+        .routes(routes!(attempts::list_attempts_by_msg))
+        .routes(routes!(attempts::list_attempts_by_endpoint))
+        .routes(routes!(dead::list_dead))
+        .routes(routes!(dead::replay_dead))
+        .routes(routes!(dead::replay_endpoint_dead))
+        .routes(routes!(dead::list_all_dead))
+        .routes(routes!(dead::replay_all_dead))
+        .routes(routes!(auth::list_tokens, apps::create_app_token))
+        .routes(routes!(auth::delete_token))
+        .routes(routes!(portal_access::app_portal_access))
+        .routes(routes!(portal_access::dashboard_access))
+        .routes(routes!(portal_access::expire_all))
+        .routes(routes!(portal_access::logout))
+        .routes(routes!(audit::list_audit_log))
+}
+
 /// The API's routes (under `/api/v1`, with its middleware) and the
 /// unauthenticated ones beside it (health, readiness, metrics, the OpenAPI
 /// description). The application's router, with the dashboard and the
 /// portal beside these, is assembled in `server` (they sit above the API).
 pub fn router(state: ApiState) -> Router<ApiState> {
-    use apps::*;
-    use attempts::*;
-    use dead::*;
-    use endpoint_health::*;
-    use endpoint_secrets::*;
-    use endpoints::*;
-    use messages::*;
-    let api = Router::new()
-        .route("/app", get(list_apps).post(create_app))
-        .route(
-            "/app/{app_id}",
-            get(get_app)
-                .put(put_app)
-                .patch(patch_app)
-                .delete(delete_app),
-        )
-        .route(
-            "/app/{app_id}/endpoint",
-            get(list_endpoints).post(create_endpoint),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}",
-            get(get_endpoint)
-                .put(update_endpoint)
-                .patch(patch_endpoint)
-                .delete(delete_endpoint),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/secret",
-            get(get_endpoint_secret),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/headers",
-            get(get_endpoint_headers)
-                .put(put_endpoint_headers)
-                .patch(patch_endpoint_headers),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/secret/rotate",
-            post(rotate_endpoint_secret),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/health",
-            get(get_endpoint_health),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/enable",
-            post(enable_endpoint_route),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/disable",
-            post(disable_endpoint_route),
-        )
-        .route(
-            "/event-type",
-            get(event_types::list_event_types).post(event_types::create_event_type),
-        )
-        .route(
-            "/event-type/{event_type_name}",
-            get(event_types::get_event_type)
-                .put(event_types::put_event_type)
-                .patch(event_types::patch_event_type)
-                .delete(event_types::delete_event_type),
-        )
-        .route("/audit-log", get(audit::list_audit_log))
-        .route("/dead-letter", get(list_all_dead))
-        .route("/dead-letter/replay", post(replay_all_dead))
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/dead-letter/replay",
-            post(replay_endpoint_dead),
-        )
-        .route(
-            "/app/{app_id}/msg",
-            get(history::list_messages).post(create_message),
-        )
-        .route(
-            "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}",
-            get(history::get_attempt),
-        )
-        .route(
-            "/app/{app_id}/msg/{msg_id}/attempt/{attempt_id}/content",
-            axum::routing::delete(history::expunge_attempt_content),
-        )
-        .route(
-            "/app/{app_id}/msg/{msg_id}/content",
-            axum::routing::delete(history::expunge_message_content),
-        )
-        .route(
-            "/app/{app_id}/msg/{msg_id}/endpoint",
-            get(history::list_attempted_destinations),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/msg",
-            get(history::list_attempted_messages),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/stats",
-            get(history::endpoint_stats),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/recover",
-            post(history::recover),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/replay-missing",
-            post(history::replay_missing),
-        )
-        .route(
-            "/app/{app_id}/endpoint/{endpoint_id}/send-example",
-            post(send_example),
-        )
-        .route("/app/{app_id}/msg/{msg_id}", get(get_message))
-        .route(
-            "/app/{app_id}/msg/{msg_id}/delivery",
-            get(list_message_deliveries),
-        )
-        .route(
-            "/app/{app_id}/msg/{msg_id}/endpoint/{endpoint_id}/resend",
-            post(resend),
-        )
-        .route(
-            "/app/{app_id}/attempt/msg/{msg_id}",
-            get(list_attempts_by_msg),
-        )
-        .route(
-            "/app/{app_id}/attempt/endpoint/{endpoint_id}",
-            get(list_attempts_by_endpoint),
-        )
-        .route("/app/{app_id}/dead-letter", get(list_dead))
-        .route(
-            "/app/{app_id}/dead-letter/{delivery_id}/replay",
-            post(replay_dead),
-        )
+    let (api, _) = v1_routes().split_for_parts();
+    let api = api
         .fallback(|| async { ApiError::NotFound("route") })
-        .route(
-            "/app/{app_id}/token",
-            get(auth::list_tokens).post(create_app_token),
-        )
-        .route(
-            "/app/{app_id}/token/{token_id}",
-            axum::routing::delete(auth::delete_token),
-        )
-        .route(
-            "/auth/app-portal-access/{app_id}",
-            post(portal_access::app_portal_access),
-        )
-        .route(
-            "/auth/dashboard-access/{app_id}",
-            post(portal_access::dashboard_access),
-        )
-        .route(
-            "/auth/app/{app_id}/expire-all",
-            post(portal_access::expire_all),
-        )
-        .route("/auth/logout", post(portal_access::logout))
-        // The last layer runs first: the path's parameters, the token, then
-        // the idempotency key. (Layers of a router run once it has routed.)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             idempotency::idempotency,

@@ -9,72 +9,6 @@ use axum::response::IntoResponse;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::OpenApi;
 
-use super::{
-    apps, attempts, audit, auth, dead, endpoint_health, endpoint_secrets, endpoints, event_types,
-    history, messages, portal_access,
-};
-
-/// The routes nested under `/api/v1`, all behind the bearer token.
-#[derive(OpenApi)]
-#[openapi(paths(
-    apps::list_apps,
-    apps::create_app,
-    apps::get_app,
-    apps::put_app,
-    apps::patch_app,
-    apps::delete_app,
-    endpoints::list_endpoints,
-    endpoints::create_endpoint,
-    endpoints::get_endpoint,
-    endpoints::update_endpoint,
-    endpoints::patch_endpoint,
-    endpoints::delete_endpoint,
-    endpoint_secrets::get_endpoint_secret,
-    endpoint_secrets::rotate_endpoint_secret,
-    endpoint_secrets::get_endpoint_headers,
-    endpoint_secrets::put_endpoint_headers,
-    endpoint_secrets::patch_endpoint_headers,
-    endpoint_health::get_endpoint_health,
-    endpoints::enable_endpoint_route,
-    endpoints::disable_endpoint_route,
-    history::list_attempted_messages,
-    history::endpoint_stats,
-    history::recover,
-    history::replay_missing,
-    messages::send_example,
-    history::expunge_message_content,
-    history::expunge_attempt_content,
-    event_types::list_event_types,
-    event_types::create_event_type,
-    event_types::get_event_type,
-    event_types::put_event_type,
-    event_types::patch_event_type,
-    event_types::delete_event_type,
-    history::list_messages,
-    messages::create_message,
-    messages::get_message,
-    messages::list_message_deliveries,
-    history::list_attempted_destinations,
-    messages::resend,
-    history::get_attempt,
-    attempts::list_attempts_by_msg,
-    attempts::list_attempts_by_endpoint,
-    dead::list_dead,
-    dead::replay_dead,
-    dead::replay_endpoint_dead,
-    dead::list_all_dead,
-    dead::replay_all_dead,
-    auth::list_tokens,
-    auth::create_token,
-    auth::delete_token,
-    portal_access::app_portal_access,
-    portal_access::dashboard_access,
-    portal_access::expire_all,
-    portal_access::logout,
-    audit::list_audit_log,
-))]
-struct V1;
-
 /// The whole description: the token-free routes at the root, the API under
 /// `/api/v1`. The dashboard (HTML with its own log-in) is not part of it.
 #[derive(OpenApi)]
@@ -94,7 +28,6 @@ struct V1;
         super::metrics,
         openapi_json
     ),
-    nest((path = "/api/v1", api = V1)),
     // Those only named by error responses, parameter types and optional
     // bodies, which the derive does not collect by itself. (An optional body
     // is named by reference: given as its type, utoipa would mark it
@@ -113,7 +46,6 @@ struct V1;
         super::auth::Capability,
     )),
     security(("bearer" = [])),
-    modifiers(&BearerScheme, &IdempotencyKey, &CommonErrors, &PathParams),
 )]
 pub struct HeraldApi;
 
@@ -297,7 +229,18 @@ impl utoipa::Modify for PathParams {
 pub fn document() -> &'static str {
     static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     DOCUMENT.get_or_init(|| {
-        HeraldApi::openapi().to_json().unwrap_or_else(|e| {
+        let (_, v1) = super::v1_routes().split_for_parts();
+        let mut whole = HeraldApi::openapi().nest("/api/v1", v1);
+        // After the nest: they add to the routes under `/api/v1`.
+        for modifier in [
+            &BearerScheme as &dyn utoipa::Modify,
+            &IdempotencyKey,
+            &CommonErrors,
+            &PathParams,
+        ] {
+            modifier.modify(&mut whole);
+        }
+        whole.to_json().unwrap_or_else(|e| {
             // Serializing in-memory structs of strings and maps cannot fail;
             // if it ever did, say so instead of serving a broken document.
             tracing::error!(error = %e, "cannot serialize the OpenAPI description");
