@@ -61,11 +61,7 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(400));
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/hooks"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hooks"), json!({})).await;
     let msg = app
         .send_message(&app_id, "invoice.paid", json!({"n": 1}))
         .await;
@@ -258,11 +254,7 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
 async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/hooks"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hooks"), json!({})).await;
     let browser = cookie_client();
     let wrong = "wrong-token-attempt-0123456789abcdef";
     let resp = login_with(&browser, &app, wrong).await;

@@ -97,9 +97,7 @@ async fn open_hold_probe_reopen_close(backend: &Backend) {
     let rx = Receiver::start().await;
     // Four failures open it; the first probe fails too; then it recovers.
     rx.script((0..5).map(|_| Reply::status(500)));
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     assert_eq!(circuit(&app, &app_id, &ep).await["state"], "closed");
 
     let mut msgs = Vec::new();
@@ -191,9 +189,7 @@ async fn min_attempts_zero_turns_the_breaker_off() {
     let app = crate::helpers::spawn_stepped(&[("HERALD_BREAKER_MIN_ATTEMPTS", "0")]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     for n in 0..30 {
         app.send_message(&app_id, "t.x", json!({ "n": n })).await;
     }
@@ -213,11 +209,7 @@ async fn two_dispatchers_send_one_probe(pg: PgSchema) {
     let second = backend.spawn_stepped(BREAKER).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
-    let app_id = first.create_app().await;
-    let ep = first
-        .create_endpoint(&app_id, &rx.url("/"), json!({}))
-        .await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = first.app_with_endpoint(&rx.url("/"), json!({})).await;
     for n in 0..8 {
         first.send_message(&app_id, "t.x", json!({ "n": n })).await;
     }

@@ -24,12 +24,8 @@ async fn secret_of(app: &TestApp, app_id: &str, ep_id: &str) -> String {
 async fn happy_path_carries_every_header_and_the_exact_body() {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("id");
-    let secret = secret_of(&app, &app_id, ep_id).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
+    let secret = secret_of(&app, &app_id, &ep_id).await;
     assert!(secret.starts_with("whsec_"));
 
     // Odd spacing on purpose: receivers must get the bytes as sent.
@@ -298,9 +294,7 @@ async fn exhaustion_is_dead_and_resend_and_replay_keep_the_key() {
     let app = spawn_app(&[("HERALD_RETRY_SCHEDULE", "0ms,0ms")]).await;
     let rx = Receiver::start().await;
     rx.script([Reply::status(500), Reply::status(500), Reply::status(500)]);
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep_id = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
 
     let got = rx.wait_for(3).await;
@@ -346,9 +340,7 @@ async fn dead_letters_replay_one_and_all_of_an_endpoint() {
     let app = spawn_stepped(&[("HERALD_RETRY_SCHEDULE", "")]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(502));
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep_id = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let mut msgs = Vec::new();
     for i in 0..3 {
         msgs.push(app.send_message(&app_id, "a.b", json!({ "i": i })).await);
@@ -663,12 +655,8 @@ fn verifies_with(secret: &str, r: &Recorded) -> bool {
 async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("id");
-    let old = secret_of(&app, &app_id, ep_id).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
+    let old = secret_of(&app, &app_id, &ep_id).await;
     let rotate = format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret/rotate");
 
     let new = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -677,7 +665,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["key"], new);
-    assert_eq!(secret_of(&app, &app_id, ep_id).await, new);
+    assert_eq!(secret_of(&app, &app_id, &ep_id).await, new);
     app.send_message(&app_id, "a.b", json!({})).await;
     app.step().await;
     let got = rx.wait_for(1).await;
@@ -714,7 +702,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_ne!(
-        secret_of(&app, &app_id, ep_id).await,
+        secret_of(&app, &app_id, &ep_id).await,
         new,
         "a generated key"
     );
@@ -734,11 +722,9 @@ async fn resending_a_delivery_in_flight_is_refused_until_its_outcome_is_written(
     let rx = Receiver::start().await;
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     rx.script([Reply::status(200).held(&gate)]);
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/"), json!({"ordering": "fifo"}))
+    let (app_id, ep_id) = app
+        .app_with_endpoint(&rx.url("/"), json!({"ordering": "fifo"}))
         .await;
-    let ep_id = ep["id"].as_str().expect("id").to_owned();
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
     let resend = format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{ep_id}/resend");
     // The first attempt is held open at the receiver while we resend.

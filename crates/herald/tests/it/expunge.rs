@@ -263,9 +263,7 @@ async fn the_sdk_expunges_and_the_dashboard_and_tables_show_nothing_of_the_paylo
     let rx = Receiver::start().await;
     rx.always(Reply::status(503));
     let svix = app.sdk();
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app
         .send_message(&app_id, "a.b", json!({"card": MARKER}))
         .await;

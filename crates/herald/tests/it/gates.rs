@@ -226,16 +226,14 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_disable() {
     let app = spawn_app(&[("HERALD_ENDPOINT_CONCURRENCY", "1")]).await;
     let receiver = Receiver::start().await;
     receiver.always(Reply::status(200).delay(Duration::from_millis(700)));
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &receiver.url("/slow"), json!({}))
+    let (app_id, ep_id) = app
+        .app_with_endpoint(&receiver.url("/slow"), json!({}))
         .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id");
 
     let sends = (0..3).map(|i| app.send_message(&app_id, "order.created", json!({ "i": i })));
     let msgs = futures::future::join_all(sends).await;
     receiver.wait_for(1).await;
-    app.disable_endpoint(&app_id, ep_id, json!({})).await;
+    app.disable_endpoint(&app_id, &ep_id, json!({})).await;
     let all = settled(&app, &app_id, &msgs).await;
     assert_eq!(
         receiver.requests().len(),
@@ -258,11 +256,7 @@ async fn ingest_gives_nothing_to_an_endpoint_disabled_after_routing(pg: PgSchema
     let backend = Backend::Postgres(pg);
     let app = backend.spawn_app(&[]).await;
     let receiver = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &receiver.url("/ep"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
+    let (app_id, ep_id) = app.app_with_endpoint(&receiver.url("/ep"), json!({})).await;
 
     let mut block = WriteBlock::start(&app, &backend).await;
 

@@ -38,11 +38,7 @@ async fn replay_missing_delivers_what_an_endpoint_never_got_once(backend: &Backe
     let app = backend.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     app.create_event_types(&["a", "b"]).await;
-    let app_id = app.create_app().await;
-    let first = app
-        .create_endpoint(&app_id, &rx.url("/first"), json!({}))
-        .await;
-    let first = first["id"].as_str().expect("id").to_owned();
+    let (app_id, first) = app.app_with_endpoint(&rx.url("/first"), json!({})).await;
     let since = "2020-01-01T00:00:00Z";
     let m1 = app.send_message(&app_id, "a", json!({"n": 1})).await;
     // Created after m1; gets m2 the ordinary way.
@@ -134,9 +130,7 @@ async fn replay_missing_delivers_what_an_endpoint_never_got_once(backend: &Backe
 async fn what_an_endpoint_missed_while_disabled_by_a_person_is_replayed(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let base = format!("/api/v1/app/{app_id}/endpoint/{ep}");
     let (status, _) = app.post(&format!("{base}/disable"), json!({})).await;
     assert_eq!(status, StatusCode::OK);

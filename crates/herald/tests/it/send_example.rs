@@ -115,9 +115,7 @@ async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_a
 async fn send_example_is_stored_and_sent_on_both_stores(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let (status, out) = app
         .post(
             &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),

@@ -181,6 +181,15 @@ impl TestApp {
         out
     }
 
+    /// A new application with one endpoint at `url` (plus `extra` fields):
+    /// their ids.
+    pub async fn app_with_endpoint(&self, url: &str, extra: Value) -> (String, String) {
+        let app = self.create_app().await;
+        let ep = self.create_endpoint(&app, url, extra).await;
+        let ep = ep["id"].as_str().expect("endpoint id").to_owned();
+        (app, ep)
+    }
+
     /// Creates these event types (endpoint filters must name existing ones).
     pub async fn create_event_types(&self, names: &[&str]) {
         for name in names {
