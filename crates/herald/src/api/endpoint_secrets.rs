@@ -119,21 +119,7 @@ pub async fn rotate_endpoint_secret(
         ));
     }
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    rotate_secret(&state, &ep, &secret, grace).await?;
-    // Svix reports a rotation as an update of the endpoint.
-    state
-        .operator
-        .endpoint_changed(EndpointEvent::Updated, &app.id, &ep.id, ep.uid.as_deref())
-        .await;
-    actor
-        .record(
-            &*state.store,
-            "endpoint.secret_rotated",
-            Some(&app.id),
-            ep.id.as_str(),
-            serde_json::json!({ "keyGiven": body.key.is_some(), "gracePeriodSeconds": grace }),
-        )
-        .await;
+    rotate_secret(&state, &actor, &ep, &secret, grace, body.key.is_some()).await?;
     // The official SDKs (2.x) read the new key from the answer; older
     // ones ignore the body: 200 with `{"key"}` suits both.
     // Not kept for an Idempotency-Key repeat (`idempotency`'s module).
@@ -157,31 +143,48 @@ pub fn credentials_readable(ep: &Endpoint) -> ApiResult<()> {
 }
 
 /// Makes `secret` the endpoint's; the current one keeps signing for
-/// `grace_seconds` (the API and the dashboard both rotate through here).
+/// `grace_seconds`. Said as an `endpoint.updated` operator event and
+/// audited (`key_given`: the caller chose the secret). The API and the
+/// dashboard both rotate through here.
 pub async fn rotate_secret(
     state: &ApiState,
+    actor: &Actor,
     ep: &Endpoint,
     secret: &Secret,
     grace_seconds: u64,
+    key_given: bool,
 ) -> ApiResult<()> {
     credentials_readable(ep)?;
     let now = now_millis();
     let grace_ms = i64::try_from(grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
-    if state
-        .store
-        .rotate_secret(
+    let until = now.saturating_add(grace_ms);
+    let rotated = (state.store)
+        .rotate_secret(&ep.app_id, &ep.id, &secret.expose(), until, now)
+        .await?;
+    if !rotated {
+        return Err(ApiError::NotFound("endpoint"));
+    }
+    // Svix reports a rotation as an update of the endpoint.
+    state
+        .operator
+        .endpoint_changed(
+            EndpointEvent::Updated,
             &ep.app_id,
             &ep.id,
-            &secret.expose(),
-            now.saturating_add(grace_ms),
-            now,
+            ep.uid.as_deref(),
         )
-        .await?
-    {
-        Ok(())
-    } else {
-        Err(ApiError::NotFound("endpoint"))
-    }
+        .await;
+    let details = serde_json::json!({ "keyGiven": key_given, "gracePeriodSeconds": grace_seconds });
+    actor
+        .record(
+            &*state.store,
+            "endpoint.secret_rotated",
+            Some(&ep.app_id),
+            ep.id.as_str(),
+            details,
+        )
+        .await;
+    Ok(())
 }
 
 /// `GET …/headers`: the endpoint's extra headers, as Svix answers them:

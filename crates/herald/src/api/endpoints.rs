@@ -761,33 +761,70 @@ pub async fn disable_endpoint_route(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
 ) -> ApiResult<Json<EndpointOut>> {
-    let reason = body
-        .reason
-        .unwrap_or_else(|| "disabled by an operator".to_owned());
+    let reason = body.reason.as_deref().unwrap_or("disabled by an operator");
+    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    disable_audited(&state, &actor, &ep, reason).await?;
+    Ok(Json(
+        find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
+    ))
+}
+
+/// Disables `ep` as a person asked (not the automatic rule), for `reason`
+/// (checked here), and audits it: whether it was enabled. The API and the
+/// dashboard both disable through here.
+pub async fn disable_audited(
+    state: &ApiState,
+    actor: &Actor,
+    ep: &Endpoint,
+    reason: &str,
+) -> ApiResult<bool> {
     if reason.len() > MAX_DISABLE_REASON_BYTES {
         return Err(ApiError::field(
             "reason",
             format!("must be at most {MAX_DISABLE_REASON_BYTES} bytes"),
         ));
     }
-    check_text(&["body", "reason"], &reason, MAX_DISABLE_REASON_BYTES)?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    check_text(&["body", "reason"], reason, MAX_DISABLE_REASON_BYTES)?;
     let changed = state
         .operator
-        .disable(&app.id, &ep.id, &reason, false, None)
+        .disable(&ep.app_id, &ep.id, reason, false, None)
         .await?;
+    let details = serde_json::json!({ "changed": changed });
     actor
         .record(
             &*state.store,
             "endpoint.disabled",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
-            serde_json::json!({ "changed": changed }),
+            details,
         )
         .await;
-    Ok(Json(
-        find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
-    ))
+    Ok(changed)
+}
+
+/// Enables `ep` through the operator's rules and audits it: what that did.
+/// The API and the dashboard both enable through here.
+pub async fn enable_audited(
+    state: &ApiState,
+    actor: &Actor,
+    ep: &Endpoint,
+) -> ApiResult<crate::store::EnableReport> {
+    let report = state
+        .operator
+        .enable(&ep.app_id, &ep.id)
+        .await?
+        .ok_or(ApiError::NotFound("endpoint"))?;
+    let details = serde_json::json!({ "changed": report.was_disabled, "expired": report.expired });
+    actor
+        .record(
+            &*state.store,
+            "endpoint.enabled",
+            Some(&ep.app_id),
+            ep.id.as_str(),
+            details,
+        )
+        .await;
+    Ok(report)
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -815,20 +852,7 @@ pub async fn enable_endpoint_route(
     Path((_app_id, endpoint_id)): Path<(String, String)>,
 ) -> ApiResult<Json<EnableOut>> {
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let report = state
-        .operator
-        .enable(&app.id, &ep.id)
-        .await?
-        .ok_or(ApiError::NotFound("endpoint"))?;
-    actor
-        .record(
-            &*state.store,
-            "endpoint.enabled",
-            Some(&app.id),
-            ep.id.as_str(),
-            serde_json::json!({ "changed": report.was_disabled, "expired": report.expired }),
-        )
-        .await;
+    let report = enable_audited(&state, &actor, &ep).await?;
     Ok(Json(EnableOut {
         endpoint: find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
         expired_deliveries: report.expired,

@@ -7,21 +7,20 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
-use serde_json::json;
 
 use super::delivery::{attempts_table, shown_header_value};
 use super::layout::{self, ago, hourly_chart, latency, percent, when, Nav};
 use super::overview::{app_label, state_badge};
 use super::session::{Authed, Posted};
-use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
+use super::{query_string, see_other, Cursor, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
 use crate::api::endpoint_health::endpoint_health;
-use crate::api::endpoints::find_endpoint;
+use crate::api::endpoints::{
+    disable_audited, enable_audited, find_endpoint, MAX_DISABLE_REASON_BYTES,
+};
 use crate::api::ApiState;
 use crate::health::WindowFigures;
 use crate::store::{now_millis, AttemptRecord, Endpoint};
-
-use crate::api::endpoints::MAX_DISABLE_REASON_BYTES as MAX_REASON_BYTES;
 
 #[derive(Debug, Deserialize, Default)]
 pub struct EndpointQuery {
@@ -168,7 +167,7 @@ pub async fn page(
                     form.toolbar method="post" action=(format!("{here}/disable")) {
                         (layout::csrf_field(&session))
                         input name="reason" placeholder="reason (optional)" size="32"
-                            maxlength=(MAX_REASON_BYTES);
+                            maxlength=(MAX_DISABLE_REASON_BYTES);
                         button.danger type="submit" { "Disable" }
                     }
                 }
@@ -265,22 +264,7 @@ pub async fn enable(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    let report = state
-        .operator
-        .enable(&app.id, &ep.id)
-        .await?
-        .ok_or(DashError::NotFound("endpoint"))?;
-    posted
-        .session
-        .actor()
-        .record(
-            &*state.store,
-            "endpoint.enabled",
-            Some(&app.id),
-            ep.id.as_str(),
-            json!({ "changed": report.was_disabled, "expired": report.expired }),
-        )
-        .await;
+    let report = enable_audited(&state, &posted.session.actor(), &ep).await?;
     posted
         .session
         .flash(match (report.was_disabled, report.expired) {
@@ -304,28 +288,9 @@ pub async fn disable(
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let reason = match posted.form.text("reason") {
         "" => "disabled by an operator in the dashboard",
-        r if r.len() > MAX_REASON_BYTES => {
-            return Err(DashError::BadRequest(format!(
-                "the reason may be at most {MAX_REASON_BYTES} bytes"
-            )))
-        }
         r => r,
     };
-    let changed = state
-        .operator
-        .disable(&app.id, &ep.id, reason, false, None)
-        .await?;
-    posted
-        .session
-        .actor()
-        .record(
-            &*state.store,
-            "endpoint.disabled",
-            Some(&app.id),
-            ep.id.as_str(),
-            json!({ "changed": changed }),
-        )
-        .await;
+    let changed = disable_audited(&state, &posted.session.actor(), &ep, reason).await?;
     posted
         .session
         .flash(if changed {
@@ -346,27 +311,10 @@ pub async fn rotate(
 ) -> DashResult<Response> {
     let app = find_app(&state, &app_id).await?;
     let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    crate::api::endpoint_secrets::rotate_secret(
-        &state,
-        &ep,
-        &herald_signing::Secret::generate(),
-        crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS,
-    )
-    .await?;
-    posted
-        .session
-        .actor()
-        .record(
-            &*state.store,
-            "endpoint.secret_rotated",
-            Some(&app.id),
-            ep.id.as_str(),
-            json!({
-                "keyGiven": false,
-                "gracePeriodSeconds": crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS
-            }),
-        )
-        .await;
+    let secret = herald_signing::Secret::generate();
+    let grace = crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS;
+    let actor = posted.session.actor();
+    crate::api::endpoint_secrets::rotate_secret(&state, &actor, &ep, &secret, grace, false).await?;
     posted
         .session
         .flash("Secret rotated: the previous one signs too for 24 hours.")
