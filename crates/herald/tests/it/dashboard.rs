@@ -608,3 +608,47 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     drop(driver);
     app.shutdown().await;
 }
+
+/// The dashboard's endpoint actions are the API's: a secret rotated there
+/// is said to the operator webhook as `endpoint.updated`, as Svix and the
+/// API say it, and audited as the dashboard's.
+#[tokio::test]
+async fn a_rotation_in_the_dashboard_is_an_endpoint_update_for_the_operator() {
+    let ops = Receiver::start().await;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let app = spawn_app(&[
+        ("HERALD_OPERATOR_WEBHOOK_URL", &ops.url("/ops")),
+        ("HERALD_OPERATOR_WEBHOOK_SECRET", secret),
+    ])
+    .await;
+    let rx = Receiver::start().await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
+    let browser = logged_in(&app).await;
+    let ep_path = format!("/dashboard/app/{app_id}/endpoint/{ep_id}");
+    let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
+    let csrf = csrf_of(&ep_page);
+    let resp = post_form(
+        &browser,
+        &app,
+        &format!("{ep_path}/rotate"),
+        &[("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(resp.status(), 303);
+
+    let events = crate::endpoint_health::operator_events(&ops, secret, &["endpoint.updated"]).await;
+    let updated: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "endpoint.updated")
+        .collect();
+    assert_eq!(updated.len(), 1, "{events:?}");
+    assert_eq!(updated[0]["data"]["endpointId"], ep_id.as_str());
+    let (_, entries) = app
+        .get("/api/v1/audit-log?action=endpoint.secret_rotated")
+        .await;
+    let entry = &entries["data"][0];
+    assert_eq!(entry["actorKind"], "dashboard", "{entries}");
+    assert_eq!(entry["target"], ep_id.as_str());
+    assert_eq!(entry["details"]["keyGiven"], false);
+    app.shutdown().await;
+}
