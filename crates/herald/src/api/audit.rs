@@ -77,18 +77,6 @@ pub struct AuditListParams {
     pub after: Option<String>,
 }
 
-fn time_param(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
-    match value.as_deref().filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => super::millis_of_rfc3339(v).map(Some).ok_or_else(|| {
-            ApiError::Validation(vec![FieldError::query(
-                field,
-                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
-            )])
-        }),
-    }
-}
-
 impl AuditListParams {
     pub fn filter(&self) -> ApiResult<AuditFilter> {
         let text = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
@@ -116,8 +104,8 @@ impl AuditListParams {
             actor_kind,
             actor_id: text(&self.actor),
             target: text(&self.target),
-            before: time_param("before", &self.before)?,
-            after: time_param("after", &self.after)?,
+            before: super::query_time("before", &self.before)?,
+            after: super::query_time("after", &self.after)?,
         })
     }
 }

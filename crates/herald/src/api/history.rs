@@ -37,18 +37,6 @@ pub fn svix_status(state: DeliveryState) -> (u8, &'static str) {
     }
 }
 
-fn time_param(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
-    match value.as_deref().filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => super::millis_of_rfc3339(v).map(Some).ok_or_else(|| {
-            ApiError::Validation(vec![FieldError::query(
-                field,
-                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
-            )])
-        }),
-    }
-}
-
 #[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct MessageListParams {
@@ -96,8 +84,8 @@ pub async fn list_messages(
         event_types: event_types.filter(|t| !t.is_empty()),
         channel: params.channel.clone().filter(|c| !c.is_empty()),
         tag: params.tag.clone().filter(|t| !t.is_empty()),
-        before: time_param("before", &params.before)?,
-        after: time_param("after", &params.after)?,
+        before: super::query_time("before", &params.before)?,
+        after: super::query_time("after", &params.after)?,
     };
     let page = state
         .store

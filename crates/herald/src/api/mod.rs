@@ -697,6 +697,20 @@ pub fn millis_of_rfc3339(text: &str) -> Option<Millis> {
         .map(|t| t.timestamp_millis())
 }
 
+/// The query parameter `field`, an RFC 3339 time if given (an empty one is
+/// not given), as Unix milliseconds; anything else is a 422 naming it.
+pub fn query_time(field: &str, value: &Option<String>) -> ApiResult<Option<Millis>> {
+    match value.as_deref().filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => millis_of_rfc3339(v).map(Some).ok_or_else(|| {
+            ApiError::Validation(vec![error::FieldError::query(
+                field,
+                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+            )])
+        }),
+    }
+}
+
 /// Svix's time format; it lives in the store, below every module using it.
 pub use crate::store::rfc3339;
 
