@@ -41,6 +41,15 @@ pub(crate) fn key_of(session_id: &str) -> String {
     hex::encode(Sha256::digest(session_id.as_bytes()))
 }
 
+/// Keeps `text` for the session `key`'s next page (a dashboard or a
+/// portal session: `what` says which in the log if it cannot be kept; the
+/// change it reports was made all the same).
+pub(crate) async fn keep_flash(state: &ApiState, key: &str, text: &str, what: &str) {
+    if let Err(e) = state.store.set_session_flash(key, text).await {
+        tracing::warn!(error = %e, session = what, "cannot keep a message for the next page");
+    }
+}
+
 /// A session's name in the audit log: the first 8 hex digits of its
 /// digest, which tell sessions apart without being (or revealing) the
 /// cookie.
@@ -119,14 +128,7 @@ pub struct Authed {
 impl Authed {
     /// Shows `text` once, on the next page this session opens.
     pub async fn flash(&self, text: impl Into<String>) {
-        if let Err(e) = self
-            .state
-            .store
-            .set_session_flash(&self.key, &text.into())
-            .await
-        {
-            tracing::warn!(error = %e, "cannot keep a dashboard message");
-        }
+        keep_flash(&self.state, &self.key, &text.into(), "dashboard").await;
     }
 
     pub fn take_flash(&self) -> Option<String> {

@@ -295,14 +295,7 @@ impl PortalSession {
     }
 
     pub async fn flash(&self, text: impl Into<String>) {
-        if let Err(e) = self
-            .state
-            .store
-            .set_session_flash(&self.key, &text.into())
-            .await
-        {
-            tracing::warn!(error = %e, "cannot keep a portal message");
-        }
+        dsession::keep_flash(&self.state, &self.key, &text.into(), "portal").await;
     }
 
     fn take_flash(&self) -> Option<String> {
