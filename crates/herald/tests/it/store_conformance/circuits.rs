@@ -66,22 +66,13 @@ async fn circuit_breakers_are_stepped_by_completions_and_stored(store: Arc<dyn S
         }
     );
     let now = batch.iter().map(|c| c.now).max().expect("a batch");
-    let open = store
-        .circuit_of(&e.id)
-        .await
-        .expect("read")
-        .expect("exists");
+    let open = circuit_of(&store, &e.id).await;
     assert_eq!(open.state, CircuitState::Open);
     assert_eq!(open.until, Some(now + 30_000));
     assert_eq!(open.cooldown_ms, 30_000);
     assert_eq!((open.window.attempts, open.window.failures), (4, 3));
     assert_eq!(
-        store
-            .circuit_of(&other.id)
-            .await
-            .expect("read")
-            .expect("exists")
-            .state,
+        circuit_of(&store, &other.id).await.state,
         CircuitState::Closed
     );
     let broken = store.broken_circuits().await.expect("read");
@@ -140,11 +131,7 @@ async fn circuit_breakers_are_stepped_by_completions_and_stored(store: Arc<dyn S
         .expect("complete");
     assert_eq!(done.circuits.len(), 1);
     assert_eq!(done.circuits[0].transition, Transition::Closed);
-    let closed = store
-        .circuit_of(&e.id)
-        .await
-        .expect("read")
-        .expect("exists");
+    let closed = circuit_of(&store, &e.id).await;
     assert_eq!(closed.state, CircuitState::Closed);
     assert_eq!((closed.cooldown_ms, closed.probe_by), (0, None));
     assert!(store.broken_circuits().await.expect("read").is_empty());
@@ -161,20 +148,12 @@ async fn only_one_of_two_concurrent_probers_wins(store: Arc<dyn Store>) {
         .complete_with_circuits(&failed, &rule)
         .await
         .expect("complete");
-    let open = store
-        .circuit_of(&e.id)
-        .await
-        .expect("read")
-        .expect("exists");
+    let open = circuit_of(&store, &e.id).await;
     assert_eq!(open.state, CircuitState::Open);
     let at = open.until.expect("open until");
     let timeout = Duration::from_secs(60);
     for round in 0..5 {
-        let seen = store
-            .circuit_of(&e.id)
-            .await
-            .expect("read")
-            .expect("exists");
+        let seen = circuit_of(&store, &e.id).await;
         let now = at + i64::from(round) * 61_000;
         let one = herald_policy::breaker::probe(&seen, now, timeout, "one").expect("due");
         let two = herald_policy::breaker::probe(&seen, now, timeout, "two").expect("due");
@@ -185,11 +164,7 @@ async fn only_one_of_two_concurrent_probers_wins(store: Arc<dyn Store>) {
         );
         assert!(r1 ^ r2, "round {round}: exactly one wins ({r1}, {r2})");
         let winner = if r1 { "one" } else { "two" };
-        let stored = store
-            .circuit_of(&e.id)
-            .await
-            .expect("read")
-            .expect("exists");
+        let stored = circuit_of(&store, &e.id).await;
         assert_eq!(stored.state, CircuitState::HalfOpen);
         assert_eq!(stored.probe_by.as_deref(), Some(winner));
     }
@@ -209,15 +184,7 @@ async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Sto
         .complete_with_circuits(&failed, &rule)
         .await
         .expect("complete");
-    assert_eq!(
-        store
-            .circuit_of(&e.id)
-            .await
-            .expect("read")
-            .expect("exists")
-            .state,
-        CircuitState::Open
-    );
+    assert_eq!(circuit_of(&store, &e.id).await.state, CircuitState::Open);
     let live = sent(&store, &b.id, "x", None).await;
     let mut total = 0;
     for _ in 0..10 {

@@ -158,6 +158,14 @@ pub(crate) async fn status_of(store: &Arc<dyn Store>, ep: &EndpointId) -> Endpoi
         .expect("the endpoint exists")
 }
 
+pub(crate) async fn circuit_of(store: &Arc<dyn Store>, ep: &EndpointId) -> Circuit {
+    store
+        .circuit_of(ep)
+        .await
+        .expect("circuit")
+        .expect("the endpoint exists")
+}
+
 pub(crate) fn completion(d: &ClaimedDelivery, next: NextState, now: Millis) -> Completion {
     Completion {
         attempt: AttemptRecord {
