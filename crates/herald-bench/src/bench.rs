@@ -110,6 +110,19 @@ pub(crate) enum Target {
     Postgres { url: String, workers: usize },
 }
 
+impl Target {
+    /// SQLite, and PostgreSQL with `--postgres`, without worker processes:
+    /// for the runs that time the store itself (`--claim-cost`, `--reads`).
+    pub(crate) fn store_only(args: &BenchArgs) -> Vec<(&'static str, Target)> {
+        let mut targets = vec![("SQLite", Target::Sqlite)];
+        if let Some(url) = &args.postgres {
+            let url = url.clone();
+            targets.push(("PostgreSQL", Target::Postgres { url, workers: 0 }));
+        }
+        targets
+    }
+}
+
 /// `--herald`, or the `herald` beside this executable.
 fn herald_binary(args: &BenchArgs) -> anyhow::Result<std::path::PathBuf> {
     let path = match &args.herald {

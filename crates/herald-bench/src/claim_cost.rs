@@ -175,16 +175,7 @@ pub(crate) async fn claim_cost(args: &BenchArgs, overdue: usize) -> anyhow::Resu
     );
     println!("| store | overdue deliveries | claims found | first claim | claim p50 | claim max | next_due_at p50 |");
     println!("|---|---|---|---|---|---|---|");
-    let mut targets = vec![("SQLite", Target::Sqlite)];
-    if let Some(url) = &args.postgres {
-        targets.push((
-            "PostgreSQL",
-            Target::Postgres {
-                url: url.clone(),
-                workers: 0,
-            },
-        ));
-    }
+    let targets = Target::store_only(args);
     for (name, target) in &targets {
         for held in [false, true] {
             let c = claim_cost_run(target, overdue, held).await?;

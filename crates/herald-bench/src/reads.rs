@@ -82,16 +82,7 @@ pub(crate) async fn reads(args: &BenchArgs) -> anyhow::Result<()> {
     let header: Vec<&str> = READS.iter().map(|(name, _)| *name).collect();
     println!("| store | deliveries | seed | {} |", header.join(" | "));
     println!("|---|---|---|{}", "---|".repeat(READS.len()));
-    let mut targets = vec![("SQLite", Target::Sqlite)];
-    if let Some(url) = &args.postgres {
-        targets.push((
-            "PostgreSQL",
-            Target::Postgres {
-                url: url.clone(),
-                workers: 0,
-            },
-        ));
-    }
+    let targets = Target::store_only(args);
     for (label, target) in targets {
         let r = reads_run(&target, n).await?;
         let cells: Vec<String> = r
