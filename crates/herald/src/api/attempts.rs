@@ -5,7 +5,7 @@ use axum::Json;
 use serde::Serialize;
 
 use super::auth::ResolvedApp;
-use super::endpoints::find_endpoint;
+use super::endpoints::PathEndpoint;
 use super::error::{
     BadRequestResponse, NotFoundResponse, UnauthorizedResponse, ValidationResponse,
 };
@@ -101,12 +101,10 @@ pub async fn list_attempts_by_msg(
 )]
 pub async fn list_attempts_by_endpoint(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    list_filtered(&state, &app.id, &params, |f| f.endpoint = Some(ep.id)).await
+    list_filtered(&state, &ep.app_id, &params, |f| f.endpoint = Some(ep.id)).await
 }
 
 /// One page of the app's attempts under the query's filters, narrowed by

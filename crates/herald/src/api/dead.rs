@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::apps::find_app;
 use super::auth::ResolvedApp;
-use super::endpoints::find_endpoint;
+use super::endpoints::{find_endpoint, PathEndpoint};
 use super::error::{
     BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
     PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
@@ -140,13 +140,11 @@ pub(crate) async fn replay_one(
 pub async fn replay_endpoint_dead(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Response> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let replayed = state
         .store
-        .replay_dead_of_endpoint(&app.id, &ep.id, now_millis())
+        .replay_dead_of_endpoint(&ep.app_id, &ep.id, now_millis())
         .await?;
     if replayed > 0 {
         state.wake.notify_one();
@@ -155,7 +153,7 @@ pub async fn replay_endpoint_dead(
         .record(
             &*state.store,
             "dead.replayed",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
             serde_json::json!({ "replayed": replayed }),
         )

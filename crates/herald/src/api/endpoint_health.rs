@@ -1,16 +1,15 @@
 //! An endpoint's health: delivery figures, failing streak, breaker and
 //! throttle, for the API, the dashboard and the portal.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 
-use super::auth::ResolvedApp;
 use super::error::{NotFoundResponse, UnauthorizedResponse};
 use super::{ApiError, ApiResult, ApiState};
 use crate::ids::EndpointId;
 use crate::store::{now_millis, Endpoint};
 
-use super::endpoints::find_endpoint;
+use super::endpoints::PathEndpoint;
 
 /// `GET …/endpoint/{id}/health` (Herald's own): the figures of
 /// [`crate::health::EndpointHealth`], read from stats buckets.
@@ -25,10 +24,8 @@ use super::endpoints::find_endpoint;
 )]
 pub async fn get_endpoint_health(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<crate::health::EndpointHealth>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(
         endpoint_health(&state.store, &ep, &state.breaker).await?,
     ))

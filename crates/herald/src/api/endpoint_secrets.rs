@@ -3,14 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::ResolvedApp;
 use super::error::{
     BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
     ValidationResponse,
@@ -20,7 +19,7 @@ use crate::audit::Actor;
 use crate::operator::EndpointEvent;
 use crate::store::{now_millis, Endpoint};
 
-use super::endpoints::{check_headers, find_endpoint};
+use super::endpoints::{check_headers, PathEndpoint};
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SecretOut {
@@ -39,10 +38,8 @@ pub struct SecretOut {
 pub async fn get_endpoint_secret(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<SecretOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let key = reveal_secret(&state, &actor, ep).await?;
     Ok(Json(SecretOut { key }))
 }
@@ -103,8 +100,7 @@ pub struct RotateIn {
 pub async fn rotate_endpoint_secret(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
 ) -> ApiResult<axum::response::Response> {
     let secret = match &body.key {
@@ -118,7 +114,6 @@ pub async fn rotate_endpoint_secret(
             "must be at most 2592000 (30 days)",
         ));
     }
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     rotate_secret(&state, &actor, &ep, &secret, grace, body.key.is_some()).await?;
     // The official SDKs (2.x) read the new key from the answer; older
     // ones ignore the body: 200 with `{"key"}` suits both.
@@ -260,12 +255,9 @@ pub struct HeadersPatch {
     )
 )]
 pub async fn get_endpoint_headers(
-    State(state): State<ApiState>,
     axum::Extension(principal): axum::Extension<super::auth::Principal>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<HeadersOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     credentials_readable(&ep)?;
     // A portal token that may not change the endpoint gets names only: the
     // values are what it would need to impersonate the sender.
@@ -329,11 +321,9 @@ async fn save_headers(
 pub async fn put_endpoint_headers(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<HeadersIn>,
 ) -> ApiResult<StatusCode> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     save_headers(&state, &actor, &ep, body.headers).await
 }
 
@@ -352,11 +342,9 @@ pub async fn put_endpoint_headers(
 pub async fn patch_endpoint_headers(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<HeadersPatch>,
 ) -> ApiResult<StatusCode> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     // The headers it keeps could not be read: patching would drop them.
     credentials_readable(&ep)?;
     let mut headers = ep.headers.clone();

@@ -1,8 +1,9 @@
 //! Endpoints: the URLs an application's messages are delivered to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -452,6 +453,28 @@ async fn insert_endpoint(
     Ok((StatusCode::CREATED, Json(EndpointOut::from(ep))).into_response())
 }
 
+/// The endpoint the path's `{endpoint_id}` names (its id or uid), within
+/// the application the path names and the token may reach
+/// ([`ResolvedApp`]): what every handler of one endpoint starts from. A 404
+/// when there is none. The path parameters it reads are described in the
+/// OpenAPI document by `openapi::PATH_PARAMS`.
+pub struct PathEndpoint(pub Endpoint);
+
+impl FromRequestParts<ApiState> for PathEndpoint {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> ApiResult<Self> {
+        let app = ResolvedApp::from_request_parts(parts, state).await?;
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        let id = params
+            .get("endpoint_id")
+            .ok_or(ApiError::NotFound("endpoint"))?;
+        Ok(PathEndpoint(find_endpoint(state, &app.id, id).await?))
+    }
+}
+
 /// Looks an endpoint up by id or uid within an app; 404 when there is none.
 pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> ApiResult<Endpoint> {
     state
@@ -471,12 +494,9 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
     )
 )]
 pub async fn get_endpoint(
-    State(state): State<ApiState>,
     axum::Extension(principal): axum::Extension<super::auth::Principal>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<EndpointOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     Ok(Json(EndpointOut::shown_to(ep, &principal)))
 }
 
@@ -663,11 +683,9 @@ pub async fn update_endpoint(
 pub async fn patch_endpoint(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<EndpointPatch>,
 ) -> ApiResult<Json<EndpointOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let mut changes = EndpointChanges::default();
     if let Some(url) = &body.url {
         changes.url = Some(check_url(&state, url).await?);
@@ -709,22 +727,25 @@ pub async fn patch_endpoint(
 pub async fn delete_endpoint(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<StatusCode> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
-    if !state.store.delete_endpoint(&app.id, &ep.id).await? {
+    if !state.store.delete_endpoint(&ep.app_id, &ep.id).await? {
         return Err(ApiError::NotFound("endpoint"));
     }
     state
         .operator
-        .endpoint_changed(EndpointEvent::Deleted, &app.id, &ep.id, ep.uid.as_deref())
+        .endpoint_changed(
+            EndpointEvent::Deleted,
+            &ep.app_id,
+            &ep.id,
+            ep.uid.as_deref(),
+        )
         .await;
     actor
         .record(
             &*state.store,
             "endpoint.deleted",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
             Value::Null,
         )
@@ -757,15 +778,15 @@ pub struct DisableIn {
 pub async fn disable_endpoint_route(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
 ) -> ApiResult<Json<EndpointOut>> {
     let reason = body.reason.as_deref().unwrap_or("disabled by an operator");
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     disable_audited(&state, &actor, &ep, reason).await?;
     Ok(Json(
-        find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
+        find_endpoint(&state, &ep.app_id, ep.id.as_str())
+            .await?
+            .into(),
     ))
 }
 
@@ -848,13 +869,13 @@ pub struct EnableOut {
 pub async fn enable_endpoint_route(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<EnableOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let report = enable_audited(&state, &actor, &ep).await?;
     Ok(Json(EnableOut {
-        endpoint: find_endpoint(&state, &app.id, ep.id.as_str()).await?.into(),
+        endpoint: find_endpoint(&state, &ep.app_id, ep.id.as_str())
+            .await?
+            .into(),
         expired_deliveries: report.expired,
     }))
 }

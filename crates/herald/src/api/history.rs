@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 
 use super::attempts::AttemptOut;
 use super::auth::ResolvedApp;
-use super::endpoints::find_endpoint;
+use super::endpoints::PathEndpoint;
 use super::error::{
     BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
     ValidationResponse,
@@ -420,14 +420,12 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
 )]
 pub async fn list_attempted_messages(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointMessageOut>>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let page = state
         .store
-        .list_endpoint_messages(&app.id, &ep.id, &params.page(false)?)
+        .list_endpoint_messages(&ep.app_id, &ep.id, &params.page(false)?)
         .await?;
     let data = page
         .items
@@ -464,10 +462,8 @@ pub struct EndpointStatsOut {
 )]
 pub async fn endpoint_stats(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
 ) -> ApiResult<Json<EndpointStatsOut>> {
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let c = state.store.endpoint_delivery_counts(&ep.id).await?;
     Ok(Json(EndpointStatsOut {
         success: c.delivered,
@@ -540,15 +536,13 @@ pub struct RecoverOut {
 pub async fn recover(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
     let (since, until) = body.window()?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let now = now_millis();
     let filter = DeadFilter {
-        app: Some(app.id.clone()),
+        app: Some(ep.app_id.clone()),
         endpoint: Some(ep.id.clone()),
         created_since: Some(since),
         created_until: until,
@@ -562,7 +556,7 @@ pub async fn recover(
         .record(
             &*state.store,
             "endpoint.recovered",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
             serde_json::json!({ "replayed": replayed, "since": body.since, "until": body.until }),
         )
@@ -614,8 +608,7 @@ const MISSING_BATCH: usize = 500;
 pub async fn replay_missing(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<RecoverIn>,
 ) -> ApiResult<Response> {
     let (since, until) = body.window()?;
@@ -625,7 +618,6 @@ pub async fn replay_missing(
     if until <= since {
         return Err(ApiError::field("until", "must be after since"));
     }
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     // Message ids begin with their creation time: the walk starts at the
     // first id `since` can have (a minute early, for ids made just before
     // their time was taken), not at the application's oldest message.
@@ -636,7 +628,14 @@ pub async fn replay_missing(
     loop {
         let Some(batch) = state
             .store
-            .deliver_missing(&app.id, &ep.id, (since, until), &after, MISSING_BATCH, now)
+            .deliver_missing(
+                &ep.app_id,
+                &ep.id,
+                (since, until),
+                &after,
+                MISSING_BATCH,
+                now,
+            )
             .await?
         else {
             return Err(ApiError::NotFound("endpoint"));
@@ -654,7 +653,7 @@ pub async fn replay_missing(
         .record(
             &*state.store,
             "endpoint.replayed_missing",
-            Some(&app.id),
+            Some(&ep.app_id),
             ep.id.as_str(),
             serde_json::json!({ "delivered": made, "since": body.since, "until": body.until }),
         )

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 
 use super::apps::ApplicationIn;
 use super::auth::{MaybeResolvedApp, ResolvedApp};
-use super::endpoints::find_endpoint;
+use super::endpoints::{find_endpoint, PathEndpoint};
 use super::error::{
     BadRequestResponse, ConflictResponse, FieldError, NotFoundResponse, PayloadTooLargeResponse,
     UnauthorizedResponse, ValidationResponse,
@@ -660,8 +660,7 @@ const PING_PAYLOAD: &str = r#"{"success": true}"#;
 )]
 pub async fn send_example(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, endpoint_id)): Path<(String, String)>,
+    PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<EventExampleIn>,
 ) -> ApiResult<Response> {
     if !valid_uid(&body.event_type) {
@@ -670,7 +669,6 @@ pub async fn send_example(
             "must be 1-256 characters of letters, digits, '-', '_' or '.'",
         ));
     }
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
     let payload = if body.event_type == "svix.ping" {
         PING_PAYLOAD.to_owned()
     } else {
@@ -701,7 +699,7 @@ pub async fn send_example(
     };
     let message = NewMessage {
         id: MsgId::generate(),
-        app_id: app.id.clone(),
+        app_id: ep.app_id.clone(),
         event_type: body.event_type,
         event_id: None,
         payload,

@@ -11,7 +11,7 @@ use maud::{html, Markup};
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
 use crate::api::endpoint_health::{endpoint_health, listed_health};
-use crate::api::endpoints::find_endpoint;
+use crate::api::endpoints::{find_endpoint, PathEndpoint};
 use crate::api::{parse_json, ApiError, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::audit::Actor;
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
@@ -40,15 +40,17 @@ fn app_of(session: &PortalSession) -> ResolvedApp {
 }
 
 /// The arguments the API's handlers for one endpoint begin with: the
-/// state, the session as the actor, its application and the endpoint's
-/// path.
+/// state, the session as the actor, and the endpoint.
 fn api_args(
     state: &ApiState,
     session: &PortalSession,
     ep: &Endpoint,
-) -> (State<ApiState>, Actor, ResolvedApp, Path<(String, String)>) {
-    let path = Path((session.app_id.to_string(), ep.id.to_string()));
-    (State(state.clone()), session.actor(), app_of(session), path)
+) -> (State<ApiState>, Actor, PathEndpoint) {
+    (
+        State(state.clone()),
+        session.actor(),
+        PathEndpoint(ep.clone()),
+    )
 }
 
 /// Flashes `done` when the API's answer is a success, or `failed: …` with
@@ -553,8 +555,11 @@ pub async fn update(
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
         Ok(body) => {
-            let (st, actor, app, path) = api_args(&state, session, &ep);
-            crate::api::endpoints::update_endpoint(st, actor, app, path, ApiJson(body)).await
+            // PUT names the endpoint by its path (it may create one).
+            let path = Path((session.app_id.to_string(), ep.id.to_string()));
+            let (st, actor) = (State(state.clone()), session.actor());
+            crate::api::endpoints::update_endpoint(st, actor, app_of(session), path, ApiJson(body))
+                .await
         }
         Err(e) => Err(e),
     };
@@ -602,8 +607,8 @@ pub async fn delete(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let (st, actor, app, path) = api_args(&state, session, &ep);
-    crate::api::endpoints::delete_endpoint(st, actor, app, path).await?;
+    let (st, actor, endpoint) = api_args(&state, session, &ep);
+    crate::api::endpoints::delete_endpoint(st, actor, endpoint).await?;
     session.flash("Endpoint deleted.").await;
     Ok(see_other("/portal"))
 }
@@ -617,8 +622,8 @@ pub async fn secret(
 ) -> PortalResult {
     session.need(session.capabilities.view_secret())?;
     let ep = endpoint_of(&state, &session, &endpoint_id).await?;
-    let (st, actor, app, path) = api_args(&state, &session, &ep);
-    let out = crate::api::endpoint_secrets::get_endpoint_secret(st, actor, app, path).await?;
+    let (st, actor, endpoint) = api_args(&state, &session, &ep);
+    let out = crate::api::endpoint_secrets::get_endpoint_secret(st, actor, endpoint).await?;
     Ok(out.0.key.into_response())
 }
 
@@ -631,12 +636,11 @@ pub async fn rotate(
     let session = &posted.session;
     session.need(session.capabilities.rotate_secret())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let (st, actor, app, path) = api_args(&state, session, &ep);
+    let (st, actor, endpoint) = api_args(&state, session, &ep);
     let _ = crate::api::endpoint_secrets::rotate_endpoint_secret(
         st,
         actor,
-        app,
-        path,
+        endpoint,
         ApiJsonOrEmpty(Default::default()),
     )
     .await?;
@@ -655,8 +659,8 @@ pub async fn enable(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let (st, actor, app, path) = api_args(&state, session, &ep);
-    let _ = crate::api::endpoints::enable_endpoint_route(st, actor, app, path).await?;
+    let (st, actor, endpoint) = api_args(&state, session, &ep);
+    let _ = crate::api::endpoints::enable_endpoint_route(st, actor, endpoint).await?;
     session.flash("Enabled.").await;
     Ok(see_other(&path_of(&ep)))
 }
@@ -671,9 +675,9 @@ pub async fn disable(
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let body = parse_json(br#"{"reason":"disabled in the portal"}"#)?;
-    let (st, actor, app, path) = api_args(&state, session, &ep);
+    let (st, actor, endpoint) = api_args(&state, session, &ep);
     let _ =
-        crate::api::endpoints::disable_endpoint_route(st, actor, app, path, ApiJsonOrEmpty(body))
+        crate::api::endpoints::disable_endpoint_route(st, actor, endpoint, ApiJsonOrEmpty(body))
             .await?;
     session
         .flash("Disabled: nothing is sent to it until it is enabled.")
@@ -697,8 +701,8 @@ pub async fn send_example(
             .to_string()
             .as_bytes(),
     )?;
-    let (st, _, app, path) = api_args(&state, session, &ep);
-    let sent = crate::api::messages::send_example(st, app, path, ApiJson(body)).await;
+    let (st, _, endpoint) = api_args(&state, session, &ep);
+    let sent = crate::api::messages::send_example(st, endpoint, ApiJson(body)).await;
     flash_outcome(
         session,
         sent,
@@ -728,8 +732,8 @@ pub async fn recover(
         since.to_owned()
     };
     let body = parse_json(serde_json::json!({ "since": since }).to_string().as_bytes())?;
-    let (st, actor, app, path) = api_args(&state, session, &ep);
-    let done = crate::api::history::recover(st, actor, app, path, ApiJson(body)).await;
+    let (st, actor, endpoint) = api_args(&state, session, &ep);
+    let done = crate::api::history::recover(st, actor, endpoint, ApiJson(body)).await;
     flash_outcome(
         session,
         done,
