@@ -1,15 +1,14 @@
 //! The attempt log, as Svix's `MessageAttemptOut`.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::Json;
 use serde::Serialize;
 
-use super::auth::ResolvedApp;
 use super::endpoints::PathEndpoint;
 use super::error::{
     BadRequestResponse, NotFoundResponse, UnauthorizedResponse, ValidationResponse,
 };
-use super::messages::find_message;
+use super::messages::PathMessage;
 use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::store::AttemptRecord;
 
@@ -81,12 +80,10 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
 )]
 pub async fn list_attempts_by_msg(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, msg_id)): Path<(String, String)>,
+    PathMessage(msg): PathMessage,
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let msg = find_message(&state, &app.id, &msg_id).await?;
-    list_filtered(&state, &app.id, &params, |f| f.msg = Some(msg.id)).await
+    list_filtered(&state, &msg.app_id, &params, |f| f.msg = Some(msg.id)).await
 }
 
 #[utoipa::path(

@@ -16,7 +16,7 @@ use super::error::{
     BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
     ValidationResponse,
 };
-use super::messages::{find_message, MessageOut};
+use super::messages::{find_message, MessageOut, PathMessage};
 use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
@@ -208,20 +208,18 @@ pub async fn get_attempt(
 pub async fn expunge_message_content(
     State(state): State<ApiState>,
     actor: Actor,
-    app: ResolvedApp,
-    Path((_app_id, msg_id)): Path<(String, String)>,
+    PathMessage(msg): PathMessage,
 ) -> ApiResult<StatusCode> {
-    let msg = find_message(&state, &app.id, &msg_id).await?;
     let dead = state
         .store
-        .expunge_message(&app.id, &msg.id, now_millis())
+        .expunge_message(&msg.app_id, &msg.id, now_millis())
         .await?
         .ok_or(ApiError::NotFound("message"))?;
     actor
         .record(
             &*state.store,
             "message.expunged",
-            Some(&app.id),
+            Some(&msg.app_id),
             msg.id.as_str(),
             serde_json::json!({ "pendingDeliveriesDead": dead }),
         )
@@ -307,15 +305,13 @@ fn next_attempt(d: &Delivery) -> Option<String> {
 )]
 pub async fn list_attempted_destinations(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, msg_id)): Path<(String, String)>,
+    PathMessage(msg): PathMessage,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<MessageEndpointOut>>> {
-    let msg = find_message(&state, &app.id, &msg_id).await?;
     let page = params.page(true)?;
     let mut deliveries = state
         .store
-        .list_deliveries_of_message(&app.id, &msg.id)
+        .list_deliveries_of_message(&msg.app_id, &msg.id)
         .await?;
     deliveries.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
     if !page.ascending {
@@ -336,7 +332,7 @@ pub async fn list_attempted_destinations(
         // An endpoint deleted since has no delivery left: skip a race.
         let Some(ep) = state
             .store
-            .get_endpoint(&app.id, d.endpoint_id.as_str())
+            .get_endpoint(&msg.app_id, d.endpoint_id.as_str())
             .await?
         else {
             continue;

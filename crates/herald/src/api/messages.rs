@@ -467,13 +467,25 @@ pub fn nests_deeper_than(json: &str, max: usize) -> bool {
         UnauthorizedResponse, NotFoundResponse,
     )
 )]
-pub async fn get_message(
-    State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, msg_id)): Path<(String, String)>,
-) -> ApiResult<Json<MessageOut>> {
-    let message = find_message(&state, &app.id, &msg_id).await?;
+pub async fn get_message(PathMessage(message): PathMessage) -> ApiResult<Json<MessageOut>> {
     Ok(Json(message.try_into()?))
+}
+
+/// The message the path's `{msg_id}` names (its id or eventId), within the
+/// application the path names and the token may reach: what the handlers
+/// of one message start from. A 404 when there is none.
+pub struct PathMessage(pub Message);
+
+impl axum::extract::FromRequestParts<ApiState> for PathMessage {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &ApiState,
+    ) -> ApiResult<Self> {
+        let (app, id) = super::endpoints::app_and_path_param(parts, state, "msg_id").await?;
+        Ok(PathMessage(find_message(state, &app.id, &id).await?))
+    }
 }
 
 /// The message (by id or eventId) of the application; 404 when there is
@@ -548,13 +560,11 @@ pub struct DeliveryList {
 )]
 pub async fn list_message_deliveries(
     State(state): State<ApiState>,
-    app: ResolvedApp,
-    Path((_app_id, msg_id)): Path<(String, String)>,
+    PathMessage(message): PathMessage,
 ) -> ApiResult<Json<DeliveryList>> {
-    let message = find_message(&state, &app.id, &msg_id).await?;
     let deliveries = state
         .store
-        .list_deliveries_of_message(&app.id, &message.id)
+        .list_deliveries_of_message(&message.app_id, &message.id)
         .await?;
     Ok(Json(DeliveryList {
         data: deliveries.into_iter().map(DeliveryOut::from).collect(),
