@@ -118,8 +118,10 @@ pub struct ListenerConfig {
 }
 
 /// The store (`HERALD_DATABASE_*`, migrations, scheduled backups).
-#[derive(Clone)]
+#[derive(Clone, educe::Educe)]
+#[educe(Debug)]
 pub struct StoreConfig {
+    #[educe(Debug(method(redacted_url)))]
     pub database_url: String,
     pub database_schema: String,
     /// `HERALD_DATABASE_WAIT`: how long start-up waits for an unreachable store.
@@ -132,21 +134,10 @@ pub struct StoreConfig {
     pub backups: Option<ScheduledBackups>,
 }
 
-impl std::fmt::Debug for StoreConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreConfig")
-            .field("database_url", &redact_url(&self.database_url))
-            .field("database_schema", &self.database_schema)
-            .field("database_wait", &self.database_wait)
-            .field("auto_migrate", &self.auto_migrate)
-            .field("backups", &self.backups)
-            .finish()
-    }
-}
-
 /// How deliveries are sent, retried and paced, and when an endpoint is
 /// left alone.
-#[derive(Clone)]
+#[derive(Clone, educe::Educe)]
+#[educe(Debug)]
 pub struct DeliveryConfig {
     pub retry: RetryPolicy,
     pub request_timeout: Duration,
@@ -156,6 +147,7 @@ pub struct DeliveryConfig {
     /// `HERALD_BREAKER_*`: the per-endpoint circuit breaker.
     pub breaker: herald_policy::breaker::BreakerRule,
     /// Where operator events go, with their signing secret (`whsec_…`).
+    #[educe(Debug(method(webhook_url_only)))]
     pub operator_webhook: Option<(String, String)>,
     pub endpoint_concurrency: usize,
     pub max_in_flight: usize,
@@ -163,32 +155,13 @@ pub struct DeliveryConfig {
     pub poll_interval: Duration,
 }
 
-impl std::fmt::Debug for DeliveryConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeliveryConfig")
-            .field("retry", &self.retry)
-            .field("request_timeout", &self.request_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("disable_after", &self.disable_after)
-            .field("disable_min_window", &self.disable_min_window)
-            .field("breaker", &self.breaker)
-            .field(
-                "operator_webhook",
-                &self.operator_webhook.as_ref().map(|(url, _)| url),
-            )
-            .field("endpoint_concurrency", &self.endpoint_concurrency)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("lease", &self.lease)
-            .field("poll_interval", &self.poll_interval)
-            .finish()
-    }
-}
-
 /// Where outbound requests may go and through what.
-#[derive(Clone)]
+#[derive(Clone, educe::Educe)]
+#[educe(Debug)]
 pub struct EgressConfig {
     pub allow_private_networks: bool,
     /// Egress proxy for customer requests (validated: http, socks5 or socks5h).
+    #[educe(Debug(method(redacted_optional_url)))]
     pub proxy_url: Option<String>,
     pub no_proxy: Option<String>,
     pub operator_webhook_via_proxy: bool,
@@ -197,26 +170,12 @@ pub struct EgressConfig {
     pub tls_system_roots: bool,
 }
 
-impl std::fmt::Debug for EgressConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EgressConfig")
-            .field("allow_private_networks", &self.allow_private_networks)
-            .field("proxy_url", &self.proxy_url.as_deref().map(redact_url))
-            .field("no_proxy", &self.no_proxy)
-            .field(
-                "operator_webhook_via_proxy",
-                &self.operator_webhook_via_proxy,
-            )
-            .field("ca_bundle", &self.ca_bundle)
-            .field("tls_system_roots", &self.tls_system_roots)
-            .finish()
-    }
-}
-
 /// Who may do what, how hard a caller may push, and the key of what is
 /// stored sealed.
-#[derive(Clone)]
+#[derive(Clone, educe::Educe)]
+#[educe(Debug)]
 pub struct SecurityConfig {
+    #[educe(Debug(method(redacted_secret)))]
     pub admin_token: Option<String>,
     /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
     pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
@@ -227,23 +186,6 @@ pub struct SecurityConfig {
     pub api_rate_limit: u32,
     pub max_headers_per_endpoint: usize,
     pub max_endpoints_per_app: usize,
-}
-
-impl std::fmt::Debug for SecurityConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecurityConfig")
-            .field(
-                "admin_token",
-                &self.admin_token.as_ref().map(|_| "<redacted>"),
-            )
-            .field("encryption_keys", &self.encryption_keys)
-            .field("login_failure_limit", &self.login_failure_limit)
-            .field("auth_failure_limit", &self.auth_failure_limit)
-            .field("api_rate_limit", &self.api_rate_limit)
-            .field("max_headers_per_endpoint", &self.max_headers_per_endpoint)
-            .field("max_endpoints_per_app", &self.max_endpoints_per_app)
-            .finish()
-    }
 }
 
 /// How long history is kept (`HERALD_*RETENTION`).
@@ -906,6 +848,30 @@ fn proxy_url_of(text: &str) -> Result<Option<String>, String> {
         return Err(format!("`{shown}`: a proxy URL has no path or query"));
     }
     Ok(Some(text.to_owned()))
+}
+
+// The configuration's Debug shows what it holds but its credentials: the
+// password in a URL, the admin token, the operator webhook's secret.
+fn redacted_url(url: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    std::fmt::Debug::fmt(&redact_url(url), f)
+}
+
+fn redacted_optional_url(
+    url: &Option<String>,
+    f: &mut std::fmt::Formatter<'_>,
+) -> std::fmt::Result {
+    std::fmt::Debug::fmt(&url.as_deref().map(redact_url), f)
+}
+
+fn redacted_secret(secret: &Option<String>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    std::fmt::Debug::fmt(&secret.as_ref().map(|_| "<redacted>"), f)
+}
+
+fn webhook_url_only(
+    webhook: &Option<(String, String)>,
+    f: &mut std::fmt::Formatter<'_>,
+) -> std::fmt::Result {
+    std::fmt::Debug::fmt(&webhook.as_ref().map(|(url, _secret)| url), f)
 }
 
 /// The URL without its password, for messages and logs.
