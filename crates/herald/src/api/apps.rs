@@ -9,10 +9,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{MaybeResolvedApp, ResolvedApp};
-use super::error::{
-    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
-    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ConflictResponse, ForbiddenResponse, NotFoundResponse, ValidationResponse};
 use super::{
     check_line, check_metadata, check_uid, rfc3339, ApiError, ApiJson, ApiQuery, ApiResult,
     ApiState, ListParams, ListResponse, MAX_NAME_CHARS,
@@ -84,8 +81,7 @@ pub struct CreateAppParams {
     responses(
         (status = 200, description = "The existing application (`get_if_exists=true`)", body = ApplicationOut),
         (status = 201, description = "Created", body = ApplicationOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, ConflictResponse,
     )
 )]
 pub async fn create_app(
@@ -143,7 +139,7 @@ async fn insert_app(state: &ApiState, actor: &Actor, body: ApplicationIn) -> Api
     tag = "Application",
     responses(
         (status = 200, description = "The application", body = ApplicationOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_app(
@@ -160,7 +156,7 @@ pub async fn get_app(
     params(ListParams),
     responses(
         (status = 200, description = "A page of applications", body = ListResponse<ApplicationOut>),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ValidationResponse,
+        ForbiddenResponse, ValidationResponse,
     )
 )]
 pub async fn list_apps(
@@ -286,8 +282,7 @@ async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> 
     responses(
         (status = 200, description = "Replaced", body = ApplicationOut),
         (status = 201, description = "Created", body = ApplicationOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn put_app(
@@ -371,8 +366,7 @@ pub struct ApplicationPatch {
     request_body = ApplicationPatch,
     responses(
         (status = 200, description = "Changed", body = ApplicationOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn patch_app(
@@ -436,7 +430,7 @@ pub async fn patch_app(
     tag = "Application",
     responses(
         (status = 204, description = "Deleted"),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn delete_app(
@@ -475,8 +469,7 @@ pub async fn delete_app(
     request_body(content = ref("#/components/schemas/TokenIn"), description = "Optional; an empty body is fine"),
     responses(
         (status = 201, description = "Created; `token` is shown this once", body = super::auth::TokenOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn create_app_token(

@@ -5,9 +5,7 @@ use axum::Json;
 use serde::Serialize;
 
 use super::endpoints::PathEndpoint;
-use super::error::{
-    BadRequestResponse, NotFoundResponse, UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{NotFoundResponse, ValidationResponse};
 use super::messages::PathMessage;
 use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::store::AttemptRecord;
@@ -75,7 +73,7 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
     params(ListParams, super::history::AttemptListParams),
     responses(
         (status = 200, description = "A page of the message's attempts", body = ListResponse<AttemptOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_attempts_by_msg(
@@ -93,7 +91,7 @@ pub async fn list_attempts_by_msg(
     params(ListParams, super::history::AttemptListParams),
     responses(
         (status = 200, description = "A page of the attempts to the endpoint", body = ListResponse<AttemptOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_attempts_by_endpoint(

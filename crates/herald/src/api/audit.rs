@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::error::{ForbiddenResponse, UnauthorizedResponse, ValidationResponse};
+use super::error::{ForbiddenResponse, ValidationResponse};
 use super::{
     rfc3339, ApiError, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
@@ -118,7 +118,7 @@ impl AuditListParams {
     params(ListParams, AuditListParams),
     responses(
         (status = 200, description = "A page of audit log entries, newest first", body = ListResponse<AuditEntryOut>),
-        UnauthorizedResponse, ForbiddenResponse, ValidationResponse,
+        ForbiddenResponse, ValidationResponse,
     )
 )]
 pub async fn list_audit_log(

@@ -19,7 +19,7 @@ use axum::Json;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use super::error::{ForbiddenResponse, NotFoundResponse, UnauthorizedResponse};
+use super::error::{ForbiddenResponse, NotFoundResponse};
 use super::{rfc3339, token_sha256, ApiError, ApiResult, ApiState};
 use crate::audit::Actor;
 use crate::ids::AppId;
@@ -452,7 +452,7 @@ pub async fn create_token(
     tag = "Token",
     responses(
         (status = 200, description = "The application's tokens, in one page", body = super::ListResponse<TokenOut>),
-        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn list_tokens(
@@ -477,7 +477,7 @@ pub async fn list_tokens(
     tag = "Token",
     responses(
         (status = 204, description = "Revoked"),
-        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn delete_token(

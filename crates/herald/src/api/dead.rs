@@ -12,10 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::apps::find_app;
 use super::auth::ResolvedApp;
 use super::endpoints::{find_endpoint, PathEndpoint};
-use super::error::{
-    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
-    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ConflictResponse, ForbiddenResponse, NotFoundResponse, ValidationResponse};
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::audit::Actor;
@@ -56,7 +53,7 @@ pub struct BulkReplayOut {
     responses(
         (status = 200, description = "A page of the application's dead deliveries, newest first",
          body = ListResponse<DeliveryOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_dead(
@@ -82,7 +79,7 @@ pub async fn list_dead(
     tag = "Dead letter",
     responses(
         (status = 202, description = "Replayed: a fresh retry cycle starts now", body = super::EmptyOut),
-        UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn replay_dead(
@@ -134,7 +131,7 @@ pub(crate) async fn replay_one(
     tag = "Dead letter",
     responses(
         (status = 202, description = "Every dead delivery of the endpoint replayed", body = ReplayedOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn replay_endpoint_dead(
@@ -268,7 +265,7 @@ pub struct AllDeadParams {
     responses(
         (status = 200, description = "A page of dead deliveries, newest first",
          body = ListResponse<DeliveryOut>),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ForbiddenResponse, NotFoundResponse,
         ValidationResponse,
     )
 )]
@@ -308,8 +305,7 @@ pub struct ReplayIn {
     request_body = ReplayIn,
     responses(
         (status = 202, description = "Replayed; repeat while `done` is false", body = BulkReplayOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn replay_all_dead(

@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::Json;
 
-use super::error::{NotFoundResponse, UnauthorizedResponse};
+use super::error::NotFoundResponse;
 use super::{ApiError, ApiResult, ApiState};
 use crate::ids::EndpointId;
 use crate::store::{now_millis, Endpoint};
@@ -19,7 +19,7 @@ use super::endpoints::PathEndpoint;
     tag = "Endpoint",
     responses(
         (status = 200, description = "Attempt figures of the last hour and day, and the circuit breaker's state", body = crate::health::EndpointHealth),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_endpoint_health(

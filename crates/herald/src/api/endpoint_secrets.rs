@@ -10,10 +10,7 @@ use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::error::{
-    BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
-    ValidationResponse,
-};
+use super::error::NotFoundResponse;
 use super::{ApiError, ApiJson, ApiResult, ApiState};
 use crate::audit::Actor;
 use crate::operator::EndpointEvent;
@@ -32,7 +29,7 @@ pub struct SecretOut {
     tag = "Endpoint",
     responses(
         (status = 200, description = "The current signing secret", body = SecretOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_endpoint_secret(
@@ -93,8 +90,7 @@ pub struct RotateIn {
     request_body(content = ref("#/components/schemas/RotateIn"), description = "Optional; an empty body generates the new secret"),
     responses(
         (status = 200, description = "Rotated: the new secret", body = SecretOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn rotate_endpoint_secret(
@@ -251,7 +247,7 @@ pub struct HeadersPatch {
     tag = "Endpoint",
     responses(
         (status = 200, description = "The extra headers sent with every attempt", body = HeadersOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_endpoint_headers(
@@ -314,8 +310,7 @@ async fn save_headers(
     request_body = HeadersIn,
     responses(
         (status = 204, description = "Replaced"),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn put_endpoint_headers(
@@ -335,8 +330,7 @@ pub async fn put_endpoint_headers(
     request_body = HeadersPatch,
     responses(
         (status = 204, description = "Changed"),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn patch_endpoint_headers(

@@ -12,10 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::ResolvedApp;
-use super::error::{
-    BadRequestResponse, ConflictResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ConflictResponse, NotFoundResponse, ValidationResponse};
 use super::{
     check_line, check_metadata, check_text, check_uid, double_option, rfc3339, valid_uid, ApiError,
     ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
@@ -361,8 +358,7 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
     request_body = EndpointIn,
     responses(
         (status = 201, description = "Created", body = EndpointOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn create_endpoint(
@@ -504,7 +500,7 @@ pub async fn find_endpoint(state: &ApiState, app: &AppId, id_or_uid: &str) -> Ap
     tag = "Endpoint",
     responses(
         (status = 200, description = "The endpoint", body = EndpointOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_endpoint(
@@ -521,7 +517,7 @@ pub async fn get_endpoint(
     params(ListParams),
     responses(
         (status = 200, description = "A page of endpoints", body = ListResponse<EndpointOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_endpoints(
@@ -643,8 +639,7 @@ fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
     responses(
         (status = 200, description = "Replaced", body = EndpointOut),
         (status = 201, description = "Created under the uid of the path", body = EndpointOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn update_endpoint(
@@ -690,8 +685,7 @@ pub async fn update_endpoint(
     request_body = EndpointPatch,
     responses(
         (status = 200, description = "Changed", body = EndpointOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn patch_endpoint(
@@ -735,7 +729,7 @@ pub async fn patch_endpoint(
     tag = "Endpoint",
     responses(
         (status = 204, description = "Deleted, with its deliveries and attempts"),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn delete_endpoint(
@@ -785,8 +779,7 @@ pub struct DisableIn {
     request_body(content = ref("#/components/schemas/DisableIn"), description = "Optional; an empty body is fine"),
     responses(
         (status = 200, description = "Disabled: new deliveries are held", body = EndpointOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn disable_endpoint_route(
@@ -877,7 +870,7 @@ pub struct EnableOut {
     tag = "Endpoint",
     responses(
         (status = 200, description = "Enabled: held deliveries resume", body = EnableOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn enable_endpoint_route(

@@ -7,10 +7,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::Principal;
-use super::error::{
-    BadRequestResponse, ConflictResponse, ForbiddenResponse, NotFoundResponse,
-    PayloadTooLargeResponse, UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ConflictResponse, ForbiddenResponse, NotFoundResponse, ValidationResponse};
 use super::{
     double_option, rfc3339, valid_uid, ApiError, ApiJson, ApiQuery, ApiResult, ApiState,
     ListParams, ListResponse,
@@ -235,7 +232,7 @@ pub struct EventTypeListParams {
     params(ListParams, EventTypeListParams),
     responses(
         (status = 200, description = "A page of event types", body = ListResponse<EventTypeOut>),
-        BadRequestResponse, UnauthorizedResponse, ValidationResponse,
+        ValidationResponse,
     )
 )]
 pub async fn list_event_types(
@@ -274,8 +271,7 @@ pub async fn list_event_types(
     request_body = EventTypeIn,
     responses(
         (status = 201, description = "Created", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, ConflictResponse,
     )
 )]
 pub async fn create_event_type(
@@ -325,7 +321,7 @@ async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
     tag = "Event type",
     responses(
         (status = 200, description = "The event type", body = EventTypeOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_event_type(
@@ -350,8 +346,7 @@ pub async fn get_event_type(
     responses(
         (status = 200, description = "Replaced", body = EventTypeOut),
         (status = 201, description = "Created", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, ConflictResponse,
     )
 )]
 pub async fn put_event_type(
@@ -413,8 +408,7 @@ pub async fn put_event_type(
     request_body = EventTypePatch,
     responses(
         (status = 200, description = "Changed", body = EventTypeOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn patch_event_type(
@@ -498,7 +492,7 @@ pub struct DeleteParams {
     params(DeleteParams),
     responses(
         (status = 204, description = "Archived (or deleted with `expunge=true`)"),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ForbiddenResponse, NotFoundResponse,
         ValidationResponse,
     )
 )]

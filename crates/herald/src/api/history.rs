@@ -12,10 +12,7 @@ use serde_json::value::RawValue;
 use super::attempts::AttemptOut;
 use super::auth::ResolvedApp;
 use super::endpoints::PathEndpoint;
-use super::error::{
-    BadRequestResponse, NotFoundResponse, PayloadTooLargeResponse, UnauthorizedResponse,
-    ValidationResponse,
-};
+use super::error::{NotFoundResponse, ValidationResponse};
 use super::messages::{find_message, MessageOut, PathMessage};
 use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
@@ -65,7 +62,7 @@ pub struct MessageListParams {
     params(ListParams, MessageListParams),
     responses(
         (status = 200, description = "A page of messages, newest first", body = ListResponse<MessageOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_messages(
@@ -176,7 +173,7 @@ impl AttemptListParams {
     tag = "Attempt",
     responses(
         (status = 200, description = "The attempt", body = AttemptOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_attempt(
@@ -202,7 +199,7 @@ pub async fn get_attempt(
     tag = "Message",
     responses(
         (status = 204, description = "The payload is erased"),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn expunge_message_content(
@@ -236,7 +233,7 @@ pub async fn expunge_message_content(
     tag = "Attempt",
     responses(
         (status = 204, description = "The response excerpt is erased"),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn expunge_attempt_content(
@@ -300,7 +297,7 @@ fn next_attempt(d: &Delivery) -> Option<String> {
     params(ListParams),
     responses(
         (status = 200, description = "The endpoints the message was routed to", body = ListResponse<MessageEndpointOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_attempted_destinations(
@@ -411,7 +408,7 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
     responses(
         (status = 200, description = "A page of the messages sent to the endpoint, newest first",
          body = ListResponse<EndpointMessageOut>),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ValidationResponse,
+        NotFoundResponse, ValidationResponse,
     )
 )]
 pub async fn list_attempted_messages(
@@ -453,7 +450,7 @@ pub struct EndpointStatsOut {
     tag = "Endpoint",
     responses(
         (status = 200, description = "The endpoint's deliveries by status", body = EndpointStatsOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn endpoint_stats(
@@ -525,8 +522,7 @@ pub struct RecoverOut {
     request_body = RecoverIn,
     responses(
         (status = 202, description = "The dead deliveries of the period replayed", body = RecoverOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn recover(
@@ -597,8 +593,7 @@ const MISSING_BATCH: usize = 500;
     request_body = RecoverIn,
     responses(
         (status = 202, description = "The missing deliveries were made", body = RecoverOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn replay_missing(

@@ -10,10 +10,7 @@ use serde_json::value::RawValue;
 use super::apps::ApplicationIn;
 use super::auth::{MaybeResolvedApp, ResolvedApp};
 use super::endpoints::{find_endpoint, PathEndpoint};
-use super::error::{
-    BadRequestResponse, ConflictResponse, FieldError, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ConflictResponse, FieldError, NotFoundResponse};
 use super::{
     accepted_empty, rfc3339, valid_uid, ApiError, ApiJson, ApiResult, ApiState, MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
@@ -260,8 +257,7 @@ pub(super) fn inline_app(key: &str, body: &ApplicationIn, now: Millis) -> ApiRes
     request_body = MessageIn,
     responses(
         (status = 202, description = "Stored (committed); delivery follows", body = MessageOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, ConflictResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn create_message(
@@ -464,7 +460,7 @@ pub fn nests_deeper_than(json: &str, max: usize) -> bool {
     tag = "Message",
     responses(
         (status = 200, description = "The message, with its payload", body = MessageOut),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn get_message(PathMessage(message): PathMessage) -> ApiResult<Json<MessageOut>> {
@@ -555,7 +551,7 @@ pub struct DeliveryList {
     tag = "Message",
     responses(
         (status = 200, description = "The message's deliveries, one per endpoint", body = DeliveryList),
-        UnauthorizedResponse, NotFoundResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn list_message_deliveries(
@@ -580,7 +576,7 @@ pub async fn list_message_deliveries(
     tag = "Message",
     responses(
         (status = 202, description = "Queued: one more attempt now", body = super::EmptyOut),
-        UnauthorizedResponse, NotFoundResponse, ConflictResponse,
+        NotFoundResponse, ConflictResponse,
     )
 )]
 pub async fn resend(
@@ -664,8 +660,7 @@ const PING_PAYLOAD: &str = r#"{"success": true}"#;
     request_body = EventExampleIn,
     responses(
         (status = 200, description = "Stored (committed); delivery to this endpoint follows", body = MessageOut),
-        BadRequestResponse, UnauthorizedResponse, NotFoundResponse, PayloadTooLargeResponse,
-        ValidationResponse,
+        NotFoundResponse,
     )
 )]
 pub async fn send_example(

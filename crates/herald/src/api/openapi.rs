@@ -111,25 +111,28 @@ impl utoipa::Modify for IdempotencyKey {
     }
 }
 
-/// What the middleware in front of every handler under `/api/v1` may
-/// answer, here rather than in each annotation: 400 for a path or query
-/// parameter that is not text (`path_params_are_text`, `ApiQuery`) and 429
-/// for an address over its failed-authentication limit
-/// (`auth::require_token`).
+/// What the layers in front of every handler under `/api/v1` may answer,
+/// here rather than in each annotation: 400 for a path or query parameter
+/// that is not text (`path_params_are_text`, `ApiQuery`), 401 without a
+/// token that reaches the route and 429 for an address over its
+/// failed-authentication limit (`auth::require_token`); and for a call
+/// with a body, 413 and 422 (`ApiJson`: too large, or not what the schema
+/// says).
 struct CommonErrors;
 
 impl utoipa::Modify for CommonErrors {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let responses = {
-            use utoipa::IntoResponses;
-            let mut all = super::error::BadRequestResponse::responses();
-            all.extend(super::error::TooManyRequestsResponse::responses());
-            all
+        use super::error::{
+            BadRequestResponse, PayloadTooLargeResponse, TooManyRequestsResponse,
+            UnauthorizedResponse, ValidationResponse,
         };
+        use utoipa::IntoResponses;
         for (path, item) in openapi.paths.paths.iter_mut() {
             if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
                 continue;
             }
+            // Svix's health routes need no token.
+            let behind_token = !path.starts_with("/api/v1/health");
             for op in [
                 &mut item.get,
                 &mut item.put,
@@ -140,11 +143,17 @@ impl utoipa::Modify for CommonErrors {
             .into_iter()
             .flatten()
             {
-                for (status, response) in &responses {
-                    op.responses
-                        .responses
-                        .entry(status.clone())
-                        .or_insert_with(|| response.clone());
+                let mut responses = BadRequestResponse::responses();
+                responses.extend(TooManyRequestsResponse::responses());
+                if behind_token {
+                    responses.extend(UnauthorizedResponse::responses());
+                }
+                if op.request_body.is_some() {
+                    responses.extend(PayloadTooLargeResponse::responses());
+                    responses.extend(ValidationResponse::responses());
+                }
+                for (status, response) in responses {
+                    op.responses.responses.entry(status).or_insert(response);
                 }
             }
         }

@@ -8,10 +8,7 @@ use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::error::{
-    BadRequestResponse, ForbiddenResponse, NotFoundResponse, PayloadTooLargeResponse,
-    UnauthorizedResponse, ValidationResponse,
-};
+use super::error::{ForbiddenResponse, NotFoundResponse};
 use super::{rfc3339, token_sha256, ApiError, ApiResult, ApiState};
 use crate::ids::AppId;
 use crate::store::{now_millis, ApiToken};
@@ -92,8 +89,7 @@ pub struct ApplicationTokenExpireIn {
     request_body(content = ref("#/components/schemas/AppPortalAccessIn"), description = "Optional; an empty body is all capabilities for 7 days"),
     responses(
         (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn app_portal_access(
@@ -151,7 +147,7 @@ pub async fn app_portal_access(
     tag = "Authentication",
     responses(
         (status = 200, description = "The link (single use) and the token", body = AppPortalAccessOut),
-        UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn dashboard_access(
@@ -273,8 +269,7 @@ async fn mint_portal_access(
     request_body(content = ref("#/components/schemas/ApplicationTokenExpireIn"), description = "Optional; an empty body ends them all at once"),
     responses(
         (status = 204, description = "They expire then"),
-        BadRequestResponse, UnauthorizedResponse, ForbiddenResponse, NotFoundResponse,
-        PayloadTooLargeResponse, ValidationResponse,
+        ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn expire_all(
@@ -327,7 +322,7 @@ pub async fn expire_all(
     tag = "Authentication",
     responses(
         (status = 204, description = "The token no longer works"),
-        UnauthorizedResponse, ForbiddenResponse,
+        ForbiddenResponse,
     )
 )]
 pub async fn logout(
