@@ -277,23 +277,19 @@ impl Backend {
 #[macro_export]
 macro_rules! on_both_stores {
     (postgres: $($test:ident),* $(,)?) => {
-        mod postgres_only {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $test() {
-                    let name = concat!(module_path!(), "::", stringify!($test));
-                    $crate::helpers::PgSchema::for_test(name, super::$test).await;
-                }
-            )*
-        }
+        $crate::on_both_stores!(@postgres_only $crate::helpers::PgSchema::for_test; $($test),*);
     };
     (postgres_store: $($test:ident),* $(,)?) => {
+        $crate::on_both_stores!(@postgres_only $crate::helpers::postgres::on_postgres; $($test),*);
+    };
+    // `$run(name, test)` makes the fixture, runs the test, cleans up.
+    (@postgres_only $run:path; $($test:ident),*) => {
         mod postgres_only {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
                     let name = concat!(module_path!(), "::", stringify!($test));
-                    $crate::helpers::postgres::on_postgres(name, super::$test).await;
+                    $run(name, super::$test).await;
                 }
             )*
         }
