@@ -246,8 +246,7 @@ pub async fn secret(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
 ) -> DashResult<Response> {
-    let app = find_app(&state, &app_id).await?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let ep = endpoint_in(&state, &app_id, &endpoint_id).await?;
     let secret = crate::api::endpoint_secrets::reveal_secret(&state, &session.actor(), ep).await?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -256,14 +255,20 @@ pub async fn secret(
         .into_response())
 }
 
+/// The endpoint named in the path, within the application named there (an
+/// id or uid each); a 404 for either.
+async fn endpoint_in(state: &ApiState, app_id: &str, endpoint_id: &str) -> DashResult<Endpoint> {
+    let app = find_app(state, app_id).await?;
+    Ok(find_endpoint(state, &app.id, endpoint_id).await?)
+}
+
 /// `POST …/endpoint/{ep}/enable`, through the operator's rules.
 pub async fn enable(
     State(state): State<ApiState>,
     Path((app_id, endpoint_id)): Path<(String, String)>,
     posted: Posted,
 ) -> DashResult<Response> {
-    let app = find_app(&state, &app_id).await?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let ep = endpoint_in(&state, &app_id, &endpoint_id).await?;
     let report = enable_audited(&state, &posted.session.actor(), &ep).await?;
     posted
         .session
@@ -284,8 +289,7 @@ pub async fn disable(
     Path((app_id, endpoint_id)): Path<(String, String)>,
     posted: Posted,
 ) -> DashResult<Response> {
-    let app = find_app(&state, &app_id).await?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let ep = endpoint_in(&state, &app_id, &endpoint_id).await?;
     let reason = match posted.form.text("reason") {
         "" => "disabled by an operator in the dashboard",
         r => r,
@@ -309,8 +313,7 @@ pub async fn rotate(
     Path((app_id, endpoint_id)): Path<(String, String)>,
     posted: Posted,
 ) -> DashResult<Response> {
-    let app = find_app(&state, &app_id).await?;
-    let ep = find_endpoint(&state, &app.id, &endpoint_id).await?;
+    let ep = endpoint_in(&state, &app_id, &endpoint_id).await?;
     let secret = herald_signing::Secret::generate();
     let grace = crate::api::endpoint_secrets::DEFAULT_GRACE_SECONDS;
     let actor = posted.session.actor();
