@@ -382,20 +382,32 @@ pub struct EndpointMessageOut {
 
 fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
     let (status, status_text) = svix_status(d.state);
-    let (payload, payload_expunged) = super::messages::shown_payload(m.payload)?;
-    Ok(EndpointMessageOut {
-        payload_expunged,
-        next_attempt: next_attempt(&d),
-        id: m.id.into_string(),
-        event_type: m.event_type,
-        event_id: m.event_id,
+    // Every field of the message as `GET …/msg/{id}` shows it (a field
+    // added there fails to compile here until it is added here too).
+    let MessageOut {
+        id,
+        event_type,
+        event_id,
         payload,
-        channels: m.channels,
-        timestamp: rfc3339(m.created_at),
-        tags: m.tags,
-        deliver_at: m.deliver_at.map(rfc3339),
+        channels,
+        timestamp,
+        payload_expunged,
+        tags,
+        deliver_at,
+    } = m.try_into()?;
+    Ok(EndpointMessageOut {
+        id,
+        event_type,
+        event_id,
+        payload,
+        channels,
+        timestamp,
+        payload_expunged,
+        tags,
+        deliver_at,
         status,
         status_text,
+        next_attempt: next_attempt(&d),
     })
 }
 
