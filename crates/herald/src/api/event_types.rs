@@ -13,7 +13,7 @@ use super::{
     ListParams, ListResponse,
 };
 use crate::audit::Actor;
-use crate::store::{now_millis, EventType};
+use crate::store::{now_millis, EventType, Millis};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -280,29 +280,56 @@ pub async fn create_event_type(
     ApiJson(body): ApiJson<EventTypeIn>,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     check_name(&body.name)?;
-    let flags = flags_text(body.feature_flag, body.feature_flags);
-    check_fields(&body.description, &body.schemas, &flags, &body.group_name)?;
-    let now = now_millis();
-    let et = EventType {
-        name: body.name,
-        description: body.description.unwrap_or_default(),
-        archived: body.archived.unwrap_or(false),
-        deprecated: body.deprecated.unwrap_or(false),
-        schemas: body.schemas.map(|s| s.to_string()),
-        feature_flag: flags,
-        group_name: body.group_name,
-        created_at: now,
-        updated_at: now,
-    };
+    let (name, fields) = body.split();
+    let et = fields.into_event_type(name, now_millis())?;
+    insert_event_type(&state, &actor, et).await
+}
+
+impl EventTypeIn {
+    /// The name apart from the fields PUT takes too.
+    fn split(self) -> (String, EventTypeUpdate) {
+        let fields = EventTypeUpdate {
+            description: self.description,
+            archived: self.archived,
+            deprecated: self.deprecated,
+            schemas: self.schemas,
+            feature_flag: self.feature_flag,
+            feature_flags: self.feature_flags,
+            group_name: self.group_name,
+        };
+        (self.name, fields)
+    }
+}
+
+impl EventTypeUpdate {
+    /// The event type `name` with these fields, checked, made at `now`.
+    fn into_event_type(self, name: String, now: Millis) -> ApiResult<EventType> {
+        let flags = flags_text(self.feature_flag, self.feature_flags);
+        check_fields(&self.description, &self.schemas, &flags, &self.group_name)?;
+        Ok(EventType {
+            name,
+            description: self.description.unwrap_or_default(),
+            archived: self.archived.unwrap_or(false),
+            deprecated: self.deprecated.unwrap_or(false),
+            schemas: self.schemas.map(|s| s.to_string()),
+            feature_flag: flags,
+            group_name: self.group_name,
+            created_at: now,
+            updated_at: now,
+        })
+    }
+}
+
+/// Stores a new event type and audits it: 201 with it.
+async fn insert_event_type(
+    state: &ApiState,
+    actor: &Actor,
+    et: EventType,
+) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     state.store.create_event_type(&et).await?;
+    let created = serde_json::Value::Null;
     actor
-        .record(
-            &*state.store,
-            "event_type.created",
-            None,
-            &et.name,
-            serde_json::Value::Null,
-        )
+        .record(&*state.store, "event_type.created", None, &et.name, created)
         .await;
     Ok((StatusCode::CREATED, Json(et.into())))
 }
@@ -355,20 +382,7 @@ pub async fn put_event_type(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<EventTypeUpdate>,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
-    let flags = flags_text(body.feature_flag, body.feature_flags);
-    check_fields(&body.description, &body.schemas, &flags, &body.group_name)?;
-    let now = now_millis();
-    let mut et = EventType {
-        name: name.clone(),
-        description: body.description.unwrap_or_default(),
-        archived: body.archived.unwrap_or(false),
-        deprecated: body.deprecated.unwrap_or(false),
-        schemas: body.schemas.map(|s| s.to_string()),
-        feature_flag: flags,
-        group_name: body.group_name,
-        created_at: now,
-        updated_at: now,
-    };
+    let mut et = body.into_event_type(name.clone(), now_millis())?;
     match state.store.get_event_type(&name).await? {
         Some(existing) => {
             et.created_at = existing.created_at;
@@ -386,17 +400,7 @@ pub async fn put_event_type(
         }
         None => {
             check_name(&name)?;
-            state.store.create_event_type(&et).await?;
-            actor
-                .record(
-                    &*state.store,
-                    "event_type.created",
-                    None,
-                    &et.name,
-                    serde_json::Value::Null,
-                )
-                .await;
-            Ok((StatusCode::CREATED, Json(et.into())))
+            insert_event_type(&state, &actor, et).await
         }
     }
 }
