@@ -149,7 +149,8 @@ pub async fn rotate_secret(
     let now = now_millis();
     let grace_ms = i64::try_from(grace_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
     let until = now.saturating_add(grace_ms);
-    let rotated = (state.store)
+    let rotated = state
+        .store
         .rotate_secret(&ep.app_id, &ep.id, &secret.expose(), until, now)
         .await?;
     if !rotated {

@@ -49,6 +49,27 @@ use utoipa::OpenApi;
 )]
 pub struct HeraldApi;
 
+/// The routes under `/api/v1` that the API's layers stand in front of
+/// (this document is served beside them, without a token).
+fn is_api_route(path: &str) -> bool {
+    path.starts_with("/api/v1/") && path != "/api/v1/openapi.json"
+}
+
+/// The operations of a path item, for the modifiers that add to each.
+fn operations(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
+}
+
 /// Declares the `bearer` scheme that `security(("bearer" = []))` refers to:
 /// the admin token in `Authorization: Bearer …`.
 struct BearerScheme;
@@ -82,7 +103,7 @@ impl utoipa::Modify for IdempotencyKey {
             let Some(post) = item.post.as_mut() else {
                 continue;
             };
-            if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
+            if !is_api_route(path) {
                 continue;
             }
             post.parameters.get_or_insert_with(Vec::new).push(
@@ -127,33 +148,28 @@ impl utoipa::Modify for CommonErrors {
             UnauthorizedResponse, ValidationResponse,
         };
         use utoipa::IntoResponses;
+        let mut every = BadRequestResponse::responses();
+        every.extend(TooManyRequestsResponse::responses());
+        let behind_token = UnauthorizedResponse::responses();
+        let mut with_body = PayloadTooLargeResponse::responses();
+        with_body.extend(ValidationResponse::responses());
         for (path, item) in openapi.paths.paths.iter_mut() {
-            if !path.starts_with("/api/v1/") || path == "/api/v1/openapi.json" {
+            if !is_api_route(path) {
                 continue;
             }
             // Svix's health routes need no token.
-            let behind_token = !path.starts_with("/api/v1/health");
-            for op in [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let mut responses = BadRequestResponse::responses();
-                responses.extend(TooManyRequestsResponse::responses());
-                if behind_token {
-                    responses.extend(UnauthorizedResponse::responses());
-                }
-                if op.request_body.is_some() {
-                    responses.extend(PayloadTooLargeResponse::responses());
-                    responses.extend(ValidationResponse::responses());
-                }
+            let needs_token = !path.starts_with("/api/v1/health");
+            for op in operations(item) {
+                let has_body = op.request_body.is_some();
+                let responses = every
+                    .iter()
+                    .chain(behind_token.iter().filter(|_| needs_token))
+                    .chain(with_body.iter().filter(|_| has_body));
                 for (status, response) in responses {
-                    op.responses.responses.entry(status).or_insert(response);
+                    op.responses
+                        .responses
+                        .entry(status.clone())
+                        .or_insert_with(|| response.clone());
                 }
             }
         }
@@ -190,16 +206,7 @@ impl utoipa::Modify for PathParams {
             if names.is_empty() {
                 continue;
             }
-            for op in [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ]
-            .into_iter()
-            .flatten()
-            {
+            for op in operations(item) {
                 let params = op.parameters.get_or_insert_with(Vec::new);
                 let mut in_path: Vec<Parameter> = Vec::new();
                 for name in &names {
