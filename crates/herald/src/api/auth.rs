@@ -153,6 +153,28 @@ impl<S: Send + Sync> FromRequestParts<S> for ResolvedApp {
     }
 }
 
+impl ResolvedApp {
+    /// The application the path names (as [`ResolvedApp`] allows it) and
+    /// the path parameter `name`, for the extractors of what lives in it
+    /// (`endpoints::PathEndpoint`, `messages::PathMessage`).
+    pub(crate) async fn with_path_param<S: Send + Sync>(
+        parts: &mut Parts,
+        state: &S,
+        name: &'static str,
+    ) -> ApiResult<(ResolvedApp, String)> {
+        let app = ResolvedApp::from_request_parts(parts, state).await?;
+        let Path(mut params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::BadRequest(e.body_text()))?;
+        let value = params.remove(name).ok_or_else(|| {
+            // Only routes whose template has `name` use these extractors.
+            tracing::error!(path = %parts.uri.path(), name, "a path parameter the route lacks");
+            ApiError::Internal
+        })?;
+        Ok((app, value))
+    }
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for MaybeResolvedApp {
     type Rejection = ApiError;
 

@@ -1,6 +1,6 @@
 //! Endpoints: the URLs an application's messages are delivered to.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
@@ -460,29 +460,9 @@ impl FromRequestParts<ApiState> for PathEndpoint {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> ApiResult<Self> {
-        let (app, id) = app_and_path_param(parts, state, "endpoint_id").await?;
+        let (app, id) = ResolvedApp::with_path_param(parts, state, "endpoint_id").await?;
         Ok(PathEndpoint(find_endpoint(state, &app.id, &id).await?))
     }
-}
-
-/// The application the path names (as [`ResolvedApp`] allows it) and the
-/// path parameter `name`, for the extractors of what lives in it
-/// ([`PathEndpoint`], `messages::PathMessage`).
-pub(crate) async fn app_and_path_param(
-    parts: &mut Parts,
-    state: &ApiState,
-    name: &'static str,
-) -> ApiResult<(ResolvedApp, String)> {
-    let app = ResolvedApp::from_request_parts(parts, state).await?;
-    let Path(mut params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-        .await
-        .map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let value = params.remove(name).ok_or_else(|| {
-        // Only routes whose template has `name` use these extractors.
-        tracing::error!(path = %parts.uri.path(), name, "a path parameter the route lacks");
-        ApiError::Internal
-    })?;
-    Ok((app, value))
 }
 
 /// Looks an endpoint up by id or uid within an app; 404 when there is none.

@@ -479,7 +479,7 @@ impl axum::extract::FromRequestParts<ApiState> for PathMessage {
         parts: &mut axum::http::request::Parts,
         state: &ApiState,
     ) -> ApiResult<Self> {
-        let (app, id) = super::endpoints::app_and_path_param(parts, state, "msg_id").await?;
+        let (app, id) = super::auth::ResolvedApp::with_path_param(parts, state, "msg_id").await?;
         Ok(PathMessage(find_message(state, &app.id, &id).await?))
     }
 }
