@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
 use crate::helpers::{
-    closed_port, cookie_client, spawn_app, wait_healthy, Answered, Receiver, Reply, PATIENCE, TOKEN,
+    closed_port, cookie_client, spawn_app, wait_healthy, Answered, PgSchema, Receiver, Reply,
+    PATIENCE, TOKEN,
 };
 
 /// One request as the probe saw it.
@@ -449,8 +450,9 @@ async fn ordering_is_validated_and_kept_by_put_and_patch() {
     app_under_test.shutdown().await;
 }
 
-/// `herald` with a clean environment: nothing from the developer's shell.
-fn herald() -> Command {
+/// `herald` (a clean environment) with short timeouts, leases and
+/// retries, on loopback receivers, its output dropped.
+fn quick_herald() -> Command {
     let mut cmd = crate::helpers::binary::herald();
     cmd.env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
@@ -458,16 +460,14 @@ fn herald() -> Command {
         .env("HERALD_LEASE", "3500ms")
         .env("HERALD_RETRY_SCHEDULE", "50ms,50ms,50ms")
         .env("HERALD_JITTER", "none")
-        .env("HERALD_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .stdout(Stdio::null());
     cmd
 }
 
 /// `herald serve` on SQLite file `db` (role all), healthy.
 async fn serve_sqlite(db: &std::path::Path) -> (Child, String) {
     let port = closed_port().await;
-    let child = herald()
+    let child = quick_herald()
         .arg("serve")
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .env("HERALD_DATABASE_URL", format!("sqlite://{}", db.display()))
@@ -521,10 +521,16 @@ async fn fifo_order_holds_across_a_sigkill_of_the_binary() {
 /// For how long from the start the receiver stalls, and by how much.
 type Stall = (Duration, Duration);
 
+crate::on_both_stores!(postgres:
+    throttle_holds_across_two_workers_on_postgres,
+    throttle_holds_across_two_workers_after_a_receiver_stalls,
+    fifo_order_holds_across_two_workers_on_postgres,
+);
+
 /// On PostgreSQL: an API process and two workers; `check` runs once the
 /// receiver has what `done` waits for.
 async fn on_postgres_with_two_workers(
-    test: &str,
+    pg: PgSchema,
     setup: impl AsyncFnOnce(&Api, &str) -> String,
     done: impl Fn(&Probe) -> bool,
     check: impl FnOnce(&Probe, Instant),
@@ -532,63 +538,43 @@ async fn on_postgres_with_two_workers(
     fail: Option<(&str, u64, usize)>,
     (env, stall): (&[(&str, &str)], Option<Stall>),
 ) {
-    let Some(url) = crate::helpers::postgres_url(test) else {
-        return;
-    };
-    let schema = format!(
-        "herald_engine_{}",
-        ulid::Ulid::new().to_string().to_ascii_lowercase()
-    );
-    crate::helpers::binary::succeeds(
-        herald()
-            .arg("migrate")
-            .env("HERALD_DATABASE_URL", &url)
-            .env("HERALD_DATABASE_SCHEMA", &schema),
-    )
+    pg.run(|pg| async move {
+        crate::helpers::binary::succeeds(quick_herald().arg("migrate").envs(pg.env())).await;
+        let port = closed_port().await;
+        let spawn = |role: &str| {
+            quick_herald()
+                .args(["serve", "--role", role])
+                .envs(env.iter().copied())
+                .envs(pg.env())
+                .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
+                .spawn()
+                .expect("herald starts")
+        };
+        let _api: Child = spawn("api");
+        let _workers: Vec<Child> = (0..2).map(|_| spawn("worker")).collect();
+        wait_healthy(format!("127.0.0.1:{port}")).await;
+        let (p, rx) = Probe::start().await;
+        *p.delay.lock().expect("lock") = probe_delay;
+        if let Some((for_how_long, longer)) = stall {
+            *p.stall.lock().expect("lock") = Some((Instant::now() + for_how_long, longer));
+        }
+        if let Some((path, i, times)) = fail {
+            p.fail(path, i, times);
+        }
+        let api = Api::new(format!("http://127.0.0.1:{port}"));
+        let sent_at = Instant::now();
+        let _app = setup(&api, &rx).await;
+        p.wait_until(PATIENCE, &done).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        check(&p, sent_at);
+    })
     .await;
-    let port = closed_port().await;
-    let spawn = |role: &str| {
-        herald()
-            .args(["serve", "--role", role])
-            .envs(env.iter().copied())
-            .env("HERALD_DATABASE_URL", &url)
-            .env("HERALD_DATABASE_SCHEMA", &schema)
-            .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
-            .spawn()
-            .expect("herald starts")
-    };
-    let _api: Child = spawn("api");
-    let _workers: Vec<Child> = (0..2).map(|_| spawn("worker")).collect();
-    wait_healthy(format!("127.0.0.1:{port}")).await;
-    let (p, rx) = Probe::start().await;
-    *p.delay.lock().expect("lock") = probe_delay;
-    if let Some((for_how_long, longer)) = stall {
-        *p.stall.lock().expect("lock") = Some((Instant::now() + for_how_long, longer));
-    }
-    if let Some((path, i, times)) = fail {
-        p.fail(path, i, times);
-    }
-    let api = Api::new(format!("http://127.0.0.1:{port}"));
-    let sent_at = Instant::now();
-    let _app = setup(&api, &rx).await;
-    p.wait_until(PATIENCE, &done).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    check(&p, sent_at);
-    if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE"
-        )))
-        .execute(&pool)
-        .await;
-        pool.close().await;
-    }
 }
 
-#[tokio::test]
-async fn throttle_holds_across_two_workers_on_postgres() {
+async fn throttle_holds_across_two_workers_on_postgres(pg: PgSchema) {
     const N: u64 = 24;
     on_postgres_with_two_workers(
-        "engine::throttle_holds_across_two_workers_on_postgres",
+        pg,
         async |api, rx| {
             let app = api.app().await;
             api.endpoint(&app, format!("{rx}/slow"), json!({"throttleRate": 4}))
@@ -612,11 +598,10 @@ async fn throttle_holds_across_two_workers_on_postgres() {
 /// worker's late ones bunched with the other's on-time slots (31 in one
 /// second at 20/s was seen); given back for a new slot instead, no second
 /// holds more than the rate + 1.
-#[tokio::test]
-async fn throttle_holds_across_two_workers_after_a_receiver_stalls() {
+async fn throttle_holds_across_two_workers_after_a_receiver_stalls(pg: PgSchema) {
     const N: u64 = 60;
     on_postgres_with_two_workers(
-        "engine::throttle_holds_across_two_workers_after_a_receiver_stalls",
+        pg,
         async |api, rx| {
             let app = api.app().await;
             api.endpoint(&app, format!("{rx}/slow"), json!({"throttleRate": 20}))
@@ -642,11 +627,10 @@ async fn throttle_holds_across_two_workers_after_a_receiver_stalls() {
     .await;
 }
 
-#[tokio::test]
-async fn fifo_order_holds_across_two_workers_on_postgres() {
+async fn fifo_order_holds_across_two_workers_on_postgres(pg: PgSchema) {
     const N: u64 = 10;
     on_postgres_with_two_workers(
-        "engine::fifo_order_holds_across_two_workers_on_postgres",
+        pg,
         async |api, rx| {
             let app = api.app().await;
             api.endpoint(&app, format!("{rx}/ordered"), json!({"ordering": "fifo"}))

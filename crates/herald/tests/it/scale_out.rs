@@ -9,21 +9,25 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::helpers::{
-    closed_port, postgres_url, wait_healthy, PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN,
+    closed_port, wait_healthy, PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN,
 };
 
-fn herald(url: &str, schema: &str) -> Command {
+crate::on_both_stores!(postgres:
+    one_api_three_workers_and_a_killed_worker_lose_nothing,
+    postgres_outage_answers_503_and_loses_nothing,
+    start_up_waits_for_a_database_that_comes_up_later,
+);
+
+/// `herald` (a clean environment) on `pg`, as these tests run it.
+fn herald_on(pg: &PgSchema) -> Command {
     let mut cmd = crate::helpers::binary::herald();
-    cmd.env("HERALD_DATABASE_URL", url)
-        .env("HERALD_DATABASE_SCHEMA", schema)
+    cmd.envs(pg.env())
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_ALLOW_PRIVATE_NETWORKS", "true")
         .env("HERALD_REQUEST_TIMEOUT", "5s")
         .env("HERALD_LEASE", "12s")
         .env("HERALD_MAX_IN_FLIGHT", "64")
-        .env("HERALD_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .stdout(Stdio::null());
     cmd
 }
 
@@ -49,31 +53,24 @@ async fn wait_for_all(rx: &Receiver, accepted: &HashSet<String>, within: Duratio
     .await;
 }
 
-#[tokio::test]
-async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
+async fn one_api_three_workers_and_a_killed_worker_lose_nothing(pg: PgSchema) {
     const MESSAGES: usize = 10_000;
-    let Some(url) =
-        postgres_url("scale_out::one_api_three_workers_and_a_killed_worker_lose_nothing")
-    else {
-        return;
-    };
-    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
 
     let w = watch().await;
     let rx_addr = w.addr;
 
     // `herald migrate` prepares the schema; nobody serves yet.
-    crate::helpers::binary::succeeds(herald(&url, &schema).arg("migrate")).await;
+    crate::helpers::binary::succeeds(herald_on(&pg).arg("migrate")).await;
 
     let port = closed_port().await;
-    let _api: Child = herald(&url, &schema)
+    let _api: Child = herald_on(&pg)
         .args(["serve", "--role", "api"])
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .spawn()
         .expect("api starts");
     let mut workers: Vec<Child> = (0..3)
         .map(|_| {
-            herald(&url, &schema)
+            herald_on(&pg)
                 .args(["serve", "--role", "worker"])
                 .spawn()
                 .expect("worker starts")
@@ -137,12 +134,6 @@ async fn one_api_three_workers_and_a_killed_worker_lose_nothing() {
         );
     }
     drop(workers);
-    PgSchema {
-        url: url.clone(),
-        schema: schema.clone(),
-    }
-    .drop_schema()
-    .await;
 }
 
 fn pg_ctl(action: &str) {
@@ -162,26 +153,21 @@ fn pg_ctl(action: &str) {
 /// Stops the shared PostgreSQL server mid-run, so it only runs when asked
 /// (`HERALD_TEST_PG_RESTART=1`): `.ci/run` runs it on its own, after the
 /// rest of the suite.
-#[tokio::test]
-async fn postgres_outage_answers_503_and_loses_nothing() {
-    let name = "scale_out::postgres_outage_answers_503_and_loses_nothing";
-    let Some(url) = postgres_url(name) else {
-        return;
-    };
+async fn postgres_outage_answers_503_and_loses_nothing(pg: PgSchema) {
     if std::env::var("HERALD_TEST_PG_RESTART").as_deref() != Ok("1") {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "SKIPPED (HERALD_TEST_PG_RESTART unset; it stops the shared server): {name}"
+            "SKIPPED (HERALD_TEST_PG_RESTART unset; it stops the shared server): \
+             scale_out::postgres_only::postgres_outage_answers_503_and_loses_nothing"
         );
         return;
     }
-    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
     let w = watch().await;
     let rx_addr = w.addr;
 
     let port = closed_port().await;
-    let _herald: Child = herald(&url, &schema)
+    let _herald: Child = herald_on(&pg)
         .args(["serve"])
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .spawn()
@@ -245,12 +231,6 @@ async fn postgres_outage_answers_503_and_loses_nothing() {
         }
     }
     wait_for_all(&w, &accepted, Duration::from_secs(120)).await;
-    PgSchema {
-        url: url.clone(),
-        schema: schema.clone(),
-    }
-    .drop_schema()
-    .await;
 }
 
 /// Forwards every connection to `127.0.0.1:port_to` from a listener on
@@ -275,22 +255,19 @@ async fn forward(port_from: u16, port_to: u16) -> tokio::task::JoinHandle<()> {
 /// A database that is not reachable yet when Herald starts (it is still
 /// starting, or too busy to hand out a connection) delays the start for up
 /// to `HERALD_DATABASE_WAIT` instead of failing it; `0s` fails at once.
-#[tokio::test]
-async fn start_up_waits_for_a_database_that_comes_up_later() {
+async fn start_up_waits_for_a_database_that_comes_up_later(pg: PgSchema) {
     use tokio::io::AsyncBufReadExt;
-    let name = "scale_out::start_up_waits_for_a_database_that_comes_up_later";
-    let Some(url) = postgres_url(name) else {
-        return;
-    };
-    let mut real = reqwest::Url::parse(&url).expect("HERALD_TEST_POSTGRES_URL is a URL");
+    let mut real = reqwest::Url::parse(&pg.url).expect("HERALD_TEST_POSTGRES_URL is a URL");
     let real_port = real.port().unwrap_or(5432);
     let late_port = closed_port().await;
     real.set_port(Some(late_port)).expect("a port can be set");
-    let late_url = real.to_string();
-    let schema = format!("herald_test_{:016x}", rand::random::<u64>());
+    let late = PgSchema {
+        url: real.to_string(),
+        ..pg
+    };
 
     // Nothing listens there: with no patience, the start fails, naming it.
-    let given_up = herald(&late_url, &schema)
+    let given_up = herald_on(&late)
         .args(["serve"])
         .env(
             "HERALD_LISTEN",
@@ -312,7 +289,7 @@ async fn start_up_waits_for_a_database_that_comes_up_later() {
 
     // With patience, it waits (and says so) until the database is there.
     let port = closed_port().await;
-    let mut waiting = herald(&late_url, &schema)
+    let mut waiting = herald_on(&late)
         .args(["serve"])
         .env("HERALD_LISTEN", format!("127.0.0.1:{port}"))
         .env("HERALD_DATABASE_WAIT", "5m")
@@ -346,10 +323,4 @@ async fn start_up_waits_for_a_database_that_comes_up_later() {
 
     drop(waiting);
     forwarder.abort();
-    PgSchema {
-        url: url.clone(),
-        schema: schema.clone(),
-    }
-    .drop_schema()
-    .await;
 }

@@ -476,13 +476,7 @@ async fn rotate_encryption_key_moves_everything_to_the_first_key(db: Db) {
     // Rolled: new key first, old kept; the command runs while it serves.
     let both = format!("{},{}", key(2), key(1));
     let app = db.start(Some(&both)).await;
-    let mut cmd = crate::helpers::binary::herald();
-    cmd.arg("rotate-encryption-key")
-        .env("HERALD_ENCRYPTION_KEY", &both);
-    for (k, v) in db.env() {
-        cmd.env(k, v);
-    }
-    let stdout = crate::helpers::binary::succeeds(&mut cmd).await;
+    let stdout = rotate_encryption_key(&db, &both).await;
     assert!(stdout.contains("re-encrypted 2 endpoint rows"), "{stdout}");
     for id in [&ep, &ep2] {
         let (secret, old, headers) = db.raw(id).await;
@@ -502,13 +496,7 @@ async fn rotate_encryption_key_moves_everything_to_the_first_key(db: Db) {
     app.shutdown().await;
 
     // Run again: nothing left to do.
-    let mut cmd = crate::helpers::binary::herald();
-    cmd.arg("rotate-encryption-key")
-        .env("HERALD_ENCRYPTION_KEY", &both);
-    for (k, v) in db.env() {
-        cmd.env(k, v);
-    }
-    let stdout = crate::helpers::binary::succeeds(&mut cmd).await;
+    let stdout = rotate_encryption_key(&db, &both).await;
     assert!(stdout.contains("re-encrypted 0 endpoint rows"), "{stdout}");
 
     // The old key alone no longer opens anything; the new one alone does.
@@ -521,6 +509,15 @@ async fn rotate_encryption_key_moves_everything_to_the_first_key(db: Db) {
     assert_eq!(got["key"], NEW_SECRET);
     app.shutdown().await;
     db.done().await;
+}
+
+/// `herald rotate-encryption-key` with `keys`, on `db`'s store; its stdout.
+async fn rotate_encryption_key(db: &Db, keys: &str) -> String {
+    let mut cmd = crate::helpers::binary::herald();
+    cmd.arg("rotate-encryption-key")
+        .env("HERALD_ENCRYPTION_KEY", keys)
+        .envs(db.env());
+    crate::helpers::binary::succeeds(&mut cmd).await
 }
 
 /// A secret this process cannot decrypt (written by one with another key)

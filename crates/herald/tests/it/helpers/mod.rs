@@ -8,7 +8,7 @@ pub mod binary;
 pub mod browser;
 pub mod postgres;
 
-pub use postgres::{postgres_url, Backend, OnPostgres, PgSchema};
+pub use postgres::{Backend, OnPostgres, PgSchema};
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Write as _;
