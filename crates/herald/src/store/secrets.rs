@@ -12,6 +12,8 @@
 //! rotate-encryption-key` ([`Secrets::reseal_secrets`] with
 //! [`ResealScope::NotCurrent`]) re-seals what is not under the first key.
 
+use std::future::Future;
+
 use super::*;
 use crate::crypto::{is_sealed, Keyring, OpenError, SEALED_PREFIX};
 
@@ -221,6 +223,58 @@ impl SecretRow {
         }
         Ok(changed.then_some(out))
     }
+}
+
+/// Passes over the table at most: a row a concurrent write changed between
+/// read and write is looked at again in the next pass.
+const RESEAL_PASSES: usize = 3;
+
+/// `reseal_secrets` on either backend: walks the rows `keep` does not
+/// hold yet in id order, `RESEAL_BATCH` at a time (`batch_after(id)`:
+/// the next ones after `id`), seals each again and writes the changed
+/// ones with `write_unchanged`, which writes a row only if it still holds
+/// what was read and says how many it wrote. A pass that missed some
+/// is followed by another, at most [`RESEAL_PASSES`].
+// Plain closures returning futures, not async closures: the futures of
+// async closures that borrow cannot yet be shown to be `Send` for every
+// lifetime, which `#[async_trait]` asks.
+pub(crate) async fn reseal_in_batches<Read, Write>(
+    keys: &Keyring,
+    keep: &str,
+    mut batch_after: impl FnMut(String) -> Read,
+    mut write_unchanged: impl FnMut(Vec<(SecretRow, SecretRow)>) -> Write,
+) -> StoreResult<u64>
+where
+    Read: Future<Output = StoreResult<Vec<SecretRow>>>,
+    Write: Future<Output = StoreResult<u64>>,
+{
+    let mut total = 0u64;
+    for _ in 0..RESEAL_PASSES {
+        let mut after = String::new();
+        let mut missed = 0u64;
+        loop {
+            let batch = batch_after(after).await?;
+            let Some(last) = batch.last() else { break };
+            after = last.id.clone();
+            let mut writes = Vec::with_capacity(batch.len());
+            for row in batch {
+                if let Some(new) = row.resealed(keys, keep)? {
+                    writes.push((row, new));
+                }
+            }
+            if writes.is_empty() {
+                continue;
+            }
+            let wanted = writes.len() as u64;
+            let done = write_unchanged(writes).await?;
+            total += done;
+            missed += wanted.saturating_sub(done);
+        }
+        if missed == 0 {
+            break;
+        }
+    }
+    Ok(total)
 }
 
 /// The store's side of secrets at rest.

@@ -2,10 +2,7 @@
 //! re-sealing in batches (see `store::secrets`).
 
 use super::*;
-
-/// Passes over the table at most: a row a concurrent write changed between
-/// read and write is looked at again in the next pass.
-const RESEAL_PASSES: usize = 3;
+use crate::store::secrets::reseal_in_batches;
 
 #[async_trait]
 impl Secrets for SqliteStore {
@@ -38,77 +35,55 @@ impl Secrets for SqliteStore {
         let Some(keep) = scope.keep_prefix(&self.keys) else {
             return Ok(0);
         };
-        let mut total = 0u64;
-        for _ in 0..RESEAL_PASSES {
-            let mut after = String::new();
-            let mut missed = 0u64;
-            loop {
-                let (k, a) = (keep.clone(), after.clone());
-                let batch: Vec<SecretRow> = self
-                    .read(move |c| {
-                        let mut stmt = c
-                            .prepare_cached(
-                                "SELECT id, secret, old_secrets, headers, url FROM endpoints \
-                                 WHERE id > ?1 AND (substr(secret, 1, length(?2)) <> ?2 \
-                                   OR (old_secrets <> '[]' AND substr(old_secrets, 1, length(?2)) <> ?2) \
-                                   OR (headers <> '{}' AND substr(headers, 1, length(?2)) <> ?2) \
-                                   OR (substr(url, 1, 4) = 'enc:' AND substr(url, 1, length(?2)) <> ?2) \
-                                   OR (substr(url, 1, 4) <> 'enc:' AND instr(url, '@') > 0)) \
-                                 ORDER BY id LIMIT ?3",
-                            )?;
-                        rows(&mut stmt, params![a, k, RESEAL_BATCH as i64], |r| {
-                            Ok(SecretRow {
-                                id: get(r, "id")?,
-                                secret: get(r, "secret")?,
-                                old_secrets: get(r, "old_secrets")?,
-                                headers: get(r, "headers")?,
-                                url: get(r, "url")?,
-                            })
-                        })
+        let batch_after = |after: String| async {
+            let k = keep.clone();
+            self.read(move |c| {
+                let mut stmt = c.prepare_cached(
+                    "SELECT id, secret, old_secrets, headers, url FROM endpoints \
+                     WHERE id > ?1 AND (substr(secret, 1, length(?2)) <> ?2 \
+                       OR (old_secrets <> '[]' AND substr(old_secrets, 1, length(?2)) <> ?2) \
+                       OR (headers <> '{}' AND substr(headers, 1, length(?2)) <> ?2) \
+                       OR (substr(url, 1, 4) = 'enc:' AND substr(url, 1, length(?2)) <> ?2) \
+                       OR (substr(url, 1, 4) <> 'enc:' AND instr(url, '@') > 0)) \
+                     ORDER BY id LIMIT ?3",
+                )?;
+                rows(&mut stmt, params![after, k, RESEAL_BATCH as i64], |r| {
+                    Ok(SecretRow {
+                        id: get(r, "id")?,
+                        secret: get(r, "secret")?,
+                        old_secrets: get(r, "old_secrets")?,
+                        headers: get(r, "headers")?,
+                        url: get(r, "url")?,
                     })
-                    .await?;
-                let Some(last) = batch.last() else { break };
-                after = last.id.clone();
-                let mut writes = Vec::with_capacity(batch.len());
-                for row in &batch {
-                    if let Some(new) = row.resealed(&self.keys, &keep)? {
-                        writes.push((row.clone(), new));
-                    }
+                })
+            })
+            .await
+        };
+        let write_unchanged = |writes: Vec<(SecretRow, SecretRow)>| async {
+            self.write(move |c| {
+                let mut stmt = c.prepare_cached(
+                    "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3, url = ?8 \
+                     WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7 \
+                       AND url = ?9",
+                )?;
+                let mut n = 0u64;
+                for (old, new) in &writes {
+                    n += stmt.execute(params![
+                        new.secret,
+                        new.old_secrets,
+                        new.headers,
+                        old.id,
+                        old.secret,
+                        old.old_secrets,
+                        old.headers,
+                        new.url,
+                        old.url
+                    ])? as u64;
                 }
-                let wanted = writes.len() as u64;
-                let done = self
-                    .write(move |c| {
-                        let mut stmt = c
-                            .prepare_cached(
-                                "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3, url = ?8 \
-                                 WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7 \
-                                   AND url = ?9",
-                            )?;
-                        let mut n = 0u64;
-                        for (old, new) in &writes {
-                            n += stmt
-                                .execute(params![
-                                    new.secret,
-                                    new.old_secrets,
-                                    new.headers,
-                                    old.id,
-                                    old.secret,
-                                    old.old_secrets,
-                                    old.headers,
-                                    new.url,
-                                    old.url
-                                ])? as u64;
-                        }
-                        Ok(n)
-                    })
-                    .await?;
-                total += done;
-                missed += wanted - done;
-            }
-            if missed == 0 {
-                break;
-            }
-        }
-        Ok(total)
+                Ok(n)
+            })
+            .await
+        };
+        reseal_in_batches(&self.keys, &keep, batch_after, write_unchanged).await
     }
 }
