@@ -250,136 +250,64 @@ impl PostgresStore {
         subscribers.sort_unstable();
         subscribers.dedup();
 
-        // Then everything else in one statement (one implicit transaction).
-        // KEY SHARE on the apps and endpoints keeps them from being deleted
-        // under the new rows. An endpoint is locked only once its app is
-        // (`e` reads `a`), the order in which deleting an app takes them,
-        // so the two cannot deadlock. One deleted in between is simply not
-        // locked, so its messages are refused alone (NoSuchApp) or its
-        // deliveries left out, never failing the batch on a foreign key.
-        // Messages go in in batch order, so that of two with the same
-        // eventId the first is kept, as one at a time would. Workers are
-        // woken when deliveries were made. Routing read the endpoints
-        // without locks: one disabled since is judged again here, on the
-        // row as locked, by the rule routing applies (disabled by a person:
-        // no delivery; by Herald: held, so never born delivering).
-        // A FIFO endpoint's deliveries get their queue place here, in the
-        // order the batches commit (`created_at` is taken before, in the
-        // API process, so two processes' messages could commit in the
-        // other order, and a claim took the later one first): its row is
-        // locked until the commit (`f`, NO KEY UPDATE, in id order, after
-        // KEY SHARE as the lock order says; claims skip it meanwhile),
-        // `fifo_last` read as locked (the newest version, whoever
-        // committed before), the batch's places put after it in message
-        // order (`k`: at least each message's `created_at`, so the keys
-        // stay times, as those claims give) and it moved on (`placed`;
-        // migration 0021). A scheduled message's (`deliverAt` ahead) gets
-        // none: a head not due would hold the queue; it takes its place
-        // when a claim meets it due.
-        let rows = sqlx::query(
-            "WITH a AS MATERIALIZED ( \
-                 SELECT id FROM applications WHERE id = ANY($8::text[]) ORDER BY id FOR KEY SHARE), \
-             e AS MATERIALIZED ( \
-                 SELECT id, disabled, disabled_by FROM endpoints \
-                 WHERE id = ANY($9::text[]) AND app_id IN (SELECT id FROM a) \
-                 ORDER BY id FOR KEY SHARE), \
-             f AS MATERIALIZED ( \
-                 SELECT id, fifo_last FROM endpoints \
-                 WHERE id = ANY (ARRAY(SELECT id FROM e)) AND ordering = 'fifo' \
-                 ORDER BY id FOR NO KEY UPDATE), \
-             m AS ( \
-                 INSERT INTO messages (id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
-                                       tags, deliver_at, payload_expires_at) \
-                 SELECT id, app_id, event_type, event_id, payload, created_at, channels, traceparent, tags, deliver_at, \
-                        payload_expires_at \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[], $19::text[], \
-                             $20::text[], $21::int8[], $23::int8[]) \
-                      WITH ORDINALITY AS u(id, app_id, event_type, event_id, payload, created_at, channels, traceparent, \
-                                           tags, deliver_at, payload_expires_at, ord) \
-                 WHERE u.app_id IN (SELECT id FROM a) \
-                 ORDER BY ord \
-                 ON CONFLICT DO NOTHING \
-                 RETURNING id), \
-             nv AS MATERIALIZED ( \
-                 SELECT v.*, e.disabled FROM UNNEST($10::text[], $11::text[], $12::text[], $13::text[], \
-                             $14::int8[], $16::int2[], $17::int8[], $18::text[], $22::int8[]) \
-                      AS v(id, msg_id, endpoint_id, app_id, at, state, due, token, start) \
-                      JOIN e ON e.id = v.endpoint_id \
-                 WHERE v.msg_id IN (SELECT id FROM m) \
-                   AND (NOT e.disabled OR e.disabled_by = 'auto')), \
-             k AS MATERIALIZED ( \
-                 SELECT v.id, v.endpoint_id, GREATEST(f.fifo_last + row_number() OVER ( \
-                            PARTITION BY v.endpoint_id ORDER BY v.at, v.msg_id), v.at) AS place \
-                 FROM nv v JOIN f ON f.id = v.endpoint_id WHERE v.start <= v.at), \
-             placed AS ( \
-                 UPDATE endpoints x SET fifo_last = k.last \
-                 FROM (SELECT endpoint_id, MAX(place) AS last FROM k GROUP BY endpoint_id) k \
-                 WHERE x.id = k.endpoint_id), \
-             d AS ( \
-                 INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                                         lease_token, cycle_started_at, created_at, updated_at, queued_at) \
-                 SELECT v.id, v.msg_id, v.endpoint_id, v.app_id, \
-                        CASE WHEN v.disabled THEN 0 ELSE v.state END, \
-                        CASE WHEN v.disabled THEN v.start ELSE v.due END, \
-                        CASE WHEN v.disabled THEN NULL ELSE v.token END, v.start, v.at, v.at, k.place \
-                 FROM nv v LEFT JOIN k ON k.id = v.id \
-                 RETURNING id, msg_id, state) \
-             SELECT 'a' AS kind, id, NULL AS delivery FROM a \
-             UNION ALL SELECT 'm', id, NULL FROM m \
-             UNION ALL SELECT 'd', msg_id, CASE WHEN state = 1 THEN id END FROM d \
-             UNION ALL SELECT 'n', NULL, NULL FROM ( \
-                 SELECT pg_notify($15, '') FROM (SELECT 1 FROM d WHERE state = 0 LIMIT 1) one) woken",
-        )
-        .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.event_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.event_id.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
-        .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.channels.as_ref().map(to_json).transpose())
-                .collect::<StoreResult<Vec<_>>>()?,
-        )
-        .bind(&apps)
-        .bind(&subscribers)
-        .bind(&d_id)
-        .bind(&d_msg)
-        .bind(&d_ep)
-        .bind(&d_app)
-        .bind(&d_at)
-        .bind(&self.wake_channel)
-        .bind(&d_state)
-        .bind(&d_due)
-        .bind(&d_token)
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.traceparent.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            batch
-                .iter()
-                .map(|m| m.tags.as_ref().map(to_json).transpose())
-                .collect::<StoreResult<Vec<_>>>()?,
-        )
-        .bind(batch.iter().map(|m| m.deliver_at).collect::<Vec<_>>())
-        .bind(&d_start)
-        .bind(batch.iter().map(|m| m.payload_expires_at).collect::<Vec<_>>())
-        .fetch_all(&mut *conn)
-        .await?;
+        // Then everything else in one statement (one implicit transaction):
+        // `ingest.sql`, its parameters and named parts explained there.
+        let rows = sqlx::query(INGEST_SQL)
+            .bind(batch.iter().map(|m| m.id.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|m| m.app_id.as_str()).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.event_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.event_id.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(batch.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>())
+            .bind(batch.iter().map(|m| m.created_at).collect::<Vec<_>>())
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.channels.as_ref().map(to_json).transpose())
+                    .collect::<StoreResult<Vec<_>>>()?,
+            )
+            .bind(&apps)
+            .bind(&subscribers)
+            .bind(&d_id)
+            .bind(&d_msg)
+            .bind(&d_ep)
+            .bind(&d_app)
+            .bind(&d_at)
+            .bind(&self.wake_channel)
+            .bind(&d_state)
+            .bind(&d_due)
+            .bind(&d_token)
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.traceparent.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.tags.as_ref().map(to_json).transpose())
+                    .collect::<StoreResult<Vec<_>>>()?,
+            )
+            .bind(batch.iter().map(|m| m.deliver_at).collect::<Vec<_>>())
+            .bind(&d_start)
+            .bind(
+                batch
+                    .iter()
+                    .map(|m| m.payload_expires_at)
+                    .collect::<Vec<_>>(),
+            )
+            .fetch_all(&mut *conn)
+            .await?;
         let (mut existing, mut stored) = (HashSet::new(), HashSet::new());
         let mut taken = Vec::new();
         let mut fanned: HashMap<String, usize> = HashMap::new();
@@ -507,6 +435,10 @@ impl<'a> ClaimArgs<'a> {
 /// The claim statement; its parameters and named parts are explained in
 /// `claim.sql` itself (and the design in docs/design/postgres.md).
 const CLAIM_SQL: &str = include_str!("claim.sql");
+/// Ingest's statement (`ingest.sql`, which explains it).
+const INGEST_SQL: &str = include_str!("ingest.sql");
+/// Completion's statement (`complete.sql`, which explains it).
+const COMPLETE_SQL: &str = include_str!("complete.sql");
 
 #[async_trait]
 impl Queue for PostgresStore {
@@ -715,121 +647,118 @@ impl Queue for PostgresStore {
                     .unwrap_or(&&default_circuit)
             })
             .collect();
-        // Then the rest in one statement: the attempt log, the deliveries'
-        // next states, each endpoint's failing streak and its stats
-        // buckets. The lease token guard leaves a re-claimed delivery to its
-        // new holder.
-        let mut query = sqlx::query(
-            "WITH logged AS ( \
-                 INSERT INTO attempts (id, delivery_id, msg_id, endpoint_id, app_id, url, attempt_number, \
-                                       started_at, duration_ms, status_code, response, error, success, manual) \
-                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-                                      $7::int4[], $8::int8[], $9::int8[], $10::int4[], $11::text[], $12::text[], \
-                                      $13::bool[], $14::bool[])), \
-             moved AS ( \
-                 UPDATE deliveries SET state = v.state, attempts = v.attempts, next_attempt_at = v.next_at, \
-                        lease_token = NULL, manual = FALSE, dead_reason = v.reason, last_status = v.status, \
-                        last_error = v.error, updated_at = v.now \
-                 FROM (SELECT * FROM UNNEST($15::text[], $16::text[], $17::int2[], $18::int4[], $19::int8[], \
-                                            $20::text[], $21::int4[], $22::text[], $23::int8[]) \
-                       AS u(id, tok, state, attempts, next_at, reason, status, error, now)) v \
-                 WHERE deliveries.id = v.id AND deliveries.lease_token = v.tok \
-                 RETURNING deliveries.id, v.tok), \
-             counted AS ( \
-                 INSERT INTO endpoint_stats (endpoint_id, bucket, attempts, successes, failures, latency_sum, \
-                                             h0, h1, h2, h3, h4, h5, h6, h7, h8, h9, h10, h11) \
-                 SELECT * FROM UNNEST($31::text[], $32::int8[], $33::int8[], $34::int8[], $35::int8[], $36::int8[], \
-                   $37::int8[], $38::int8[], $39::int8[], $40::int8[], $41::int8[], $42::int8[], $43::int8[], \
-                   $44::int8[], $45::int8[], $46::int8[], $47::int8[], $48::int8[]) \
-                 ON CONFLICT (endpoint_id, bucket) DO UPDATE SET \
-                   attempts = endpoint_stats.attempts + excluded.attempts, \
-                   successes = endpoint_stats.successes + excluded.successes, \
-                   failures = endpoint_stats.failures + excluded.failures, \
-                   latency_sum = endpoint_stats.latency_sum + excluded.latency_sum, \
-                   h0 = endpoint_stats.h0 + excluded.h0, h1 = endpoint_stats.h1 + excluded.h1, \
-                   h2 = endpoint_stats.h2 + excluded.h2, h3 = endpoint_stats.h3 + excluded.h3, \
-                   h4 = endpoint_stats.h4 + excluded.h4, h5 = endpoint_stats.h5 + excluded.h5, \
-                   h6 = endpoint_stats.h6 + excluded.h6, h7 = endpoint_stats.h7 + excluded.h7, \
-                   h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9, \
-                   h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11), \
-             streaked AS ( \
-             UPDATE endpoints e SET \
-               fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END, \
-               streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END, \
-               last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END, \
-               last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at), \
-               circuit_state = v.c_state, circuit_since = v.c_since, circuit_until = v.c_until, \
-               circuit_cooldown_ms = v.c_cooldown, circuit_probe_by = v.c_probe_by, \
-               circuit_window_at = v.c_window_at, circuit_attempts = v.c_attempts, \
-               circuit_failures = v.c_failures, circuit_prev_attempts = v.c_prev_attempts, \
-               circuit_prev_failures = v.c_prev_failures \
-             FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[], \
-                         $49::int2[], $50::int8[], $51::int8[], $52::int8[], $53::text[], $54::int8[], \
-                         $55::int4[], $56::int4[], $57::int4[], $58::int4[]) \
-                  AS v(id, reset, failures, first_fail, last_ok, err, err_at, \
-                       c_state, c_since, c_until, c_cooldown, c_probe_by, c_window_at, \
-                       c_attempts, c_failures, c_prev_attempts, c_prev_failures) \
-             WHERE e.id = v.id \
-             RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures) \
-             SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok \
-               FROM streaked \
-             UNION ALL \
-             SELECT id, NULL, NULL, NULL, NULL, NULL, tok FROM moved",
-        )
-        .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.delivery_id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.msg_id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.endpoint_id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.app_id.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.url.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| i32_of(a.attempt_number)).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.duration_ms).collect::<Vec<_>>())
-        .bind(
-            attempts
-                .iter()
-                .map(|a| a.status_code.map(i32::from))
-                .collect::<Vec<_>>(),
-        )
-        .bind(attempts.iter().map(|a| a.response.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.error.as_deref()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.success).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.manual).collect::<Vec<_>>())
-        .bind(moves.iter().map(|c| c.attempt.delivery_id.as_str()).collect::<Vec<_>>())
-        .bind(moves.iter().map(|c| c.lease_token.as_str()).collect::<Vec<_>>())
-        .bind(next.iter().map(|(s, _, _)| *s as i16).collect::<Vec<_>>())
-        .bind(moves.iter().map(|c| i32_of(c.attempt.attempt_number)).collect::<Vec<_>>())
-        .bind(next.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
-        .bind(next.iter().map(|(_, _, r)| *r).collect::<Vec<_>>())
-        .bind(
-            moves
-                .iter()
-                .map(|c| c.attempt.status_code.map(i32::from))
-                .collect::<Vec<_>>(),
-        )
-        .bind(moves.iter().map(|c| c.attempt.error.as_deref()).collect::<Vec<_>>())
-        .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
-        .bind(&ep_ids)
-        .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
-        .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
-        .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
-        .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
-        .bind(
-            eps.iter()
-                .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            eps.iter()
-                .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
-                .collect::<Vec<_>>(),
-        )
-        .bind(stats.iter().map(|(ep, _)| ep.as_str()).collect::<Vec<_>>())
-        .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
-        .bind(column(&|b| b.attempts))
-        .bind(column(&|b| b.successes))
-        .bind(column(&|b| b.failures))
-        .bind(column(&|b| b.latency_sum_ms));
+        // Then the rest in one statement: `complete.sql`, its parameters
+        // and named parts explained there.
+        let mut query = sqlx::query(COMPLETE_SQL)
+            .bind(attempts.iter().map(|a| a.id.as_str()).collect::<Vec<_>>())
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.delivery_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.msg_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.endpoint_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.app_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(attempts.iter().map(|a| a.url.as_str()).collect::<Vec<_>>())
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| i32_of(a.attempt_number))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(attempts.iter().map(|a| a.started_at).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.duration_ms).collect::<Vec<_>>())
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.status_code.map(i32::from))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.response.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                attempts
+                    .iter()
+                    .map(|a| a.error.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(attempts.iter().map(|a| a.success).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.manual).collect::<Vec<_>>())
+            .bind(
+                moves
+                    .iter()
+                    .map(|c| c.attempt.delivery_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                moves
+                    .iter()
+                    .map(|c| c.lease_token.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(next.iter().map(|(s, _, _)| *s as i16).collect::<Vec<_>>())
+            .bind(
+                moves
+                    .iter()
+                    .map(|c| i32_of(c.attempt.attempt_number))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(next.iter().map(|(_, at, _)| *at).collect::<Vec<_>>())
+            .bind(next.iter().map(|(_, _, r)| *r).collect::<Vec<_>>())
+            .bind(
+                moves
+                    .iter()
+                    .map(|c| c.attempt.status_code.map(i32::from))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                moves
+                    .iter()
+                    .map(|c| c.attempt.error.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(moves.iter().map(|c| c.now).collect::<Vec<_>>())
+            .bind(&ep_ids)
+            .bind(eps.iter().map(|e| e.reset).collect::<Vec<_>>())
+            .bind(eps.iter().map(|e| i32_of(e.failures)).collect::<Vec<_>>())
+            .bind(eps.iter().map(|e| e.first_failure_at).collect::<Vec<_>>())
+            .bind(eps.iter().map(|e| e.last_success_at).collect::<Vec<_>>())
+            .bind(
+                eps.iter()
+                    .map(|e| e.last_error.as_ref().map(|(t, _)| t.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                eps.iter()
+                    .map(|e| e.last_error.as_ref().map(|(_, at)| *at))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(stats.iter().map(|(ep, _)| ep.as_str()).collect::<Vec<_>>())
+            .bind(stats.iter().map(|(_, b)| b.bucket).collect::<Vec<_>>())
+            .bind(column(&|b| b.attempts))
+            .bind(column(&|b| b.successes))
+            .bind(column(&|b| b.failures))
+            .bind(column(&|b| b.latency_sum_ms));
         for i in 0..herald_policy::stats::HISTOGRAM_LEN {
             query = query.bind(column(&|b| b.histogram[i]));
         }
