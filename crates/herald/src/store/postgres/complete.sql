@@ -56,25 +56,25 @@ WITH logged AS (
           h8 = endpoint_stats.h8 + excluded.h8, h9 = endpoint_stats.h9 + excluded.h9,
           h10 = endpoint_stats.h10 + excluded.h10, h11 = endpoint_stats.h11 + excluded.h11),
     streaked AS (
-    UPDATE endpoints e SET
-      fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END,
-      streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END,
-      last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END,
-      last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at),
-      circuit_state = v.c_state, circuit_since = v.c_since, circuit_until = v.c_until,
-      circuit_cooldown_ms = v.c_cooldown, circuit_probe_by = v.c_probe_by,
-      circuit_window_at = v.c_window_at, circuit_attempts = v.c_attempts,
-      circuit_failures = v.c_failures, circuit_prev_attempts = v.c_prev_attempts,
-      circuit_prev_failures = v.c_prev_failures
-    FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[],
-                $49::int2[], $50::int8[], $51::int8[], $52::int8[], $53::text[], $54::int8[],
-                $55::int4[], $56::int4[], $57::int4[], $58::int4[])
-         AS v(id, reset, failures, first_fail, last_ok, err, err_at,
-              c_state, c_since, c_until, c_cooldown, c_probe_by, c_window_at,
-              c_attempts, c_failures, c_prev_attempts, c_prev_failures)
-    WHERE e.id = v.id
-    RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures)
-    SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok
-      FROM streaked
-    UNION ALL
-    SELECT id, NULL, NULL, NULL, NULL, NULL, tok FROM moved
+        UPDATE endpoints e SET
+          fail_streak = CASE WHEN v.reset THEN v.failures ELSE e.fail_streak + v.failures END,
+          streak_started_at = CASE WHEN v.reset THEN v.first_fail ELSE COALESCE(e.streak_started_at, v.first_fail) END,
+          last_success_at = CASE WHEN v.reset THEN GREATEST(COALESCE(e.last_success_at, 0), v.last_ok) ELSE e.last_success_at END,
+          last_error = COALESCE(v.err, e.last_error), last_error_at = COALESCE(v.err_at, e.last_error_at),
+          circuit_state = v.c_state, circuit_since = v.c_since, circuit_until = v.c_until,
+          circuit_cooldown_ms = v.c_cooldown, circuit_probe_by = v.c_probe_by,
+          circuit_window_at = v.c_window_at, circuit_attempts = v.c_attempts,
+          circuit_failures = v.c_failures, circuit_prev_attempts = v.c_prev_attempts,
+          circuit_prev_failures = v.c_prev_failures
+        FROM UNNEST($24::text[], $25::bool[], $26::int4[], $27::int8[], $28::int8[], $29::text[], $30::int8[],
+                    $49::int2[], $50::int8[], $51::int8[], $52::int8[], $53::text[], $54::int8[],
+                    $55::int4[], $56::int4[], $57::int4[], $58::int4[])
+             AS v(id, reset, failures, first_fail, last_ok, err, err_at,
+                  c_state, c_since, c_until, c_cooldown, c_probe_by, c_window_at,
+                  c_attempts, c_failures, c_prev_attempts, c_prev_failures)
+        WHERE e.id = v.id
+        RETURNING e.id, e.app_id, e.fail_streak, e.streak_started_at, e.disabled, v.failures AS batch_failures)
+SELECT id, app_id, fail_streak, streak_started_at, disabled, batch_failures, NULL::text AS moved_tok
+  FROM streaked
+UNION ALL
+SELECT id, NULL, NULL, NULL, NULL, NULL, tok FROM moved

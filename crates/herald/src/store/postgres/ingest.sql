@@ -94,8 +94,8 @@ WITH a AS MATERIALIZED (
                CASE WHEN v.disabled THEN NULL ELSE v.token END, v.start, v.at, v.at, k.place
         FROM nv v LEFT JOIN k ON k.id = v.id
         RETURNING id, msg_id, state)
-    SELECT 'a' AS kind, id, NULL AS delivery FROM a
-    UNION ALL SELECT 'm', id, NULL FROM m
-    UNION ALL SELECT 'd', msg_id, CASE WHEN state = 1 THEN id END FROM d
-    UNION ALL SELECT 'n', NULL, NULL FROM (
-        SELECT pg_notify($15, '') FROM (SELECT 1 FROM d WHERE state = 0 LIMIT 1) one) woken
+SELECT 'a' AS kind, id, NULL AS delivery FROM a
+UNION ALL SELECT 'm', id, NULL FROM m
+UNION ALL SELECT 'd', msg_id, CASE WHEN state = 1 THEN id END FROM d
+UNION ALL SELECT 'n', NULL, NULL FROM (
+    SELECT pg_notify($15, '') FROM (SELECT 1 FROM d WHERE state = 0 LIMIT 1) one) woken
