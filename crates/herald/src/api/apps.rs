@@ -24,14 +24,12 @@ pub struct ApplicationIn {
     /// Not blank; no control characters.
     #[schema(pattern = "\\S", max_length = 256)]
     pub name: String,
-    #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<String>,
     /// Also accepted as `throttleRate`.
     #[serde(default, alias = "throttleRate")]
     #[schema(maximum = 65535)]
     pub rate_limit: Option<u16>,
-    #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
@@ -67,7 +65,6 @@ impl From<App> for ApplicationOut {
 #[into_params(parameter_in = Query)]
 pub struct CreateAppParams {
     /// `true`: answer 200 with the application that has this uid, if any.
-    #[serde(default)]
     #[param(value_type = Option<bool>)]
     pub get_if_exists: Option<String>,
 }
@@ -342,7 +339,6 @@ pub async fn put_app(
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationPatch {
-    #[serde(default)]
     #[schema(pattern = "\\S", max_length = 256)]
     pub name: Option<String>,
     #[serde(default, deserialize_with = "super::double_option")]
@@ -355,7 +351,6 @@ pub struct ApplicationPatch {
     )]
     #[schema(maximum = 65535)]
     pub rate_limit: Option<Option<u16>>,
-    #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 

@@ -399,7 +399,6 @@ fn allowed(own: &AppId, method: &Method, path: &str, named: Option<&AppLookup>) 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct TokenIn {
     /// No control characters.
-    #[serde(default)]
     #[schema(max_length = 256)]
     pub name: Option<String>,
 }

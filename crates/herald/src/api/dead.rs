@@ -286,11 +286,9 @@ pub struct ReplayIn {
     #[serde(flatten)]
     pub filter: DeadFilterParams,
     /// Only these deliveries (`dlv_…`; still subject to the filter).
-    #[serde(default)]
     #[schema(max_items = 1000)]
     pub ids: Option<Vec<String>>,
     /// At most this many (default and maximum 1000).
-    #[serde(default)]
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
 }

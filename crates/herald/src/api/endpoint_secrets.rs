@@ -71,11 +71,9 @@ const MAX_GRACE_SECONDS: u64 = 30 * 24 * 3600;
 #[serde(rename_all = "camelCase")]
 pub struct RotateIn {
     /// The new secret (`whsec_…`); generated when absent.
-    #[serde(default)]
     #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
     pub key: Option<String>,
     /// How long the current secret keeps signing (default 24 h).
-    #[serde(default)]
     #[schema(maximum = 2592000)]
     pub grace_period_seconds: Option<u64>,
 }
@@ -238,7 +236,6 @@ pub struct HeadersIn {
 pub struct HeadersPatch {
     #[serde(default)]
     pub headers: BTreeMap<String, Option<String>>,
-    #[serde(default)]
     pub delete_headers: Option<Vec<String>>,
 }
 

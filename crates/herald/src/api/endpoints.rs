@@ -33,18 +33,14 @@ pub struct EndpointIn {
         max_length = 65536
     )]
     pub url: String,
-    #[serde(default)]
     #[schema(max_length = 4096)]
     pub description: Option<String>,
-    #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<String>,
-    #[serde(default)]
     pub version: Option<i64>,
     /// On an update (PUT), absent leaves the endpoint as it is; `false`
     /// enables it (held deliveries resume, those past the age cap die),
     /// `true` disables it (nothing new is routed to it).
-    #[serde(default)]
     pub disabled: Option<bool>,
     /// Svix's older name; SDK 2.x sends `eventTypes`. Both are accepted.
     /// Existing event types only; absent: every type.
@@ -59,15 +55,11 @@ pub struct EndpointIn {
     /// replayed or resent message goes to the back of the queue); its
     /// throughput is bounded by the receiver's round trip. Default
     /// `"none"`.
-    #[serde(default)]
     pub ordering: Option<EndpointOrdering>,
-    #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
     /// `whsec_` and 24 to 64 bytes in base64; generated when absent.
-    #[serde(default)]
     #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
     pub secret: Option<String>,
-    #[serde(default)]
     #[schema(max_items = 10)]
     pub channels: Option<Vec<String>>,
     /// Extra request headers (Herald accepts them at creation too): at most
@@ -75,7 +67,6 @@ pub struct EndpointIn {
     /// values of at most 4096 characters; hop-by-hop and framing headers
     /// (`Connection`, `TE`, `Transfer-Encoding`, `Host`, …) and Herald's own
     /// are refused.
-    #[serde(default)]
     pub headers: Option<BTreeMap<String, String>>,
 }
 
@@ -90,14 +81,12 @@ pub struct EndpointPatch {
         max_length = 65536
     )]
     pub url: Option<String>,
-    #[serde(default)]
     #[schema(max_length = 4096)]
     pub description: Option<String>,
     #[serde(default, deserialize_with = "double_option")]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub uid: Option<Option<String>>,
     /// As `POST …/enable` or `…/disable`; absent leaves it as it is.
-    #[serde(default)]
     pub disabled: Option<bool>,
     #[serde(default, alias = "eventTypes", deserialize_with = "double_option")]
     #[schema(min_items = 1)]
@@ -106,11 +95,8 @@ pub struct EndpointPatch {
     #[schema(maximum = 65535)]
     pub rate_limit: Option<Option<u16>>,
     /// `"fifo"` or `"none"`; absent leaves it as it is.
-    #[serde(default)]
     pub ordering: Option<EndpointOrdering>,
-    #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
-    #[serde(default)]
     pub version: Option<i64>,
     #[serde(default, deserialize_with = "double_option")]
     #[schema(max_items = 10)]
@@ -746,7 +732,6 @@ pub const MAX_DISABLE_REASON_BYTES: usize = 1000;
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 pub struct DisableIn {
-    #[serde(default)]
     #[schema(max_length = 1000)]
     pub reason: Option<String>,
 }

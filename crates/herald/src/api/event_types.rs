@@ -20,23 +20,16 @@ use crate::store::{now_millis, EventType, Millis};
 pub struct EventTypeIn {
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub name: String,
-    #[serde(default)]
     #[schema(max_length = 8192)]
     pub description: Option<String>,
-    #[serde(default)]
     pub archived: Option<bool>,
-    #[serde(default)]
     pub deprecated: Option<bool>,
     /// JSON Schemas by version, e.g. `{"1": {...}}`; at most 256 KiB.
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub schemas: Option<serde_json::Value>,
     /// Svix's older single flag; `featureFlags` is the current name.
-    #[serde(default)]
     pub feature_flag: Option<String>,
-    #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
-    #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub group_name: Option<String>,
 }
@@ -45,23 +38,16 @@ pub struct EventTypeIn {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypeUpdate {
-    #[serde(default)]
     #[schema(max_length = 8192)]
     pub description: Option<String>,
-    #[serde(default)]
     pub archived: Option<bool>,
-    #[serde(default)]
     pub deprecated: Option<bool>,
     /// JSON Schemas by version, e.g. `{"1": {...}}`; at most 256 KiB.
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub schemas: Option<serde_json::Value>,
     /// Svix's older single flag; `featureFlags` is the current name.
-    #[serde(default)]
     pub feature_flag: Option<String>,
-    #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
-    #[serde(default)]
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub group_name: Option<String>,
 }
@@ -70,12 +56,9 @@ pub struct EventTypeUpdate {
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EventTypePatch {
-    #[serde(default)]
     #[schema(max_length = 8192)]
     pub description: Option<String>,
-    #[serde(default)]
     pub archived: Option<bool>,
-    #[serde(default)]
     pub deprecated: Option<bool>,
     #[serde(default, deserialize_with = "double_option")]
     #[schema(value_type = Option<Object>)]

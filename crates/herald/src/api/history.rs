@@ -485,7 +485,6 @@ pub struct RecoverIn {
     #[schema(format = DateTime)]
     pub since: String,
     /// And before this one, when given.
-    #[serde(default)]
     #[schema(format = DateTime)]
     pub until: Option<String>,
 }

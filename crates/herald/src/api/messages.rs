@@ -33,11 +33,9 @@ pub struct MessageIn {
     pub payload: Box<RawValue>,
     /// Unique per application: a repeat is a 409.
     /// 1-256 of `[A-Za-z0-9._-]`, as Svix allows.
-    #[serde(default)]
     #[schema(min_length = 1, max_length = 256, pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub event_id: Option<String>,
     /// Routing: endpoints with channels receive only messages sharing one.
-    #[serde(default)]
     #[schema(max_items = 10)]
     pub channels: Option<Vec<String>>,
     /// Svix's inline application: when the path's id or uid names no
@@ -45,27 +43,22 @@ pub struct MessageIn {
     /// commit (its `uid` must be given and equal the path's). Ignored when
     /// the application exists. Admin token only (an application token's
     /// application always exists).
-    #[serde(default)]
     pub application: Option<ApplicationIn>,
     /// Free-form tags that `GET /app/{app_id}/msg?tag=` filters by: at most
     /// 5, each 1-128 of `[a-zA-Z0-9-_./\#]` (Svix's rule); repeats count once.
-    #[serde(default)]
     #[schema(max_items = 5, example = json!(["my_tag", "other"]))]
     pub tags: Option<Vec<String>>,
     /// Scheduled delivery (RFC 3339): no attempt before this time. At most
     /// `HERALD_MAX_AGE` ahead; the age cap counts from it. A time in the
     /// past sends at once.
-    #[serde(default)]
     #[schema(format = DateTime)]
     pub deliver_at: Option<String>,
     /// Days the payload is kept (Svix: 5–90); then it is erased as
     /// `DELETE …/content` does. Absent: `HERALD_PAYLOAD_RETENTION` applies.
-    #[serde(default)]
     #[schema(minimum = 5, maximum = 90)]
     pub payload_retention_period: Option<i64>,
     /// Svix's `transformationsParams`: `rawPayload` is sent as the request
     /// body exactly (form-encoded, XML, …) instead of `payload`.
-    #[serde(default)]
     pub transformations_params: Option<TransformationsParams>,
 }
 
@@ -76,7 +69,6 @@ pub struct TransformationsParams {
     /// The body each attempt sends, byte for byte (1 B to 1 MiB); the
     /// signature covers exactly these bytes. Set `Content-Type` through
     /// the endpoint's headers (Herald sends `application/json` otherwise).
-    #[serde(default)]
     pub raw_payload: Option<String>,
 }
 
@@ -642,7 +634,6 @@ pub struct EventExampleIn {
     #[schema(pattern = "^[A-Za-z0-9._-]{1,256}$")]
     pub event_type: String,
     /// Which of the schema's examples (default: the first).
-    #[serde(default)]
     pub example_index: Option<u64>,
 }
 

@@ -31,26 +31,20 @@ pub const PORTAL_LOGIN_PATH: &str = "/portal/login";
 pub struct AppPortalAccessIn {
     /// Creates the application when the path's id or uid names none (its
     /// `uid` must be the path's); ignored when it exists.
-    #[serde(default)]
     pub application: Option<super::apps::ApplicationIn>,
     /// Deprecated (Svix): `true` is `capabilities: ["ViewBase"]`.
-    #[serde(default)]
     pub read_only: Option<bool>,
     /// What the token and the portal may do; absent (and no `readOnly`):
     /// all of them. `ViewBase` is always added.
-    #[serde(default)]
     pub capabilities: Option<Vec<Capability>>,
     /// The flagged event types the token and the portal see (Svix): a
     /// type with feature flags is hidden unless all of them are here.
-    #[serde(default)]
     pub feature_flags: Option<Vec<String>>,
     /// Seconds until the token, the link and its sessions expire:
     /// 3600..=604800 (default 604800, 7 days).
-    #[serde(default)]
     #[schema(minimum = 3600, maximum = 604800)]
     pub expiry: Option<u64>,
     /// Tags the token, so that `expire-all` can end it by this id.
-    #[serde(default)]
     #[schema(max_length = 256)]
     pub session_id: Option<String>,
 }
@@ -71,12 +65,10 @@ pub struct AppPortalAccessOut {
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationTokenExpireIn {
     /// Seconds from now: 0..=604800 (default 0, at once).
-    #[serde(default)]
     #[schema(minimum = 0, maximum = 604800)]
     pub expiry: Option<i64>,
     /// Only tokens minted with one of these `sessionId`s (absent or
     /// empty: all of the application's tokens).
-    #[serde(default)]
     pub session_ids: Option<Vec<String>>,
 }
 
