@@ -14,6 +14,7 @@
 
 use std::future::Future;
 
+use super::rows::{col, StoredRow};
 use super::*;
 use crate::crypto::{is_sealed, Keyring, OpenError, SEALED_PREFIX};
 
@@ -199,6 +200,18 @@ pub struct SecretRow {
     pub old_secrets: String,
     pub headers: String,
     pub url: String,
+}
+
+/// An endpoint's credential columns from their stored row (either
+/// backend).
+pub(crate) fn secret_row_from_row(r: &impl StoredRow) -> StoreResult<SecretRow> {
+    Ok(SecretRow {
+        id: col(r, "id")?,
+        secret: col(r, "secret")?,
+        old_secrets: col(r, "old_secrets")?,
+        headers: col(r, "headers")?,
+        url: col(r, "url")?,
+    })
 }
 
 impl SecretRow {

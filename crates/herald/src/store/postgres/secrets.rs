@@ -2,7 +2,7 @@
 //! re-sealing in batches (see `store::secrets`).
 
 use super::*;
-use crate::store::secrets::reseal_in_batches;
+use crate::store::secrets::{reseal_in_batches, secret_row_from_row};
 
 #[async_trait]
 impl Secrets for PostgresStore {
@@ -49,15 +49,7 @@ impl Secrets for PostgresStore {
             .bind(i64_of(RESEAL_BATCH))
             .fetch_all(pool)
             .await?;
-            map_rows(&found, |r| {
-                Ok(SecretRow {
-                    id: get(r, "id")?,
-                    secret: get(r, "secret")?,
-                    old_secrets: get(r, "old_secrets")?,
-                    headers: get(r, "headers")?,
-                    url: get(r, "url")?,
-                })
-            })
+            map_rows(&found, secret_row_from_row)
         };
         let write_unchanged = move |writes: Vec<(SecretRow, SecretRow)>| async move {
             // One statement per batch, compare-and-set on what was read:

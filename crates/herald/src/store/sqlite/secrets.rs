@@ -2,7 +2,7 @@
 //! re-sealing in batches (see `store::secrets`).
 
 use super::*;
-use crate::store::secrets::reseal_in_batches;
+use crate::store::secrets::{reseal_in_batches, secret_row_from_row};
 
 #[async_trait]
 impl Secrets for SqliteStore {
@@ -48,13 +48,7 @@ impl Secrets for SqliteStore {
                      ORDER BY id LIMIT ?3",
                 )?;
                 rows(&mut stmt, params![after, k, RESEAL_BATCH as i64], |r| {
-                    Ok(SecretRow {
-                        id: get(r, "id")?,
-                        secret: get(r, "secret")?,
-                        old_secrets: get(r, "old_secrets")?,
-                        headers: get(r, "headers")?,
-                        url: get(r, "url")?,
-                    })
+                    secret_row_from_row(r)
                 })
             })
             .await
