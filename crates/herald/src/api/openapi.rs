@@ -157,9 +157,12 @@ impl utoipa::Modify for CommonErrors {
             if !is_api_route(path) {
                 continue;
             }
-            // Svix's health routes need no token.
-            let needs_token = !path.starts_with("/api/v1/health");
             for op in operations(item) {
+                // `security(())` in an annotation: a route outside the token
+                // (Svix's health routes).
+                let needs_token = !op.security.as_ref().is_some_and(|required| {
+                    required.contains(&utoipa::openapi::security::SecurityRequirement::default())
+                });
                 let has_body = op.request_body.is_some();
                 let responses = every
                     .iter()
