@@ -310,9 +310,10 @@ async fn insert_event_type(
     et: EventType,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     state.store.create_event_type(&et).await?;
-    let created = serde_json::Value::Null;
+    // The entry's details: none beyond the name it targets.
+    let details = serde_json::Value::Null;
     actor
-        .record(&*state.store, "event_type.created", None, &et.name, created)
+        .record(&*state.store, "event_type.created", None, &et.name, details)
         .await;
     Ok((StatusCode::CREATED, Json(et.into())))
 }
