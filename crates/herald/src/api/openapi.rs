@@ -138,7 +138,9 @@ impl utoipa::Modify for IdempotencyKey {
 /// token that reaches the route and 429 for an address over its
 /// failed-authentication limit (`auth::require_token`); and for a call
 /// with a body, 413 and 422 (`ApiJson`: too large, or not what the schema
-/// says).
+/// says). An operation annotated `security(())` (Svix's health routes) is
+/// routed beside those layers, not behind them (`api::router`), so it gets
+/// none of their answers.
 struct CommonErrors;
 
 impl utoipa::Modify for CommonErrors {
@@ -148,9 +150,9 @@ impl utoipa::Modify for CommonErrors {
             UnauthorizedResponse, ValidationResponse,
         };
         use utoipa::IntoResponses;
-        let mut every = BadRequestResponse::responses();
-        every.extend(TooManyRequestsResponse::responses());
-        let behind_token = UnauthorizedResponse::responses();
+        let mut from_layers = BadRequestResponse::responses();
+        from_layers.extend(UnauthorizedResponse::responses());
+        from_layers.extend(TooManyRequestsResponse::responses());
         let mut with_body = PayloadTooLargeResponse::responses();
         with_body.extend(ValidationResponse::responses());
         for (path, item) in openapi.paths.paths.iter_mut() {
@@ -158,15 +160,13 @@ impl utoipa::Modify for CommonErrors {
                 continue;
             }
             for op in operations(item) {
-                // `security(())` in an annotation: a route outside the token
-                // (Svix's health routes).
-                let needs_token = !op.security.as_ref().is_some_and(|required| {
+                let behind_layers = !op.security.as_ref().is_some_and(|required| {
                     required.contains(&utoipa::openapi::security::SecurityRequirement::default())
                 });
                 let has_body = op.request_body.is_some();
-                let responses = every
+                let responses = from_layers
                     .iter()
-                    .chain(behind_token.iter().filter(|_| needs_token))
+                    .filter(|_| behind_layers)
                     .chain(with_body.iter().filter(|_| has_body));
                 for (status, response) in responses {
                     op.responses
