@@ -1,9 +1,10 @@
 //! Secrets at rest: the endpoint columns that hold credentials (`secret`,
-//! `old_secrets`, `headers`, and `url` when it carries userinfo) are sealed with the store's [`Keyring`] when
-//! written and opened when read, here at the store boundary, so nothing
-//! above the store sees a sealed value. Each column is sealed whole (the
-//! JSON of `old_secrets` and `headers`), bound to its endpoint and column by
-//! the associated data `endpoints/<id>/<column>`. The empty values `[]`
+//! `old_secrets`, `headers`, and `url` when it carries userinfo) are
+//! sealed with the store's [`Keyring`] when written and opened when read,
+//! here at the store boundary, so nothing above the store sees a sealed
+//! value. Each column is sealed whole (the JSON of `old_secrets` and
+//! `headers`), bound to its endpoint and column by the associated data
+//! `endpoints/<id>/<column>`. The empty values `[]`
 //! and `{}` hold nothing and stay as they are (the hot path's no-parse
 //! case).
 //!
