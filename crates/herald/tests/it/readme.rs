@@ -216,3 +216,164 @@ fn cargo_run_in_the_workspace_runs_herald() {
     assert_eq!(binaries, ["herald"], "binaries `cargo run` chooses from");
     assert!(repo_file("README.md").contains("cargo run --release -- serve"));
 }
+
+/// The docs (README, ARCHITECTURE.md, BENCHMARKS.md, `docs/**`) name code
+/// by its Rust path (`api::endpoint_health::listed_health`,
+/// `engine::fifo_order_holds_across_a_sigkill_of_the_binary`): each such
+/// path names a module of the library (or of this test binary) that
+/// defines its first item, and every further part (a method, a variant, a
+/// field) is defined somewhere in the sources, so a rename or a move
+/// fails here instead of leaving a map that sends readers nowhere.
+#[test]
+fn the_docs_name_only_code_that_exists() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let library = repo.join("crates/herald/src");
+    let tests = repo.join("crates/herald/tests/it");
+    let mut docs = vec![
+        repo.join("README.md"),
+        repo.join("ARCHITECTURE.md"),
+        repo.join("BENCHMARKS.md"),
+    ];
+    docs.extend(rust_or_markdown_files(&repo.join("docs"), "md"));
+    let every_source: String = [&library, &tests]
+        .iter()
+        .flat_map(|dir| rust_or_markdown_files(dir, "rs"))
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect();
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap_or_else(|e| panic!("{doc:?}: {e}"));
+        for (n, line) in text.lines().enumerate() {
+            for quoted in line.split('`').skip(1).step_by(2) {
+                let Some(parts) = rust_path(quoted) else {
+                    continue;
+                };
+                // A path that names no module of either is not a code
+                // reference (`herald::…` crates, `sqlx::…`).
+                let found: Vec<_> = [&library, &tests]
+                    .iter()
+                    .filter_map(|root| module_files(root, &parts))
+                    .collect();
+                if found.is_empty() {
+                    continue;
+                }
+                checked += 1;
+                let exists = found.iter().any(|(files, rest)| {
+                    // The modules `on_both_stores!` makes around a test.
+                    let rest: Vec<&str> = rest
+                        .iter()
+                        .copied()
+                        .filter(|p| !["sqlite", "postgres", "postgres_only"].contains(p))
+                        .collect();
+                    let module: String = files
+                        .iter()
+                        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+                        .collect();
+                    rest.first().is_none_or(|first| defines(&module, first))
+                        && rest.iter().skip(1).all(|part| defines(&every_source, part))
+                });
+                if !exists {
+                    wrong.push(format!("{}:{}: `{quoted}`", doc.display(), n + 1));
+                }
+            }
+        }
+    }
+    // Guards the reading itself: the docs name dozens of paths.
+    assert!(checked > 20, "only {checked} code paths read in the docs");
+    assert!(
+        wrong.is_empty(),
+        "the docs name code that is not there:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// `a::b::c` (an optional `crate::` and trailing `()` left out) split in
+/// its parts, or `None` for anything else in backticks.
+fn rust_path(quoted: &str) -> Option<Vec<&str>> {
+    let path = quoted.strip_prefix("crate::").unwrap_or(quoted);
+    let path = path.strip_suffix("()").unwrap_or(path);
+    let parts: Vec<&str> = path.split("::").collect();
+    let is_ident = |p: &&str| {
+        p.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let first_is_module = parts[0].chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    (parts.len() > 1 && first_is_module && parts.iter().all(is_ident)).then_some(parts)
+}
+
+/// The files of the deepest module `parts` names under `root` (a file
+/// `x.rs` with its folder `x/`, or a folder), and the parts left after it.
+fn module_files<'p>(
+    root: &std::path::Path,
+    parts: &'p [&'p str],
+) -> Option<(Vec<std::path::PathBuf>, &'p [&'p str])> {
+    let mut dir = root.to_path_buf();
+    let mut files = None;
+    for (i, part) in parts.iter().enumerate() {
+        let file = dir.join(format!("{part}.rs"));
+        let folder = dir.join(part);
+        if !file.is_file() && !folder.is_dir() {
+            return files.map(|f| (f, &parts[i..]));
+        }
+        let mut these = rust_or_markdown_files(&folder, "rs");
+        if file.is_file() {
+            these.push(file);
+        }
+        files = Some(these);
+        dir = folder;
+    }
+    files.map(|f| (f, &parts[parts.len()..]))
+}
+
+/// Whether `source` defines `name`: an item, an enum variant or a field.
+fn defines(source: &str, name: &str) -> bool {
+    let followed_by_boundary = |at: usize| {
+        source[at..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'))
+    };
+    let item = [
+        "fn ",
+        "struct ",
+        "enum ",
+        "const ",
+        "static ",
+        "trait ",
+        "type ",
+        "mod ",
+        "macro_rules! ",
+    ]
+    .iter()
+    .any(|kind| {
+        let needle = format!("{kind}{name}");
+        source
+            .match_indices(&needle)
+            .any(|(at, _)| followed_by_boundary(at + needle.len()))
+    });
+    item || source.lines().any(|line| {
+        let line = line.trim_start().trim_start_matches("pub ");
+        line.strip_prefix(name)
+            .is_some_and(|rest| matches!(rest.chars().next(), Some(',' | '(' | ' ' | ':' | '{')))
+    })
+}
+
+/// The files ending in `.{extension}` below `dir`, at any depth.
+fn rust_or_markdown_files(dir: &std::path::Path, extension: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(rust_or_markdown_files(&path, extension));
+        } else if path.extension().is_some_and(|e| e == extension) {
+            out.push(path);
+        }
+    }
+    out
+}
