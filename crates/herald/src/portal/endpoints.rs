@@ -11,7 +11,8 @@ use maud::{html, Markup};
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
 use crate::api::endpoint_health::{endpoint_health, listed_health};
-use crate::api::endpoints::{find_endpoint, PathEndpoint};
+use crate::api::endpoint_secrets::{put_endpoint_headers, HeadersIn};
+use crate::api::endpoints::{check_headers, find_endpoint, PathEndpoint};
 use crate::api::{parse_json, ApiError, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::audit::Actor;
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
@@ -216,6 +217,33 @@ fn endpoint_json(form: &FormFields) -> serde_json::Value {
             );
         }
     }
+    body.insert("headers".into(), form_headers(form).into());
+    body.insert(
+        "disabled".into(),
+        (form.get("disabled") == Some("on")).into(),
+    );
+    body.into()
+}
+
+/// The edit form's fields as the API's `EndpointPatch` JSON: what the form
+/// shows, a field emptied there as `null` (cleared), and nothing of what
+/// it does not show (uid, metadata, ordering, version), which so stays as
+/// it is. The headers are not in it: the endpoint's PUT and PATCH do not
+/// take them (`update` writes them through `PUT …/headers`).
+fn endpoint_patch_json(form: &FormFields) -> serde_json::Value {
+    let mut body = endpoint_json(form);
+    if let Some(fields) = body.as_object_mut() {
+        fields.remove("headers");
+        for cleared in ["filterTypes", "channels", "throttleRate"] {
+            fields.entry(cleared).or_insert(serde_json::Value::Null);
+        }
+    }
+    body
+}
+
+/// The form's custom headers, one `Name: value` a line (a line without a
+/// colon is a name with an empty value, for the API to judge).
+fn form_headers(form: &FormFields) -> serde_json::Map<String, serde_json::Value> {
     let mut headers = serde_json::Map::new();
     for line in form.text("headers").lines() {
         if let Some((name, value)) = line.split_once(':') {
@@ -224,12 +252,7 @@ fn endpoint_json(form: &FormFields) -> serde_json::Value {
             headers.insert(line.trim().into(), "".into());
         }
     }
-    body.insert("headers".into(), headers.into());
-    body.insert(
-        "disabled".into(),
-        (form.get("disabled") == Some("on")).into(),
-    );
-    body.into()
+    headers
 }
 
 struct FormValues {
@@ -544,7 +567,9 @@ pub async fn edit_form(
     form_page(&state, &session, Some(&ep), &FormValues::of(&ep), None).await
 }
 
-/// `POST …/edit`: the API's update (PUT), its errors on the form.
+/// `POST …/edit`: the API's PATCH with what the form shows (a PUT would
+/// reset what it does not: the uid, metadata, ordering), then the API's
+/// `PUT …/headers` if they changed; their errors on the form.
 pub async fn update(
     State(state): State<ApiState>,
     Path(endpoint_id): Path<String>,
@@ -553,16 +578,26 @@ pub async fn update(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
-        Ok(body) => {
-            // PUT names the endpoint by its path (it may create one).
-            let path = Path((session.app_id.to_string(), ep.id.to_string()));
-            let (st, actor) = (State(state.clone()), session.actor());
-            crate::api::endpoints::update_endpoint(st, actor, app_of(session), path, ApiJson(body))
-                .await
+    let result = async {
+        let patch = parse_json(endpoint_patch_json(&posted.form).to_string().as_bytes())?;
+        let headers: HeadersIn = parse_json(
+            serde_json::json!({ "headers": form_headers(&posted.form) })
+                .to_string()
+                .as_bytes(),
+        )?;
+        // Before anything is written: a refused header leaves the endpoint
+        // as it was rather than half saved.
+        check_headers(&headers.headers, state.max_headers_per_endpoint)?;
+        let (st, actor, endpoint) = api_args(&state, session, &ep);
+        let _saved =
+            crate::api::endpoints::patch_endpoint(st, actor, endpoint, ApiJson(patch)).await?;
+        if headers.headers != ep.headers {
+            let (st, actor, endpoint) = api_args(&state, session, &ep);
+            put_endpoint_headers(st, actor, endpoint, ApiJson(headers)).await?;
         }
-        Err(e) => Err(e),
-    };
+        Ok::<_, ApiError>(())
+    }
+    .await;
     match result {
         Ok(_) => {
             session.flash("Saved.").await;

@@ -112,6 +112,83 @@ async fn a_full_session_adds_an_endpoint_sends_a_test_event_and_rotates_the_secr
     assert_eq!(response.status(), StatusCode::FORBIDDEN);
 }
 
+/// The edit form shows some of an endpoint's fields: saving it changes
+/// those and leaves the rest (uid, metadata, ordering) as they were; its
+/// headers are saved too, and a refused header saves nothing.
+#[tokio::test]
+async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
+    let app = spawn_app(&[]).await;
+    let id = app.create_app().await;
+    let (status, ep) = app
+        .post(
+            &format!("/api/v1/app/{id}/endpoint"),
+            json!({
+                "url": "https://example.com/hook",
+                "uid": "billing",
+                "metadata": {"team": "payments"},
+                "ordering": "fifo",
+                "channels": ["eu"],
+                "headers": {"X-Tenant": "t1"},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{ep}");
+    let ep_id = ep["id"].as_str().expect("id");
+    let (_, out) = access(&app, &id, json!({})).await;
+    let cookie = open_link(&app, out["url"].as_str().expect("url")).await;
+    let edit = format!("/portal/endpoint/{ep_id}/edit");
+
+    let (status, html) = post_form(
+        &app,
+        &cookie,
+        &edit,
+        &[
+            ("url", "https://example.com/hook"),
+            ("description", "now described"),
+            ("channels", ""),
+            ("headers", "X-Tenant: t2\nX-Region: eu"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
+    let (status, after) = app
+        .get(&format!("/api/v1/app/{id}/endpoint/billing"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "still found by its uid: {after}");
+    assert_eq!(after["description"], "now described");
+    assert_eq!(after["uid"], "billing");
+    assert_eq!(after["metadata"], json!({"team": "payments"}));
+    assert_eq!(after["ordering"], "fifo");
+    assert_eq!(after["channels"], Value::Null, "emptied in the form: cleared");
+    let (_, headers) = app
+        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}/headers"))
+        .await;
+    assert_eq!(
+        headers["headers"],
+        json!({"X-Tenant": "t2", "X-Region": "eu"}),
+        "{headers}"
+    );
+
+    // A header Herald sets itself is refused, and nothing else is saved.
+    let (status, html) = post_form(
+        &app,
+        &cookie,
+        &edit,
+        &[
+            ("url", "https://example.com/hook"),
+            ("description", "not saved"),
+            ("headers", "webhook-id: forged"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
+    assert!(html.contains("class=\"error\""), "{html}");
+    let (_, unchanged) = app
+        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}"))
+        .await;
+    assert_eq!(unchanged["description"], "now described");
+}
+
 #[tokio::test]
 async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
     let app = spawn_app(&[("HERALD_PORTAL_FRAME_ANCESTORS", "https://app.example.com")]).await;
