@@ -287,9 +287,34 @@ fn flush_written(file: &std::fs::File) {
     }
 }
 
+/// `<store>.replaced-<stamp>`, or `…-2`, `…-3`… when a restore in the
+/// same second has taken it: a rename onto a name in use would overwrite
+/// the store set aside before (and could pair a `-wal` with another file).
+fn free_aside_name(store: &Path, stamp: &str) -> StoreResult<PathBuf> {
+    const TRIES: u32 = 1000;
+    for n in 1..=TRIES {
+        let suffix = match n {
+            1 => format!(".replaced-{stamp}"),
+            n => format!(".replaced-{stamp}-{n}"),
+        };
+        let aside = with_suffix(store, &suffix);
+        if ["", "-wal", "-shm"]
+            .iter()
+            .all(|companion| !with_suffix(&aside, companion).exists())
+        {
+            return Ok(aside);
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "cannot move {} aside: {TRIES} names `.replaced-{stamp}…` are taken",
+        store.display()
+    )))
+}
+
 /// Puts the backup at `backup` in place as the store at `store`: checks
 /// it, moves the current store (and its `-wal`/`-shm`, which may hold
-/// committed rows) aside as `<store>.replaced-<stamp>`, and copies the
+/// committed rows) aside as `<store>.replaced-<stamp>` (a name no earlier
+/// restore took: [`free_aside_name`]), and copies the
 /// backup in (through `<store>.partial`). The caller holds the store's
 /// lock (no process serves it). Returns what the restored store holds and
 /// where the replaced one went, if there was one.
@@ -302,7 +327,7 @@ pub fn restore(
     let partial = with_suffix(store, ".partial");
     std::fs::copy(backup, &partial).map_err(|e| unavailable("cannot copy to", &partial, e))?;
     let aside = if store.exists() {
-        let aside = with_suffix(store, &format!(".replaced-{stamp}"));
+        let aside = free_aside_name(store, stamp)?;
         for companion in ["", "-wal", "-shm"] {
             let from = with_suffix(store, companion);
             if from.exists() {

@@ -151,15 +151,17 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     )
     .await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
-    let (status, after) = app
-        .get(&format!("/api/v1/app/{id}/endpoint/billing"))
-        .await;
+    let (status, after) = app.get(&format!("/api/v1/app/{id}/endpoint/billing")).await;
     assert_eq!(status, StatusCode::OK, "still found by its uid: {after}");
     assert_eq!(after["description"], "now described");
     assert_eq!(after["uid"], "billing");
     assert_eq!(after["metadata"], json!({"team": "payments"}));
     assert_eq!(after["ordering"], "fifo");
-    assert_eq!(after["channels"], Value::Null, "emptied in the form: cleared");
+    assert_eq!(
+        after["channels"],
+        Value::Null,
+        "emptied in the form: cleared"
+    );
     let (_, headers) = app
         .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}/headers"))
         .await;
@@ -183,9 +185,7 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
     assert!(html.contains("class=\"error\""), "{html}");
-    let (_, unchanged) = app
-        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}"))
-        .await;
+    let (_, unchanged) = app.get(&format!("/api/v1/app/{id}/endpoint/{ep_id}")).await;
     assert_eq!(unchanged["description"], "now described");
 }
 
