@@ -133,10 +133,17 @@ impl EndpointOut {
     /// masked unless it may read the endpoint's secret (a portal token
     /// without `ViewEndpointSecret` or more may not).
     pub fn shown_to(ep: Endpoint, principal: &super::auth::Principal) -> Self {
-        let mut out = EndpointOut::from(ep);
-        if !may_read_secrets(principal) {
-            out.url = crate::net::masked_url(&out.url);
+        if may_read_secrets(principal) {
+            EndpointOut::from(ep)
+        } else {
+            EndpointOut::masked(ep)
         }
+    }
+
+    /// With the URL's credentials (userinfo) masked.
+    pub fn masked(ep: Endpoint) -> Self {
+        let mut out = EndpointOut::from(ep);
+        out.url = crate::net::masked_url(&out.url);
         out
     }
 }
@@ -432,7 +439,9 @@ async fn insert_endpoint(
             serde_json::json!({ "secretGiven": body.secret.is_some() }),
         )
         .await;
-    Ok((StatusCode::CREATED, Json(EndpointOut::from(ep))).into_response())
+    let kept = EndpointOut::masked(ep.clone());
+    let answer = (StatusCode::CREATED, Json(EndpointOut::from(ep)));
+    Ok(super::idempotency::kept_as(answer, &kept))
 }
 
 /// The endpoint the path's `{endpoint_id}` names (its id or uid), within
@@ -752,13 +761,14 @@ pub async fn disable_endpoint_route(
     actor: Actor,
     PathEndpoint(ep): PathEndpoint,
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<DisableIn>,
-) -> ApiResult<Json<EndpointOut>> {
+) -> ApiResult<Response> {
     let reason = body.reason.as_deref().unwrap_or("disabled by an operator");
     disable_audited(&state, &actor, &ep, reason).await?;
-    Ok(Json(
-        find_endpoint(&state, &ep.app_id, ep.id.as_str())
-            .await?
-            .into(),
+    let ep = find_endpoint(&state, &ep.app_id, ep.id.as_str()).await?;
+    let kept = EndpointOut::masked(ep.clone());
+    Ok(super::idempotency::kept_as(
+        Json(EndpointOut::from(ep)),
+        &kept,
     ))
 }
 
@@ -842,12 +852,16 @@ pub async fn enable_endpoint_route(
     State(state): State<ApiState>,
     actor: Actor,
     PathEndpoint(ep): PathEndpoint,
-) -> ApiResult<Json<EnableOut>> {
+) -> ApiResult<Response> {
     let report = enable_audited(&state, &actor, &ep).await?;
-    Ok(Json(EnableOut {
-        endpoint: find_endpoint(&state, &ep.app_id, ep.id.as_str())
-            .await?
-            .into(),
+    let ep = find_endpoint(&state, &ep.app_id, ep.id.as_str()).await?;
+    let kept = EnableOut {
+        endpoint: EndpointOut::masked(ep.clone()),
         expired_deliveries: report.expired,
-    }))
+    };
+    let answer = Json(EnableOut {
+        endpoint: EndpointOut::from(ep),
+        expired_deliveries: report.expired,
+    });
+    Ok(super::idempotency::kept_as(answer, &kept))
 }

@@ -302,6 +302,7 @@ fn next_attempt(d: &Delivery) -> Option<String> {
 )]
 pub async fn list_attempted_destinations(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     PathMessage(msg): PathMessage,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<MessageEndpointOut>>> {
@@ -335,9 +336,15 @@ pub async fn list_attempted_destinations(
             continue;
         };
         let (status, status_text) = svix_status(d.state);
+        // Its credentials as `GET …/endpoint/{id}` shows them to this caller.
+        let url = if super::endpoints::may_read_secrets(&principal) {
+            ep.url
+        } else {
+            crate::net::masked_url(&ep.url)
+        };
         data.push(MessageEndpointOut {
             id: ep.id.into_string(),
-            url: ep.url,
+            url,
             description: ep.description,
             uid: ep.uid,
             disabled: ep.disabled,

@@ -7,8 +7,10 @@
 //! JSON body re-serialised (other spacing, other key order) is the same
 //! request ([`request_digest`]).
 //!
-//! An answer that shows a secret once (an endpoint secret, an application
-//! token, a portal link and its token: [`ShownOnce`]) is never kept: the
+//! An answer that shows an endpoint URL with credentials in it is kept
+//! with them masked ([`kept_as`]). An answer that shows a secret once (an
+//! endpoint secret, an application token, a portal link and its token:
+//! [`ShownOnce`]) is never kept: the
 //! stored record is a 409 saying so, and a repeat gets that 409 (and
 //! changes nothing) instead of the secret. The table holds no secret with
 //! or without `HERALD_ENCRYPTION_KEY`, and a "shown once" secret is shown
@@ -38,6 +40,30 @@ pub struct ShownOnce;
 pub fn shown_once(response: impl IntoResponse) -> Response {
     let mut response = response.into_response();
     response.extensions_mut().insert(ShownOnce);
+    response
+}
+
+/// The body kept for a repeat in place of the one sent (an extension); see
+/// [`kept_as`].
+#[derive(Debug, Clone)]
+struct KeptBody(String);
+
+/// `response`, kept for a repeat of its request as `kept` rather than as
+/// sent: for an answer that shows a credential in passing (an endpoint
+/// URL's userinfo, which the store otherwise holds only sealed), so that
+/// the idempotency table never holds it in the clear. The caller gets
+/// `response` whole; a repeat gets `kept` with the same status. Should
+/// `kept` not serialize, nothing is kept ([`ShownOnce`]).
+pub fn kept_as(response: impl IntoResponse, kept: &impl serde::Serialize) -> Response {
+    let mut response = response.into_response();
+    match serde_json::to_string(kept) {
+        Ok(text) => {
+            response.extensions_mut().insert(KeptBody(text));
+        }
+        Err(_) => {
+            response.extensions_mut().insert(ShownOnce);
+        }
+    }
     response
 }
 
@@ -155,6 +181,8 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
     };
     let (kept_status, kept_body) = if parts.extensions.get::<ShownOnce>().is_some() {
         not_kept()
+    } else if let Some(KeptBody(kept)) = parts.extensions.get::<KeptBody>() {
+        (status, kept.clone())
     } else {
         (status, String::from_utf8_lossy(&bytes).into_owned())
     };

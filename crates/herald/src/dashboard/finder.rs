@@ -26,6 +26,7 @@ use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
 use crate::api::{ApiError, ApiState};
 use crate::ids::{AppId, EndpointId};
+use crate::net::masked_url;
 use crate::store::{
     now_millis, App, AttemptRecord, Delivery, DeliveryCounts, DeliveryState, Endpoint, FindFilter,
     FoundMessage, Message, Millis, PageReq,
@@ -404,7 +405,7 @@ pub fn deliveries_table(
                         td {
                             a.clip href=(view.endpoint_href(&d.app_id, &d.endpoint_id)) {
                                 @match endpoints.get(&d.endpoint_id) {
-                                    Some(ep) => (truncate(&ep.url, 60)),
+                                    Some(ep) => (truncate(&masked_url(&ep.url), 60)),
                                     None => { (d.endpoint_id) " (deleted)" },
                                 }
                             }
@@ -465,7 +466,7 @@ pub fn message_attempts_table(
                         td {
                             a.clip.narrow href=(view.endpoint_href(&a.app_id, &a.endpoint_id)) title=(a.url) {
                                 @match endpoints.get(&a.endpoint_id) {
-                                    Some(ep) => (truncate(&ep.url, 40)),
+                                    Some(ep) => (truncate(&masked_url(&ep.url), 40)),
                                     None => (truncate(&a.url, 40)),
                                 }
                             }

@@ -413,6 +413,51 @@ async fn idempotent_answers_keep_no_secret(db: Db) {
     let (again, replayed, resent) = post_with_key(&app, &path, "auto_msg", msg).await;
     assert_eq!((again, replayed), (StatusCode::ACCEPTED, true));
     assert_eq!(resent["id"], sent["id"]);
+
+    // An answer that shows an endpoint URL's credentials (creating the
+    // endpoint, disabling and enabling it) is kept with them masked: the
+    // caller got them whole, a repeat gets the same endpoint masked.
+    let with_password = rx.url("/hook").replace("http://", "http://bob:hunter2@");
+    let (status, _, created) = post_with_key(
+        &app,
+        &format!("/api/v1/app/{app_id}/endpoint"),
+        "auto_ep",
+        json!({"url": with_password}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["url"], with_password.as_str());
+    let ep2 = created["id"].as_str().expect("id");
+    for (i, action) in ["disable", "enable"].iter().enumerate() {
+        let path = format!("/api/v1/app/{app_id}/endpoint/{ep2}/{action}");
+        let (status, _, out) =
+            post_with_key(&app, &path, &format!("auto_{action}"), json!({})).await;
+        assert!(status.is_success(), "{action}: {status} {out}");
+        let shown = if i == 0 {
+            &out["url"]
+        } else {
+            &out["endpoint"]["url"]
+        };
+        assert_eq!(*shown, with_password.as_str(), "{action}: {out}");
+    }
+    let rows = db.idempotency_rows().await;
+    assert!(rows.len() >= calls.len() + 4, "{rows:?}");
+    for (_, body) in &rows {
+        assert!(
+            !body.contains("hunter2"),
+            "the URL's password is kept: {body}"
+        );
+    }
+    let (again, replayed, out) = post_with_key(
+        &app,
+        &format!("/api/v1/app/{app_id}/endpoint"),
+        "auto_ep",
+        json!({"url": with_password}),
+    )
+    .await;
+    assert_eq!((again, replayed), (StatusCode::CREATED, true), "{out}");
+    assert_eq!(out["id"], created["id"], "the same endpoint, not a second");
+    assert!(out["url"].as_str().expect("url").contains("****@"), "{out}");
     app.shutdown().await;
     db.done().await;
 }
@@ -638,7 +683,7 @@ async fn url_credentials_are_sealed_and_masked(db: Db) {
     assert_eq!(got["url"], json!(url));
 
     // Sent with the credentials (reqwest makes them Basic auth).
-    app.send_message(&app_id, "a.b", json!({})).await;
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
     app.step().await;
     let got = rx.wait_for(1).await;
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("hook-user:{PASS}"));
@@ -659,6 +704,7 @@ async fn url_credentials_are_sealed_and_masked(db: Db) {
         format!("/api/v1/app/{app_id}/endpoint/{ep}"),
         format!("/api/v1/app/{app_id}/endpoint"),
         format!("/api/v1/app/{app_id}/attempt/endpoint/{ep}"),
+        format!("/api/v1/app/{app_id}/msg/{msg}/endpoint"),
     ] {
         let (status, got) = app.as_token(token).get(&path).await;
         assert_eq!(status, StatusCode::OK, "{path}: {got}");
@@ -687,7 +733,11 @@ async fn url_credentials_are_sealed_and_masked(db: Db) {
         .await
         .expect("login");
     let cookie = cookie_pair(login.headers());
-    for page in ["/portal".to_owned(), format!("/portal/endpoint/{ep}")] {
+    for page in [
+        "/portal".to_owned(),
+        format!("/portal/endpoint/{ep}"),
+        format!("/portal/msg/{msg}"),
+    ] {
         let html = browser
             .get(app.url(&page))
             .header("cookie", &cookie)
