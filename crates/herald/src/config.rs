@@ -308,8 +308,10 @@ fn frame_ancestors_of(text: &str) -> Result<String, String> {
 }
 
 /// Where and how spans are exported (`HERALD_OTLP_*`).
-#[derive(Debug, Clone)]
+#[derive(Clone, educe::Educe)]
+#[educe(Debug)]
 pub struct Otlp {
+    #[educe(Debug(method(masked_url)))]
     pub endpoint: String,
     pub sample_ratio: f64,
     pub service_name: String,
@@ -867,11 +869,20 @@ fn redacted_secret(secret: &Option<String>, f: &mut std::fmt::Formatter<'_>) -> 
     std::fmt::Debug::fmt(&secret.as_ref().map(|_| "<redacted>"), f)
 }
 
+fn masked_url(url: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    std::fmt::Debug::fmt(&crate::net::masked_url(url), f)
+}
+
 fn webhook_url_only(
     webhook: &Option<(String, String)>,
     f: &mut std::fmt::Formatter<'_>,
 ) -> std::fmt::Result {
-    std::fmt::Debug::fmt(&webhook.as_ref().map(|(url, _secret)| url), f)
+    std::fmt::Debug::fmt(
+        &webhook
+            .as_ref()
+            .map(|(url, _secret)| crate::net::masked_url(url)),
+        f,
+    )
 }
 
 /// The URL without its password, for messages and logs.

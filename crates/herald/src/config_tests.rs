@@ -212,6 +212,33 @@ fn the_example_file_parses_to_the_defaults() {
     );
 }
 
+/// Userinfo in the operator webhook's or the OTLP collector's URL is a
+/// credential: the configuration's Debug (what a start-up error or a
+/// debug log prints) masks it, as the start-up log lines do.
+#[test]
+fn configured_url_credentials_stay_out_of_debug() {
+    let c = Config::from_values(&env(&[
+        (
+            "HERALD_OPERATOR_WEBHOOK_URL",
+            "https://opuser:oppass123@ops.example.com/hook",
+        ),
+        (
+            "HERALD_OPERATOR_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        ),
+        (
+            "HERALD_OTLP_ENDPOINT",
+            "http://otuser:otkey987@collector:4318",
+        ),
+    ]))
+    .expect("valid");
+    let shown = format!("{c:?}");
+    for credential in ["opuser", "oppass123", "otuser", "otkey987", "MfKQ9r8"] {
+        assert!(!shown.contains(credential), "{credential} in {shown}");
+    }
+    assert!(shown.contains("ops.example.com"), "the host stays: {shown}");
+}
+
 #[test]
 fn proxy_and_tls_settings_are_checked() {
     let c = Config::from_values(&env(&[(

@@ -100,7 +100,8 @@ impl Operator {
         let app_id = operator_app_id(store.as_ref(), url).await?;
         let app = operator_app(store.as_ref(), &app_id).await?;
         let endpoint = operator_endpoint(store.as_ref(), &app, url, secret).await?;
-        tracing::info!(url = %url, app = %app.id, "operator webhooks are on");
+        // Userinfo in the URL is a credential: never logged.
+        tracing::info!(url = %crate::net::masked_url(url), app = %app.id, "operator webhooks are on");
         op.events_app = Some(app.id);
         op.events_endpoint = Some((endpoint.id, url.clone()));
         Ok(op)

@@ -81,7 +81,11 @@ pub fn init(config: &Config) -> anyhow::Result<Telemetry> {
         .with(log)
         .with(spans)
         .try_init()?;
-    tracing::info!(endpoint = %otlp.endpoint, ratio = otlp.sample_ratio, "exporting traces over OTLP");
+    tracing::info!(
+        endpoint = %crate::net::masked_url(&otlp.endpoint),
+        ratio = otlp.sample_ratio,
+        "exporting traces over OTLP"
+    );
     Ok(Telemetry {
         provider: Some(provider),
     })

@@ -354,6 +354,15 @@ async fn the_binary_logs_failed_logins_with_the_address_and_never_the_token() {
         .env("HERALD_ADMIN_TOKEN", TOKEN)
         .env("HERALD_LOG", "info")
         .env("NO_COLOR", "1")
+        // Its userinfo is a credential, logged masked at start.
+        .env(
+            "HERALD_OPERATOR_WEBHOOK_URL",
+            "http://opuser:oppass123@127.0.0.1:9/ops",
+        )
+        .env(
+            "HERALD_OPERATOR_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        )
         // Logs go to stderr (stdout is for what Herald prints to people).
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -392,13 +401,15 @@ async fn the_binary_logs_failed_logins_with_the_address_and_never_the_token() {
     };
     assert!(line.contains("127.0.0.1"), "{line}");
     assert!(line.contains("INFO"), "{line}");
+    let logged = lines.lock().expect("lock").join("\n");
+    assert!(!logged.contains(guess), "the token is never logged");
     assert!(
-        !lines
-            .lock()
-            .expect("lock")
-            .iter()
-            .any(|l| l.contains(guess)),
-        "the token is never logged"
+        logged.contains("operator webhooks are on"),
+        "the operator webhook's line: {logged}"
+    );
+    assert!(
+        !logged.contains("opuser") && !logged.contains("oppass123"),
+        "the operator webhook URL's credentials are never logged: {logged}"
     );
     let _ = child.kill().await;
 }
