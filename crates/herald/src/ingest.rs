@@ -1,6 +1,8 @@
 //! Group commit of new messages: concurrent create-message requests share
 //! one transaction (one fsync). Each request is answered only after the
-//! commit that holds its message, so a 202 always means "on disk".
+//! commit that holds its message, so a 202 always means "on disk". A batch
+//! the store refuses for one of its messages is stored again message by
+//! message, so that only that one's request fails.
 //!
 //! Handoff: when the dispatcher runs in this process and has free slots,
 //! the batch's transaction also claims its new deliveries (stored
@@ -93,6 +95,24 @@ async fn run(
                     for (reply, outcome) in replies.into_iter().zip(outcomes) {
                         // The requester may have gone away; the message is stored.
                         let _ = reply.send(Ok(outcome));
+                    }
+                }
+                // One message the store refuses (an application deleted
+                // meanwhile, a value its database cannot hold) must not
+                // fail the others of its batch: each is stored alone and
+                // answered with its own result. An unreachable store fails
+                // them all alike.
+                Err(e) if messages.len() > 1 && !matches!(e, StoreError::Unavailable(_)) => {
+                    for (message, reply) in messages.iter().zip(replies) {
+                        let alone = std::slice::from_ref(message);
+                        let outcome = store_batch(store.as_ref(), &wake, &dispatcher, alone)
+                            .await
+                            .and_then(|outcomes| {
+                                outcomes.into_iter().next().ok_or_else(|| {
+                                    StoreError::Internal("an insert gave no outcome".into())
+                                })
+                            });
+                        let _ = reply.send(outcome);
                     }
                 }
                 Err(e) => {

@@ -299,6 +299,13 @@ pub async fn create_message(
                 "must not be empty",
             ));
         }
+        // PostgreSQL's text cannot hold it, and no receiver expects it.
+        if raw.contains('\0') {
+            return Err(ApiError::field(
+                "transformationsParams.rawPayload",
+                "must not contain a NUL character (U+0000)",
+            ));
+        }
         if raw.len() > MAX_PAYLOAD_BYTES {
             return Err(ApiError::PayloadTooLarge(format!(
                 "transformationsParams.rawPayload is {} bytes; the limit is {MAX_PAYLOAD_BYTES}",

@@ -557,6 +557,53 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     app.shutdown().await;
 }
 
+crate::on_both_stores!(a_message_the_store_refuses_fails_no_other_of_its_batch);
+
+/// Messages of concurrent requests share one transaction. One the store
+/// refuses (here a NUL in its payload, which PostgreSQL's text cannot
+/// hold; the API refuses it before, but whatever else a database may
+/// refuse) fails alone: the others of its batch are stored and answered
+/// as such. (SQLite holds the NUL.)
+async fn a_message_the_store_refuses_fails_no_other_of_its_batch(backend: &Backend) {
+    use herald::store::{InsertOutcome, NewMessage};
+    let app = backend.spawn_stepped(&[]).await;
+    let app_id = herald::ids::AppId::parse(&app.create_app().await).expect("id");
+    let running = app.running();
+    let ingest = herald::ingest::Ingest::start(
+        running.store.clone(),
+        std::sync::Arc::new(tokio::sync::Notify::new()),
+        running.dispatcher.clone(),
+    );
+    const REFUSED: usize = 5;
+    let messages: Vec<NewMessage> = (0..11)
+        .map(|i| {
+            let payload = if i == REFUSED { "\"a\u{0}b\"" } else { "{}" };
+            NewMessage::plain(
+                &app_id,
+                "a.b",
+                payload.into(),
+                1_000 + i64::try_from(i).expect("small"),
+            )
+        })
+        .collect();
+    // Submitted together: they share a batch (or a few).
+    let answers =
+        futures::future::join_all(messages.iter().map(|m| ingest.submit(m.clone()))).await;
+    for (i, answer) in answers.iter().enumerate() {
+        if i != REFUSED {
+            assert!(
+                matches!(answer, Ok(InsertOutcome::Inserted { .. })),
+                "message {i}: {answer:?}"
+            );
+        }
+    }
+    for (i, m) in messages.iter().enumerate().filter(|(i, _)| *i != REFUSED) {
+        let (status, read) = app.get(&format!("/api/v1/app/{app_id}/msg/{}", m.id)).await;
+        assert_eq!(status, StatusCode::OK, "message {i} is stored: {read}");
+    }
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn lists_page_forward_with_iterator_and_back_with_prev_iterator() {
     let app = spawn_stepped(&[]).await;
