@@ -520,7 +520,7 @@ fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
 /// Every query parameter's name and value decode to UTF-8 text without
 /// control characters (the usual decoder would swap bad bytes for U+FFFD,
 /// and a NUL reaching PostgreSQL is an error): 400 or 422 naming it.
-fn check_query_text(query: &str) -> ApiResult<()> {
+pub(crate) fn check_query_text(query: &str) -> ApiResult<()> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let decode = |raw: &str| {
@@ -560,28 +560,36 @@ fn check_query_text(query: &str) -> ApiResult<()> {
 /// be a 500).
 pub async fn path_params_are_text(request: Request, next: axum::middleware::Next) -> Response {
     let (mut parts, body) = request.into_parts();
-    match axum::extract::RawPathParams::from_request_parts(&mut parts, &()).await {
+    if let Err(e) = check_path_params_text(&mut parts).await {
+        return e.into_response();
+    }
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// The check of [`path_params_are_text`], for the pages' own middleware.
+pub(crate) async fn check_path_params_text(parts: &mut Parts) -> ApiResult<()> {
+    match axum::extract::RawPathParams::from_request_parts(parts, &()).await {
         Ok(params) => {
             if let Some((name, _)) = params
                 .iter()
                 .find(|(_, value)| value.chars().any(char::is_control))
             {
-                return ApiError::BadRequest(format!(
+                return Err(ApiError::BadRequest(format!(
                     "path parameter `{name}` must not contain control characters"
-                ))
-                .into_response();
+                )));
             }
+            Ok(())
         }
         Err(axum::extract::rejection::RawPathParamsRejection::InvalidUtf8InPathParam(e)) => {
             let text = e.body_text();
             let name = text.split('`').nth(1).unwrap_or("path");
-            return ApiError::BadRequest(format!("path parameter `{name}` is not valid UTF-8"))
-                .into_response();
+            Err(ApiError::BadRequest(format!(
+                "path parameter `{name}` is not valid UTF-8"
+            )))
         }
         // A route without parameters (or the fallback).
-        Err(_) => {}
+        Err(_) => Ok(()),
     }
-    next.run(Request::from_parts(parts, body)).await
 }
 
 /// The paging parameters of every list. `limit` is read as text so that a

@@ -74,8 +74,25 @@ pub fn router() -> Router<ApiState> {
             post(endpoint::disable),
         )
         .fallback(|| async { DashError::NotFound("page") })
+        .layer(middleware::from_fn(params_are_text))
         .layer(middleware::from_fn(session::same_origin_posts))
         .layer(middleware::from_fn(security_headers))
+}
+
+/// Middleware of the dashboard and the portal: their path and query
+/// parameters are text without control characters, as the API requires of
+/// its own (a NUL reaching PostgreSQL is an error, a 500): else a 400 page
+/// naming the parameter.
+pub(crate) async fn params_are_text(request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let checked = match crate::api::check_path_params_text(&mut parts).await {
+        Ok(()) => crate::api::check_query_text(parts.uri.query().unwrap_or_default()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = checked {
+        return DashError::from(e).into_response();
+    }
+    next.run(Request::from_parts(parts, body)).await
 }
 
 /// Headers on every dashboard response: the pages run only their own

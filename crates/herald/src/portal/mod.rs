@@ -89,6 +89,7 @@ pub fn router(state: &ApiState) -> Router<ApiState> {
     let csp_frame_ancestors = state.portal.frame_ancestors.clone();
     router
         .fallback(not_found)
+        .layer(middleware::from_fn(crate::dashboard::params_are_text))
         .layer(middleware::from_fn(dsession::same_origin_posts))
         .layer(middleware::from_fn_with_state(
             ThemedPages {

@@ -652,3 +652,57 @@ async fn a_rotation_in_the_dashboard_is_an_endpoint_update_for_the_operator() {
     assert_eq!(entry["details"]["keyGiven"], false);
     app.shutdown().await;
 }
+
+crate::on_both_stores!(pages_refuse_control_characters_in_their_parameters);
+
+/// A NUL (or another control character) in a page's path or query reaches
+/// no store: the dashboard and the portal answer 400 naming the parameter
+/// on either store, as the API does, where PostgreSQL (which refuses a
+/// NUL in text) made it a 500.
+async fn pages_refuse_control_characters_in_their_parameters(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let dashboard = logged_in(&app).await;
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/auth/app-portal-access/{app_id}"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    let link = url::Url::parse(out["url"].as_str().expect("url")).expect("a URL");
+    let portal = cookie_client();
+    let (status, _) = get_page(
+        &portal,
+        &app,
+        &format!("{}?{}", link.path(), link.query().unwrap_or_default()),
+    )
+    .await;
+    assert_eq!(status, 303, "the link opens a portal session");
+    let pages = [
+        (&dashboard, "/dashboard/app/a%00b".to_owned()),
+        (&dashboard, format!("/dashboard/app/{app_id}/msg/a%00b")),
+        (&dashboard, "/dashboard/audit?action=a%00b".to_owned()),
+        (&dashboard, "/dashboard/apps?q=a%00b".to_owned()),
+        (
+            &dashboard,
+            format!("/dashboard/messages?app={app_id}&event_type=a%00b"),
+        ),
+        (&dashboard, "/dashboard/dead?after=a%01b".to_owned()),
+        (&portal, "/portal/endpoint/a%00b".to_owned()),
+        (&portal, "/portal/msg/a%00b".to_owned()),
+        (&portal, "/portal/messages?event_type=a%00b".to_owned()),
+        (&portal, "/portal/messages?channel=a%00b".to_owned()),
+    ];
+    for (client, path) in pages {
+        let (status, page) = get_page(client, &app, &path).await;
+        assert_eq!(status, 400, "{path}: {page}");
+        assert!(page.contains("control characters"), "{path}: {page}");
+    }
+    // The same pages with text in those places still answer.
+    let (status, _) = get_page(&dashboard, &app, "/dashboard/apps?q=ab").await;
+    assert_eq!(status, 200);
+    let (status, _) = get_page(&portal, &app, "/portal/messages?event_type=ab").await;
+    assert_eq!(status, 200);
+    app.shutdown().await;
+}
