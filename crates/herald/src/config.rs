@@ -49,8 +49,8 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_OPERATOR_WEBHOOK_URL", "", "When set, Herald sends endpoint.disabled, endpoint.enabled and message.attempt.exhausted events here."),
     ("HERALD_OPERATOR_WEBHOOK_SECRET", "", "`whsec_…` secret signing the operator webhooks; required with HERALD_OPERATOR_WEBHOOK_URL."),
     ("HERALD_METRICS_MAX_ENDPOINTS", "500", "Endpoints labelled by id in /metrics at most; the rest share endpoint=\"other\"."),
-    ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most (as many more may wait, claimed)."),
-    ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most."),
+    ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most (as many more may wait, claimed); at most 100000."),
+    ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most; at most 100000."),
     ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout."),
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
@@ -426,6 +426,16 @@ impl Values<'_> {
         usize::try_from(n).map_err(|_| self.invalid(key, "too large".into()))
     }
 
+    /// `n`, refused above `max`: a bound on what the process allocates or
+    /// counts per request in flight (a semaphore's permits, a channel's
+    /// room), where a huge value would stop delivery instead of starting.
+    fn at_most(&self, key: &str, n: u64, max: u64) -> Result<usize, ConfigError> {
+        if n > max {
+            return Err(self.invalid(key, format!("at most {max}")));
+        }
+        self.size(key, n)
+    }
+
     fn small(&self, key: &str, n: u64) -> Result<u32, ConfigError> {
         u32::try_from(n).map_err(|_| self.invalid(key, "too large".into()))
     }
@@ -687,13 +697,15 @@ impl Values<'_> {
             disable_min_window: self.duration("HERALD_DISABLE_MIN_WINDOW")?,
             breaker,
             operator_webhook,
-            endpoint_concurrency: self.size(
+            endpoint_concurrency: self.at_most(
                 "HERALD_ENDPOINT_CONCURRENCY",
                 self.positive("HERALD_ENDPOINT_CONCURRENCY")?,
+                MAX_CONCURRENCY,
             )?,
-            max_in_flight: self.size(
+            max_in_flight: self.at_most(
                 "HERALD_MAX_IN_FLIGHT",
                 self.positive("HERALD_MAX_IN_FLIGHT")?,
+                MAX_CONCURRENCY,
             )?,
             lease,
             poll_interval: self.positive_duration("HERALD_POLL_INTERVAL")?,
@@ -895,6 +907,11 @@ pub fn redact_url(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+/// The most requests in flight `HERALD_MAX_IN_FLIGHT` and
+/// `HERALD_ENDPOINT_CONCURRENCY` may ask for: far beyond what one process's
+/// sockets allow, and well within what its semaphores and channels hold.
+pub const MAX_CONCURRENCY: u64 = 100_000;
 
 /// The settings that may be read from a file named by `<KEY>_FILE`
 /// (Docker and Kubernetes mount secrets as files).

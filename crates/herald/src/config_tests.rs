@@ -83,10 +83,17 @@ fn invalid_values_name_their_key() {
         ("HERALD_BREAKER_FAILURE_RATE", "150%"),
         ("HERALD_BREAKER_FAILURE_RATE", "half"),
         ("HERALD_BREAKER_COOLDOWN", "soon"),
+        // A semaphore of that many permits panicked in the dispatcher:
+        // the API went on answering 202 and nothing was ever sent.
+        ("HERALD_MAX_IN_FLIGHT", "1000000000000000000"),
+        ("HERALD_ENDPOINT_CONCURRENCY", "100001"),
     ] {
         let err = Config::load_from(None, &env(&[(key, value)])).expect_err(key);
         assert!(err.to_string().starts_with(key), "{key}: {err}");
     }
+    let c = Config::load_from(None, &env(&[("HERALD_MAX_IN_FLIGHT", "100000")]))
+        .expect("the bound itself");
+    assert_eq!(c.delivery.max_in_flight, 100_000);
 }
 
 #[test]
