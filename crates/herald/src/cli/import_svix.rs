@@ -708,8 +708,12 @@ impl Run<'_> {
         let mut changed = false;
         if !same(&have, &wanted) {
             changed = true;
-            self.change(Method::PUT, &path, Value::Object(wanted))
-                .await?;
+            let mut body = wanted;
+            // Herald's own, unknown to Svix: the PUT would reset it.
+            if let Some(ordering) = have.get("ordering") {
+                body.insert("ordering".into(), ordering.clone());
+            }
+            self.change(Method::PUT, &path, Value::Object(body)).await?;
         }
         // Herald's headers as stored: its API hides sensitive values too.
         let stored = match (

@@ -179,6 +179,19 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     assert_eq!(row(&again, "applications"), [0, 0, 2, 0], "{again}");
     assert_eq!(row(&again, "endpoints"), [0, 0, 3, 0], "{again}");
 
+    // What only Herald has (an endpoint's FIFO ordering, set on the
+    // target since) is kept by an update from the source.
+    {
+        let target_proc = serve(&target_db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+        let target = Remote::new(target_proc.addr);
+        ok(
+            &target,
+            Method::PATCH,
+            "/app/shop/endpoint/off",
+            json!({"ordering": "fifo"}),
+        )
+        .await;
+    }
     // A change on the source is carried by the next run, as an update.
     ok(
         &source,
@@ -255,6 +268,14 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
         )
         .await
     );
+    let updated = get(&target, "/app/shop/endpoint").await["data"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .find(|e| e["description"] == "now described")
+        .cloned()
+        .expect("the endpoint updated by the third run");
+    assert_eq!(updated["ordering"], "fifo", "{updated}");
     assert_eq!(
         get(&target, "/app/shop/endpoint/main/secret").await["key"],
         source_secret
