@@ -1,8 +1,8 @@
 //! Scheduled backups of the SQLite store (`HERALD_BACKUP_DIR`,
 //! `HERALD_BACKUP_INTERVAL`, `HERALD_BACKUP_KEEP`): the serving process
 //! takes `herald backup`'s snapshot on schedule into the folder, named by
-//! time (`herald-YYYYMMDDTHHMMSSZ.db`), and removes the oldest beyond the
-//! count. A failure (disk full, folder gone) is logged and counted
+//! time (`herald-YYYYMMDDTHHMMSS.sssZ.db`), and removes the oldest beyond
+//! the count (those names only, never the store). A failure (disk full, folder gone) is logged and counted
 //! (`herald_backup_failures_total`) and never stops delivery: the backup
 //! runs on a blocking thread with a read connection of its own.
 
@@ -16,6 +16,8 @@ use crate::store::now_millis;
 
 const PREFIX: &str = "herald-";
 const SUFFIX: &str = ".db";
+/// The time in a backup's name (UTC, to the millisecond): names sort by it.
+const STAMP: &str = "%Y%m%dT%H%M%S%.3fZ";
 
 /// What the dashboard shows of the schedule.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,10 +54,7 @@ impl Backups {
         let Some(schedule) = &self.schedule else {
             return;
         };
-        let name = format!(
-            "{PREFIX}{}{SUFFIX}",
-            chrono::Utc::now().format("%Y%m%dT%H%M%S%.3fZ")
-        );
+        let name = format!("{PREFIX}{}{SUFFIX}", chrono::Utc::now().format(STAMP));
         let target = schedule.dir.join(name);
         let (dir, store_path, target_path, keep) = (
             schedule.dir.clone(),
@@ -66,8 +65,9 @@ impl Backups {
         let done = tokio::task::spawn_blocking(move || {
             // Keeps one fewer before the new one is renamed in: the folder
             // never holds more than `keep`.
+            let live = store_path.clone();
             crate::store::sqlite::backup::backup_making_room(&store_path, &target_path, move || {
-                prune(&dir, keep.saturating_sub(1))
+                prune(&dir, keep.saturating_sub(1), &live)
             })
         })
         .await;
@@ -107,19 +107,23 @@ fn failed(state: &mut BackupState, error: String) {
 }
 
 /// Removes the oldest scheduled backups in `dir` beyond `keep` (names sort
-/// by time). Only files named as this module names them are touched.
-fn prune(dir: &Path, keep: usize) {
+/// by time). Only files named exactly as this module names them are
+/// touched, and never the store itself (`live`), whatever its name: the
+/// folder may be the store's own, and the store may be `herald-….db`.
+fn prune(dir: &Path, keep: usize, live: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
+    let live = std::fs::canonicalize(live).unwrap_or_else(|_| live.to_path_buf());
     let mut ours: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(SUFFIX))
+                .is_some_and(is_backup_name)
         })
+        .filter(|p| std::fs::canonicalize(p).map_or(true, |p| p != live))
         .collect();
     ours.sort();
     let excess = ours.len().saturating_sub(keep);
@@ -127,5 +131,53 @@ fn prune(dir: &Path, keep: usize) {
         if let Err(e) = std::fs::remove_file(&old) {
             tracing::warn!(file = %old.display(), error = %e, "cannot remove an old backup");
         }
+    }
+}
+
+/// Whether `name` is a scheduled backup's: `herald-<STAMP>.db`.
+fn is_backup_name(name: &str) -> bool {
+    name.strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_suffix(SUFFIX))
+        .is_some_and(|stamp| chrono::NaiveDateTime::parse_from_str(stamp, STAMP).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store named like a backup, in the backups' folder, is never
+    /// removed; nor is any other file of that form but a real backup.
+    #[test]
+    fn pruning_removes_only_old_backups_never_the_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backups = [
+            "herald-20261201T010203.004Z.db",
+            "herald-20261202T010203.004Z.db",
+            "herald-20261203T010203.004Z.db",
+        ];
+        let others = [
+            "herald-main.db",
+            "herald-0.db",
+            "herald-main.db-wal",
+            "notes.txt",
+        ];
+        for name in backups.iter().chain(others.iter()) {
+            std::fs::write(dir.path().join(name), b"x").expect("write");
+        }
+        prune(dir.path(), 1, &dir.path().join("herald-main.db"));
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut expected = vec![backups[2].to_owned()];
+        expected.extend(others.iter().map(|n| (*n).to_owned()));
+        expected.sort();
+        assert_eq!(left, expected);
+        // Keeping none removes the backups, still not the store.
+        prune(dir.path(), 0, &dir.path().join("herald-main.db"));
+        assert!(dir.path().join("herald-main.db").exists());
+        assert!(!dir.path().join(backups[2]).exists());
     }
 }
