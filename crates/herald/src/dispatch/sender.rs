@@ -44,6 +44,9 @@ pub struct Sender {
     customers: Lane,
     /// For the operator's own webhook URL (see [`Sender::send`]).
     trusted: Lane,
+    /// `HERALD_REQUEST_TIMEOUT`: the whole of a send, a name checked
+    /// before it included, as the lease is checked to cover it.
+    request_timeout: Duration,
 }
 
 /// A client and the network policy it enforces, both at connect time (its
@@ -229,6 +232,7 @@ impl Sender {
                 },
                 config.egress.operator_webhook_via_proxy,
             )?,
+            request_timeout: config.delivery.request_timeout,
         })
     }
 
@@ -271,8 +275,14 @@ impl Sender {
             Some(url.host_str()?.eq_ignore_ascii_case(proxy))
         };
         if lane.proxy_resolves || names_proxy() == Some(true) {
-            if let Err(e) = lane.policy.check_resolved(&url).await {
-                return failed(format!("refused: {e}"));
+            // Within the request's time: a slow resolver besides a whole
+            // request would outlive the lease, and another process could
+            // send the delivery meanwhile.
+            match tokio::time::timeout(self.request_timeout, lane.policy.check_resolved(&url)).await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return failed(format!("refused: {e}")),
+                Err(_) => return failed("timed out resolving the endpoint's host".to_owned()),
             }
         }
         // Stored secrets that could not be decrypted: never send unsigned
@@ -292,7 +302,10 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
-        let mut request = lane.client.post(url.into_url());
+        let mut request = lane
+            .client
+            .post(url.into_url())
+            .timeout(self.request_timeout.saturating_sub(started.elapsed()));
         // The endpoint's own headers first: Herald's, set after, win (the
         // API refuses reserved names anyway).
         for (name, value) in &d.headers {
