@@ -203,6 +203,8 @@ impl Claimed {
 
     /// The 410 of `ep` is recorded (it is disabled in the store): claims
     /// from now on see that, and the stop mark covers those made before.
+    /// Also when the 410 could not be recorded at all: then the endpoint is
+    /// as the store has it (enabled), and is sent to again.
     pub(super) fn gone_recorded(&self, ep: &EndpointId) {
         self.slots().gone_unrecorded.remove(ep);
     }

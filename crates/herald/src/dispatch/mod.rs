@@ -599,6 +599,13 @@ impl Dispatcher {
                 Err(Unwritten::Unreachable(e)) => e,
             };
             unrecorded(part, &error);
+            // A 410 not recorded disabled nothing: its endpoint must not
+            // stay held here (every later claim of it released at once,
+            // and claimed again, for as long as the process runs). Its
+            // delivery comes back with its lease and is sent again.
+            for c in part.iter().filter(|c| is_gone(c.attempt.status_code)) {
+                self.claimed.gone_recorded(&c.attempt.endpoint_id);
+            }
             report.unrecorded += part.len();
         }
         report
@@ -920,8 +927,11 @@ impl Dispatcher {
             .release(&d.id, &d.lease_token, now_millis())
             .await
         {
-            // Due now: the loop may be idle.
-            Ok(()) if reason != "shutdown" => self.wake.notify_one(),
+            // Due now: the loop may be idle. Not for a stopped endpoint:
+            // the next claim holds what is released, and a 410 not yet
+            // recorded would otherwise be claimed and released in a loop
+            // until it is (the poll comes soon enough).
+            Ok(()) if reason != "shutdown" && reason != "disabled" => self.wake.notify_one(),
             Ok(()) => {}
             Err(e) => {
                 tracing::warn!(error = %e, delivery = %d.id, "release failed; the lease will expire")
