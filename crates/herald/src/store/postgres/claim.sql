@@ -15,9 +15,11 @@
 -- the next ones instead of waiting. Of the due rows, each endpoint gets
 -- no more than its room, earliest first, and `limit` in all.
 --
--- Held deliveries are not in `deliveries_due`; the pending ones of a
--- disabled endpoint the window still meets (made pending after it was
--- disabled) are held here, so no claim meets them again. Holding takes a
+-- Held deliveries are not in `deliveries_due`; the ones of a disabled
+-- endpoint the window still meets (made pending after it was disabled, or
+-- delivering under a lease that expired: their process died) are held
+-- here, pending again, so no claim meets them again; left there, enough of
+-- them filled the window (`LIMIT $3`) and no claim took anything. Holding takes a
 -- share lock on their endpoint, as enabling it takes a stronger one: the
 -- two never cross, so a delivery held here is always one enabling will
 -- see; an endpoint locked by someone else is left for a later claim
@@ -187,8 +189,8 @@ WITH full_thr AS MATERIALIZED (
          FROM endpoints e WHERE e.id = ANY (ARRAY(SELECT endpoint_id FROM due))),
      off AS MATERIALIZED (SELECT id FROM eps WHERE disabled),
      held AS (
-         UPDATE deliveries d SET held = TRUE FROM due
-         WHERE d.id = due.id AND due.state = 0
+         UPDATE deliveries d SET held = TRUE, state = 0, lease_token = NULL FROM due
+         WHERE d.id = due.id
            AND due.endpoint_id = ANY (ARRAY(
                SELECT e.id FROM endpoints e WHERE e.id = ANY (ARRAY(SELECT id FROM off)) AND e.disabled
                FOR SHARE SKIP LOCKED))),

@@ -139,7 +139,7 @@ struct DueHead {
     /// out of slots, or a FIFO endpoint's rows behind its head) and due
     /// for over `PARK_AFTER_MS`, to park.
     park: Vec<(String, String)>,
-    /// Pending, of disabled endpoints: to hold.
+    /// Of disabled endpoints (pending, or a lease that expired): to hold.
     hold: Vec<String>,
     /// (delivery, key): rows of FIFO or throttled endpoints met for the
     /// first time, given their place in the endpoint's queue
@@ -260,10 +260,11 @@ fn walk_due_head(
         }
         let parkable = pending && get::<Millis>(r, "next_attempt_at")? <= overdue;
         if get::<i64>(r, "off")? != 0 {
-            if pending {
-                head.hold.push(id);
-                passed += 1;
-            }
+            // Its endpoint is disabled: held, pending or not. A lease that
+            // expired there (its process died) is given up and held with
+            // the rest, for enabling to bring back and the age cap to see.
+            head.hold.push(id);
+            passed += 1;
         } else if saturated.contains(endpoint.as_str()) {
             if parkable {
                 // A FIFO or throttled endpoint's row gets its queue place
@@ -460,10 +461,14 @@ fn set_aside(conn: &Connection, head: &DueHead) -> StoreResult<()> {
     if head.park.is_empty() && head.hold.is_empty() {
         return Ok(());
     }
-    let mut set = conn.prepare_cached("UPDATE deliveries SET parked = ?1 WHERE id = ?2")?;
+    // Names `parked`: the count trigger counts the move (counts.rs).
+    let mut hold = conn.prepare_cached(
+        "UPDATE deliveries SET parked = 2, state = 0, lease_token = NULL WHERE id = ?1",
+    )?;
     for id in &head.hold {
-        set.execute(params![2, id])?;
+        hold.execute(params![id])?;
     }
+    let mut set = conn.prepare_cached("UPDATE deliveries SET parked = ?1 WHERE id = ?2")?;
     let mut remember = conn.prepare_cached(
         "INSERT INTO parked_endpoints (endpoint_id) VALUES (?1) ON CONFLICT DO NOTHING",
     )?;

@@ -9,6 +9,7 @@ crate::on_both_stores!(store:
     claim_respects_the_limit_and_the_endpoint_cap,
     claim_gives_unlisted_endpoints_their_own_cap,
     claim_and_next_due_at_skip_disabled_endpoints,
+    expired_leases_of_a_disabled_endpoint_are_held_not_left_in_the_way,
     ingest_claims_new_deliveries_within_the_limits,
     completion_moves_deliveries_and_logs_attempts,
     a_stale_lease_token_cannot_move_a_reclaimed_delivery,
@@ -224,6 +225,56 @@ async fn claim_gives_unlisted_endpoints_their_own_cap(store: Arc<dyn Store>) {
     let got = take([(unseen.id.clone(), 3), (known.id.clone(), 10)].into()).await;
     assert_eq!(got.len(), 7, "{got:?}");
     assert!(got.iter().all(|d| d.endpoint_id == unseen.id));
+}
+
+/// A process died holding deliveries of an endpoint that was disabled
+/// since: when their leases end, a claim gives them up and holds them
+/// (pending, with the endpoint's other held ones) rather than leave them
+/// in the due order, where enough of them filled every claim's window and
+/// nothing behind them (another endpoint's deliveries) was ever claimed.
+async fn expired_leases_of_a_disabled_endpoint_are_held_not_left_in_the_way(store: Arc<dyn Store>) {
+    let a = app(&store, None).await;
+    let off = endpoint(&store, &a.id, None, false).await;
+    // More than any claim's window (four times its limit, at least 64).
+    let stuck = claim_n(&store, &a.id, 300, T0).await;
+    assert_eq!(stuck.len(), 300);
+    assert!(store
+        .disable_endpoint(&off.id, "r", false, None, T0 + 1)
+        .await
+        .expect("disable"));
+    let on = endpoint(&store, &a.id, None, false).await;
+    // Due after the leases end (60 s): behind them in the due order.
+    let later = NewMessage::plain(&a.id, "x", "{}".into(), T0 + 61_000);
+    store
+        .insert_messages(std::slice::from_ref(&later))
+        .await
+        .expect("insert");
+    // Each claim sets aside at most its window of them: a few claims of
+    // one reach the other endpoint's delivery, and hold all of them.
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(claim(&store, T0 + 120_000, 1, &HashMap::new(), 10).await);
+    }
+    assert_eq!(got.len(), 1, "the enabled endpoint's delivery is claimed");
+    assert_eq!(got[0].endpoint_id, on.id);
+    let counts = store
+        .endpoint_delivery_counts(&off.id)
+        .await
+        .expect("counts");
+    assert_eq!(
+        (counts.pending, counts.delivering),
+        (300, 0),
+        "given up and held: {counts:?}"
+    );
+    assert_eq!(store.queue_stats(T0).await.expect("stats").held, 300);
+    // Enabling brings them back, each once.
+    store
+        .enable_endpoint(&a.id, &off.id, T0 + 120_000, T0)
+        .await
+        .expect("enable");
+    let back = claim(&store, T0 + 120_000, 1000, &HashMap::new(), 1000).await;
+    assert_eq!(back.len(), 300, "all back once enabled");
+    assert!(back.iter().all(|d| d.endpoint_id == off.id));
 }
 
 async fn claim_and_next_due_at_skip_disabled_endpoints(store: Arc<dyn Store>) {
