@@ -306,7 +306,9 @@ pub async fn put_app(
             if !state.store.update_app(&app).await? {
                 return Err(ApiError::NotFound("application"));
             }
-            state.app_ids.forget(&app.id);
+            if app.uid != old_uid {
+                super::auth::app_names_changed(&state, &app.id).await;
+            }
             actor
                 .record(
                     &*state.store,
@@ -401,7 +403,9 @@ pub async fn patch_app(
     if !state.store.update_app(&app).await? {
         return Err(ApiError::NotFound("application"));
     }
-    state.app_ids.forget(&app.id);
+    if app.uid != current_uid {
+        super::auth::app_names_changed(&state, &app.id).await;
+    }
     actor
         .record(
             &*state.store,
@@ -437,9 +441,8 @@ pub async fn delete_app(
     if !state.store.delete_app(&app_id).await? {
         return Err(ApiError::NotFound("application"));
     }
-    state.app_ids.forget(&app_id);
-    // Its tokens went with it.
-    super::auth::tokens_changed(&state).await;
+    // Its tokens went with it, and its names.
+    super::auth::app_names_changed(&state, &app_id).await;
     actor
         .record(
             &*state.store,

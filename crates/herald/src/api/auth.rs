@@ -87,16 +87,21 @@ impl TokenCache {
         self.0.write().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    /// Clears the cache whenever `changed` is signalled (another process
-    /// announced a token change), until `shutdown`.
+    /// Clears the cache, and `app_ids`, whenever `changed` is signalled
+    /// (another process announced a token change or an application's
+    /// names changing), until `shutdown`.
     pub async fn clear_on(
         self: std::sync::Arc<Self>,
+        app_ids: std::sync::Arc<super::AppIdCache>,
         changed: std::sync::Arc<tokio::sync::Notify>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
         loop {
             tokio::select! {
-                _ = changed.notified() => self.clear(),
+                _ = changed.notified() => {
+                    self.clear();
+                    app_ids.clear();
+                }
                 _ = shutdown.cancelled() => return,
             }
         }
@@ -111,6 +116,15 @@ pub async fn tokens_changed(state: &ApiState) {
     if let Err(e) = state.store.announce_token_change().await {
         tracing::warn!(error = %e, "cannot tell the other processes that tokens changed; their cached lookups end within 30 s");
     }
+}
+
+/// An application was deleted or its uid changed: this process forgets
+/// what it cached of it, and tells the others sharing the store (the
+/// token-change announcement, which clears both their caches), so that
+/// none keeps sending messages for that uid to it.
+pub async fn app_names_changed(state: &ApiState, app: &AppId) {
+    state.app_ids.forget(app);
+    tokens_changed(state).await;
 }
 
 /// The application a `/app/{app_id}/…` path names, resolved once by

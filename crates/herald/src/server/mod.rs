@@ -467,16 +467,20 @@ pub async fn start(
             };
             format!("{scheme}://{local}")
         });
-        // Tokens revoked or ended through another process (PostgreSQL)
-        // leave this one's cache at once.
+        // Tokens revoked or ended, and applications deleted or renamed,
+        // through another process (PostgreSQL) leave this one's caches at
+        // once.
         let tokens = Arc::new(api::auth::TokenCache::default());
+        let app_ids = Arc::new(api::AppIdCache::default());
         let token_changes = Arc::new(tokio::sync::Notify::new());
         store
             .listen_for_token_changes(token_changes.clone())
             .await?;
-        background.push(tokio::spawn(
-            tokens.clone().clear_on(token_changes, shutdown.clone()),
-        ));
+        background.push(tokio::spawn(tokens.clone().clear_on(
+            app_ids.clone(),
+            token_changes,
+            shutdown.clone(),
+        )));
         let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
@@ -485,7 +489,7 @@ pub async fn start(
                 allow_private: config.egress.allow_private_networks,
             },
             admin_token_sha256: admin_digest,
-            app_ids: Default::default(),
+            app_ids,
             tokens,
             operator,
             metrics,

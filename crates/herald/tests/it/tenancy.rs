@@ -11,6 +11,7 @@ use crate::on_both_stores;
 
 crate::on_both_stores!(postgres:
     a_token_revoked_through_one_process_is_refused_by_the_others,
+    a_uid_moved_through_one_process_is_followed_by_the_others,
 );
 
 #[tokio::test]
@@ -373,6 +374,69 @@ async fn a_token_revoked_through_one_process_is_refused_by_the_others(pg: PgSche
         refused_within(&two, &expired, &path, Duration::from_secs(10)).await,
         "the other process still accepts a token expired through the first"
     );
+    one.shutdown().await;
+    two.shutdown().await;
+    if let Backend::Postgres(pg) = &backend {
+        pg.drop_schema().await;
+    }
+}
+
+/// Two API processes share a PostgreSQL database. A uid the other process
+/// has cached (a message sent through it by that uid) is moved through the
+/// first to another application: the other process forgets it at once
+/// and sends the next messages by that uid to the application that has it
+/// now, never to the one that gave it up. (Its cache would otherwise keep
+/// the old application for 30 s.)
+async fn a_uid_moved_through_one_process_is_followed_by_the_others(pg: PgSchema) {
+    let backend = Backend::Postgres(pg);
+    let one = backend.spawn_stepped(&[]).await;
+    let two = backend.spawn_stepped(&[]).await;
+    let (s, first) = one
+        .post("/api/v1/app", json!({"name": "first", "uid": "shop"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    let first = first["id"].as_str().expect("id").to_owned();
+    let send = || async {
+        let (s, m) = two
+            .post(
+                "/api/v1/app/shop/msg",
+                json!({"eventType": "a.b", "payload": {}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{m}");
+        m["id"].as_str().expect("id").to_owned()
+    };
+    send().await;
+
+    let (s, out) = one
+        .patch(&format!("/api/v1/app/{first}"), json!({"uid": "old-shop"}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    let (s, second) = one
+        .post("/api/v1/app", json!({"name": "second", "uid": "shop"}))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{second}");
+    let second = second["id"].as_str().expect("id").to_owned();
+
+    let in_app = |app: String, msg: String| {
+        let one = &one;
+        async move { one.get(&format!("/api/v1/app/{app}/msg/{msg}")).await.0 == StatusCode::OK }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let msg = send().await;
+        if in_app(second.clone(), msg).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the other process still sends `shop` messages to the application that gave the uid up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let msg = send().await;
+    assert!(in_app(second.clone(), msg.clone()).await, "and goes on so");
+    assert!(!in_app(first.clone(), msg).await);
     one.shutdown().await;
     two.shutdown().await;
     if let Backend::Postgres(pg) = &backend {
