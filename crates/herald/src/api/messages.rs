@@ -663,8 +663,21 @@ const PING_PAYLOAD: &str = r#"{"success": true}"#;
 )]
 pub async fn send_example(
     State(state): State<ApiState>,
+    axum::Extension(principal): axum::Extension<super::auth::Principal>,
     PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<EventExampleIn>,
+) -> ApiResult<Response> {
+    send_example_as(&state, principal.feature_flags(), ep, body).await
+}
+
+/// [`send_example`] for a caller holding `flags` (None: the admin, who
+/// sees every type): a type its flags hide is a 404, as when listed or
+/// read, and nothing is sent. The portal sends with its session's.
+pub async fn send_example_as(
+    state: &ApiState,
+    flags: Option<&[String]>,
+    ep: crate::store::Endpoint,
+    body: EventExampleIn,
 ) -> ApiResult<Response> {
     if !valid_uid(&body.event_type) {
         return Err(ApiError::field(
@@ -679,6 +692,7 @@ pub async fn send_example(
             .store
             .get_event_type(&body.event_type)
             .await?
+            .filter(|et| super::event_types::visible_to(et, flags))
             .ok_or(ApiError::NotFound("event type"))?;
         let example = et
             .schemas

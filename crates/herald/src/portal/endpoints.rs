@@ -76,7 +76,18 @@ async fn flash_outcome<T>(
 /// 250: flagged types only with their flags on the session's token (read
 /// from the application's few tokens; a token gone shows none of them).
 async fn catalogue(state: &ApiState, session: &PortalSession) -> PortalResult<Vec<EventType>> {
-    let flags = match &session.token_id {
+    let flags = session_flags(state, session).await?;
+    Ok(all_types(state)
+        .await?
+        .into_iter()
+        .filter(|et| crate::api::event_types::visible_to(et, Some(&flags)))
+        .collect())
+}
+
+/// The feature flags of the session's token (read from the application's
+/// few tokens; a token gone holds none).
+async fn session_flags(state: &ApiState, session: &PortalSession) -> PortalResult<Vec<String>> {
+    Ok(match &session.token_id {
         Some(id) => state
             .store
             .list_tokens(&session.app_id)
@@ -86,12 +97,7 @@ async fn catalogue(state: &ApiState, session: &PortalSession) -> PortalResult<Ve
             .map(|t| crate::api::auth::stored_flags(&t.feature_flags))
             .unwrap_or_default(),
         None => Vec::new(),
-    };
-    Ok(all_types(state)
-        .await?
-        .into_iter()
-        .filter(|et| crate::api::event_types::visible_to(et, Some(&flags)))
-        .collect())
+    })
 }
 
 async fn all_types(state: &ApiState) -> PortalResult<Vec<EventType>> {
@@ -736,8 +742,8 @@ pub async fn send_example(
             .to_string()
             .as_bytes(),
     )?;
-    let (st, _, endpoint) = api_args(&state, session, &ep);
-    let sent = crate::api::messages::send_example(st, endpoint, ApiJson(body)).await;
+    let flags = session_flags(&state, session).await?;
+    let sent = crate::api::messages::send_example_as(&state, Some(&flags), ep.clone(), body).await;
     flash_outcome(
         session,
         sent,

@@ -204,6 +204,10 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
         assert_eq!(s, StatusCode::CREATED, "{out}");
     }
     let app_id = app.create_app().await;
+    let ep = app
+        .create_endpoint(&app_id, "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
     let (s, plain) = app
         .post(&format!("/api/v1/app/{app_id}/token"), json!({}))
         .await;
@@ -268,6 +272,21 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
                 StatusCode::NOT_FOUND
             };
             assert_eq!(s, expected, "{who} GET {name}: {out}");
+            // Nor can a hidden type be sent as an example (its schema's
+            // example is as hidden as the type); a seen one without an
+            // example is refused otherwise.
+            let (s, out) = app
+                .as_token(token)
+                .post(
+                    &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
+                    json!({"eventType": name}),
+                )
+                .await;
+            assert_eq!(
+                s == StatusCode::NOT_FOUND,
+                !seen.contains(&name),
+                "{who} send-example {name}: {s} {out}"
+            );
         }
     }
 
