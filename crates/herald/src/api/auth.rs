@@ -59,7 +59,16 @@ impl Principal {
 /// process that missed the news (its listening connection down) keeps one.
 /// A token's own expiry is checked on every use, cached or not.
 #[derive(Default)]
-pub struct TokenCache(RwLock<HashMap<[u8; 32], CachedToken>>);
+pub struct TokenCache(RwLock<CachedTokens>);
+
+/// The cached lookups, and how many times they were cleared: a lookup
+/// read from the store before a clear is not cached after it (it may be
+/// of the token the clear was for).
+#[derive(Default)]
+struct CachedTokens {
+    by_digest: HashMap<[u8; 32], CachedToken>,
+    clears: u64,
+}
 
 /// A lookup's answer (None: no such token) and when it was made.
 type CachedToken = (Option<ApiToken>, Instant);
@@ -68,23 +77,35 @@ impl TokenCache {
     const TTL: Duration = Duration::from_secs(30);
     const MAX_ENTRIES: usize = 10_000;
 
-    fn get(&self, digest: &[u8; 32]) -> Option<Option<ApiToken>> {
-        let map = self.0.read().unwrap_or_else(|p| p.into_inner());
-        map.get(digest)
+    /// The cached lookup of `digest`, or the clears so far (to give
+    /// [`TokenCache::put`] once the store was read).
+    fn get(&self, digest: &[u8; 32]) -> Result<Option<ApiToken>, u64> {
+        let cache = self.0.read().unwrap_or_else(|p| p.into_inner());
+        cache
+            .by_digest
+            .get(digest)
             .filter(|(_, at)| at.elapsed() < Self::TTL)
             .map(|(t, _)| t.clone())
+            .ok_or(cache.clears)
     }
 
-    fn put(&self, digest: [u8; 32], token: Option<ApiToken>) {
-        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::MAX_ENTRIES {
-            map.clear();
+    /// Caches a lookup read after `clears` clears, unless the cache was
+    /// cleared since: then the token may have been revoked after the read.
+    fn put(&self, digest: [u8; 32], token: Option<ApiToken>, clears: u64) {
+        let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
+        if cache.clears != clears {
+            return;
         }
-        map.insert(digest, (token, Instant::now()));
+        if cache.by_digest.len() >= Self::MAX_ENTRIES {
+            cache.by_digest.clear();
+        }
+        cache.by_digest.insert(digest, (token, Instant::now()));
     }
 
     pub fn clear(&self) {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
+        cache.by_digest.clear();
+        cache.clears += 1;
     }
 
     /// Clears the cache, and `app_ids`, whenever `changed` is signalled
@@ -302,10 +323,10 @@ async fn authenticate(state: &ApiState, digest: &[u8; 32]) -> ApiResult<Option<P
         return Ok(Some(Principal::Admin));
     }
     let found = match state.tokens.get(digest) {
-        Some(found) => found,
-        None => {
+        Ok(found) => found,
+        Err(clears) => {
             let found = state.store.find_token(&hex::encode(digest)).await?;
-            state.tokens.put(*digest, found.clone());
+            state.tokens.put(*digest, found.clone(), clears);
             found
         }
     };
@@ -767,5 +788,32 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
             principal,
             crate::audit::client_ip(parts),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenCache;
+
+    /// A token revoked while a request reads it from the store (the clear
+    /// lands between the read and the caching) is not cached as valid: it
+    /// would have worked on for the cache's 30 s.
+    #[test]
+    fn a_lookup_read_before_a_clear_is_not_cached_after_it() {
+        let cache = TokenCache::default();
+        let digest = [7u8; 32];
+        let Err(clears) = cache.get(&digest) else {
+            panic!("an empty cache has nothing")
+        };
+        cache.clear();
+        cache.put(digest, None, clears);
+        let Err(clears) = cache.get(&digest) else {
+            panic!("read before the clear: not cached")
+        };
+        cache.put(digest, None, clears);
+        assert!(
+            matches!(cache.get(&digest), Ok(None)),
+            "read after it: cached"
+        );
     }
 }
