@@ -224,26 +224,54 @@ pub async fn list_event_types(
     ApiQuery(params): ApiQuery<EventTypeListParams>,
 ) -> ApiResult<Json<ListResponse<EventTypeOut>>> {
     let include_archived = super::query_bool("include_archived", &params.include_archived)?;
-    let page = state
-        .store
-        .list_event_types(include_archived, &params.list.page(true)?)
-        .await?;
-    // The iterators come from the page as read, so that hiding flagged
-    // types shortens a page but never ends or loops the walk.
-    let iterator = page.items.last().map(|e| e.name.clone());
-    let prev_iterator = page.items.first().map(|e| format!("-{}", e.name));
+    let mut req = params.list.page(true)?;
+    let limit = req.limit;
     let held = principal.feature_flags();
-    let data = page
-        .items
-        .into_iter()
-        .filter(|e| visible_to(e, held))
-        .map(EventTypeOut::from)
-        .collect();
+    // Types the caller's flags hide are left out; the store is read on
+    // until the page is full of those it sees (or there are no more), so
+    // that the iterators name only types it sees: one named from the page
+    // as read would give a hidden type's name away.
+    let mut shown: std::collections::VecDeque<EventType> = std::collections::VecDeque::new();
+    let mut has_more;
+    loop {
+        let page = state.store.list_event_types(include_archived, &req).await?;
+        has_more = page.has_more;
+        // Read on from the end the page reached: its last item, or its
+        // first when reading backwards (a `prevIterator`).
+        let reached = if req.backwards {
+            page.items.first()
+        } else {
+            page.items.last()
+        }
+        .map(|e| e.name.clone());
+        let seen = page.items.into_iter().filter(|e| visible_to(e, held));
+        if req.backwards {
+            for e in seen.rev() {
+                shown.push_front(e);
+            }
+        } else {
+            shown.extend(seen);
+        }
+        if shown.len() >= limit || !has_more || reached.is_none() {
+            break;
+        }
+        req.after = reached;
+    }
+    if shown.len() > limit {
+        has_more = true;
+        if req.backwards {
+            shown.drain(..shown.len() - limit);
+        } else {
+            shown.truncate(limit);
+        }
+    }
+    let iterator = shown.back().map(|e| e.name.clone());
+    let prev_iterator = shown.front().map(|e| format!("-{}", e.name));
     Ok(Json(ListResponse {
-        data,
+        data: shown.into_iter().map(EventTypeOut::from).collect(),
         iterator,
         prev_iterator,
-        done: !page.has_more,
+        done: !has_more,
     }))
 }
 

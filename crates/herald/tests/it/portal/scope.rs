@@ -254,6 +254,15 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
             for e in page["data"].as_array().expect("data") {
                 names.push(e["name"].as_str().expect("name").to_owned());
             }
+            // The cursors name only types the caller sees.
+            for cursor in ["iterator", "prevIterator"] {
+                let named = page[cursor].as_str().unwrap_or_default();
+                let named = named.trim_start_matches('-');
+                assert!(
+                    named.is_empty() || seen.contains(&named),
+                    "{who}: {cursor} names {named}: {page}"
+                );
+            }
             if page["done"] == json!(true) {
                 break;
             }
@@ -261,6 +270,28 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
             path = format!("/api/v1/event-type?limit=1&iterator={it}");
         }
         assert_eq!(names, *seen, "{who}");
+        // And back from the last one seen, past the hidden ones again.
+        let mut back = Vec::new();
+        let mut path = format!(
+            "/api/v1/event-type?limit=1&iterator=-{}",
+            seen[seen.len() - 1]
+        );
+        for _ in 0..10 {
+            let (s, page) = app.as_token(token).get(&path).await;
+            assert_eq!(s, StatusCode::OK, "{who}: {page}");
+            let data = page["data"].as_array().expect("data");
+            for e in data.iter().rev() {
+                back.insert(0, e["name"].as_str().expect("name").to_owned());
+            }
+            let Some(prev) = page["prevIterator"].as_str().filter(|_| !data.is_empty()) else {
+                break;
+            };
+            if page["done"] == json!(true) {
+                break;
+            }
+            path = format!("/api/v1/event-type?limit=1&iterator={prev}");
+        }
+        assert_eq!(back, seen[..seen.len() - 1], "{who}, backwards");
         for name in all {
             let (s, out) = app
                 .as_token(token)
