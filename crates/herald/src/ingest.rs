@@ -97,8 +97,8 @@ async fn run(
                         let _ = reply.send(Ok(outcome));
                     }
                 }
-                // One message the store refuses (an application deleted
-                // meanwhile, a value its database cannot hold) must not
+                // One message the store refuses (a value its database
+                // cannot hold, such as a NUL in PostgreSQL's text) must not
                 // fail the others of its batch: each is stored alone and
                 // answered with its own result. An unreachable store fails
                 // them all alike.
