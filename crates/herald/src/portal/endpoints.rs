@@ -197,6 +197,14 @@ fn example_of(et: &EventType) -> Option<String> {
 
 /// The endpoint form's fields as the API's `EndpointIn` JSON.
 fn endpoint_json(form: &FormFields) -> serde_json::Value {
+    let mut body = endpoint_fields(form);
+    body.insert("headers".into(), form_headers(form).into());
+    body.into()
+}
+
+/// The form's fields but its headers, as the API names them; a field
+/// left empty is absent.
+fn endpoint_fields(form: &FormFields) -> serde_json::Map<String, serde_json::Value> {
     let mut body = serde_json::Map::new();
     body.insert("url".into(), form.text("url").into());
     body.insert("description".into(), form.text("description").into());
@@ -223,12 +231,11 @@ fn endpoint_json(form: &FormFields) -> serde_json::Value {
             );
         }
     }
-    body.insert("headers".into(), form_headers(form).into());
     body.insert(
         "disabled".into(),
         (form.get("disabled") == Some("on")).into(),
     );
-    body.into()
+    body
 }
 
 /// The edit form's fields as the API's `EndpointPatch` JSON: what the form
@@ -237,14 +244,11 @@ fn endpoint_json(form: &FormFields) -> serde_json::Value {
 /// it is. The headers are not in it: the endpoint's PUT and PATCH do not
 /// take them (`update` writes them through `PUT …/headers`).
 fn endpoint_patch_json(form: &FormFields) -> serde_json::Value {
-    let mut body = endpoint_json(form);
-    if let Some(fields) = body.as_object_mut() {
-        fields.remove("headers");
-        for cleared in ["filterTypes", "channels", "throttleRate"] {
-            fields.entry(cleared).or_insert(serde_json::Value::Null);
-        }
+    let mut body = endpoint_fields(form);
+    for cleared in ["filterTypes", "channels", "throttleRate"] {
+        body.entry(cleared).or_insert(serde_json::Value::Null);
     }
-    body
+    body.into()
 }
 
 /// The form's custom headers, one `Name: value` a line (a line without a
