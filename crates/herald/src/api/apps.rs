@@ -437,7 +437,7 @@ pub async fn delete_app(
     actor: Actor,
     ResolvedApp { id: app_id }: ResolvedApp,
 ) -> ApiResult<StatusCode> {
-    state.app_ids.forget(&app_id);
+    state.app_ids.forget_where(|id| *id == app_id);
     if !state.store.delete_app(&app_id).await? {
         return Err(ApiError::NotFound("application"));
     }

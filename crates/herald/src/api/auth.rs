@@ -5,8 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::RwLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{
     ConnectInfo, FromRequestParts, MatchedPath, Path, RawPathParams, Request, State,
@@ -51,80 +50,31 @@ impl Principal {
     }
 }
 
-/// Application tokens by digest, so that a request does not cost a read.
-/// A token revoked or expired early (`expire-all`, `logout`, its app
-/// deleted) clears the cache of the process that did it, and through the
-/// store ([`crate::store::Tokens::announce_token_change`]) of the others
-/// sharing it; entries live 30 s all the same, which bounds how long a
+/// Application tokens by digest (None: no such token). A token revoked or
+/// expired early (`expire-all`, `logout`, its app deleted) clears the
+/// cache of the process that did it, and through the store
+/// ([`crate::store::Tokens::announce_token_change`]) of the others sharing
+/// it; entries end with their life all the same, which bounds how long a
 /// process that missed the news (its listening connection down) keeps one.
 /// A token's own expiry is checked on every use, cached or not.
-#[derive(Default)]
-pub struct TokenCache(RwLock<CachedTokens>);
+pub type TokenCache = super::lookups::Lookups<[u8; 32], Option<ApiToken>>;
 
-/// The cached lookups, and how many times they were cleared: a lookup
-/// read from the store before a clear is not cached after it (it may be
-/// of the token the clear was for).
-#[derive(Default)]
-struct CachedTokens {
-    by_digest: HashMap<[u8; 32], CachedToken>,
-    clears: u64,
-}
-
-/// A lookup's answer (None: no such token) and when it was made.
-type CachedToken = (Option<ApiToken>, Instant);
-
-impl TokenCache {
-    const TTL: Duration = Duration::from_secs(30);
-    const MAX_ENTRIES: usize = 10_000;
-
-    /// The cached lookup of `digest`, or the clears so far (to give
-    /// [`TokenCache::put`] once the store was read).
-    fn get(&self, digest: &[u8; 32]) -> Result<Option<ApiToken>, u64> {
-        let cache = self.0.read().unwrap_or_else(|p| p.into_inner());
-        cache
-            .by_digest
-            .get(digest)
-            .filter(|(_, at)| at.elapsed() < Self::TTL)
-            .map(|(t, _)| t.clone())
-            .ok_or(cache.clears)
-    }
-
-    /// Caches a lookup read after `clears` clears, unless the cache was
-    /// cleared since: then the token may have been revoked after the read.
-    fn put(&self, digest: [u8; 32], token: Option<ApiToken>, clears: u64) {
-        let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
-        if cache.clears != clears {
-            return;
-        }
-        if cache.by_digest.len() >= Self::MAX_ENTRIES {
-            cache.by_digest.clear();
-        }
-        cache.by_digest.insert(digest, (token, Instant::now()));
-    }
-
-    pub fn clear(&self) {
-        let mut cache = self.0.write().unwrap_or_else(|p| p.into_inner());
-        cache.by_digest.clear();
-        cache.clears += 1;
-    }
-
-    /// Clears the cache, and `app_ids`, whenever `changed` is signalled
-    /// (another process announced a token change or an application's
-    /// names changing), until `shutdown`.
-    pub async fn clear_on(
-        self: std::sync::Arc<Self>,
-        app_ids: std::sync::Arc<super::AppIdCache>,
-        changed: std::sync::Arc<tokio::sync::Notify>,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) {
-        loop {
-            tokio::select! {
-                _ = changed.notified() => {
-                    self.clear();
-                    app_ids.clear();
-                }
-                _ = shutdown.cancelled() => return,
+/// Clears `tokens` and `app_ids` whenever `changed` is signalled (another
+/// process announced a token change or an application's names changing),
+/// until `shutdown`.
+pub async fn clear_caches_on(
+    tokens: std::sync::Arc<TokenCache>,
+    app_ids: std::sync::Arc<super::AppIdCache>,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = changed.notified() => {
+                tokens.clear();
+                app_ids.clear();
             }
+            _ = shutdown.cancelled() => return,
         }
     }
 }
@@ -144,7 +94,7 @@ pub async fn tokens_changed(state: &ApiState) {
 /// token-change announcement, which clears both their caches), so that
 /// none keeps sending messages for that uid to it.
 pub async fn app_names_changed(state: &ApiState, app: &AppId) {
-    state.app_ids.forget(app);
+    state.app_ids.forget_where(|id| id == app);
     tokens_changed(state).await;
 }
 
@@ -324,9 +274,9 @@ async fn authenticate(state: &ApiState, digest: &[u8; 32]) -> ApiResult<Option<P
     }
     let found = match state.tokens.get(digest) {
         Ok(found) => found,
-        Err(clears) => {
+        Err(miss) => {
             let found = state.store.find_token(&hex::encode(digest)).await?;
-            state.tokens.put(*digest, found.clone(), clears);
+            state.tokens.put(*digest, found.clone(), miss);
             found
         }
     };
@@ -378,14 +328,15 @@ async fn resolve_path_app(state: &ApiState, parts: &mut Parts) -> ApiResult<Opti
             .get::<MatchedPath>()
             .is_some_and(|m| m.as_str().ends_with("/app/{app_id}/msg"));
     if creates_message {
-        if let Some(id) = state.app_ids.get(key) {
+        if let Ok(id) = state.app_ids.get(key) {
             return Ok(Some(AppLookup(Some(id))));
         }
     }
+    let miss = state.app_ids.miss();
     let found = state.store.get_app(key).await?.map(|a| a.id);
     if creates_message {
         if let Some(id) = &found {
-            state.app_ids.put(key, id.clone());
+            state.app_ids.put(key.to_owned(), id.clone(), miss);
         }
     }
     Ok(Some(AppLookup(found)))
@@ -788,32 +739,5 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
             principal,
             crate::audit::client_ip(parts),
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::TokenCache;
-
-    /// A token revoked while a request reads it from the store (the clear
-    /// lands between the read and the caching) is not cached as valid: it
-    /// would have worked on for the cache's 30 s.
-    #[test]
-    fn a_lookup_read_before_a_clear_is_not_cached_after_it() {
-        let cache = TokenCache::default();
-        let digest = [7u8; 32];
-        let Err(clears) = cache.get(&digest) else {
-            panic!("an empty cache has nothing")
-        };
-        cache.clear();
-        cache.put(digest, None, clears);
-        let Err(clears) = cache.get(&digest) else {
-            panic!("read before the clear: not cached")
-        };
-        cache.put(digest, None, clears);
-        assert!(
-            matches!(cache.get(&digest), Ok(None)),
-            "read after it: cached"
-        );
     }
 }

@@ -387,7 +387,7 @@ pub async fn create_message(
         ))),
         InsertOutcome::NoSuchApp => {
             // Deleted since it was cached (here or by another process).
-            state.app_ids.forget(&app_key);
+            state.app_ids.forget_where(|id| *id == app_key);
             Err(ApiError::NotFound("application"))
         }
     }
@@ -397,9 +397,10 @@ pub async fn create_message(
 /// application's id and, when it is the one this request made (not a
 /// concurrent request's with the same uid), audits its creation.
 async fn created_inline(state: &ApiState, actor: &Actor, key: &str, made: &AppId) {
+    let miss = state.app_ids.miss();
     match state.store.get_app(key).await {
         Ok(Some(app)) => {
-            state.app_ids.put(key, app.id.clone());
+            state.app_ids.put(key.to_owned(), app.id.clone(), miss);
             if app.id == *made {
                 actor
                     .record(

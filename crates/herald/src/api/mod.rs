@@ -35,6 +35,7 @@ pub mod error;
 pub mod event_types;
 pub mod history;
 pub mod idempotency;
+pub mod lookups;
 pub mod messages;
 pub mod openapi;
 pub mod portal_access;
@@ -115,52 +116,16 @@ pub struct ApiShared {
     pub breaker: herald_policy::breaker::BreakerRule,
 }
 
-/// Remembers which application an id or uid names, so that creating a
-/// message does not cost a database read. An entry goes stale when its app
-/// is deleted or its uid changes: the process that did it forgets it then
-/// and tells the others sharing the store (`auth::app_names_changed`,
-/// through the same announcement as token changes), which clear theirs;
-/// entries live 30 s all the same, which bounds how long a process that
-/// missed the news keeps one (a uid given to another application
+/// Which application an id or uid names, so that creating a message does
+/// not cost a database read. An entry goes stale when its app is deleted
+/// or its uid changes: the process that did it forgets it then and tells
+/// the others sharing the store (`auth::app_names_changed`, through the
+/// same announcement as token changes), which clear theirs; otherwise it
+/// ends with the entry's life (a uid given to another application
 /// meanwhile would send its messages to the first). The store refuses a
 /// message for an app that no longer exists, after which it is forgotten
-/// too. The map is simply cleared when it grows past its bound.
-#[derive(Default)]
-pub struct AppIdCache(
-    std::sync::RwLock<std::collections::HashMap<String, (crate::ids::AppId, std::time::Instant)>>,
-);
-
-impl AppIdCache {
-    const MAX_ENTRIES: usize = 100_000;
-    const TTL: std::time::Duration = std::time::Duration::from_secs(30);
-
-    pub fn get(&self, key: &str) -> Option<crate::ids::AppId> {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .filter(|(_, at)| at.elapsed() < Self::TTL)
-            .map(|(id, _)| id.clone())
-    }
-
-    pub fn clear(&self) {
-        self.0.write().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
-    /// Forgets every key naming `id`.
-    pub fn forget(&self, id: &crate::ids::AppId) {
-        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, (v, _)| v != id);
-    }
-
-    pub fn put(&self, key: &str, id: crate::ids::AppId) {
-        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= Self::MAX_ENTRIES {
-            map.clear();
-        }
-        map.insert(key.to_owned(), (id, std::time::Instant::now()));
-    }
-}
+/// too.
+pub type AppIdCache = lookups::Lookups<String, crate::ids::AppId>;
 
 pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()

@@ -470,13 +470,14 @@ pub async fn start(
         // Tokens revoked or ended, and applications deleted or renamed,
         // through another process (PostgreSQL) leave this one's caches at
         // once.
-        let tokens = Arc::new(api::auth::TokenCache::default());
-        let app_ids = Arc::new(api::AppIdCache::default());
+        let tokens = Arc::new(api::auth::TokenCache::new(10_000));
+        let app_ids = Arc::new(api::AppIdCache::new(100_000));
         let token_changes = Arc::new(tokio::sync::Notify::new());
         store
             .listen_for_token_changes(token_changes.clone())
             .await?;
-        background.push(tokio::spawn(tokens.clone().clear_on(
+        background.push(tokio::spawn(api::auth::clear_caches_on(
+            tokens.clone(),
             app_ids.clone(),
             token_changes,
             shutdown.clone(),
