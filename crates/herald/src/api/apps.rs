@@ -294,11 +294,12 @@ pub async fn put_app(
     match resolved {
         Some(id) => {
             let mut app = app_by_id(&state, &id).await?;
-            check_not_reserved(&body.uid, app.uid.as_deref())?;
-            check_uid_not_an_id(&body.uid, app.uid.as_deref())?;
-            check_uid_free(&state, &body.uid, &app.id).await?;
+            let uid = super::put_uid(body.uid, &app_id, app.uid.as_deref());
+            check_not_reserved(&uid, app.uid.as_deref())?;
+            check_uid_not_an_id(&uid, app.uid.as_deref())?;
+            check_uid_free(&state, &uid, &app.id).await?;
             let old_uid = app.uid.clone();
-            app.uid = body.uid;
+            app.uid = uid;
             app.name = body.name;
             app.rate_limit = body.rate_limit;
             app.metadata = body.metadata.unwrap_or_default();

@@ -635,6 +635,7 @@ pub async fn update_endpoint(
         return insert_endpoint(&state, &actor, app.id, body).await;
     };
     let url = check_url(&state, &body.url).await?;
+    body.uid = super::put_uid(body.uid, &endpoint_id, ep.uid.as_deref());
     check_uid("uid", &body.uid)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;

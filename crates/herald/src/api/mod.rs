@@ -127,6 +127,14 @@ pub struct ApiShared {
 /// too.
 pub type AppIdCache = lookups::Lookups<String, crate::ids::AppId>;
 
+/// A PUT's uid: the body's, or, when the body names none and the path
+/// named the object by its uid, that one. PUT is idempotent: repeated by
+/// uid (an SDK's retry), it replaces the object, where taking its name
+/// away would make the next repeat create a second one.
+pub fn put_uid(body: Option<String>, path: &str, current: Option<&str>) -> Option<String> {
+    body.or_else(|| (current == Some(path)).then(|| path.to_owned()))
+}
+
 pub fn token_sha256(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }

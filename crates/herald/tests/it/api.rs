@@ -470,6 +470,50 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     assert_eq!(s, StatusCode::CREATED, "{created}");
     assert_eq!(created["uid"], "billing");
     let id = created["id"].as_str().expect("id").to_owned();
+    // Repeated as an SDK retries it: the same application, its uid kept
+    // (not cleared by a body that names none, which made the next repeat
+    // create a second application).
+    for _ in 0..2 {
+        let (s, again) = app
+            .put("/api/v1/app/billing", json!({"name": "Billing"}))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{again}");
+        assert_eq!(
+            (again["id"].clone(), again["uid"].clone()),
+            (json!(id), json!("billing"))
+        );
+    }
+    let (_, listed) = app.get("/api/v1/app?limit=250").await;
+    let billing = listed["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter(|a| a["name"] == "Billing");
+    assert_eq!(billing.count(), 1, "{listed}");
+    let rx = Receiver::start().await;
+    let hook = |u: &str| json!({"url": u});
+    let (s, ep) = app
+        .put("/api/v1/app/billing/endpoint/hook", hook(&rx.url("/")))
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{ep}");
+    for _ in 0..2 {
+        let (s, again) = app
+            .put("/api/v1/app/billing/endpoint/hook", hook(&rx.url("/")))
+            .await;
+        assert_eq!(s, StatusCode::OK, "{again}");
+        assert_eq!(
+            (again["id"].clone(), again["uid"].clone()),
+            (ep["id"].clone(), json!("hook"))
+        );
+    }
+    let (_, endpoints) = app.get("/api/v1/app/billing/endpoint").await;
+    assert_eq!(
+        endpoints["data"].as_array().map(Vec::len),
+        Some(1),
+        "{endpoints}"
+    );
+    let (s, _) = app.delete("/api/v1/app/billing/endpoint/hook").await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, replaced) = app
         .put(
             "/api/v1/app/billing",
@@ -513,7 +557,6 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
 
-    let rx = Receiver::start().await;
     app.create_endpoint("invoicing", &rx.url("/"), json!({}))
         .await;
     let msg = app.send_message("invoicing", "a.b", json!({})).await;
