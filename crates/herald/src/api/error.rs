@@ -64,6 +64,10 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// The route exists but not with this method (its `Allow` header says
+    /// which it takes).
+    #[error("this route does not take this method")]
+    MethodNotAllowed,
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -177,6 +181,7 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_failed"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             ApiError::Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation"),

@@ -218,6 +218,8 @@ pub fn router(state: ApiState) -> Router<ApiState> {
     let (api, _) = v1_routes().split_for_parts();
     let api = api
         .fallback(|| async { ApiError::NotFound("route") })
+        // The SDKs read every error's body as JSON (axum's own 405 has none).
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(
             state.clone(),
             idempotency::idempotency,

@@ -168,6 +168,30 @@ async fn bad_input_gets_clear_4xx_errors_naming_the_problem() {
     assert_eq!(s, 400, "{b}");
     assert_eq!(b["code"], "bad_request");
 
+    // A route that exists, with a method it does not take: a JSON error as
+    // every other (the SDKs parse it), with axum's `Allow` header kept.
+    let resp = app
+        .client
+        .delete(app.url("/api/v1/app"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 405);
+    let allow = resp
+        .headers()
+        .get("allow")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    assert!(
+        allow
+            .as_deref()
+            .is_some_and(|a| a.contains("GET") && a.contains("POST")),
+        "{allow:?}"
+    );
+    let b: serde_json::Value = resp.json().await.expect("a 405 body is JSON");
+    assert_eq!(b["code"], "method_not_allowed", "{b}");
+
     let (s, b) = raw(msg_path.clone(), r#"{"payload": {}}"#).await;
     assert_eq!(s, 422, "{b}");
     assert!(
