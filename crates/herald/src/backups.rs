@@ -49,8 +49,9 @@ impl Backups {
     }
 
     /// Takes one backup of the store at `store` now, then removes the
-    /// oldest beyond the count. Errors are recorded, not returned.
-    pub async fn take_one(&self, store: &Path) {
+    /// oldest beyond the count. Errors are recorded, not returned; a
+    /// backup stopped by `shutdown` is neither.
+    pub async fn take_one(&self, store: &Path, shutdown: &CancellationToken) {
         let Some(schedule) = &self.schedule else {
             return;
         };
@@ -62,13 +63,26 @@ impl Backups {
             target.clone(),
             schedule.keep,
         );
+        let stop = shutdown.clone();
         let done = tokio::task::spawn_blocking(move || {
+            // Made here, not only at start: the folder may be a volume
+            // mounted empty, or removed while serving.
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                crate::store::StoreError::Unavailable(format!(
+                    "cannot create {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            remove_partials(&dir);
             // Keeps one fewer before the new one is renamed in: the folder
             // never holds more than `keep`.
             let live = store_path.clone();
-            crate::store::sqlite::backup::backup_making_room(&store_path, &target_path, move || {
-                prune(&dir, keep.saturating_sub(1), &live)
-            })
+            crate::store::sqlite::backup::backup_making_room(
+                &store_path,
+                &target_path,
+                move || prune(&dir, keep.saturating_sub(1), &live),
+                move || !stop.is_cancelled(),
+            )
         })
         .await;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -78,6 +92,9 @@ impl Backups {
                 tracing::info!(file = %target.display(), %summary, "scheduled backup taken");
                 crate::metrics::backup_succeeded(at);
                 state.last_success = Some((at, target));
+            }
+            Ok(Err(_)) if shutdown.is_cancelled() => {
+                tracing::info!("scheduled backup stopped: the process is shutting down");
             }
             Ok(Err(e)) => failed(&mut state, e.to_string()),
             Err(e) => failed(&mut state, format!("the backup task failed: {e}")),
@@ -94,7 +111,7 @@ impl Backups {
                 _ = tokio::time::sleep(every) => {}
                 _ = shutdown.cancelled() => return,
             }
-            self.take_one(&store).await;
+            self.take_one(&store, &shutdown).await;
         }
     }
 }
@@ -130,6 +147,29 @@ fn prune(dir: &Path, keep: usize, live: &Path) {
     for old in ours.into_iter().take(excess) {
         if let Err(e) = std::fs::remove_file(&old) {
             tracing::warn!(file = %old.display(), error = %e, "cannot remove an old backup");
+        }
+    }
+}
+
+/// Removes what a backup killed mid-copy left in `dir` (its `.partial`
+/// file and that file's journal): as large as the store, and never
+/// renamed. Called before a backup starts, when no copy of this process
+/// is under way; only names of this module's backups are touched.
+fn remove_partials(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.filter_map(Result::ok).map(|e| e.path()) {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some((backup, _)) = name.split_once(".partial") else {
+            continue;
+        };
+        if is_backup_name(backup) {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(file = %path.display(), error = %e, "cannot remove a partial backup");
+            }
         }
     }
 }
@@ -179,5 +219,32 @@ mod tests {
         prune(dir.path(), 0, &dir.path().join("herald-main.db"));
         assert!(dir.path().join("herald-main.db").exists());
         assert!(!dir.path().join(backups[2]).exists());
+    }
+
+    /// A backup killed mid-copy leaves its `.partial` file (and journal);
+    /// the next backup removes them, and nothing else.
+    #[test]
+    fn partial_backups_are_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let partials = [
+            "herald-20261201T010203.004Z.db.partial",
+            "herald-20261201T010203.004Z.db.partial-journal",
+        ];
+        let others = [
+            "herald-20261202T010203.004Z.db",
+            "herald-main.db.partial",
+            "store.db.partial",
+        ];
+        for name in partials.iter().chain(others.iter()) {
+            std::fs::write(dir.path().join(name), b"x").expect("write");
+        }
+        remove_partials(dir.path());
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, others.map(str::to_owned));
     }
 }

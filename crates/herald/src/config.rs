@@ -550,16 +550,8 @@ impl Values<'_> {
             ));
         }
         let database_schema = self.get("HERALD_DATABASE_SCHEMA");
-        if database_schema.is_empty()
-            || database_schema.len() > 40
-            || !database_schema
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        {
-            return Err(self.invalid(
-                "HERALD_DATABASE_SCHEMA",
-                format!("`{database_schema}`: use 1-40 lower-case letters, digits or '_'"),
-            ));
+        if let Err(rule) = check_schema_name(&database_schema) {
+            return Err(self.invalid("HERALD_DATABASE_SCHEMA", rule));
         }
         // Zero is allowed: fail at once when the store is unreachable.
         let database_wait = self.duration("HERALD_DATABASE_WAIT")?;
@@ -912,6 +904,20 @@ pub fn redact_url(url: &str) -> String {
 /// `HERALD_ENDPOINT_CONCURRENCY` may ask for: far beyond what one process's
 /// sockets allow, and well within what its semaphores and channels hold.
 pub const MAX_CONCURRENCY: u64 = 100_000;
+
+/// A PostgreSQL schema name Herald uses (`HERALD_DATABASE_SCHEMA`,
+/// `copy-store --to-schema`): quoted nowhere, so kept to a plain name.
+pub fn check_schema_name(name: &str) -> Result<(), String> {
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if name.is_empty() || name.len() > 40 || !plain {
+        return Err(format!(
+            "`{name}`: use 1-40 lower-case letters, digits or '_'"
+        ));
+    }
+    Ok(())
+}
 
 /// The settings that may be read from a file named by `<KEY>_FILE`
 /// (Docker and Kubernetes mount secrets as files).

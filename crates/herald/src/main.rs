@@ -131,6 +131,14 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // A command's output piped into `head` or `true` ends it quietly, as
+    // any Unix tool's does, where `println!` panicked on the closed pipe.
+    // Not `serve`: its log must not end it when a reader goes away.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        // SAFETY: sets one signal's disposition before any other thread
+        // exists. Sockets are written with MSG_NOSIGNAL by std and tokio.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

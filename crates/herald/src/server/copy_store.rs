@@ -284,6 +284,10 @@ pub async fn copy_store(
         .to_schema
         .clone()
         .unwrap_or_else(|| config.store.database_schema.clone());
+    // The rule `serve` applies: a copy into a schema no Herald can serve
+    // is no copy.
+    crate::config::check_schema_name(&to_schema)
+        .map_err(|rule| anyhow::anyhow!("--to-schema: {rule}"))?;
     let target_place = Place::of(&options.to, &to_schema, "--to")?;
     if source_place.same_as(&target_place) {
         anyhow::bail!("--to names the configured store itself: give another store to copy into");

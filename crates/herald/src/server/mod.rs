@@ -253,6 +253,21 @@ pub async fn backup(
         );
     }
     let store = sqlite_store_path(config)?;
+    // A store's write-ahead log, shared memory, journal or lock, replaced,
+    // loses or corrupts what the store holds (its WAL holds every write
+    // since the last checkpoint): never a backup's name, forced or not.
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
+    if let Some(part) = name.as_deref().and_then(|n| {
+        ["-wal", "-shm", "-journal", ".lock"]
+            .into_iter()
+            .find(|suffix| n.ends_with(suffix))
+    }) {
+        anyhow::bail!(
+            "{}: a name ending in `{part}` is a SQLite store's companion file; \
+             name the backup otherwise (e.g. herald-backup.db)",
+            target.display()
+        );
+    }
     if target.exists() {
         if !force {
             anyhow::bail!(

@@ -37,8 +37,8 @@ fn backups_in(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
     let backups = tempfile::tempdir().expect("tempdir");
+    // Not made beforehand: scheduled backups make their folder.
     let dir = backups.path().join("herald-backups");
-    std::fs::create_dir(&dir).expect("mkdir");
     let dir_text = dir.display().to_string();
     let app = spawn_app(&[
         ("HERALD_BACKUP_DIR", &dir_text),
@@ -55,13 +55,21 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
     // Several rounds: never more than two kept.
     let deadline = Instant::now() + PATIENCE;
     let mut seen = std::collections::BTreeSet::new();
+    // What a backup killed mid-copy leaves; the next one removes it.
+    let partial = dir.join("herald-20200101T000000.000Z.db.partial");
+    let mut left_partial = false;
     while seen.len() < 4 {
         assert!(Instant::now() < deadline, "backups seen: {seen:?}");
+        if !left_partial && dir.is_dir() {
+            std::fs::write(&partial, b"half a copy").expect("write");
+            left_partial = true;
+        }
         let now = backups_in(&dir);
         assert!(now.len() <= 2, "kept {now:?}");
         seen.extend(now);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(!partial.exists(), "a partial backup is removed");
     let kept = backups_in(&dir);
     let copy = rusqlite::Connection::open(dir.join(kept.last().expect("a backup"))).expect("open");
     let messages: i64 = copy
@@ -85,8 +93,10 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
     assert!(page.contains("Scheduled backups every"), "{page}");
     assert!(page.contains("last backup"), "{page}");
 
-    // The folder goes away: failures are counted, delivery goes on.
+    // The folder cannot be made (a file has its name): failures are
+    // counted, delivery goes on.
     std::fs::remove_dir_all(&dir).expect("remove the folder");
+    std::fs::write(&dir, b"not a folder").expect("write");
     let deadline = Instant::now() + PATIENCE;
     loop {
         let metrics = metrics_text(&app).await;

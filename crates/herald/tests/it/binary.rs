@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -421,6 +422,25 @@ async fn migrations_are_listed_gated_and_refused_when_newer(store: &[(&str, Stri
     assert!(out.contains("would run  0001 initial"), "{out}");
     let (code, _, _) = run(&["migrate", "--status"], store).await;
     assert_eq!(code, Some(1), "the dry run applied nothing");
+    // Piped into a reader that is gone (`| head -1`, `| true`): it ends
+    // as Unix tools do, without a panic's exit 101 and backtrace.
+    let mut piped = herald();
+    piped
+        .args(["migrate", "--status"])
+        .envs(store.iter().map(|(k, v)| (*k, v.as_str())));
+    let mut child = piped
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().await.expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() != Some(101) && !err.contains("panicked"),
+        "{:?}: {err}",
+        out.status
+    );
 
     let mut gated = store.to_vec();
     gated.push(("HERALD_AUTO_MIGRATE", "false".into()));
@@ -598,7 +618,10 @@ async fn backup_while_serving_then_restore_loses_nothing() {
         .collect();
     assert!(beside.is_empty(), "left beside the backup: {beside:?}");
     more.await.expect("more messages");
+    // The store's write-ahead log holds what is not checkpointed yet.
+    let wal = format!("{}-wal", db.display());
     for (args, says) in [
+        (vec!["backup", "--force", wal.as_str()], "companion file"),
         (vec!["backup", target.to_str().expect("path")], "exists"),
         (
             vec!["backup", "--force", db.to_str().expect("path")],

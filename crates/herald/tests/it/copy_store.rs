@@ -536,6 +536,23 @@ async fn copy_store_refuses_what_it_cannot_do_safely() {
     let (code, _, err) = run(&["copy-store", "--to", &source_url], &copy_env).await;
     assert_eq!(code, Some(1));
     assert!(err.contains("configured store itself"), "{err}");
+    // A schema `serve` would refuse is refused before anything is opened.
+    let (code, _, err) = run(
+        &[
+            "copy-store",
+            "--to",
+            "postgres://127.0.0.1:1/x",
+            "--to-schema",
+            "Bad-Schema",
+        ],
+        &copy_env,
+    )
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("--to-schema") && err.contains("lower-case"),
+        "{err}"
+    );
 
     // The source's secrets are sealed with KEY; a configuration without
     // it cannot open them, and the copy stops at the endpoints.

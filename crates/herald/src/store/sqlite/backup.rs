@@ -135,24 +135,27 @@ pub fn check(path: &Path) -> StoreResult<Summary> {
 /// the serving process shares the cores with it, and a backup that takes
 /// longer is better than deliveries that do.
 pub fn backup(store: &Path, target: &Path) -> StoreResult<Summary> {
-    backup_making_room(store, target, || {})
+    backup_making_room(store, target, || {}, || true)
 }
 
 /// As [`backup`], with `make_room` called once the copy is whole and
 /// checked, just before it is renamed to `target`: a rotation removes its
 /// oldest backup there, so no more than it keeps ever lie in the folder,
-/// and none is removed for a copy that failed.
+/// and none is removed for a copy that failed. `keep_going` is asked
+/// between steps: false stops the copy (a shutdown need not wait for a
+/// large store's), and its partial file is removed.
 pub fn backup_making_room(
     store: &Path,
     target: &Path,
     make_room: impl FnOnce() + Send + 'static,
+    keep_going: impl Fn() -> bool + Send + 'static,
 ) -> StoreResult<Summary> {
     let (store, target) = (store.to_owned(), target.to_owned());
     std::thread::Builder::new()
         .name("herald-backup".into())
         .spawn(move || {
             lower_this_threads_priority();
-            backup_here(&store, &target, make_room)
+            backup_here(&store, &target, make_room, &keep_going)
         })
         .map_err(|e| StoreError::Internal(format!("cannot start the backup thread: {e}")))?
         .join()
@@ -170,7 +173,12 @@ fn lower_this_threads_priority() {
     }
 }
 
-fn backup_here(store: &Path, target: &Path, make_room: impl FnOnce()) -> StoreResult<Summary> {
+fn backup_here(
+    store: &Path,
+    target: &Path,
+    make_room: impl FnOnce(),
+    keep_going: &dyn Fn() -> bool,
+) -> StoreResult<Summary> {
     if !store.exists() {
         return Err(StoreError::Internal(format!(
             "no store at {} to back up",
@@ -189,7 +197,7 @@ fn backup_here(store: &Path, target: &Path, make_room: impl FnOnce()) -> StoreRe
         // Durable by the one fsync below, once the copy is whole.
         copy.pragma_update(None, "synchronous", "OFF")
             .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
-        copy_every_page(&conn, &mut copy, &partial)
+        copy_every_page(&conn, &mut copy, &partial, keep_going)
             .and_then(|()| {
                 // One self-contained file: the copy came in WAL mode, whose
                 // -wal and -shm would be left beside it under the partial name.
@@ -227,20 +235,36 @@ const PAUSE_PER_STEP: std::time::Duration = std::time::Duration::from_millis(50)
 /// one read transaction of `from` (one snapshot); a source busy or locked
 /// for a moment is asked again, for up to ten seconds, as the busy timeout
 /// would.
-fn copy_every_page(from: &Connection, to: &mut Connection, to_path: &Path) -> rusqlite::Result<()> {
+fn copy_every_page(
+    from: &Connection,
+    to: &mut Connection,
+    to_path: &Path,
+    keep_going: &dyn Fn() -> bool,
+) -> rusqlite::Result<()> {
     // Any read opens the transaction; the snapshot is fixed from here.
     from.execute_batch("BEGIN; SELECT count(*) FROM sqlite_schema;")?;
-    let copied = copy_steps(from, to, to_path);
+    let copied = copy_steps(from, to, to_path, keep_going);
     let ended = from.execute_batch("COMMIT");
     copied.and(ended)
 }
 
-fn copy_steps(from: &Connection, to: &mut Connection, to_path: &Path) -> rusqlite::Result<()> {
+fn copy_steps(
+    from: &Connection,
+    to: &mut Connection,
+    to_path: &Path,
+    keep_going: &dyn Fn() -> bool,
+) -> rusqlite::Result<()> {
     use rusqlite::backup::{Backup, StepResult};
     let backup = Backup::new(from, to)?;
     let mut waits = 0;
     let mut file = None;
     loop {
+        if !keep_going() {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+                Some("stopped: the process is shutting down".to_owned()),
+            ));
+        }
         match backup.step(PAGES_PER_STEP)? {
             StepResult::Done => return Ok(()),
             StepResult::More => {
@@ -342,4 +366,34 @@ pub fn restore(
     };
     std::fs::rename(&partial, store).map_err(|e| unavailable("cannot put in place", store, e))?;
     Ok((summary, aside))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backup told to stop (the process shutting down) ends at its next
+    /// step with an error, leaving neither the target nor its partial
+    /// file: a stopped copy is not a backup, and it is as large as the store.
+    #[test]
+    fn a_stopped_backup_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("h.db");
+        let conn = Connection::open(&store).expect("open");
+        conn.execute_batch("CREATE TABLE t (x BLOB); INSERT INTO t VALUES (zeroblob(100000));")
+            .expect("fill");
+        let target = dir.path().join("copy.db");
+        let stopped = backup_making_room(&store, &target, || {}, || false);
+        assert!(
+            matches!(&stopped, Err(e) if e.to_string().contains("shutting down")),
+            "{stopped:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("copy.db"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 }
