@@ -311,8 +311,11 @@ pub async fn list_attempted_destinations(
         .store
         .list_deliveries_of_message(&msg.app_id, &msg.id)
         .await?;
+    // Walked as the stores walk an index: a `prevIterator` walks back
+    // from its id, and the page is turned to the chosen order at the end.
     deliveries.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
-    if !page.ascending {
+    let up = page.walks_ascending();
+    if !up {
         deliveries.reverse();
     }
     let after = page.after.clone();
@@ -320,7 +323,7 @@ pub async fn list_attempted_destinations(
     let mut has_more = false;
     for d in deliveries.iter().filter(|d| match &after {
         None => true,
-        Some(a) if page.ascending => d.endpoint_id.as_str() > a.as_str(),
+        Some(a) if up => d.endpoint_id.as_str() > a.as_str(),
         Some(a) => d.endpoint_id.as_str() < a.as_str(),
     }) {
         if data.len() == page.limit {
@@ -357,6 +360,9 @@ pub async fn list_attempted_destinations(
             created_at: rfc3339(ep.created_at),
             updated_at: rfc3339(ep.updated_at),
         });
+    }
+    if page.backwards {
+        data.reverse();
     }
     Ok(Json(ListResponse::new(
         data,

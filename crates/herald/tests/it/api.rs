@@ -716,5 +716,36 @@ async fn lists_page_forward_with_iterator_and_back_with_prev_iterator() {
         (names(&last), last["done"].clone()),
         (ids[4..].to_vec(), json!(true))
     );
+
+    // The endpoints a message went to, paged in memory, the same way.
+    let rx = Receiver::start().await;
+    let mut eps = Vec::new();
+    for _ in 0..5 {
+        let ep = app.create_endpoint(&ids[0], &rx.url("/"), json!({})).await;
+        eps.push(ep["id"].as_str().expect("id").to_owned());
+    }
+    eps.sort();
+    let msg = app.send_message(&ids[0], "a.b", json!({})).await;
+    let dest = format!("/api/v1/app/{}/msg/{msg}/endpoint?limit=2", ids[0]);
+    let (_, p1) = app.get(&format!("{dest}&order=ascending")).await;
+    assert_eq!(names(&p1), eps[0..2]);
+    let it = p1["iterator"].as_str().expect("iterator");
+    let (_, p2) = app
+        .get(&format!("{dest}&order=ascending&iterator={it}"))
+        .await;
+    assert_eq!(names(&p2), eps[2..4]);
+    let prev = p2["prevIterator"].as_str().expect("prevIterator");
+    let (_, back) = app
+        .get(&format!("{dest}&order=ascending&iterator={prev}"))
+        .await;
+    assert_eq!(
+        names(&back),
+        eps[0..2],
+        "the page before, in the same order"
+    );
+    let (_, desc) = app
+        .get(&format!("{dest}&order=descending&iterator=-{}", eps[1]))
+        .await;
+    assert_eq!(names(&desc), vec![eps[3].clone(), eps[2].clone()]);
     app.shutdown().await;
 }
