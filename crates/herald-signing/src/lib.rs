@@ -57,6 +57,15 @@ impl Secret {
         Ok(Secret { key })
     }
 
+    /// A secret as a caller gives one: `whsec_<base64>`, or the base64
+    /// alone (Svix's API takes both; it is shown `whsec_`-prefixed after).
+    pub fn parse_given(s: &str) -> Result<Self, SecretError> {
+        match s.strip_prefix(PREFIX) {
+            Some(_) => Self::parse(s),
+            None => Self::parse(&format!("{PREFIX}{s}")),
+        }
+    }
+
     /// The `whsec_<base64>` form shown to users.
     pub fn expose(&self) -> String {
         format!("{PREFIX}{}", B64.encode(&self.key))
@@ -107,6 +116,20 @@ mod tests {
     fn matches_the_standard_webhooks_reference_vector() {
         let secret = Secret::parse(REF_SECRET).expect("reference secret parses");
         assert_eq!(secret.sign(REF_ID, REF_TS, REF_BODY), REF_SIG);
+    }
+
+    #[test]
+    fn a_given_secret_may_leave_out_its_prefix() {
+        let bare = REF_SECRET.strip_prefix(PREFIX).expect("prefixed");
+        let secret = Secret::parse_given(bare).expect("bare base64 parses");
+        assert_eq!(secret.expose(), REF_SECRET);
+        assert_eq!(secret.sign(REF_ID, REF_TS, REF_BODY), REF_SIG);
+        assert!(Secret::parse_given(REF_SECRET).is_ok());
+        assert!(Secret::parse_given("hunter2").is_err());
+        assert!(
+            Secret::parse(bare).is_err(),
+            "a stored secret keeps its prefix"
+        );
     }
 
     #[test]

@@ -70,8 +70,9 @@ const MAX_GRACE_SECONDS: u64 = 30 * 24 * 3600;
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RotateIn {
-    /// The new secret (`whsec_…`); generated when absent.
-    #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
+    /// The new secret: 24 to 64 bytes in base64, `whsec_`-prefixed or not;
+    /// generated when absent.
+    #[schema(pattern = "^(whsec_)?[A-Za-z0-9+/]+={0,2}$")]
     pub key: Option<String>,
     /// How long the current secret keeps signing (default 24 h).
     #[schema(maximum = 2592000)]
@@ -98,7 +99,7 @@ pub async fn rotate_endpoint_secret(
     super::ApiJsonOrEmpty(body): super::ApiJsonOrEmpty<RotateIn>,
 ) -> ApiResult<axum::response::Response> {
     let secret = match &body.key {
-        Some(k) => Secret::parse(k).map_err(|e| ApiError::field("key", e.to_string()))?,
+        Some(k) => Secret::parse_given(k).map_err(|e| ApiError::field("key", e.to_string()))?,
         None => Secret::generate(),
     };
     let grace = body.grace_period_seconds.unwrap_or(DEFAULT_GRACE_SECONDS);

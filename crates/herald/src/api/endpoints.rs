@@ -57,8 +57,9 @@ pub struct EndpointIn {
     /// `"none"`.
     pub ordering: Option<EndpointOrdering>,
     pub metadata: Option<BTreeMap<String, String>>,
-    /// `whsec_` and 24 to 64 bytes in base64; generated when absent.
-    #[schema(pattern = "^whsec_[A-Za-z0-9+/]+={0,2}$")]
+    /// 24 to 64 bytes in base64, `whsec_`-prefixed or not (shown with the
+    /// prefix); generated when absent.
+    #[schema(pattern = "^(whsec_)?[A-Za-z0-9+/]+={0,2}$")]
     pub secret: Option<String>,
     #[schema(max_items = 10)]
     pub channels: Option<Vec<String>>,
@@ -380,7 +381,7 @@ async fn insert_endpoint(
     let headers = body.headers.clone().unwrap_or_default();
     check_headers(&headers, state.max_headers_per_endpoint)?;
     let secret = match &body.secret {
-        Some(s) => Secret::parse(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
+        Some(s) => Secret::parse_given(s).map_err(|e| ApiError::field("secret", e.to_string()))?,
         None => Secret::generate(),
     };
     let count = state.store.count_endpoints(&app_id).await?;

@@ -688,6 +688,27 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         "the old secret no longer verifies"
     );
 
+    // Given as Svix's API takes it too, without its prefix: shown with it.
+    let bare = "C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    let (status, body) = app.post(&rotate, json!({"key": bare})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["key"], format!("whsec_{bare}"));
+    assert_eq!(
+        secret_of(&app, &app_id, &ep_id).await,
+        format!("whsec_{bare}")
+    );
+    let (_, made) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/endpoint"),
+            json!({"url": rx.url("/bare"), "secret": bare}),
+        )
+        .await;
+    let made_id = made["id"].as_str().expect("id");
+    assert_eq!(
+        secret_of(&app, &app_id, made_id).await,
+        format!("whsec_{bare}")
+    );
+
     // Bad input: a malformed key, an absurd grace; no body at all is fine.
     let (status, body) = app.post(&rotate, json!({"key": "hunter2"})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
