@@ -70,7 +70,7 @@ fn respond(page: crate::store::Page<AttemptRecord>) -> Json<ListResponse<Attempt
     get,
     path = "/app/{app_id}/attempt/msg/{msg_id}",
     tag = "Attempt",
-    params(ListParams, super::history::AttemptListParams),
+    params(ListParams, super::history::AttemptListParams, super::history::AttemptEndpointParam),
     responses(
         (status = 200, description = "A page of the message's attempts", body = ListResponse<AttemptOut>),
         NotFoundResponse, ValidationResponse,
@@ -80,8 +80,26 @@ pub async fn list_attempts_by_msg(
     State(state): State<ApiState>,
     PathMessage(msg): PathMessage,
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
+    ApiQuery(only): ApiQuery<super::history::AttemptEndpointParam>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    list_filtered(&state, &msg.app_id, &params, |f| f.msg = Some(msg.id)).await
+    let endpoint = match only.endpoint_id.as_deref().filter(|e| !e.is_empty()) {
+        None => None,
+        // An endpoint that is not the app's has no attempts of it.
+        Some(id_or_uid) => match state.store.get_endpoint(&msg.app_id, id_or_uid).await? {
+            Some(ep) => Some(ep.id),
+            None => {
+                return Ok(respond(crate::store::Page {
+                    items: Vec::new(),
+                    has_more: false,
+                }))
+            }
+        },
+    };
+    list_filtered(&state, &msg.app_id, &params, |f| {
+        f.msg = Some(msg.id);
+        f.endpoint = endpoint;
+    })
+    .await
 }
 
 #[utoipa::path(

@@ -20,7 +20,8 @@ use super::{
 use crate::audit::Actor;
 use crate::ids::AttemptId;
 use crate::store::{
-    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Message, MessageFilter, Millis,
+    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, EndpointMessageFilter, Message,
+    MessageFilter, Millis,
 };
 
 /// Svix's message status for a delivery: 0 success, 1 pending, 2 fail,
@@ -70,19 +71,10 @@ pub async fn list_messages(
     app: ResolvedApp,
     ApiQuery(params): ApiQuery<MessageListParams>,
 ) -> ApiResult<Json<ListResponse<MessageOut>>> {
-    let event_types = params.event_types.as_deref().map(|s| {
-        s.split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    });
     let filter = MessageFilter {
-        event_types: event_types.filter(|t| !t.is_empty()),
-        channel: params.channel.clone().filter(|c| !c.is_empty()),
-        tag: params.tag.clone().filter(|t| !t.is_empty()),
         before: super::query_time("before", &params.before)?,
         after: super::query_time("after", &params.after)?,
+        ..messages_of(&params.event_types, &params.channel, &params.tag)
     };
     let page = state
         .store
@@ -100,6 +92,29 @@ pub async fn list_messages(
     )))
 }
 
+/// The message conditions Svix's list routes share: `event_types`
+/// (comma-separated, as the SDKs send a set), `channel` and `tag`; an
+/// empty one is no condition.
+fn messages_of(
+    event_types: &Option<String>,
+    channel: &Option<String>,
+    tag: &Option<String>,
+) -> MessageFilter {
+    let event_types = event_types.as_deref().map(|s| {
+        s.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    });
+    MessageFilter {
+        event_types: event_types.filter(|t| !t.is_empty()),
+        channel: channel.clone().filter(|c| !c.is_empty()),
+        tag: tag.clone().filter(|t| !t.is_empty()),
+        ..MessageFilter::default()
+    }
+}
+
 /// The attempt-list filters Svix's SDKs send.
 #[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -114,6 +129,49 @@ pub struct AttemptListParams {
     /// 0 (no response), 100, 200, 300, 400 or 500.
     #[param(schema_with = status_code_class_schema)]
     pub status_code_class: Option<String>,
+    /// Attempts of messages of these types (comma-separated).
+    pub event_types: Option<String>,
+    /// Attempts of messages sent on this channel.
+    pub channel: Option<String>,
+    /// Attempts of messages carrying this tag.
+    pub tag: Option<String>,
+    /// Made before this time (RFC 3339).
+    #[param(format = DateTime)]
+    pub before: Option<String>,
+    /// Made after this time (RFC 3339).
+    #[param(format = DateTime)]
+    pub after: Option<String>,
+}
+
+/// `GET …/attempt/msg/{msg}`'s own filter.
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AttemptEndpointParam {
+    /// Only the attempts to this endpoint (its id or uid).
+    pub endpoint_id: Option<String>,
+}
+
+/// `GET …/endpoint/{ep}/msg`'s filters.
+#[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EndpointMessageListParams {
+    // Documented by `ListParams`' own derive: IntoParams cannot flatten.
+    #[serde(flatten)]
+    #[param(ignore)]
+    pub list: ListParams,
+    /// The delivery's state: 0 success, 1 pending, 2 fail, 3 sending.
+    #[param(schema_with = status_schema)]
+    pub status: Option<String>,
+    /// Messages of these types (comma-separated).
+    pub event_types: Option<String>,
+    pub channel: Option<String>,
+    pub tag: Option<String>,
+    /// Messages created before this time (RFC 3339).
+    #[param(format = DateTime)]
+    pub before: Option<String>,
+    /// Messages created after this time (RFC 3339).
+    #[param(format = DateTime)]
+    pub after: Option<String>,
 }
 
 /// Integer query values that must be one of `values` (read as text, so a
@@ -137,7 +195,12 @@ impl AttemptListParams {
     /// The filter, or `None` when it can match nothing (an attempt in the
     /// log has finished: it is never pending nor sending).
     pub fn filter(&self) -> ApiResult<Option<AttemptFilter>> {
-        let mut filter = AttemptFilter::default();
+        let mut filter = AttemptFilter {
+            before: super::query_time("before", &self.before)?,
+            after: super::query_time("after", &self.after)?,
+            messages: messages_of(&self.event_types, &self.channel, &self.tag),
+            ..AttemptFilter::default()
+        };
         match self.status.as_deref().filter(|s| !s.is_empty()) {
             None => {}
             Some("0") => filter.success = Some(true),
@@ -429,7 +492,7 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
     get,
     path = "/app/{app_id}/endpoint/{endpoint_id}/msg",
     tag = "Endpoint",
-    params(ListParams),
+    params(ListParams, EndpointMessageListParams),
     responses(
         (status = 200, description = "A page of the messages sent to the endpoint, newest first",
          body = ListResponse<EndpointMessageOut>),
@@ -439,11 +502,32 @@ fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
 pub async fn list_attempted_messages(
     State(state): State<ApiState>,
     PathEndpoint(ep): PathEndpoint,
-    ApiQuery(params): ApiQuery<ListParams>,
+    ApiQuery(params): ApiQuery<EndpointMessageListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointMessageOut>>> {
+    let state_filter = match params.status.as_deref().filter(|s| !s.is_empty()) {
+        None => None,
+        Some("0") => Some(DeliveryState::Delivered),
+        Some("1") => Some(DeliveryState::Pending),
+        Some("2") => Some(DeliveryState::Dead),
+        Some("3") => Some(DeliveryState::Delivering),
+        Some(_) => {
+            return Err(ApiError::Validation(vec![FieldError::query(
+                "status",
+                "must be 0, 1, 2 or 3",
+            )]))
+        }
+    };
+    let filter = EndpointMessageFilter {
+        state: state_filter,
+        messages: MessageFilter {
+            before: super::query_time("before", &params.before)?,
+            after: super::query_time("after", &params.after)?,
+            ..messages_of(&params.event_types, &params.channel, &params.tag)
+        },
+    };
     let page = state
         .store
-        .list_endpoint_messages(&ep.app_id, &ep.id, &params.page(false)?)
+        .list_endpoint_messages(&ep.app_id, &ep.id, &filter, &params.list.page(false)?)
         .await?;
     let data = page
         .items

@@ -103,6 +103,26 @@ impl Conditions {
     pub(crate) fn push(&mut self, fragment: &str) {
         self.sql.push_str(fragment);
     }
+
+    /// The dialect conditions nested in these (a subquery's) are built
+    /// in: PostgreSQL's parameters go on from these ones'.
+    pub(crate) fn next_dialect(&self) -> Dialect {
+        match self.dialect {
+            Dialect::Sqlite => Dialect::Sqlite,
+            Dialect::Postgres { first } => Dialect::Postgres {
+                first: first + self.args.len(),
+            },
+        }
+    }
+
+    /// Appends `inner` (built in [`Conditions::next_dialect`]) between
+    /// `before` and `after`, with its arguments.
+    pub(crate) fn push_nested(&mut self, before: &str, inner: Conditions, after: &str) {
+        self.sql.push_str(before);
+        self.sql.push_str(&inner.sql);
+        self.sql.push_str(after);
+        self.args.extend(inner.args);
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +170,31 @@ mod tests {
             pg.1,
             [Arg::Text("x".into()), Arg::Int(7), k(), Arg::Flag(true)]
         );
+    }
+
+    /// A subquery's conditions number PostgreSQL's parameters on from the
+    /// outer ones', and those after it on from its own.
+    #[test]
+    fn nested_conditions_number_on() {
+        let [sqlite, pg] = both(|c| {
+            c.and(" AND a = #", "x");
+            let mut inner = Conditions::new(c.next_dialect(), "1 = 1");
+            inner.and(" AND b = #", 1);
+            c.push_nested(" AND id IN (SELECT id FROM t WHERE ", inner, ")");
+            c.and(" AND c = #", "y");
+        });
+        assert_eq!(
+            sqlite.0,
+            "1 = 1 AND a = ? AND id IN (SELECT id FROM t WHERE 1 = 1 AND b = ?) AND c = ?"
+        );
+        assert_eq!(
+            pg.0,
+            "1 = 1 AND a = $2 AND id IN (SELECT id FROM t WHERE 1 = 1 AND b = $3::int8) AND c = $4"
+        );
+        assert_eq!(
+            pg.1,
+            [Arg::Text("x".into()), Arg::Int(1), Arg::Text("y".into())]
+        );
+        assert_eq!(sqlite.1, pg.1);
     }
 }

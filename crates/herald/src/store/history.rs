@@ -59,11 +59,13 @@ pub trait History: Send + Sync {
         filter: &MessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<Message>>;
-    /// The endpoint's deliveries with their messages, by message id.
+    /// The endpoint's deliveries with their messages, by message id;
+    /// only those in `state` when given, of messages `messages` keeps.
     async fn list_endpoint_messages(
         &self,
         app: &AppId,
         ep: &EndpointId,
+        filter: &EndpointMessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>>;
 }
@@ -129,6 +131,48 @@ impl MessageFilter {
         c.and_some(" AND created_at > #", self.after);
         Ok(c)
     }
+
+    /// Whether it keeps every message (no condition at all).
+    pub fn is_empty(&self) -> bool {
+        *self == MessageFilter::default()
+    }
+
+    /// Narrows `c` to rows whose `msg_id` column names a message this
+    /// filter keeps (nothing when it keeps all): a subquery, so that the
+    /// messages' own columns need no qualifying beside the outer table's.
+    pub(crate) fn narrow(&self, c: &mut Conditions, app: &AppId, msg_id: &str) -> StoreResult<()> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let inner = self.conditions(app, c.next_dialect())?;
+        let prefix = format!(" AND {msg_id} IN (SELECT id FROM messages WHERE ");
+        c.push_nested(&prefix, inner, ")");
+        Ok(())
+    }
+}
+
+/// Which of an endpoint's deliveries `GET …/endpoint/{ep}/msg` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointMessageFilter {
+    pub state: Option<DeliveryState>,
+    pub messages: MessageFilter,
+}
+
+impl EndpointMessageFilter {
+    /// `app`'s deliveries to `ep` this filter keeps, over `deliveries d`.
+    pub(crate) fn conditions(
+        &self,
+        app: &AppId,
+        ep: &EndpointId,
+        dialect: Dialect,
+    ) -> StoreResult<Conditions> {
+        let mut c = Conditions::new(dialect, "1 = 1");
+        c.and(" AND d.endpoint_id = #", ep.as_str());
+        c.and(" AND d.app_id = #", app.as_str());
+        c.and_some(" AND d.state = #", self.state.map(|s| s as i64));
+        self.messages.narrow(&mut c, app, "d.msg_id")?;
+        Ok(c)
+    }
 }
 
 /// Which attempts of an app a listing shows.
@@ -140,11 +184,17 @@ pub struct AttemptFilter {
     pub success: Option<bool>,
     /// 0: no response; 100, 200, …, 500: that class of status code.
     pub code_class: Option<u16>,
+    /// Started before (ms).
+    pub before: Option<Millis>,
+    /// Started after (ms).
+    pub after: Option<Millis>,
+    /// Attempts of messages this keeps (event types, channel).
+    pub messages: MessageFilter,
 }
 
 impl AttemptFilter {
     /// `app`'s attempts this filter keeps.
-    pub(crate) fn conditions(&self, app: &AppId, dialect: Dialect) -> Conditions {
+    pub(crate) fn conditions(&self, app: &AppId, dialect: Dialect) -> StoreResult<Conditions> {
         let mut c = Conditions::new(dialect, "1 = 1");
         c.and(" AND app_id = #", app.as_str());
         c.and_some(" AND msg_id = #", self.msg.as_ref().map(MsgId::as_str));
@@ -161,7 +211,10 @@ impl AttemptFilter {
                 c.and(" AND status_code < #", i64::from(class) + 100);
             }
         }
-        c
+        c.and_some(" AND started_at < #", self.before);
+        c.and_some(" AND started_at > #", self.after);
+        self.messages.narrow(&mut c, app, "msg_id")?;
+        Ok(c)
     }
 }
 

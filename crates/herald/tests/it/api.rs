@@ -624,7 +624,114 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
     app.shutdown().await;
 }
 
-crate::on_both_stores!(a_message_the_store_refuses_fails_no_other_of_its_batch);
+crate::on_both_stores!(
+    a_message_the_store_refuses_fails_no_other_of_its_batch,
+    attempt_and_endpoint_message_lists_take_svix_filters
+);
+
+/// The filters Svix's SDKs send on the attempt lists and an endpoint's
+/// message list (`event_types`, `channel`, `tag`, `before`, `after`,
+/// `status`, and by message `endpoint_id`) narrow what they answer.
+async fn attempt_and_endpoint_message_lists_take_svix_filters(backend: &Backend) {
+    let app = backend.spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let a = app
+        .create_endpoint(&app_id, &rx.url("/a"), json!({"uid": "first"}))
+        .await;
+    let b = app.create_endpoint(&app_id, &rx.url("/b"), json!({})).await;
+    let (a, b) = (a["id"].as_str().expect("id"), b["id"].as_str().expect("id"));
+    let (s, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            json!({"eventType": "order.paid", "payload": {}, "channels": ["eu"], "tags": ["vip"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{out}");
+    let paid = out["id"].as_str().expect("id").to_owned();
+    let shipped = app.send_message(&app_id, "order.shipped", json!({})).await;
+    app.step().await;
+    rx.wait_for(4).await;
+
+    let ids = |v: &serde_json::Value, field: &str| -> Vec<String> {
+        let mut ids: Vec<String> = v["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|x| x[field].as_str().expect("field").to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let by_msg = format!("/api/v1/app/{app_id}/attempt/msg/{paid}");
+    let by_ep = format!("/api/v1/app/{app_id}/attempt/endpoint/{a}");
+    let ep_msgs = format!("/api/v1/app/{app_id}/endpoint/{a}/msg");
+    let mut both = vec![paid.clone(), shipped.clone()];
+    both.sort();
+    let past = "2000-01-01T00:00:00Z";
+    for (query, field, expected) in [
+        (
+            format!("{by_msg}?endpoint_id={a}"),
+            "endpointId",
+            vec![a.to_owned()],
+        ),
+        (
+            format!("{by_msg}?endpoint_id=first"),
+            "endpointId",
+            vec![a.to_owned()],
+        ),
+        (format!("{by_msg}?endpoint_id=nobody"), "endpointId", vec![]),
+        (by_msg.clone(), "endpointId", {
+            let mut v = vec![a.to_owned(), b.to_owned()];
+            v.sort();
+            v
+        }),
+        (
+            format!("{by_ep}?event_types=order.shipped"),
+            "msgId",
+            vec![shipped.clone()],
+        ),
+        (
+            format!("{by_ep}?event_types=order.paid,order.shipped"),
+            "msgId",
+            both.clone(),
+        ),
+        (format!("{by_ep}?channel=eu"), "msgId", vec![paid.clone()]),
+        (format!("{by_ep}?tag=vip"), "msgId", vec![paid.clone()]),
+        (format!("{by_ep}?before={past}"), "msgId", vec![]),
+        (format!("{by_ep}?after={past}"), "msgId", both.clone()),
+        (
+            format!("{ep_msgs}?event_types=order.shipped"),
+            "id",
+            vec![shipped.clone()],
+        ),
+        (
+            format!("{ep_msgs}?channel=eu&status=0"),
+            "id",
+            vec![paid.clone()],
+        ),
+        (format!("{ep_msgs}?status=1"), "id", vec![]),
+        (format!("{ep_msgs}?before={past}"), "id", vec![]),
+        (
+            format!("{ep_msgs}?after={past}&tag=vip"),
+            "id",
+            vec![paid.clone()],
+        ),
+    ] {
+        let (s, page) = app.get(&query).await;
+        assert_eq!(s, StatusCode::OK, "{query}: {page}");
+        assert_eq!(ids(&page, field), expected, "{query}");
+    }
+    for (query, names) in [
+        (format!("{ep_msgs}?status=9"), "status"),
+        (format!("{by_ep}?before=yesterday"), "before"),
+    ] {
+        let (s, body) = app.get(&query).await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{query}: {body}");
+        assert_eq!(body["detail"][0]["loc"][1], names, "{body}");
+    }
+    app.shutdown().await;
+}
 
 /// Messages of concurrent requests share one transaction. One the store
 /// refuses (here a NUL in its payload, which PostgreSQL's text cannot

@@ -70,7 +70,7 @@ impl History for PostgresStore {
         filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let (cond, args) = postgres_where(filter.conditions(app, Dialect::Postgres { first: 1 }));
+        let (cond, args) = postgres_where(filter.conditions(app, Dialect::Postgres { first: 1 })?);
         let sql = format!("SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE {cond}");
         self.page_of(&sql, "id", args, page, attempt_from_row).await
     }
@@ -101,43 +101,40 @@ impl History for PostgresStore {
         &self,
         app: &AppId,
         ep: &EndpointId,
+        filter: &EndpointMessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
+        let (cond, args) =
+            postgres_where(filter.conditions(app, ep, Dialect::Postgres { first: 1 })?);
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
              m.tags, m.deliver_at \
-             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = $1 AND d.app_id = $2"
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
-        self.page_of(
-            &sql,
-            "d.msg_id",
-            vec![ep.as_str().to_owned(), app.as_str().to_owned()],
-            page,
-            |r| {
-                let d = delivery_from_row(r)?;
-                let m = Message {
-                    id: d.msg_id.clone(),
-                    app_id: d.app_id.clone(),
-                    event_type: d.event_type.clone(),
-                    event_id: get(r, "event_id")?,
-                    payload: get(r, "payload")?,
-                    channels: get::<Option<String>>(r, "channels")?
-                        .as_deref()
-                        .map(from_json)
-                        .transpose()?,
-                    created_at: get(r, "msg_created_at")?,
-                    traceparent: get(r, "traceparent")?,
-                    tags: get::<Option<String>>(r, "tags")?
-                        .as_deref()
-                        .map(from_json)
-                        .transpose()?,
-                    deliver_at: get(r, "deliver_at")?,
-                    application: None,
-                    payload_expires_at: None,
-                };
-                Ok((d, m))
-            },
-        )
+        self.page_of(&sql, "d.msg_id", args, page, |r| {
+            let d = delivery_from_row(r)?;
+            let m = Message {
+                id: d.msg_id.clone(),
+                app_id: d.app_id.clone(),
+                event_type: d.event_type.clone(),
+                event_id: get(r, "event_id")?,
+                payload: get(r, "payload")?,
+                channels: get::<Option<String>>(r, "channels")?
+                    .as_deref()
+                    .map(from_json)
+                    .transpose()?,
+                created_at: get(r, "msg_created_at")?,
+                traceparent: get(r, "traceparent")?,
+                tags: get::<Option<String>>(r, "tags")?
+                    .as_deref()
+                    .map(from_json)
+                    .transpose()?,
+                deliver_at: get(r, "deliver_at")?,
+                application: None,
+                payload_expires_at: None,
+            };
+            Ok((d, m))
+        })
         .await
     }
 }

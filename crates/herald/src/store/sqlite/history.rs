@@ -64,7 +64,7 @@ impl History for SqliteStore {
         filter: &AttemptFilter,
         page: &PageReq,
     ) -> StoreResult<Page<AttemptRecord>> {
-        let (cond, args) = sqlite_where(filter.conditions(app, Dialect::Sqlite));
+        let (cond, args) = sqlite_where(filter.conditions(app, Dialect::Sqlite)?);
         let sql = format!("SELECT * FROM attempts WHERE {cond}");
         let page = page.clone();
         self.read(move |c| page_of(c, &sql, "id", args, &page, |r| attempt_from_row(r)))
@@ -98,16 +98,14 @@ impl History for SqliteStore {
         &self,
         app: &AppId,
         ep: &EndpointId,
+        filter: &EndpointMessageFilter,
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
-        let args: Vec<Value> = vec![
-            ep.as_str().to_owned().into(),
-            app.as_str().to_owned().into(),
-        ];
+        let (cond, args) = sqlite_where(filter.conditions(app, ep, Dialect::Sqlite)?);
         let sql = format!(
             "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
              m.tags, m.deliver_at \
-             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE d.endpoint_id = ? AND d.app_id = ?"
+             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
         );
         let page = page.clone();
         self.read(move |c| {
