@@ -221,23 +221,9 @@ pub(super) fn check_not_reserved(uid: &Option<String>, current: Option<&str>) ->
     }
 }
 
-/// 422 for a uid that reads like an application id (`app_…`, in any
-/// letter case): ids and uids share one namespace in paths, so such a uid
-/// could shadow, or be shadowed by, another application's id. `current`
-/// (a uid given before this rule) may stay.
+/// 422 for a uid that reads like an application id (`app_…`).
 pub(super) fn check_uid_not_an_id(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
-    match uid {
-        Some(uid)
-            if Some(uid.as_str()) != current
-                && uid.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("app_")) =>
-        {
-            Err(ApiError::field(
-                "uid",
-                "must not start with `app_` (in any letter case): that is how application ids start",
-            ))
-        }
-        _ => Ok(()),
-    }
+    super::check_uid_not_an_id(uid, current, "app_", "application")
 }
 
 /// The audit details of an application update: the changed fields' names

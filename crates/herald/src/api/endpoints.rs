@@ -374,6 +374,7 @@ async fn insert_endpoint(
     let state = state.clone();
     let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
+    super::check_uid_not_an_id(&body.uid, None, "ep_", "endpoint")?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
     let filter_types = check_filter(&state, &body.filter_types).await?;
@@ -638,6 +639,7 @@ pub async fn update_endpoint(
     let url = check_url(&state, &body.url).await?;
     body.uid = super::put_uid(body.uid, &endpoint_id, ep.uid.as_deref());
     check_uid("uid", &body.uid)?;
+    super::check_uid_not_an_id(&body.uid, ep.uid.as_deref(), "ep_", "endpoint")?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
     let changes = EndpointChanges {
@@ -681,6 +683,7 @@ pub async fn patch_endpoint(
     }
     if let Some(uid) = body.uid {
         check_uid("uid", &uid)?;
+        super::check_uid_not_an_id(&uid, ep.uid.as_deref(), "ep_", "endpoint")?;
         changes.uid = Some(uid);
     }
     if let Some(types) = body.filter_types {

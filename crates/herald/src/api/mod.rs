@@ -727,6 +727,32 @@ pub fn check_uid(field: &str, uid: &Option<String>) -> ApiResult<()> {
     }
 }
 
+/// 422 for a uid that reads like an id of its kind (`prefix`: `app_`,
+/// `ep_`; in any letter case): ids and uids share one namespace in paths,
+/// so such a uid could shadow, or be shadowed by, another's id. `current`
+/// (a uid given before this rule) may stay.
+pub fn check_uid_not_an_id(
+    uid: &Option<String>,
+    current: Option<&str>,
+    prefix: &str,
+    kind: &str,
+) -> ApiResult<()> {
+    match uid {
+        Some(uid)
+            if Some(uid.as_str()) != current
+                && uid
+                    .get(..prefix.len())
+                    .is_some_and(|p| p.eq_ignore_ascii_case(prefix)) =>
+        {
+            Err(ApiError::field(
+                "uid",
+                format!("must not start with `{prefix}` (in any letter case): that is how {kind} ids start"),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The longest application or token name (Svix sets none; Herald bounds
 /// every stored string).
 pub const MAX_NAME_CHARS: usize = 256;

@@ -536,8 +536,8 @@ async fn an_application_token_cannot_change_or_delete_its_application(backend: &
     app.shutdown().await;
 }
 
-/// A uid starting `app_` in any letter case could name another
-/// application's id: refused with 422 naming `uid`, wherever a uid is set.
+/// A uid starting `app_` (an endpoint's: `ep_`) in any letter case could
+/// name another's id: refused with 422 naming `uid`, wherever one is set.
 async fn uids_that_read_like_application_ids_are_refused(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
     let a = app.create_app().await;
@@ -595,5 +595,26 @@ async fn uids_that_read_like_application_ids_are_refused(backend: &Backend) {
     assert_eq!(apps["data"].as_array().map(Vec::len), Some(1), "{apps}");
     let (_, still) = app.get(&format!("/api/v1/app/{a}")).await;
     assert_eq!(still["uid"], Value::Null);
+
+    // Endpoints alike with `ep_`: such a uid equal to another endpoint's
+    // id could never be looked up by (the id wins).
+    let rx = Receiver::start().await;
+    let ep = app.create_endpoint(&a, &rx.url("/"), json!({})).await;
+    let ep = ep["id"].as_str().expect("id").to_owned();
+    let endpoints = format!("/api/v1/app/{a}/endpoint");
+    for uid in [ep.as_str(), "ep_x", "EP_y"] {
+        let body = json!({"url": rx.url("/"), "uid": uid});
+        for (s, out) in [
+            app.post(&endpoints, body.clone()).await,
+            app.put(&format!("{endpoints}/{ep}"), body.clone()).await,
+            app.patch(&format!("{endpoints}/{ep}"), json!({"uid": uid}))
+                .await,
+        ] {
+            assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{uid}: {out}");
+            assert_eq!(uid_loc(&out), [json!("body"), json!("uid")], "{out}");
+        }
+    }
+    let (_, list) = app.get(&endpoints).await;
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1), "{list}");
     app.shutdown().await;
 }
