@@ -356,10 +356,10 @@ pub async fn create_message(
         application,
     };
     // The answer reuses the request's own payload: no copy, no re-parse
-    // (a raw payload shows as a JSON string, as reads show it).
+    // (a raw payload shows as reads show it: as JSON when it is JSON
+    // text, as a JSON string of its text otherwise).
     let shown = match raw {
-        Some(raw) => RawValue::from_string(serde_json::Value::from(raw).to_string())
-            .map_err(|_| ApiError::Internal)?,
+        Some(raw) => shown_payload(raw.to_owned())?.0,
         None => body.payload,
     };
     let out = MessageOut {

@@ -627,6 +627,21 @@ async fn a_raw_payload_is_sent_byte_for_byte_with_the_endpoints_content_type() {
     let msg = out["id"].as_str().expect("id");
     let (_, read) = app.get(&format!("/api/v1/app/{app_id}/msg/{msg}")).await;
     assert_eq!(read["payload"], raw);
+    // A raw payload that is JSON text shows as that JSON, on creation as
+    // on every read (creation showed it as a string, reads as JSON).
+    let (status, out) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            json!({"eventType": "a.b", "payload": {}, "transformationsParams": {"rawPayload": "{\"a\": 1}"}}),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{out}");
+    let msg = out["id"].as_str().expect("id");
+    let (_, read) = app.get(&format!("/api/v1/app/{app_id}/msg/{msg}")).await;
+    assert_eq!(
+        (out["payload"].clone(), read["payload"].clone()),
+        (json!({"a": 1}), json!({"a": 1}))
+    );
     // Empty, or with a NUL (PostgreSQL's text cannot hold one): a 422
     // naming the field.
     for raw in ["", "a\u{0}b"] {
