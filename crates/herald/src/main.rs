@@ -223,15 +223,19 @@ async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
         Some(addr) => println!("herald listening on http://{addr}"),
         None => println!("herald worker running"),
     }
-    tokio::select! {
-        r = running.stopped() => return r,
-        _ = terminate_signal() => {}
+    let failed = tokio::select! {
+        r = running.stopped() => Some(r),
+        _ = terminate_signal() => None,
+    };
+    match &failed {
+        // Exiting non-zero, for the service manager to start it again.
+        Some(Err(e)) => tracing::error!(error = %e, "herald cannot go on: stopping"),
+        _ => tracing::info!("shutting down: finishing requests in flight"),
     }
-    tracing::info!("shutting down: finishing requests in flight");
     let stopped = running.shutdown().await;
     // The exporter's blocking flush, off the runtime's threads.
     let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
-    stopped
+    failed.unwrap_or(Ok(())).and(stopped)
 }
 
 /// `migrate --status` found migrations pending: exit 1, having said so.

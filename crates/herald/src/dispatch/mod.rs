@@ -710,11 +710,24 @@ impl Dispatcher {
     /// flight has finished and its outcome has been written, and every
     /// claimed delivery that had not started has been released.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        // Cancelled by the process's shutdown, or when the completer fails:
+        // without it no outcome is written, so claiming stops, and the
+        // completer's panic is this task's (the process stops, see
+        // `server::tasks`).
+        let shutdown = shutdown.child_token();
         let (done_tx, done_rx) = mpsc::channel::<Finished>(self.max_in_flight.max(64) * 4);
         // Cancelled once shutdown's bound has passed: then nothing waits
         // any longer for a store that does not answer.
         let give_up = CancellationToken::new();
-        let completer = tokio::spawn(self.clone().run_completer(done_rx, give_up.clone()));
+        let completer = {
+            let (this, give_up, stop) = (self.clone(), give_up.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                // Dropped by a panic's unwinding too.
+                let stop_claiming = stop.drop_guard();
+                this.run_completer(done_rx, give_up).await;
+                stop_claiming.disarm();
+            })
+        };
         if self
             .running
             .set((done_tx.downgrade(), shutdown.clone()))
@@ -817,10 +830,14 @@ impl Dispatcher {
             }
         }
         drop(done_tx);
-        if let Err(e) = completer.await {
-            tracing::error!(error = %e, "completer task failed");
-        }
+        let completed = completer.await;
         deadline.abort();
+        if let Err(e) = completed {
+            match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(e) => tracing::error!(error = %e, "completer task failed"),
+            }
+        }
     }
 
     /// Sends `d` once its endpoint's gate lets it, if it may still be sent

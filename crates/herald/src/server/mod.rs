@@ -39,6 +39,7 @@ use crate::store::Store;
 
 pub mod copy_store;
 mod listener;
+pub mod tasks;
 
 use listener::{body_deadline, secure_transport, serve, trace_request, ListenerLimits};
 
@@ -101,7 +102,7 @@ pub struct Running {
     pub generated_admin_token: Option<String>,
     shutdown: CancellationToken,
     server: Option<JoinHandle<std::io::Result<()>>>,
-    background: Vec<JoinHandle<()>>,
+    background: tasks::BackgroundTasks,
     backend: Backend,
 }
 
@@ -436,29 +437,31 @@ pub async fn start(
         operator.clone(),
     )?);
     let shutdown = CancellationToken::new();
-    let mut background = Vec::new();
+    let mut background = tasks::BackgroundTasks::default();
     // Only PostgreSQL keeps count deltas apart; SQLite folds them in each
     // writing transaction.
     if matches!(backend, Backend::Postgres(_)) {
-        background.push(tokio::spawn(run_count_fold(
-            store.clone(),
-            shutdown.clone(),
-        )));
+        background.spawn(
+            "the count fold",
+            run_count_fold(store.clone(), shutdown.clone()),
+        );
     }
     let backups = Arc::new(crate::backups::Backups::new(config.store.backups.clone()));
     if config.store.backups.is_some() {
         let path = sqlite_store_path(&config)?;
-        background.push(tokio::spawn(backups.clone().run(path, shutdown.clone())));
+        background.spawn(
+            "scheduled backups",
+            backups.clone().run(path, shutdown.clone()),
+        );
     }
     if role.dispatches() {
         // Other processes' commits (PostgreSQL) wake this dispatcher too.
         store.listen_for_work(wake.clone()).await?;
-        background.push(tokio::spawn(dispatcher.clone().run(shutdown.clone())));
-        background.push(tokio::spawn(run_retention(
-            store.clone(),
-            config.clone(),
-            shutdown.clone(),
-        )));
+        background.spawn("the dispatcher", dispatcher.clone().run(shutdown.clone()));
+        background.spawn(
+            "retention",
+            run_retention(store.clone(), config.clone(), shutdown.clone()),
+        );
     }
 
     let mut generated_admin_token = None;
@@ -470,7 +473,7 @@ pub async fn start(
         generated_admin_token = generated;
         // The queue gauges are refreshed where /metrics is served.
         let metrics = Arc::new(crate::metrics::Exporter::new(store.clone()));
-        background.push(tokio::spawn(metrics.clone().run(shutdown.clone())));
+        background.spawn("the metrics refresh", metrics.clone().run(shutdown.clone()));
         let local = listener.local_addr()?;
         // Unset: the address this listener is bound to (its real port
         // when the configured one is 0).
@@ -491,12 +494,15 @@ pub async fn start(
         store
             .listen_for_token_changes(token_changes.clone())
             .await?;
-        background.push(tokio::spawn(api::auth::clear_caches_on(
-            tokens.clone(),
-            app_ids.clone(),
-            token_changes,
-            shutdown.clone(),
-        )));
+        background.spawn(
+            "the cache clearing",
+            api::auth::clear_caches_on(
+                tokens.clone(),
+                app_ids.clone(),
+                token_changes,
+                shutdown.clone(),
+            ),
+        );
         let state = ApiState::new(ApiShared {
             store: store.clone(),
             ingest: Ingest::start(store.clone(), wake.clone(), dispatcher.clone()),
@@ -556,7 +562,7 @@ pub async fn start(
             None => None,
             Some((cert, key)) => {
                 let tls = crate::tls::ListenerTls::load(cert, key)?;
-                background.push(tokio::spawn(tls.clone().reload_on_hangup(shutdown.clone())));
+                background.spawn("TLS reload", tls.clone().reload_on_hangup(shutdown.clone()));
                 Some(tls)
             }
         };
@@ -795,22 +801,36 @@ impl Running {
                 Err(e) => tracing::warn!(error = %e, "server task failed"),
             }
         }
-        for task in self.background.drain(..) {
-            task.await.context("background task failed")?;
-        }
+        // The store is closed whatever a task did.
+        let joined = self.background.join_all().await;
         self.backend.close().await;
-        Ok(())
+        joined
     }
 
-    /// Resolves when the server stops by itself (it should not); never,
-    /// for a worker.
+    /// Resolves when the server stops by itself or a background task
+    /// fails (neither should happen): the process cannot do its work any
+    /// longer, and is to be stopped ([`Running::shutdown`] still finishes
+    /// what is in flight). Never otherwise.
     pub async fn stopped(&mut self) -> anyhow::Result<()> {
-        match &mut self.server {
-            Some(server) => match server.await {
-                Ok(r) => r.context("server failed"),
-                Err(e) => Err(anyhow::anyhow!("server task failed: {e}")),
-            },
-            None => std::future::pending().await,
+        let Running {
+            server, background, ..
+        } = self;
+        let serving = async {
+            match server.as_mut() {
+                Some(handle) => handle.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ended = serving => {
+                // Awaited: not to be awaited again at shutdown.
+                *server = None;
+                match ended {
+                    Ok(r) => r.context("server failed"),
+                    Err(e) => Err(anyhow::anyhow!("server task failed: {e}")),
+                }
+            }
+            failure = background.failed() => Err(failure),
         }
     }
 }
