@@ -6,12 +6,12 @@ use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use herald_signing::Secret;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::ResolvedApp;
+use super::auth::{Principal, ResolvedApp};
 use super::error::{ConflictResponse, NotFoundResponse, ValidationResponse};
 use super::{
     check_line, check_metadata, check_text, check_uid, double_option, rfc3339, valid_uid, ApiError,
@@ -200,9 +200,12 @@ async fn check_url(state: &ApiState, url: &str) -> ApiResult<String> {
 }
 
 /// A valid filter naming existing event types (sorted, deduplicated).
+/// `flags`: the caller's feature flags (None: the admin's, all); a type
+/// they hide is as unknown as a type that does not exist.
 async fn check_filter(
     state: &ApiState,
     types: &Option<Vec<String>>,
+    flags: Option<&[String]>,
 ) -> ApiResult<Option<Vec<String>>> {
     match types {
         None => Ok(None),
@@ -221,7 +224,7 @@ async fn check_filter(
             list.sort();
             list.dedup();
             let list = Some(list);
-            super::event_types::check_known_types(state, &list).await?;
+            super::event_types::check_known_types(state, &list, flags).await?;
             Ok(list)
         }
     }
@@ -358,16 +361,20 @@ fn check_description(d: &Option<String>) -> ApiResult<()> {
 pub async fn create_endpoint(
     State(state): State<ApiState>,
     actor: Actor,
+    Extension(principal): Extension<Principal>,
     app: ResolvedApp,
     ApiJson(body): ApiJson<EndpointIn>,
 ) -> ApiResult<Response> {
-    insert_endpoint(&state, &actor, app.id, body).await
+    insert_endpoint(&state, &actor, principal.feature_flags(), app.id, body).await
 }
 
 /// Validates `body` and stores it as a new endpoint of `app` (201).
-async fn insert_endpoint(
+/// [`create_endpoint`] for a caller holding `flags` (see [`check_filter`]);
+/// the portal creates with its session's.
+pub async fn insert_endpoint(
     state: &ApiState,
     actor: &Actor,
+    flags: Option<&[String]>,
     app_id: AppId,
     body: EndpointIn,
 ) -> ApiResult<Response> {
@@ -377,7 +384,7 @@ async fn insert_endpoint(
     super::check_uid_not_an_id(&body.uid, None, "ep_", "endpoint")?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
-    let filter_types = check_filter(&state, &body.filter_types).await?;
+    let filter_types = check_filter(&state, &body.filter_types, flags).await?;
     let channels = check_channels("channels", &body.channels)?;
     let headers = body.headers.clone().unwrap_or_default();
     check_headers(&headers, state.max_headers_per_endpoint)?;
@@ -622,6 +629,7 @@ fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
 pub async fn update_endpoint(
     State(state): State<ApiState>,
     actor: Actor,
+    Extension(principal): Extension<Principal>,
     app: ResolvedApp,
     Path((_app_id, endpoint_id)): Path<(String, String)>,
     ApiJson(mut body): ApiJson<EndpointIn>,
@@ -634,7 +642,7 @@ pub async fn update_endpoint(
         }
         check_uid("uid", &Some(endpoint_id.clone()))?;
         body.uid = body.uid.or(Some(endpoint_id));
-        return insert_endpoint(&state, &actor, app.id, body).await;
+        return insert_endpoint(&state, &actor, principal.feature_flags(), app.id, body).await;
     };
     let url = check_url(&state, &body.url).await?;
     body.uid = super::put_uid(body.uid, &endpoint_id, ep.uid.as_deref());
@@ -646,7 +654,9 @@ pub async fn update_endpoint(
         uid: Some(body.uid),
         url: Some(url),
         description: Some(body.description.unwrap_or_default()),
-        filter_types: Some(check_filter(&state, &body.filter_types).await?),
+        filter_types: Some(
+            check_filter(&state, &body.filter_types, principal.feature_flags()).await?,
+        ),
         rate_limit: Some(body.rate_limit),
         ordering: Some(body.ordering.unwrap_or_default()),
         metadata: Some(body.metadata.unwrap_or_default()),
@@ -670,9 +680,23 @@ pub async fn update_endpoint(
 pub async fn patch_endpoint(
     State(state): State<ApiState>,
     actor: Actor,
+    Extension(principal): Extension<Principal>,
     PathEndpoint(ep): PathEndpoint,
     ApiJson(body): ApiJson<EndpointPatch>,
 ) -> ApiResult<Json<EndpointOut>> {
+    patch_endpoint_as(&state, &actor, principal.feature_flags(), ep, body).await
+}
+
+/// [`patch_endpoint`] for a caller holding `flags` (see [`check_filter`]);
+/// the portal saves with its session's.
+pub async fn patch_endpoint_as(
+    state: &ApiState,
+    actor: &Actor,
+    flags: Option<&[String]>,
+    ep: Endpoint,
+    body: EndpointPatch,
+) -> ApiResult<Json<EndpointOut>> {
+    let state = state.clone();
     let mut changes = EndpointChanges::default();
     if let Some(url) = &body.url {
         changes.url = Some(check_url(&state, url).await?);
@@ -687,7 +711,7 @@ pub async fn patch_endpoint(
         changes.uid = Some(uid);
     }
     if let Some(types) = body.filter_types {
-        changes.filter_types = Some(check_filter(&state, &types).await?);
+        changes.filter_types = Some(check_filter(&state, &types, flags).await?);
     }
     if let Some(rate) = body.rate_limit {
         changes.rate_limit = Some(rate);
@@ -700,7 +724,7 @@ pub async fn patch_endpoint(
     if let Some(channels) = body.channels {
         changes.channels = Some(check_channels("channels", &channels)?);
     }
-    save(&state, &actor, &ep, changes, body.disabled).await
+    save(&state, actor, &ep, changes, body.disabled).await
 }
 
 #[utoipa::path(

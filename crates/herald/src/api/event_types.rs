@@ -543,9 +543,29 @@ pub async fn delete_event_type(
 }
 
 /// 422 naming `filterTypes` unless every name is an existing event type.
-pub async fn check_known_types(state: &ApiState, types: &Option<Vec<String>>) -> ApiResult<()> {
+pub async fn check_known_types(
+    state: &ApiState,
+    types: &Option<Vec<String>>,
+    flags: Option<&[String]>,
+) -> ApiResult<()> {
     let Some(types) = types else { return Ok(()) };
-    let unknown = state.store.unknown_event_types(types).await?;
+    let mut unknown = state.store.unknown_event_types(types).await?;
+    // A type the caller's flags hide is unknown to it: naming it otherwise
+    // would tell that it exists. (Flags only narrow application tokens.)
+    if flags.is_some() {
+        let known: Vec<&String> = types.iter().filter(|t| !unknown.contains(t)).collect();
+        for name in known {
+            let hidden = state
+                .store
+                .get_event_type(name)
+                .await?
+                .is_none_or(|et| !visible_to(&et, flags));
+            if hidden {
+                unknown.push(name.clone());
+            }
+        }
+        unknown.sort();
+    }
     if unknown.is_empty() {
         return Ok(());
     }

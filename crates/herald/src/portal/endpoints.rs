@@ -388,16 +388,12 @@ pub async fn new_form(session: PortalSession, State(state): State<ApiState>) -> 
 pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> PortalResult {
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
+    let flags = session_flags(&state, session).await?;
     let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
         Ok(body) => {
-            let app = app_of(session);
-            crate::api::endpoints::create_endpoint(
-                State(state.clone()),
-                session.actor(),
-                app,
-                ApiJson(body),
-            )
-            .await
+            let app = app_of(session).id;
+            let actor = session.actor();
+            crate::api::endpoints::insert_endpoint(&state, &actor, Some(&flags), app, body).await
         }
         Err(e) => Err(e),
     };
@@ -588,6 +584,7 @@ pub async fn update(
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let flags = session_flags(&state, session).await?;
     let result = async {
         let patch = parse_json(endpoint_patch_json(&posted.form).to_string().as_bytes())?;
         let headers: HeadersIn = parse_json(
@@ -598,9 +595,11 @@ pub async fn update(
         // Before anything is written: a refused header leaves the endpoint
         // as it was rather than half saved.
         check_headers(&headers.headers, state.max_headers_per_endpoint)?;
-        let (st, actor, endpoint) = api_args(&state, session, &ep);
+        let actor = session.actor();
+        let flags = Some(flags.as_slice());
         let _saved =
-            crate::api::endpoints::patch_endpoint(st, actor, endpoint, ApiJson(patch)).await?;
+            crate::api::endpoints::patch_endpoint_as(&state, &actor, flags, ep.clone(), patch)
+                .await?;
         if headers.headers != ep.headers {
             let (st, actor, endpoint) = api_args(&state, session, &ep);
             put_endpoint_headers(st, actor, endpoint, ApiJson(headers)).await?;

@@ -318,6 +318,36 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
                 !seen.contains(&name),
                 "{who} send-example {name}: {s} {out}"
             );
+            // A hidden type in an endpoint's filter is as unknown as a
+            // type that does not exist: the answer does not tell it exists.
+            let filter = json!({"url": "http://127.0.0.1:9/f", "filterTypes": [name]});
+            for (how, (s, out)) in [
+                (
+                    "create",
+                    app.as_token(token)
+                        .post(&format!("/api/v1/app/{app_id}/endpoint"), filter.clone())
+                        .await,
+                ),
+                (
+                    "patch",
+                    app.as_token(token)
+                        .patch(
+                            &format!("/api/v1/app/{app_id}/endpoint/{ep}"),
+                            json!({"filterTypes": [name]}),
+                        )
+                        .await,
+                ),
+            ] {
+                let unknown = s == StatusCode::UNPROCESSABLE_ENTITY
+                    && out
+                        .to_string()
+                        .contains(&format!("unknown event types: {name}"));
+                assert_eq!(
+                    unknown,
+                    !seen.contains(&name),
+                    "{who} {how} {name}: {s} {out}"
+                );
+            }
         }
     }
 
