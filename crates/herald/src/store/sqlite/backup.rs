@@ -350,6 +350,11 @@ pub fn restore(
     let summary = check(backup)?;
     let partial = with_suffix(store, ".partial");
     std::fs::copy(backup, &partial).map_err(|e| unavailable("cannot copy to", &partial, e))?;
+    // On disk before it is renamed in: a power cut after the rename must
+    // not leave a store whose pages never reached the disk.
+    std::fs::File::open(&partial)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| unavailable("cannot write", &partial, e))?;
     let aside = if store.exists() {
         let aside = free_aside_name(store, stamp)?;
         for companion in ["", "-wal", "-shm"] {
@@ -365,6 +370,12 @@ pub fn restore(
         None
     };
     std::fs::rename(&partial, store).map_err(|e| unavailable("cannot put in place", store, e))?;
+    // The renames themselves, durable too (they live in the folder).
+    if let Some(dir) = store.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| unavailable("cannot write", dir, e))?;
+    }
     Ok((summary, aside))
 }
 
