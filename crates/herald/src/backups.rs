@@ -185,11 +185,27 @@ fn is_backup_name(name: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The names in `dir`, sorted, after `files` were made in it and
+    /// `act` ran on it.
+    fn left_after(files: &[&str], act: impl FnOnce(&Path)) -> Vec<String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in files {
+            std::fs::write(dir.path().join(name), b"x").expect("write");
+        }
+        act(dir.path());
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        left
+    }
+
     /// A store named like a backup, in the backups' folder, is never
     /// removed; nor is any other file of that form but a real backup.
     #[test]
     fn pruning_removes_only_old_backups_never_the_store() {
-        let dir = tempfile::tempdir().expect("tempdir");
         let backups = [
             "herald-20261201T010203.004Z.db",
             "herald-20261202T010203.004Z.db",
@@ -201,31 +217,23 @@ mod tests {
             "herald-main.db-wal",
             "notes.txt",
         ];
-        for name in backups.iter().chain(others.iter()) {
-            std::fs::write(dir.path().join(name), b"x").expect("write");
-        }
-        prune(dir.path(), 1, &dir.path().join("herald-main.db"));
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("dir")
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
+        let all: Vec<&str> = backups.iter().chain(others.iter()).copied().collect();
+        let left = left_after(&all, |dir| prune(dir, 1, &dir.join("herald-main.db")));
         let mut expected = vec![backups[2].to_owned()];
         expected.extend(others.iter().map(|n| (*n).to_owned()));
         expected.sort();
         assert_eq!(left, expected);
         // Keeping none removes the backups, still not the store.
-        prune(dir.path(), 0, &dir.path().join("herald-main.db"));
-        assert!(dir.path().join("herald-main.db").exists());
-        assert!(!dir.path().join(backups[2]).exists());
+        let left = left_after(&all, |dir| prune(dir, 0, &dir.join("herald-main.db")));
+        let mut others = others.map(str::to_owned);
+        others.sort();
+        assert_eq!(left, others);
     }
 
     /// A backup killed mid-copy leaves its `.partial` file (and journal);
     /// the next backup removes them, and nothing else.
     #[test]
     fn partial_backups_are_removed_and_nothing_else() {
-        let dir = tempfile::tempdir().expect("tempdir");
         let partials = [
             "herald-20261201T010203.004Z.db.partial",
             "herald-20261201T010203.004Z.db.partial-journal",
@@ -235,16 +243,7 @@ mod tests {
             "herald-main.db.partial",
             "store.db.partial",
         ];
-        for name in partials.iter().chain(others.iter()) {
-            std::fs::write(dir.path().join(name), b"x").expect("write");
-        }
-        remove_partials(dir.path());
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .expect("dir")
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, others.map(str::to_owned));
+        let all: Vec<&str> = partials.iter().chain(others.iter()).copied().collect();
+        assert_eq!(left_after(&all, remove_partials), others.map(str::to_owned));
     }
 }

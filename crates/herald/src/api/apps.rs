@@ -205,25 +205,19 @@ pub(super) fn check_app_fields(
 /// `current` one (given before the prefix was reserved).
 pub(super) fn check_not_reserved(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
     let prefix = crate::operator::RESERVED_UID_PREFIX;
-    match uid {
-        Some(uid)
-            if Some(uid.as_str()) != current
-                && uid
-                    .get(..prefix.len())
-                    .is_some_and(|p| p.eq_ignore_ascii_case(prefix)) =>
-        {
-            Err(ApiError::field(
-                "uid",
-                format!("uids starting with `{prefix}` are reserved for Herald's own applications"),
-            ))
-        }
-        _ => Ok(()),
-    }
+    super::refuse_uid_prefix(
+        uid,
+        current,
+        prefix,
+        "such uids are Herald's own applications'",
+    )
 }
 
-/// 422 for a uid that reads like an application id (`app_…`).
+/// 422 for a uid that reads like an application id (`app_…`): ids and uids
+/// share one namespace in paths, so such a uid could shadow, or be
+/// shadowed by, another application's id.
 pub(super) fn check_uid_not_an_id(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
-    super::check_uid_not_an_id(uid, current, "app_", "application")
+    super::refuse_uid_prefix(uid, current, "app_", "that is how application ids start")
 }
 
 /// The audit details of an application update: the changed fields' names

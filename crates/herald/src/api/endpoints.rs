@@ -381,7 +381,7 @@ pub async fn insert_endpoint(
     let state = state.clone();
     let url = check_url(&state, &body.url).await?;
     check_uid("uid", &body.uid)?;
-    super::check_uid_not_an_id(&body.uid, None, "ep_", "endpoint")?;
+    super::check_endpoint_uid_not_an_id(&body.uid, None)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
     let filter_types = check_filter(&state, &body.filter_types, flags).await?;
@@ -647,7 +647,7 @@ pub async fn update_endpoint(
     let url = check_url(&state, &body.url).await?;
     body.uid = super::put_uid(body.uid, &endpoint_id, ep.uid.as_deref());
     check_uid("uid", &body.uid)?;
-    super::check_uid_not_an_id(&body.uid, ep.uid.as_deref(), "ep_", "endpoint")?;
+    super::check_endpoint_uid_not_an_id(&body.uid, ep.uid.as_deref())?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
     let changes = EndpointChanges {
@@ -707,7 +707,7 @@ pub async fn patch_endpoint_as(
     }
     if let Some(uid) = body.uid {
         check_uid("uid", &uid)?;
-        super::check_uid_not_an_id(&uid, ep.uid.as_deref(), "ep_", "endpoint")?;
+        super::check_endpoint_uid_not_an_id(&uid, ep.uid.as_deref())?;
         changes.uid = Some(uid);
     }
     if let Some(types) = body.filter_types {

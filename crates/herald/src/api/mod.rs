@@ -727,15 +727,14 @@ pub fn check_uid(field: &str, uid: &Option<String>) -> ApiResult<()> {
     }
 }
 
-/// 422 for a uid that reads like an id of its kind (`prefix`: `app_`,
-/// `ep_`; in any letter case): ids and uids share one namespace in paths,
-/// so such a uid could shadow, or be shadowed by, another's id. `current`
-/// (a uid given before this rule) may stay.
-pub fn check_uid_not_an_id(
+/// 422 naming `uid` for a uid newly given that starts with `prefix` (in
+/// any letter case); `why` says what such uids are. `current` (a uid given
+/// before the rule) may stay.
+pub fn refuse_uid_prefix(
     uid: &Option<String>,
     current: Option<&str>,
     prefix: &str,
-    kind: &str,
+    why: &str,
 ) -> ApiResult<()> {
     match uid {
         Some(uid)
@@ -746,11 +745,18 @@ pub fn check_uid_not_an_id(
         {
             Err(ApiError::field(
                 "uid",
-                format!("must not start with `{prefix}` (in any letter case): that is how {kind} ids start"),
+                format!("must not start with `{prefix}` (in any letter case): {why}"),
             ))
         }
         _ => Ok(()),
     }
+}
+
+/// 422 for a uid that reads like an endpoint id (`ep_…`): ids and uids
+/// share one namespace in paths, so such a uid could shadow, or be
+/// shadowed by, another endpoint's id.
+pub fn check_endpoint_uid_not_an_id(uid: &Option<String>, current: Option<&str>) -> ApiResult<()> {
+    refuse_uid_prefix(uid, current, "ep_", "that is how endpoint ids start")
 }
 
 /// The longest application or token name (Svix sets none; Herald bounds

@@ -242,6 +242,47 @@ pub(crate) fn message_from_row(r: &impl StoredRow) -> StoreResult<Message> {
     })
 }
 
+/// An endpoint's deliveries with their messages, where `cond` holds
+/// (`EndpointMessageFilter::conditions`); `delivery_columns` is the
+/// backend's list of `d.` columns. The message's columns follow under
+/// names of their own (the delivery has an `id` and a `created_at` too).
+pub(crate) fn endpoint_messages_sql(delivery_columns: &str, cond: &str) -> String {
+    format!(
+        "SELECT {delivery_columns}, m.payload, m.event_id, m.channels, \
+         m.created_at AS msg_created_at, m.traceparent, m.tags, m.deliver_at \
+         FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
+    )
+}
+
+/// A delivery and its message from a row of [`endpoint_messages_sql`]
+/// (either backend).
+pub(crate) fn delivery_and_message_from_row(
+    r: &impl StoredRow,
+) -> StoreResult<(Delivery, Message)> {
+    let d = delivery_from_row(r)?;
+    let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
+        col::<Option<String>>(r, column)?
+            .as_deref()
+            .map(from_json)
+            .transpose()
+    };
+    let m = Message {
+        id: d.msg_id.clone(),
+        app_id: d.app_id.clone(),
+        event_type: d.event_type.clone(),
+        event_id: col(r, "event_id")?,
+        payload: col(r, "payload")?,
+        channels: json("channels")?,
+        created_at: col(r, "msg_created_at")?,
+        traceparent: col(r, "traceparent")?,
+        tags: json("tags")?,
+        deliver_at: col(r, "deliver_at")?,
+        application: None,
+        payload_expires_at: None,
+    };
+    Ok((d, m))
+}
+
 /// A delivery from its stored row (either backend).
 pub(crate) fn delivery_from_row(r: &impl StoredRow) -> StoreResult<Delivery> {
     let state: i64 = col(r, "state")?;

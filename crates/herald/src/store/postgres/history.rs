@@ -106,35 +106,8 @@ impl History for PostgresStore {
     ) -> StoreResult<Page<(Delivery, Message)>> {
         let (cond, args) =
             postgres_where(filter.conditions(app, ep, Dialect::Postgres { first: 1 })?);
-        let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
-             m.tags, m.deliver_at \
-             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
-        );
-        self.page_of(&sql, "d.msg_id", args, page, |r| {
-            let d = delivery_from_row(r)?;
-            let m = Message {
-                id: d.msg_id.clone(),
-                app_id: d.app_id.clone(),
-                event_type: d.event_type.clone(),
-                event_id: get(r, "event_id")?,
-                payload: get(r, "payload")?,
-                channels: get::<Option<String>>(r, "channels")?
-                    .as_deref()
-                    .map(from_json)
-                    .transpose()?,
-                created_at: get(r, "msg_created_at")?,
-                traceparent: get(r, "traceparent")?,
-                tags: get::<Option<String>>(r, "tags")?
-                    .as_deref()
-                    .map(from_json)
-                    .transpose()?,
-                deliver_at: get(r, "deliver_at")?,
-                application: None,
-                payload_expires_at: None,
-            };
-            Ok((d, m))
-        })
-        .await
+        let sql = endpoint_messages_sql(DELIVERY_COLUMNS, &cond);
+        self.page_of(&sql, "d.msg_id", args, page, delivery_and_message_from_row)
+            .await
     }
 }

@@ -260,9 +260,9 @@ fn copy_steps(
     let mut file = None;
     loop {
         if !keep_going() {
-            return Err(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
-                Some("stopped: the process is shutting down".to_owned()),
+            return Err(failure(
+                rusqlite::ffi::SQLITE_INTERRUPT,
+                "stopped: the process is shutting down",
             ));
         }
         match backup.step(PAGES_PER_STEP)? {
@@ -280,9 +280,9 @@ fn copy_steps(
             StepResult::Busy | StepResult::Locked => {
                 waits += 1;
                 if waits > 1000 {
-                    return Err(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-                        Some("the store stayed busy for ten seconds".to_owned()),
+                    return Err(failure(
+                        rusqlite::ffi::SQLITE_BUSY,
+                        "the store stayed busy for ten seconds",
                     ));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -290,6 +290,11 @@ fn copy_steps(
             _ => {}
         }
     }
+}
+
+/// A copy that ends as SQLite's `code` would, saying why.
+fn failure(code: std::os::raw::c_int, why: &str) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), Some(why.to_owned()))
 }
 
 /// Writes out the file's dirty pages and waits for them (Linux's

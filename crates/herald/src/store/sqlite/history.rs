@@ -102,30 +102,11 @@ impl History for SqliteStore {
         page: &PageReq,
     ) -> StoreResult<Page<(Delivery, Message)>> {
         let (cond, args) = sqlite_where(filter.conditions(app, ep, Dialect::Sqlite)?);
-        let sql = format!(
-            "SELECT {DELIVERY_COLUMNS}, m.payload, m.event_id, m.channels, m.created_at AS msg_created_at, m.traceparent, \
-             m.tags, m.deliver_at \
-             FROM deliveries d JOIN messages m ON m.id = d.msg_id WHERE {cond}"
-        );
+        let sql = endpoint_messages_sql(DELIVERY_COLUMNS, &cond);
         let page = page.clone();
         self.read(move |c| {
             page_of(c, &sql, "d.msg_id", args, &page, |r| {
-                let d = delivery_from_row(r)?;
-                let m = Message {
-                    id: d.msg_id.clone(),
-                    app_id: d.app_id.clone(),
-                    event_type: d.event_type.clone(),
-                    event_id: get(r, "event_id")?,
-                    payload: get(r, "payload")?,
-                    channels: json_opt(get(r, "channels")?)?,
-                    created_at: get(r, "msg_created_at")?,
-                    traceparent: get(r, "traceparent")?,
-                    tags: json_opt(get(r, "tags")?)?,
-                    deliver_at: get(r, "deliver_at")?,
-                    application: None,
-                    payload_expires_at: None,
-                };
-                Ok((d, m))
+                delivery_and_message_from_row(r)
             })
         })
         .await

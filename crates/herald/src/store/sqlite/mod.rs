@@ -60,7 +60,10 @@ use crate::store::endpoints::{endpoint_from_row, status_from_row};
 use crate::store::event_types::event_type_from_row;
 use crate::store::finder::found_from_row;
 use crate::store::health::stats_from_row;
-use crate::store::history::{attempt_from_row, delivery_from_row, message_from_row};
+use crate::store::history::{
+    attempt_from_row, delivery_and_message_from_row, delivery_from_row, endpoint_messages_sql,
+    message_from_row,
+};
 use crate::store::sessions::session_from_row;
 use crate::store::tokens::token_from_row;
 use circuits::circuit_of_row;
