@@ -201,11 +201,13 @@ async fn check_url(state: &ApiState, url: &str) -> ApiResult<String> {
 
 /// A valid filter naming existing event types (sorted, deduplicated).
 /// `flags`: the caller's feature flags (None: the admin's, all); a type
-/// they hide is as unknown as a type that does not exist.
+/// they hide is as unknown as a type that does not exist, unless it is
+/// `already` in the endpoint's filter.
 async fn check_filter(
     state: &ApiState,
     types: &Option<Vec<String>>,
     flags: Option<&[String]>,
+    already: &[String],
 ) -> ApiResult<Option<Vec<String>>> {
     match types {
         None => Ok(None),
@@ -224,7 +226,7 @@ async fn check_filter(
             list.sort();
             list.dedup();
             let list = Some(list);
-            super::event_types::check_known_types(state, &list, flags).await?;
+            super::event_types::check_known_types(state, &list, flags, already).await?;
             Ok(list)
         }
     }
@@ -384,7 +386,7 @@ pub async fn insert_endpoint(
     super::check_endpoint_uid_not_an_id(&body.uid, None)?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
-    let filter_types = check_filter(&state, &body.filter_types, flags).await?;
+    let filter_types = check_filter(&state, &body.filter_types, flags, &[]).await?;
     let channels = check_channels("channels", &body.channels)?;
     let headers = body.headers.clone().unwrap_or_default();
     check_headers(&headers, state.max_headers_per_endpoint)?;
@@ -650,12 +652,19 @@ pub async fn update_endpoint(
     super::check_endpoint_uid_not_an_id(&body.uid, ep.uid.as_deref())?;
     check_metadata(&body.metadata)?;
     check_description(&body.description)?;
+    let already = ep.filter_types.as_deref().unwrap_or_default();
     let changes = EndpointChanges {
         uid: Some(body.uid),
         url: Some(url),
         description: Some(body.description.unwrap_or_default()),
         filter_types: Some(
-            check_filter(&state, &body.filter_types, principal.feature_flags()).await?,
+            check_filter(
+                &state,
+                &body.filter_types,
+                principal.feature_flags(),
+                already,
+            )
+            .await?,
         ),
         rate_limit: Some(body.rate_limit),
         ordering: Some(body.ordering.unwrap_or_default()),
@@ -711,7 +720,8 @@ pub async fn patch_endpoint_as(
         changes.uid = Some(uid);
     }
     if let Some(types) = body.filter_types {
-        changes.filter_types = Some(check_filter(&state, &types, flags).await?);
+        let already = ep.filter_types.as_deref().unwrap_or_default();
+        changes.filter_types = Some(check_filter(&state, &types, flags, already).await?);
     }
     if let Some(rate) = body.rate_limit {
         changes.rate_limit = Some(rate);

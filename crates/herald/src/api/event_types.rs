@@ -547,13 +547,19 @@ pub async fn check_known_types(
     state: &ApiState,
     types: &Option<Vec<String>>,
     flags: Option<&[String]>,
+    already: &[String],
 ) -> ApiResult<()> {
     let Some(types) = types else { return Ok(()) };
     let mut unknown = state.store.unknown_event_types(types).await?;
     // A type the caller's flags hide is unknown to it: naming it otherwise
     // would tell that it exists. (Flags only narrow application tokens.)
+    // One `already` in the endpoint's filter may stay: the caller reads it
+    // there, and a save must not drop it.
     if flags.is_some() {
-        let known: Vec<&String> = types.iter().filter(|t| !unknown.contains(t)).collect();
+        let known: Vec<&String> = types
+            .iter()
+            .filter(|t| !unknown.contains(t) && !already.contains(t))
+            .collect();
         for name in known {
             let hidden = state
                 .store

@@ -4,6 +4,8 @@
 //! (the same validation, audit and store calls), as the session's
 //! application and with the session as the actor.
 
+use std::collections::BTreeMap;
+
 use axum::extract::{Path, State};
 use axum::response::IntoResponse;
 use maud::{html, Markup};
@@ -11,7 +13,7 @@ use maud::{html, Markup};
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::ResolvedApp;
 use crate::api::endpoint_health::{endpoint_health, listed_health};
-use crate::api::endpoint_secrets::{put_endpoint_headers, HeadersIn};
+use crate::api::endpoint_secrets::{is_sensitive_header, put_endpoint_headers, HeadersIn};
 use crate::api::endpoints::{check_headers, find_endpoint, PathEndpoint};
 use crate::api::{parse_json, ApiError, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::audit::Actor;
@@ -72,9 +74,9 @@ async fn flash_outcome<T>(
     Ok(())
 }
 
-/// The catalogue the session sees, unarchived, in one page of at most
-/// 250: flagged types only with their flags on the session's token (read
-/// from the application's few tokens; a token gone shows none of them).
+/// The catalogue the session sees, unarchived: flagged types only with
+/// their flags on the session's token (read from the application's few
+/// tokens; a token gone shows none of them).
 async fn catalogue(state: &ApiState, session: &PortalSession) -> PortalResult<Vec<EventType>> {
     let flags = session_flags(state, session).await?;
     Ok(all_types(state)
@@ -100,20 +102,27 @@ async fn session_flags(state: &ApiState, session: &PortalSession) -> PortalResul
     })
 }
 
+/// Every unarchived event type, page by page.
 async fn all_types(state: &ApiState) -> PortalResult<Vec<EventType>> {
-    let page = state
-        .store
-        .list_event_types(
-            false,
-            &PageReq {
-                limit: 250,
-                after: None,
-                ascending: true,
-                backwards: false,
-            },
-        )
-        .await?;
-    Ok(page.items)
+    let mut all: Vec<EventType> = Vec::new();
+    loop {
+        let page = state
+            .store
+            .list_event_types(
+                false,
+                &PageReq {
+                    limit: 250,
+                    after: all.last().map(|et| et.name.clone()),
+                    ascending: true,
+                    backwards: false,
+                },
+            )
+            .await?;
+        all.extend(page.items);
+        if !page.has_more {
+            return Ok(all);
+        }
+    }
 }
 
 /// `GET /portal`: the application's endpoints with their health.
@@ -265,6 +274,54 @@ fn form_headers(form: &FormFields) -> serde_json::Map<String, serde_json::Value>
     headers
 }
 
+/// What the edit form shows for a credential header's value (never the
+/// value: `Authorization: ••••••`); saved as it is, the stored value stays.
+const KEPT_VALUE: &str = "••••••";
+
+/// The form's headers with each kept placeholder given back its stored
+/// value (a header the form names anew, or whose line was removed, is
+/// the form's).
+fn with_kept_values(
+    mut posted: serde_json::Map<String, serde_json::Value>,
+    stored: &BTreeMap<String, String>,
+) -> serde_json::Map<String, serde_json::Value> {
+    for (name, value) in posted.iter_mut() {
+        if value.as_str() == Some(KEPT_VALUE) {
+            if let Some(kept) = stored.get(name) {
+                *value = kept.clone().into();
+            }
+        }
+    }
+    posted
+}
+
+/// The edit form's PATCH with the event types it did not offer (hidden
+/// from the session by feature flags, archived) added back from the
+/// endpoint's filter: saving does not drop them, nor turn a filter of
+/// only such types into "every type".
+fn with_unoffered_types(
+    mut patch: serde_json::Value,
+    ep: &Endpoint,
+    offered: &[EventType],
+) -> serde_json::Value {
+    let unoffered: Vec<&String> = ep
+        .filter_types
+        .iter()
+        .flatten()
+        .filter(|t| !offered.iter().any(|et| et.name == **t))
+        .collect();
+    if unoffered.is_empty() {
+        return patch;
+    }
+    let mut types: Vec<serde_json::Value> = match patch.get("filterTypes") {
+        Some(serde_json::Value::Array(ticked)) => ticked.clone(),
+        _ => Vec::new(),
+    };
+    types.extend(unoffered.into_iter().map(|t| t.as_str().into()));
+    patch["filterTypes"] = types.into();
+    patch
+}
+
 struct FormValues {
     url: String,
     description: String,
@@ -283,10 +340,14 @@ impl FormValues {
             types: ep.filter_types.clone().unwrap_or_default(),
             channels: ep.channels.clone().unwrap_or_default().join(", "),
             throttle: ep.rate_limit.map(|r| r.to_string()).unwrap_or_default(),
+            // Credentials never shown again (docs/security.md).
             headers: ep
                 .headers
                 .iter()
-                .map(|(k, v)| format!("{k}: {v}"))
+                .map(|(k, v)| match is_sensitive_header(k) {
+                    true => format!("{k}: {KEPT_VALUE}"),
+                    false => format!("{k}: {v}"),
+                })
                 .collect::<Vec<_>>()
                 .join("\n"),
             disabled: ep.disabled,
@@ -331,7 +392,8 @@ fn endpoint_form(
                     }
                 }
             }
-            label { "Custom headers (one `Name: value` a line)"
+            label { "Custom headers (one `Name: value` a line; "
+                code { (KEPT_VALUE) } " keeps a credential's stored value)"
                 textarea name="headers" rows="3" cols="50" { (values.headers) } }
             label.nowrap { input type="checkbox" name="disabled" checked[values.disabled]; " Disabled" }
             button.primary type="submit" { "Save" }
@@ -585,10 +647,13 @@ pub async fn update(
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let flags = session_flags(&state, session).await?;
+    let offered = catalogue(&state, session).await?;
     let result = async {
-        let patch = parse_json(endpoint_patch_json(&posted.form).to_string().as_bytes())?;
+        let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &ep, &offered);
+        let patch = parse_json(patch.to_string().as_bytes())?;
+        let headers = with_kept_values(form_headers(&posted.form), &ep.headers);
         let headers: HeadersIn = parse_json(
-            serde_json::json!({ "headers": form_headers(&posted.form) })
+            serde_json::json!({ "headers": headers })
                 .to_string()
                 .as_bytes(),
         )?;

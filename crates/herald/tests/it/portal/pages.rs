@@ -187,6 +187,76 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     assert!(html.contains("class=\"error\""), "{html}");
     let (_, unchanged) = app.get(&format!("/api/v1/app/{id}/endpoint/{ep_id}")).await;
     assert_eq!(unchanged["description"], "now described");
+
+    // A credential header is never shown, and an unchanged save keeps it;
+    // event types the form does not offer (hidden by a feature flag the
+    // link lacks, archived) stay in the filter, which does not become
+    // "every type".
+    for (name, flags) in [("flagged.evt", json!(["beta"])), ("old.evt", json!(null))] {
+        let (s, out) = app
+            .post(
+                "/api/v1/event-type",
+                json!({"name": name, "featureFlags": flags}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{out}");
+    }
+    let (s, _) = app.delete("/api/v1/event-type/old.evt").await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "archived");
+    let (s, out) = app
+        .patch(
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
+            json!({"filterTypes": ["flagged.evt", "old.evt"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    let (s, out) = app
+        .put(
+            &format!("/api/v1/app/{id}/endpoint/{ep_id}/headers"),
+            json!({"headers": {"Authorization": "Bearer SUPERSECRET", "X-Tenant": "t2"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{out}");
+    let (status, form) = page(&app, &cookie, &edit).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!form.contains("SUPERSECRET"), "{form}");
+    assert!(form.contains("Authorization: ••••••"), "{form}");
+    let (status, html) = post_form(
+        &app,
+        &cookie,
+        &edit,
+        &[
+            ("url", "https://example.com/hook"),
+            ("description", "now described"),
+            ("headers", "Authorization: ••••••\nX-Tenant: t3"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
+    let after = app
+        .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}"))
+        .await
+        .1;
+    assert_eq!(
+        after["filterTypes"],
+        json!(["flagged.evt", "old.evt"]),
+        "{after}"
+    );
+    let running = app.running();
+    let stored = running
+        .store
+        .get_endpoint(&herald::ids::AppId::parse(&id).expect("id"), ep_id)
+        .await
+        .expect("read")
+        .expect("endpoint");
+    assert_eq!(
+        stored.headers.get("Authorization").map(String::as_str),
+        Some("Bearer SUPERSECRET")
+    );
+    assert_eq!(
+        stored.headers.get("X-Tenant").map(String::as_str),
+        Some("t3")
+    );
 }
 
 #[tokio::test]
