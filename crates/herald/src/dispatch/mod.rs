@@ -693,6 +693,36 @@ impl Dispatcher {
                 tracing::warn!(error = %e, endpoint = %s.endpoint_id, "could not disable endpoint");
             }
         }
+        // A 410 whose endpoint's streak a later success of the batch ended
+        // is not among the streaks; it disables the endpoint all the same.
+        let mut gone_unlisted: Vec<&Completion> = batch
+            .iter()
+            .filter(|c| is_gone(c.attempt.status_code))
+            .filter(|c| {
+                !done
+                    .streaks
+                    .iter()
+                    .any(|s| s.endpoint_id == c.attempt.endpoint_id)
+            })
+            .collect();
+        gone_unlisted.sort_by(|a, b| {
+            a.attempt
+                .endpoint_id
+                .as_str()
+                .cmp(b.attempt.endpoint_id.as_str())
+        });
+        gone_unlisted.dedup_by(|a, b| a.attempt.endpoint_id == b.attempt.endpoint_id);
+        for c in gone_unlisted {
+            let cause = herald_policy::DisableCause::Gone;
+            let (app, ep) = (&c.attempt.app_id, &c.attempt.endpoint_id);
+            if let Err(e) = self
+                .operator
+                .disable(app, ep, &cause.describe(), true, None)
+                .await
+            {
+                tracing::warn!(error = %e, endpoint = %ep, "could not disable endpoint");
+            }
+        }
         // Their 410s are recorded and the endpoints disabled (above): the
         // stop marks hold what was claimed before, the store the rest.
         for c in batch.iter().filter(|c| is_gone(c.attempt.status_code)) {

@@ -348,11 +348,19 @@ impl Sender {
                 .and_then(|v| parse_retry_after(v, SystemTime::now()));
             let mut body = Vec::new();
             let mut whole = false;
+            // The status is the receiver's answer: a body that then breaks
+            // off, or outlasts the request timeout, is no reason to send
+            // again what a 2xx accepted. It is noted with the excerpt.
+            let mut broke_off = None;
             while body.len() < EXCERPT_BYTES {
-                match response.chunk().await? {
-                    Some(chunk) => body.extend_from_slice(&chunk),
-                    None => {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                    Ok(None) => {
                         whole = true;
+                        break;
+                    }
+                    Err(e) => {
+                        broke_off = Some(e);
                         break;
                     }
                 }
@@ -361,18 +369,20 @@ impl Sender {
                 body.truncate(EXCERPT_BYTES);
                 whole = false;
             }
-            Ok::<_, reqwest::Error>((status, retry_after, excerpt_of(&body, whole)))
+            Ok::<_, reqwest::Error>((status, retry_after, excerpt_of(&body, whole), broke_off))
         }
         .await;
         match result {
-            Ok((status, retry_after, excerpt)) => Observed {
+            Ok((status, retry_after, excerpt, broke_off)) => Observed {
                 outcome: Outcome::Response {
                     status,
                     retry_after,
                 },
                 status: Some(status),
                 excerpt,
-                error: None,
+                error: broke_off.map(|e| {
+                    storable_error(format!("the response body broke off: {}", error_chain(&e)))
+                }),
                 duration: started.elapsed(),
             },
             Err(e) if e.is_timeout() => Observed {

@@ -158,6 +158,54 @@ async fn a_permanent_status_is_dead_after_one_attempt_and_never_retried() {
     app.shutdown().await;
 }
 
+/// A receiver that answers 200 and then breaks its body off (it promised
+/// more bytes than it sent, then closed): the 200 is its answer, the
+/// delivery is delivered, and nothing is sent again.
+#[tokio::test]
+async fn a_2xx_whose_body_breaks_off_is_delivered_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let requests = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = requests.clone();
+    let server = tokio::spawn(async move {
+        // Bounded: at most a few connections in this test.
+        for _ in 0..4 {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\naccepted")
+                .await;
+            drop(conn);
+        }
+    });
+    let app = spawn_stepped(&[]).await;
+    let (app_id, _) = app.app_with_endpoint(&url, json!({})).await;
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
+    let report = app.step().await;
+    assert_eq!(report.delivered, 1, "{report:?}");
+    let attempts = app.attempts_of_msg(&app_id, &msg).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["responseStatusCode"], 200);
+    assert_eq!(attempts[0]["response"], "accepted");
+    assert_eq!(app.step().await.claimed, 0, "nothing to send again");
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    server.abort();
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn redirects_are_not_followed_and_are_permanent() {
     let app = spawn_stepped(&[]).await;

@@ -131,6 +131,27 @@ async fn gone_disables_at_once_and_the_reason_says_so() {
     app.shutdown().await;
 }
 
+/// A 410 followed in the same batch of outcomes by a success of the same
+/// endpoint (whose streak the success ends) disables it all the same.
+#[tokio::test]
+async fn gone_disables_even_when_a_success_follows_in_its_batch() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let sent = app.send_n(&app_id, 2).await;
+    let gone = sent[0].clone();
+    rx.answer_with(move |r| match r.header("webhook-id") == gone {
+        true => Reply::status(410),
+        false => Reply::status(200),
+    });
+    let report = app.step().await;
+    assert_eq!((report.dead, report.delivered), (1, 1), "{report:?}");
+    let h = health(&app, &app_id, &ep_id).await;
+    assert_eq!(h["disabled"], true, "{h}");
+    assert_eq!(h["disabledReason"], "the endpoint answered 410 Gone");
+    app.shutdown().await;
+}
+
 #[tokio::test]
 async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
     let app = spawn_stepped(&[
