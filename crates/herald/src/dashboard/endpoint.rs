@@ -294,15 +294,17 @@ pub async fn disable(
         "" => "disabled by an operator in the dashboard",
         r => r,
     };
-    let changed = disable_audited(&state, &posted.session.actor(), &ep, reason).await?;
-    posted
-        .session
-        .flash(if changed {
-            "Disabled: nothing is sent to it until it is enabled."
-        } else {
-            "It was already disabled."
-        })
-        .await;
+    // A reason the API refuses (too long, a control character) is said on
+    // the endpoint's page, as any other outcome.
+    let said = match disable_audited(&state, &posted.session.actor(), &ep, reason).await {
+        Ok(true) => "Disabled: nothing is sent to it until it is enabled.".to_owned(),
+        Ok(false) => "It was already disabled.".to_owned(),
+        Err(e) => match super::form_problem(&e) {
+            Some(problem) => format!("Not disabled: {problem}"),
+            None => return Err(e.into()),
+        },
+    };
+    posted.session.flash(said).await;
     Ok(see_other(&endpoint_path(&ep)))
 }
 

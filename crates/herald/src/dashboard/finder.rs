@@ -464,11 +464,14 @@ pub fn message_attempts_table(
                             div.small.muted { (ago(Some(a.started_at), now)) @if a.manual { " · manual" } }
                         }
                         td {
-                            a.clip.narrow href=(view.endpoint_href(&a.app_id, &a.endpoint_id)) title=(a.url) {
-                                @match endpoints.get(&a.endpoint_id) {
-                                    Some(ep) => (truncate(&masked_url(&ep.url), 40)),
-                                    None => (truncate(&a.url, 40)),
-                                }
+                            // An endpoint deleted since has no page to link to.
+                            @match endpoints.get(&a.endpoint_id) {
+                                Some(ep) => a.clip.narrow href=(view.endpoint_href(&a.app_id, &a.endpoint_id)) title=(a.url) {
+                                    (truncate(&masked_url(&ep.url), 40))
+                                },
+                                None => span.clip.narrow title=(a.url) {
+                                    (truncate(&a.url, 40)) " (deleted)"
+                                },
                             }
                         }
                         td.num { (a.attempt_number) }

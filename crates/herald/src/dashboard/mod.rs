@@ -161,6 +161,17 @@ pub(crate) fn describe(e: &ApiError) -> String {
     }
 }
 
+/// An API error for a form: one line naming the fields, or None for an
+/// error that is not the form's (the page's own).
+pub(crate) fn form_problem(e: &ApiError) -> Option<String> {
+    match e {
+        ApiError::Validation(_) | ApiError::BadRequest(_) | ApiError::Conflict(_) => {
+            Some(describe(e))
+        }
+        _ => None,
+    }
+}
+
 impl IntoResponse for DashError {
     fn into_response(self) -> Response {
         let (status, text) = match self {

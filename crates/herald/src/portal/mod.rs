@@ -31,7 +31,7 @@ use crate::audit::Actor;
 use crate::config::Theme;
 use crate::dashboard::layout::{self, Audience, Frame};
 use crate::dashboard::session::{self as dsession, ClientIp, FormSession, Posted};
-use crate::dashboard::{describe, see_other, DashError};
+use crate::dashboard::{see_other, DashError};
 use crate::ids::AppId;
 use crate::store::{now_millis, ActorKind, Session, SessionKind, StoreError};
 
@@ -581,12 +581,4 @@ pub async fn logout(State(state): State<ApiState>, posted: PortalPosted) -> Resp
     response
 }
 
-/// An API error for a form: one line naming the fields.
-pub(crate) fn form_problem(e: &ApiError) -> Option<String> {
-    match e {
-        ApiError::Validation(_) | ApiError::BadRequest(_) | ApiError::Conflict(_) => {
-            Some(describe(e))
-        }
-        _ => None,
-    }
-}
+pub(crate) use crate::dashboard::form_problem;

@@ -250,6 +250,19 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert_eq!(status, 200);
     assert!(ep_page.contains("whsec_••••"), "the secret is masked");
     let csrf = csrf_of(&ep_page);
+    // A reason the API refuses (1,200 bytes in 600 characters) is said on
+    // the endpoint's page, not as a bare error page; nothing changes.
+    let long = "é".repeat(600);
+    let resp = post_form(
+        &browser,
+        &app,
+        &format!("{ep_path}/disable"),
+        &[("reason", long.as_str()), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(resp.status(), 303);
+    let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
+    assert!(ep_page.contains("Not disabled: reason"), "{ep_page}");
     let resp = post_form(
         &browser,
         &app,

@@ -282,6 +282,20 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     assert_eq!(entries.len(), 1, "{log}");
     assert_eq!(entries[0]["actorKind"], "dashboard", "{log}");
     assert_eq!(entries[0]["target"], Value::String(msg.clone()), "{log}");
+
+    // Its endpoint deleted, the attempts stay, named but no longer linked
+    // to a page that is gone.
+    let (status, _) = app
+        .delete(&format!("/api/v1/app/{acme}/endpoint/{ep_id}"))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, html) = get_page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
+    assert_eq!(status, 200, "{html}");
+    assert!(html.contains("(deleted)"), "{html}");
+    assert!(
+        !html.contains(&format!("/dashboard/app/{acme}/endpoint/{ep_id}\"")),
+        "no link to the deleted endpoint: {html}"
+    );
     app.shutdown().await;
 }
 
