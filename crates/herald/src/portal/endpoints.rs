@@ -125,21 +125,48 @@ async fn all_types(state: &ApiState) -> PortalResult<Vec<EventType>> {
     }
 }
 
-/// `GET /portal`: the application's endpoints with their health.
-pub async fn home(session: PortalSession, State(state): State<ApiState>) -> PortalResult {
+/// Endpoints on one page of the portal's home.
+const HOME_PAGE_SIZE: usize = 100;
+
+/// `GET /portal`'s page, `?offset=`.
+#[derive(Debug, serde::Deserialize, Default)]
+pub struct HomeQuery {
+    pub offset: Option<String>,
+}
+
+/// `GET /portal`: the application's endpoints with their health, a page
+/// at a time (failing first).
+pub async fn home(
+    session: PortalSession,
+    State(state): State<ApiState>,
+    axum::extract::Query(query): axum::extract::Query<HomeQuery>,
+) -> PortalResult {
     let now = now_millis();
-    let listed = state
+    // An application has at most HERALD_MAX_ENDPOINTS_PER_APP endpoints.
+    let offset = query
+        .offset
+        .as_deref()
+        .and_then(|o| o.parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(state.max_endpoints_per_app);
+    let total = state.store.count_endpoints(&session.app_id).await?;
+    let mut listed = state
         .store
-        .list_endpoint_overview(Some(&session.app_id), 0, 250)
+        .list_endpoint_overview(Some(&session.app_id), offset, HOME_PAGE_SIZE + 1)
         .await?;
+    let has_more = listed.len() > HOME_PAGE_SIZE;
+    listed.truncate(HOME_PAGE_SIZE);
     let healths = listed_health(&state.store, &listed, &state.breaker).await?;
     let rows: Vec<_> = listed
         .into_iter()
         .map(|o| o.endpoint)
         .zip(healths)
         .collect();
+    let link = |offset: usize| format!("/portal?offset={offset}");
+    let prev = (offset > 0).then(|| (link(offset.saturating_sub(HOME_PAGE_SIZE)), "Previous"));
+    let next = has_more.then(|| (link(offset + HOME_PAGE_SIZE), "Next"));
     let body = html! {
-        h1 { "Endpoints" small { (rows.len()) " of this application" } }
+        h1 { "Endpoints" small { (total) " of this application" } }
         @if session.capabilities.manage_endpoint() {
             div.toolbar { a.button href="/portal/endpoint/new" { "Add endpoint" } }
         }
@@ -173,6 +200,7 @@ pub async fn home(session: PortalSession, State(state): State<ApiState>) -> Port
                 }
             } }
         }
+        (crate::dashboard::layout::pager(prev, next, None))
     };
     Ok(session.page("Endpoints", Nav::Endpoints, body))
 }
@@ -573,7 +601,10 @@ pub async fn page(
                         (session.csrf_field())
                         select name="eventType" {
                             option value="svix.ping" { "svix.ping" }
-                            @for et in &types { option value=(et.name) { (et.name) } }
+                            // Only types with an example to send (the API refuses the rest).
+                            @for et in types.iter().filter(|et| example_of(et).is_some()) {
+                                option value=(et.name) { (et.name) }
+                            }
                         }
                         button type="submit" { "Send a test event" }
                     }

@@ -495,3 +495,60 @@ async fn endpoint_lists_show_an_open_circuit_and_a_throttle() {
         );
     }
 }
+
+/// The home page lists every endpoint a page at a time, with the real
+/// count; an endpoint's page offers as test events only `svix.ping` and
+/// the types with an example to send.
+#[tokio::test]
+async fn home_pages_through_every_endpoint_and_test_events_have_examples() {
+    let app = spawn_app(&[]).await;
+    let id = app.create_app().await;
+    let mut ids = Vec::new();
+    for i in 0..101 {
+        let ep = app
+            .create_endpoint(&id, &format!("https://example.com/e{i}"), json!({}))
+            .await;
+        ids.push(ep["id"].as_str().expect("id").to_owned());
+    }
+    let (_, out) = access(&app, &id, json!({})).await;
+    let cookie = open_link(&app, out["url"].as_str().expect("url")).await;
+    let linked = |html: &str| -> Vec<String> {
+        ids.iter()
+            .filter(|ep| html.contains(&format!("/portal/endpoint/{ep}\"")))
+            .cloned()
+            .collect()
+    };
+    let (status, first) = page(&app, &cookie, "/portal").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(first.contains("101 of this application"), "{first}");
+    assert!(first.contains("/portal?offset=100"), "a next page: {first}");
+    let (status, second) = page(&app, &cookie, "/portal?offset=100").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(second.contains("/portal?offset=0"), "a previous page");
+    let (a, b) = (linked(&first), linked(&second));
+    assert_eq!((a.len(), b.len()), (100, 1));
+    assert!(!a.contains(&b[0]), "no endpoint on both pages");
+
+    for (name, schemas) in [
+        ("with.example", json!({"1": {"examples": [{"a": 1}]}})),
+        ("without.example", json!(null)),
+    ] {
+        let (s, out) = app
+            .post(
+                "/api/v1/event-type",
+                json!({"name": name, "schemas": schemas}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{out}");
+    }
+    let (_, ep_page) = page(&app, &cookie, &format!("/portal/endpoint/{}", ids[0])).await;
+    assert!(ep_page.contains("option value=\"svix.ping\""), "{ep_page}");
+    assert!(
+        ep_page.contains("option value=\"with.example\""),
+        "{ep_page}"
+    );
+    assert!(
+        !ep_page.contains("option value=\"without.example\""),
+        "{ep_page}"
+    );
+}
