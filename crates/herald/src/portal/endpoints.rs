@@ -863,14 +863,17 @@ pub async fn recover(
     let session = &posted.session;
     session.need(session.capabilities.create_attempts())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
-    // `datetime-local` sends `2026-12-01T10:00` (read as UTC); an RFC 3339
-    // time is taken as it is.
+    // `datetime-local` sends `2026-12-01T10:00`, or with seconds (and
+    // their fraction) when the browser shows them: read as UTC. An RFC
+    // 3339 time is taken as it is.
     let since = posted.form.text("since");
-    let since = if since.len() == 16 {
-        format!("{since}:00Z")
-    } else {
-        since.to_owned()
-    };
+    let since = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S%.f"]
+        .iter()
+        .find_map(|format| chrono::NaiveDateTime::parse_from_str(since, format).ok())
+        .map_or_else(
+            || since.to_owned(),
+            |local| format!("{}Z", local.format("%Y-%m-%dT%H:%M:%S%.3f")),
+        );
     let body = parse_json(serde_json::json!({ "since": since }).to_string().as_bytes())?;
     let (st, actor, endpoint) = api_args(&state, session, &ep);
     let done = crate::api::history::recover(st, actor, endpoint, ApiJson(body)).await;

@@ -551,4 +551,23 @@ async fn home_pages_through_every_endpoint_and_test_events_have_examples() {
         !ep_page.contains("option value=\"without.example\""),
         "{ep_page}"
     );
+
+    // Recover from a time a browser sends with seconds, or without.
+    let here = format!("/portal/endpoint/{}", ids[0]);
+    for since in [
+        "2020-01-01T00:00",
+        "2020-01-01T00:00:30",
+        "2020-01-01T00:00:30.5",
+    ] {
+        let (status, text) = post_form(
+            &app,
+            &cookie,
+            &format!("{here}/recover"),
+            &[("since", since)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::SEE_OTHER, "{since}: {text}");
+        let (_, shown) = page(&app, &cookie, &here).await;
+        assert!(shown.contains("are being sent again"), "{since}: {shown}");
+    }
 }
