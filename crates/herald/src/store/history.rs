@@ -218,14 +218,17 @@ impl AttemptFilter {
     }
 }
 
+/// A column holding a JSON list of strings (a message's channels, tags).
+fn json_list(r: &impl StoredRow, column: &str) -> StoreResult<Option<Vec<String>>> {
+    col::<Option<String>>(r, column)?
+        .as_deref()
+        .map(from_json)
+        .transpose()
+}
+
 /// A message from its stored row (either backend).
 pub(crate) fn message_from_row(r: &impl StoredRow) -> StoreResult<Message> {
-    let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
-        col::<Option<String>>(r, column)?
-            .as_deref()
-            .map(from_json)
-            .transpose()
-    };
+    let json = |column: &str| json_list(r, column);
     Ok(Message {
         id: MsgId::from_trusted(col(r, "id")?),
         app_id: AppId::from_trusted(col(r, "app_id")?),
@@ -260,12 +263,7 @@ pub(crate) fn delivery_and_message_from_row(
     r: &impl StoredRow,
 ) -> StoreResult<(Delivery, Message)> {
     let d = delivery_from_row(r)?;
-    let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
-        col::<Option<String>>(r, column)?
-            .as_deref()
-            .map(from_json)
-            .transpose()
-    };
+    let json = |column: &str| json_list(r, column);
     let m = Message {
         id: d.msg_id.clone(),
         app_id: d.app_id.clone(),
