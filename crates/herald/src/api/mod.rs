@@ -489,8 +489,48 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
+/// Query parameters that hold a list: comma-separated, as the Rust SDK
+/// sends them, or repeated (`event_types=a&event_types=b`), as Svix's
+/// description (`style: form`) has other clients send them.
+const LIST_PARAMS: [&str; 1] = ["event_types"];
+
+/// `query` with each list parameter given once, its repeats joined by
+/// commas (percent-encoded values are joined as they are).
+fn joined_lists(query: &str) -> std::borrow::Cow<'_, str> {
+    let repeated = |name: &str| {
+        query
+            .split('&')
+            .filter(|pair| pair.split('=').next() == Some(name))
+            .count()
+            > 1
+    };
+    if !LIST_PARAMS.iter().any(|name| repeated(name)) {
+        return query.into();
+    }
+    let mut kept: Vec<String> = Vec::new();
+    for name in LIST_PARAMS {
+        let values: Vec<&str> = query
+            .split('&')
+            .filter_map(|pair| pair.split_once('=').filter(|(n, _)| *n == name))
+            .map(|(_, value)| value)
+            .filter(|value| !value.is_empty())
+            .collect();
+        if !values.is_empty() {
+            kept.push(format!("{name}={}", values.join(",")));
+        }
+    }
+    kept.extend(
+        query
+            .split('&')
+            .filter(|pair| !LIST_PARAMS.contains(&pair.split('=').next().unwrap_or("")))
+            .map(str::to_owned),
+    );
+    kept.join("&").into()
+}
+
 fn parse_query<T: DeserializeOwned>(query: &str) -> ApiResult<T> {
     check_query_text(query)?;
+    let query = joined_lists(query);
     axum::extract::Query::<T>::try_from_uri(
         &format!("/?{query}")
             .parse()

@@ -696,6 +696,17 @@ async fn attempt_and_endpoint_message_lists_take_svix_filters(backend: &Backend)
             "msgId",
             both.clone(),
         ),
+        // Repeated, as Svix's description has clients send a list.
+        (
+            format!("{by_ep}?event_types=order.paid&limit=50&event_types=order.shipped"),
+            "msgId",
+            both.clone(),
+        ),
+        (
+            format!("/api/v1/app/{app_id}/msg?event_types=order.shipped&event_types=nothing.else"),
+            "id",
+            vec![shipped.clone()],
+        ),
         (format!("{by_ep}?channel=eu"), "msgId", vec![paid.clone()]),
         (format!("{by_ep}?tag=vip"), "msgId", vec![paid.clone()]),
         (format!("{by_ep}?before={past}"), "msgId", vec![]),
