@@ -889,14 +889,22 @@ fn webhook_url_only(
     )
 }
 
-/// The URL without its password, for messages and logs.
+/// The URL without its password, for messages and logs. One that does
+/// not parse (a typo in its port) is shown without whatever stands between
+/// its scheme and its last `@`: that may be a password too.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
             let _ = u.set_password(Some("redacted"));
             u.to_string()
         }
-        _ => url.to_owned(),
+        Ok(_) => url.to_owned(),
+        Err(_) => match (url.split_once("://"), url.rfind('@')) {
+            (Some((scheme, _)), Some(at)) if at > scheme.len() => {
+                format!("{scheme}://redacted{}", &url[at..])
+            }
+            _ => url.to_owned(),
+        },
     }
 }
 

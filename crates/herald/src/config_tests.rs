@@ -339,3 +339,25 @@ fn base64_key() -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode([7u8; 32])
 }
+
+/// A URL that does not parse (a typo in the port) is shown without its
+/// credentials all the same, for the database and the proxy alike.
+#[test]
+fn urls_that_do_not_parse_are_shown_without_their_password() {
+    let typo = "postgres://herald:FILEDBPASSWORD@db.internal:54321x/herald";
+    assert_eq!(
+        redact_url(typo),
+        "postgres://redacted@db.internal:54321x/herald"
+    );
+    assert_eq!(
+        redact_url("postgres://herald:pw@db:5432/herald"),
+        "postgres://herald:redacted@db:5432/herald"
+    );
+    assert_eq!(redact_url("sqlite://./herald.db"), "sqlite://./herald.db");
+    let err = Config::from_values(&env(&[
+        ("HERALD_ADMIN_TOKEN", "x".repeat(32).as_str()),
+        ("HERALD_PROXY_URL", "http://puser:PROXYPASS@proxy:99999"),
+    ]))
+    .expect_err("a bad port");
+    assert!(!err.to_string().contains("PROXYPASS"), "{err}");
+}

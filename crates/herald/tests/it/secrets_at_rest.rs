@@ -477,6 +477,19 @@ async fn plain_rows_are_encrypted_at_the_first_start_with_a_key(db: Db) {
     assert_sealed(&secret, 1, &[SECRET]);
     assert_sealed(&headers, 1, &[AUTH]);
     app.shutdown().await;
+    // Nor are the plain values left in the file's free space or its log.
+    if let Db::Sqlite(dir) = &db {
+        let plain = SECRET.trim_start_matches("whsec_");
+        for file in ["herald.db", "herald.db-wal"] {
+            let bytes = std::fs::read(dir.path().join(file)).unwrap_or_default();
+            for needle in [plain, AUTH] {
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                    "{needle} is still in {file}"
+                );
+            }
+        }
+    }
 
     // Without the key, or with another: no start, and the message says why.
     for keys in [None, Some(key(2))] {

@@ -54,30 +54,51 @@ impl Secrets for SqliteStore {
             .await
         };
         let write_unchanged = |writes: Vec<(SecretRow, SecretRow)>| async {
+            // Securely: the values replaced (plain, or sealed with a key
+            // being retired) are zeroed in the file, not left in its pages'
+            // free space.
             self.write(move |c| {
-                let mut stmt = c.prepare_cached(
+                securely(c, || {
+                    let mut stmt = c.prepare_cached(
                     "UPDATE endpoints SET secret = ?1, old_secrets = ?2, headers = ?3, url = ?8 \
                      WHERE id = ?4 AND secret = ?5 AND old_secrets = ?6 AND headers = ?7 \
                        AND url = ?9",
                 )?;
-                let mut n = 0u64;
-                for (old, new) in &writes {
-                    n += stmt.execute(params![
-                        new.secret,
-                        new.old_secrets,
-                        new.headers,
-                        old.id,
-                        old.secret,
-                        old.old_secrets,
-                        old.headers,
-                        new.url,
-                        old.url
-                    ])? as u64;
-                }
-                Ok(n)
+                    let mut n = 0u64;
+                    for (old, new) in &writes {
+                        n += stmt.execute(params![
+                            new.secret,
+                            new.old_secrets,
+                            new.headers,
+                            old.id,
+                            old.secret,
+                            old.old_secrets,
+                            old.headers,
+                            new.url,
+                            old.url
+                        ])? as u64;
+                    }
+                    Ok(n)
+                })
             })
             .await
         };
-        reseal_in_batches(&self.keys, &keep, batch_after, write_unchanged).await
+        let resealed = reseal_in_batches(&self.keys, &keep, batch_after, write_unchanged).await?;
+        if resealed > 0 {
+            // The write-ahead log's older frames may hold the replaced
+            // values too: checkpointed into the file and emptied, on a
+            // connection of its own (the writer's jobs run in transactions,
+            // where a checkpoint cannot).
+            let path = self.path.clone();
+            tokio::task::spawn_blocking(move || {
+                let c = Connection::open(&path)?;
+                c.busy_timeout(Duration::from_secs(10))?;
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                Ok::<_, rusqlite::Error>(())
+            })
+            .await
+            .map_err(|e| StoreError::Internal(format!("the checkpoint task failed: {e}")))??;
+        }
+        Ok(resealed)
     }
 }
