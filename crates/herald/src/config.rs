@@ -30,7 +30,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_BACKUP_KEEP", "24", "Scheduled backups kept; the oldest beyond this many are removed."),
     ("HERALD_AUTO_MIGRATE", "true", "At start, apply the store's pending migrations; `false`: refuse to start while any is pending (naming them), so that `herald migrate` runs as a step of the deploy."),
     ("HERALD_DATABASE_WAIT", "30s", "At start, how long to keep retrying a store that cannot be reached (a database still starting) before giving up; `0s`: give up at once."),
-    ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store."),
+    ("HERALD_ADMIN_TOKEN", "(generated)", "Bearer token for /api/*. Unset: generated at first start, printed once, kept hashed in the store; set, it retires a generated one for good."),
     ("HERALD_ADMIN_TOKEN_FILE", "", "A file holding HERALD_ADMIN_TOKEN (Docker and Kubernetes secrets; a trailing newline is ignored). Not together with HERALD_ADMIN_TOKEN."),
     ("HERALD_ENCRYPTION_KEY_FILE", "", "A file holding HERALD_ENCRYPTION_KEY (as HERALD_ADMIN_TOKEN_FILE)."),
     ("HERALD_DATABASE_URL_FILE", "", "A file holding HERALD_DATABASE_URL, for a URL with a password (as HERALD_ADMIN_TOKEN_FILE)."),

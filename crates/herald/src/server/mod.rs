@@ -394,7 +394,16 @@ async fn admin_token(
     store: &dyn Store,
 ) -> anyhow::Result<([u8; 32], Option<String>)> {
     if let Some(token) = &config.security.admin_token {
-        return Ok((token_sha256(token), None));
+        let digest = token_sha256(token);
+        // A token generated before is retired for good: unset again later,
+        // the one set now, not it (it may have leaked), comes back.
+        let kept = store.get_setting(ADMIN_TOKEN_KEY).await?;
+        if kept.is_some_and(|kept| kept != hex::encode(digest)) {
+            store
+                .put_setting(ADMIN_TOKEN_KEY, &hex::encode(digest))
+                .await?;
+        }
+        return Ok((digest, None));
     }
     if let Some(stored) = store.get_setting(ADMIN_TOKEN_KEY).await? {
         return Ok((digest_from_hex(&stored)?, None));

@@ -90,6 +90,37 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
         .await
         .expect("send");
     assert_eq!(bad.status(), 401);
+    drop(second);
+
+    // Replaced by HERALD_ADMIN_TOKEN (the generated one leaked, say), it is
+    // retired for good: unset again, the token set last stands, not it.
+    let status_with = |addr: std::net::SocketAddr, token: String| {
+        let client = client.clone();
+        async move {
+            client
+                .get(format!("http://{addr}/api/v1/app"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .expect("send")
+                .status()
+        }
+    };
+    let third = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    assert_eq!(status_with(third.addr, token.clone()).await, 401);
+    drop(third);
+    let fourth = serve(&db, &[]).await;
+    assert!(
+        !fourth.first_line.contains("admin token"),
+        "{}",
+        fourth.first_line
+    );
+    assert_eq!(
+        status_with(fourth.addr, token.clone()).await,
+        401,
+        "not back"
+    );
+    assert_eq!(status_with(fourth.addr, TOKEN.to_owned()).await, 200);
 }
 
 /// The shared receiver, failing the first attempt of every delivery (by
