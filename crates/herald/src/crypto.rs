@@ -33,6 +33,9 @@ pub const ENV_KEY: &str = "HERALD_ENCRYPTION_KEY";
 struct Key {
     id: String,
     cipher: Aes256Gcm,
+    /// For digests that must not be recomputable from the database alone
+    /// ([`Keyring::keyed_digests`]); derived, so no key serves two uses.
+    mac_key: [u8; 32],
 }
 
 /// The keys values are sealed and opened with; empty when no key is
@@ -103,6 +106,28 @@ pub fn is_sealed(stored: &str) -> bool {
 }
 
 impl Keyring {
+    /// `digest` as the store keeps it: under each key, an HMAC-SHA256 of
+    /// it (the first key's is the one to write, the others match what was
+    /// written before a rotation); with no key, the digest itself (in
+    /// hex). Whoever holds only the database cannot test a guess of what
+    /// was digested against it.
+    pub fn keyed_digests(&self, digest: &[u8]) -> Vec<String> {
+        use hmac::{Hmac, Mac};
+        if self.keys.is_empty() {
+            return vec![hex::encode(digest)];
+        }
+        self.keys
+            .iter()
+            .map(|k| {
+                // HMAC takes a key of any length: this cannot fail.
+                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&k.mac_key)
+                    .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+                mac.update(digest);
+                hex::encode(mac.finalize().into_bytes())
+            })
+            .collect()
+    }
+
     /// No key: values are stored in plain text.
     pub fn plain() -> Self {
         Keyring::default()
@@ -116,6 +141,11 @@ impl Keyring {
                 .map(|k| Key {
                     id: key_id(k),
                     cipher: Aes256Gcm::new(k.into()),
+                    mac_key: Sha256::new()
+                        .chain_update(b"herald digest key\n")
+                        .chain_update(k)
+                        .finalize()
+                        .into(),
                 })
                 .collect(),
         }

@@ -120,14 +120,19 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
             .into_response()
         }
     };
-    let hash = request_digest(&parts.method, &parts.uri, &bytes);
+    // Kept keyed (with HERALD_ENCRYPTION_KEY): the body may carry
+    // credentials, and a plain digest would let whoever holds the database
+    // test guesses of them.
+    let hashes = state
+        .keys
+        .keyed_digests(&request_digest(&parts.method, &parts.uri, &bytes));
     let now = now_millis();
     let begun = state
         .store
         .idempotency_begin(
             &scope,
             &key,
-            &hash,
+            &hashes,
             now,
             now - KEY_LIFETIME_MS,
             now - STALE_AFTER_MS,
@@ -203,7 +208,7 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
 /// count), else as bytes. The JSON is walked once into the hash, keys of
 /// each object in sorted order, with every value tagged and every string
 /// length-prefixed, so no two different documents feed the same bytes.
-pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> String {
+pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     hasher.update(method.as_str().as_bytes());
     hasher.update(b" ");
@@ -221,7 +226,7 @@ pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> St
             hasher.update(body);
         }
     }
-    hex::encode(hasher.finalize())
+    hasher.finalize().into()
 }
 
 fn feed_json(value: &serde_json::Value, hasher: &mut Sha256) {
@@ -266,7 +271,7 @@ fn feed_json(value: &serde_json::Value, hasher: &mut Sha256) {
 mod tests {
     use super::*;
 
-    fn digest(path: &str, body: &str) -> String {
+    fn digest(path: &str, body: &str) -> [u8; 32] {
         request_digest(&Method::POST, &path.parse().expect("uri"), body.as_bytes())
     }
 

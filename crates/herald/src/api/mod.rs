@@ -107,6 +107,9 @@ pub struct ApiShared {
     pub max_headers_per_endpoint: usize,
     /// `HERALD_MAX_ENDPOINTS_PER_APP`.
     pub max_endpoints_per_app: usize,
+    /// `HERALD_ENCRYPTION_KEY`: what idempotent requests' digests are
+    /// keyed with.
+    pub keys: Arc<crate::crypto::Keyring>,
     /// `HERALD_API_RATE_LIMIT`, per caller.
     pub rate_limit: Arc<crate::limits::RateLimit>,
     /// `HERALD_MAX_AGE`: how far ahead a message's `deliverAt` may be.

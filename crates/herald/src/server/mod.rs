@@ -531,6 +531,7 @@ pub async fn start(
                 Duration::from_secs(1),
             ),
             max_headers_per_endpoint: config.security.max_headers_per_endpoint,
+            keys: config.security.encryption_keys.clone(),
             max_endpoints_per_app: config.security.max_endpoints_per_app,
             rate_limit: Arc::new(crate::limits::RateLimit::new(
                 config.security.api_rate_limit,

@@ -59,13 +59,16 @@ pub trait Tokens: Send + Sync {
         Ok(())
     }
     /// Starts a request carrying an Idempotency-Key (see [`IdemBegin`]).
-    /// Records older than `valid_after` are forgotten; a still-running one
-    /// older than `stale_before` is taken over (its process died).
+    /// `request_hashes`: the request's digest as kept (the first), then as
+    /// it was kept before a key rotation (`Keyring::keyed_digests`); one
+    /// kept that matches any is the same request. Records older than
+    /// `valid_after` are forgotten; a still-running one older than
+    /// `stale_before` is taken over (its process died).
     async fn idempotency_begin(
         &self,
         scope: &str,
         key: &str,
-        request_hash: &str,
+        request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
         stale_before: Millis,
@@ -140,7 +143,7 @@ pub enum IdemBegin {
 /// against a new request (both stores use this).
 pub fn idem_verdict(
     found: Option<(String, i64, String, i64)>,
-    hash: &str,
+    hashes: &[String],
     valid_after: Millis,
     stale_before: Millis,
 ) -> IdemBegin {
@@ -148,7 +151,7 @@ pub fn idem_verdict(
         None => IdemBegin::Fresh,
         Some((_, _, _, created)) if created < valid_after => IdemBegin::Fresh,
         Some((_, 0, _, created)) if created < stale_before => IdemBegin::Fresh,
-        Some((stored, _, _, _)) if stored != hash => IdemBegin::Mismatch,
+        Some((stored, _, _, _)) if !hashes.contains(&stored) => IdemBegin::Mismatch,
         Some((_, 0, _, _)) => IdemBegin::InProgress,
         Some((_, status, body, _)) => IdemBegin::Replay {
             status: u16::try_from(status).unwrap_or(500),

@@ -21,6 +21,7 @@ crate::on_both_stores!(Db =>
     rotate_encryption_key_moves_everything_to_the_first_key,
     one_unreadable_row_spoils_nothing_else,
     url_credentials_are_sealed_and_masked,
+    idempotent_requests_are_kept_as_keyed_digests,
 );
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -170,17 +171,20 @@ impl Db {
     }
 
     /// Every kept Idempotency-Key answer: its status and body as stored.
-    async fn idempotency_rows(&self) -> Vec<(i64, String)> {
+    /// The kept answers: status, body and the request's digest as kept.
+    async fn idempotency_rows(&self) -> Vec<(i64, String, String)> {
         match self {
             Db::Sqlite(dir) => {
                 let conn = rusqlite::Connection::open(dir.path().join("herald.db")).expect("open");
                 let mut stmt = conn
-                    .prepare("SELECT status, body FROM idempotency ORDER BY created_at")
+                    .prepare(
+                        "SELECT status, body, request_hash FROM idempotency ORDER BY created_at",
+                    )
                     .expect("prepare");
                 let rows = stmt
-                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .expect("query")
-                    .collect::<Result<Vec<(i64, String)>, _>>()
+                    .collect::<Result<Vec<(i64, String, String)>, _>>()
                     .expect("rows");
                 rows
             }
@@ -188,7 +192,7 @@ impl Db {
                 use sqlx::Row;
                 let pool = sqlx::PgPool::connect(&pg.url).await.expect("connect");
                 let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "SELECT status, body FROM \"{}\".idempotency ORDER BY created_at",
+                    "SELECT status, body, request_hash FROM \"{}\".idempotency ORDER BY created_at",
                     pg.schema
                 )))
                 .fetch_all(&pool)
@@ -196,7 +200,7 @@ impl Db {
                 .expect("rows");
                 pool.close().await;
                 rows.iter()
-                    .map(|r| (i64::from(r.get::<i32, _>(0)), r.get(1)))
+                    .map(|r| (i64::from(r.get::<i32, _>(0)), r.get(1), r.get(2)))
                     .collect()
             }
         }
@@ -360,7 +364,7 @@ async fn idempotent_answers_keep_no_secret(db: Db) {
 
     let rows = db.idempotency_rows().await;
     assert_eq!(rows.len(), calls.len(), "one record a key: {rows:?}");
-    for (status, body) in &rows {
+    for (status, body, _) in &rows {
         assert_eq!(*status, 409, "{body}");
         for secret in &secrets {
             assert!(!body.contains(secret.as_str()), "{secret} is kept: {body}");
@@ -442,7 +446,7 @@ async fn idempotent_answers_keep_no_secret(db: Db) {
     }
     let rows = db.idempotency_rows().await;
     assert!(rows.len() >= calls.len() + 4, "{rows:?}");
-    for (_, body) in &rows {
+    for (_, body, _) in &rows {
         assert!(
             !body.contains("hunter2"),
             "the URL's password is kept: {body}"
@@ -759,6 +763,43 @@ async fn url_credentials_are_sealed_and_masked(db: Db) {
         assert!(!html.contains(PASS), "{page}: {html}");
         assert!(html.contains("****@"), "{page} shows the endpoint masked");
     }
+    app.shutdown().await;
+    db.done().await;
+}
+
+/// With a key, a request sent with an Idempotency-Key is kept as a keyed
+/// digest, not the SHA-256 of its method, path and body, against which
+/// whoever holds the database could test guesses of a credential it
+/// carried; a repeat replays, also once a new key is put first.
+async fn idempotent_requests_are_kept_as_keyed_digests(db: Db) {
+    let app = db.start(Some(&key(1))).await;
+    let app_id = app.create_app().await;
+    let path = format!("/api/v1/app/{app_id}/endpoint");
+    let body = json!({"url": "https://admin:hunter2@example.com/x"});
+    let (status, _, created) = post_with_key(&app, &path, "guess", body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let plain: Vec<String> = [path.clone(), format!("/app/{app_id}/endpoint")]
+        .iter()
+        .map(|p| {
+            let uri = p.parse().expect("uri");
+            let method = axum::http::Method::POST;
+            hex(herald::api::idempotency::request_digest(
+                &method,
+                &uri,
+                body.to_string().as_bytes(),
+            ))
+        })
+        .collect();
+    let rows = db.idempotency_rows().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(!plain.contains(&rows[0].2), "kept as the plain digest");
+    app.shutdown().await;
+
+    let app = db.start(Some(&format!("{},{}", key(2), key(1)))).await;
+    let (status, replayed, again) = post_with_key(&app, &path, "guess", body).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true), "{again}");
+    assert_eq!(again["id"], created["id"]);
     app.shutdown().await;
     db.done().await;
 }

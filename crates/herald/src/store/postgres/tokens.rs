@@ -179,11 +179,15 @@ impl Tokens for PostgresStore {
         &self,
         scope: &str,
         key: &str,
-        request_hash: &str,
+        request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
         stale_before: Millis,
     ) -> StoreResult<IdemBegin> {
+        let request_hash = request_hashes
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
         let mut tx = self.pool.begin().await?;
         // Concurrent first requests: one inserts, the other waits on its
         // row and then sees it (in progress, or done).
@@ -219,7 +223,7 @@ impl Tokens for PostgresStore {
             )),
             None => None,
         };
-        let verdict = idem_verdict(found, request_hash, valid_after, stale_before);
+        let verdict = idem_verdict(found, request_hashes, valid_after, stale_before);
         if verdict == IdemBegin::Fresh {
             sqlx::query(
                 "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \

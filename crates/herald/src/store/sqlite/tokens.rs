@@ -161,12 +161,13 @@ impl Tokens for SqliteStore {
         &self,
         scope: &str,
         key: &str,
-        request_hash: &str,
+        request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
         stale_before: Millis,
     ) -> StoreResult<IdemBegin> {
-        let (scope, key, hash) = (scope.to_owned(), key.to_owned(), request_hash.to_owned());
+        let (scope, key, hashes) = (scope.to_owned(), key.to_owned(), request_hashes.to_vec());
+        let hash = hashes.first().cloned().unwrap_or_default();
         self.write(move |c| {
             let found: Option<(String, i64, String, i64)> = c
                 .query_row(
@@ -175,7 +176,7 @@ impl Tokens for SqliteStore {
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .optional()?;
-            let verdict = idem_verdict(found, &hash, valid_after, stale_before);
+            let verdict = idem_verdict(found, &hashes, valid_after, stale_before);
             if verdict == IdemBegin::Fresh {
                 c.execute(
                     "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \

@@ -38,7 +38,14 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
         let store = store.clone();
         async move {
             store
-                .idempotency_begin("admin", key, hash, now, now - 1_000, now - 100)
+                .idempotency_begin(
+                    "admin",
+                    key,
+                    &[hash.to_owned()],
+                    now,
+                    now - 1_000,
+                    now - 100,
+                )
                 .await
                 .expect("begin")
         }
@@ -60,7 +67,7 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     // Scopes are apart.
     assert_eq!(
         store
-            .idempotency_begin("tok_x", "k", "h9", T0, T0 - 1_000, T0 - 100)
+            .idempotency_begin("tok_x", "k", &["h9".to_owned()], T0, T0 - 1_000, T0 - 100)
             .await
             .expect("begin"),
         IdemBegin::Fresh
@@ -74,6 +81,23 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     assert_eq!(begin("j", "h", T0 + 1).await, IdemBegin::Fresh);
     assert!(store.prune_idempotency(T0 + 10_000).await.expect("prune") >= 2);
     assert_eq!(begin("k", "zz", T0 + 10_001).await, IdemBegin::Fresh);
+    // After a key rotation the request's digest under the retired key
+    // (not the first, kept one) still names the same request.
+    store
+        .idempotency_finish("admin", "k", 201, "{}")
+        .await
+        .expect("finish");
+    let rotated = ["new".to_owned(), "zz".to_owned()];
+    assert_eq!(
+        store
+            .idempotency_begin("admin", "k", &rotated, T0 + 10_002, T0, T0)
+            .await
+            .expect("begin"),
+        IdemBegin::Replay {
+            status: 201,
+            body: "{}".into()
+        }
+    );
 }
 
 fn portal_token(app: &AppId, id: &str, expires_at: Millis, session_id: Option<&str>) -> ApiToken {
