@@ -713,7 +713,10 @@ impl Dispatcher {
         });
         gone_unlisted.dedup_by(|a, b| a.attempt.endpoint_id == b.attempt.endpoint_id);
         for c in gone_unlisted {
-            let cause = herald_policy::DisableCause::Gone;
+            // The policy's verdict on a 410, as for a listed endpoint.
+            let Some(cause) = should_disable(&self.disable_rule, true, 0, Duration::ZERO) else {
+                continue;
+            };
             let (app, ep) = (&c.attempt.app_id, &c.attempt.endpoint_id);
             if let Err(e) = self
                 .operator
