@@ -34,11 +34,11 @@ fn layers() -> BTreeMap<String, usize> {
     out
 }
 
-/// The top-level module a source file belongs to (`config_tests` is part
-/// of `config`); `None` for the crate root and the binary.
+/// The top-level module a source file belongs to (`config/tests.rs` is
+/// part of `config`); `None` for the crate root and the binary.
 fn module_of(rel: &Path) -> Option<String> {
     let first = rel.components().next()?.as_os_str().to_str()?;
-    let name = first.trim_end_matches(".rs").trim_end_matches("_tests");
+    let name = first.trim_end_matches(".rs");
     match name {
         "lib" | "main" => None,
         other => Some(other.to_owned()),

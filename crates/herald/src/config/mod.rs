@@ -1001,5 +1001,4 @@ fn parse_toml(text: &str) -> Result<BTreeMap<String, String>, String> {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;
