@@ -108,13 +108,15 @@ pub fn is_sealed(stored: &str) -> bool {
 impl Keyring {
     /// `digest` as the store keeps it: under each key, an HMAC-SHA256 of
     /// it (the first key's is the one to write, the others match what was
-    /// written before a rotation); with no key, the digest itself (in
-    /// hex). Whoever holds only the database cannot test a guess of what
-    /// was digested against it.
+    /// written before a rotation), then the digest itself in hex (what was
+    /// written before a key was set: matched, never written); with no key,
+    /// the digest itself. Whoever holds only the database cannot test a
+    /// guess of what was digested against what is written with a key.
     pub fn keyed_digests(&self, digest: &[u8]) -> Vec<String> {
         use hmac::{Hmac, Mac};
+        let plain = hex::encode(digest);
         if self.keys.is_empty() {
-            return vec![hex::encode(digest)];
+            return vec![plain];
         }
         self.keys
             .iter()
@@ -125,6 +127,7 @@ impl Keyring {
                 mac.update(digest);
                 hex::encode(mac.finalize().into_bytes())
             })
+            .chain(std::iter::once(plain))
             .collect()
     }
 

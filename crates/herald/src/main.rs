@@ -136,7 +136,9 @@ fn main() -> std::process::ExitCode {
     // Not `serve`: its log must not end it when a reader goes away.
     if !matches!(cli.command, Command::Serve { .. }) {
         // SAFETY: sets one signal's disposition before any other thread
-        // exists. Sockets are written with MSG_NOSIGNAL by std and tokio.
+        // exists. TCP sockets are written with MSG_NOSIGNAL by std and
+        // tokio; a Unix-socket peer (PostgreSQL's) that goes away ends the
+        // command as a closed stdout does, with a non-zero status.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -323,21 +323,35 @@ fn with_kept_values(
     posted
 }
 
-/// The edit form's PATCH with the event types it did not offer (hidden
-/// from the session by feature flags, archived) added back from the
-/// endpoint's filter: saving does not drop them, nor turn a filter of
-/// only such types into "every type".
-fn with_unoffered_types(
-    mut patch: serde_json::Value,
+/// The event types of the endpoint's filter the edit form does not offer
+/// (hidden from the session by feature flags, archived) and that still
+/// exist (one deleted since cannot be kept: the API refuses it).
+async fn unoffered_types(
+    state: &ApiState,
     ep: &Endpoint,
     offered: &[EventType],
-) -> serde_json::Value {
-    let unoffered: Vec<&String> = ep
+) -> Result<Vec<String>, ApiError> {
+    let unoffered: Vec<String> = ep
         .filter_types
         .iter()
         .flatten()
         .filter(|t| !offered.iter().any(|et| et.name == **t))
+        .cloned()
         .collect();
+    if unoffered.is_empty() {
+        return Ok(unoffered);
+    }
+    let gone = state.store.unknown_event_types(&unoffered).await?;
+    Ok(unoffered
+        .into_iter()
+        .filter(|t| !gone.contains(t))
+        .collect())
+}
+
+/// The edit form's PATCH with `unoffered` ([`unoffered_types`]) added
+/// back: saving does not drop them, nor turn a filter of only such types
+/// into "every type".
+fn with_unoffered_types(mut patch: serde_json::Value, unoffered: &[String]) -> serde_json::Value {
     if unoffered.is_empty() {
         return patch;
     }
@@ -345,7 +359,7 @@ fn with_unoffered_types(
         Some(serde_json::Value::Array(ticked)) => ticked.clone(),
         _ => Vec::new(),
     };
-    types.extend(unoffered.into_iter().map(|t| t.as_str().into()));
+    types.extend(unoffered.iter().map(|t| t.as_str().into()));
     patch["filterTypes"] = types.into();
     patch
 }
@@ -680,7 +694,8 @@ pub async fn update(
     let flags = session_flags(&state, session).await?;
     let offered = catalogue(&state, session).await?;
     let result = async {
-        let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &ep, &offered);
+        let unoffered = unoffered_types(&state, &ep, &offered).await?;
+        let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &unoffered);
         let patch = parse_json(patch.to_string().as_bytes())?;
         let headers = with_kept_values(form_headers(&posted.form), &ep.headers);
         let headers: HeadersIn = parse_json(

@@ -772,7 +772,17 @@ async fn url_credentials_are_sealed_and_masked(db: Db) {
 /// whoever holds the database could test guesses of a credential it
 /// carried; a repeat replays, also once a new key is put first.
 async fn idempotent_requests_are_kept_as_keyed_digests(db: Db) {
+    // Kept before the key was set: still replayed after.
+    let app = db.start(None).await;
+    let (status, _, before) =
+        post_with_key(&app, "/api/v1/app", "before", json!({"name": "B"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{before}");
+    app.shutdown().await;
     let app = db.start(Some(&key(1))).await;
+    let (status, replayed, again) =
+        post_with_key(&app, "/api/v1/app", "before", json!({"name": "B"})).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true), "{again}");
+    assert_eq!(again["id"], before["id"]);
     let app_id = app.create_app().await;
     let path = format!("/api/v1/app/{app_id}/endpoint");
     let body = json!({"url": "https://admin:hunter2@example.com/x"});
@@ -792,8 +802,8 @@ async fn idempotent_requests_are_kept_as_keyed_digests(db: Db) {
         })
         .collect();
     let rows = db.idempotency_rows().await;
-    assert_eq!(rows.len(), 1, "{rows:?}");
-    assert!(!plain.contains(&rows[0].2), "kept as the plain digest");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(!plain.contains(&rows[1].2), "kept as the plain digest");
     app.shutdown().await;
 
     let app = db.start(Some(&format!("{},{}", key(2), key(1)))).await;

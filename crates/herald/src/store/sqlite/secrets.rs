@@ -90,14 +90,24 @@ impl Secrets for SqliteStore {
             // connection of its own (the writer's jobs run in transactions,
             // where a checkpoint cannot).
             let path = self.path.clone();
-            tokio::task::spawn_blocking(move || {
+            let blocked = tokio::task::spawn_blocking(move || {
                 let c = Connection::open(&path)?;
-                c.busy_timeout(Duration::from_secs(10))?;
-                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-                Ok::<_, rusqlite::Error>(())
+                c.busy_timeout(Duration::from_secs(1))?;
+                // Its row: (blocked, frames in the log, frames moved).
+                c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                })
             })
             .await
             .map_err(|e| StoreError::Internal(format!("the checkpoint task failed: {e}")))??;
+            if blocked != 0 {
+                // A reader's snapshot (a backup, a sqlite3 shell) holds the
+                // log: later checkpoints overwrite it as the store writes.
+                tracing::warn!(
+                    "the SQLite write-ahead log could not be emptied now (a reader holds it): \
+                     values just encrypted stay readable there until it is overwritten"
+                );
+            }
         }
         Ok(resealed)
     }

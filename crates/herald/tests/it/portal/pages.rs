@@ -192,7 +192,11 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     // event types the form does not offer (hidden by a feature flag the
     // link lacks, archived) stay in the filter, which does not become
     // "every type".
-    for (name, flags) in [("flagged.evt", json!(["beta"])), ("old.evt", json!(null))] {
+    for (name, flags) in [
+        ("flagged.evt", json!(["beta"])),
+        ("old.evt", json!(null)),
+        ("gone.evt", json!(null)),
+    ] {
         let (s, out) = app
             .post(
                 "/api/v1/event-type",
@@ -206,10 +210,13 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     let (s, out) = app
         .patch(
             &format!("/api/v1/app/{id}/endpoint/{ep_id}"),
-            json!({"filterTypes": ["flagged.evt", "old.evt"]}),
+            json!({"filterTypes": ["flagged.evt", "old.evt", "gone.evt"]}),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{out}");
+    // Deleted for good since: not kept (the API would refuse the save).
+    let (s, _) = app.delete("/api/v1/event-type/gone.evt?expunge=true").await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, out) = app
         .put(
             &format!("/api/v1/app/{id}/endpoint/{ep_id}/headers"),
