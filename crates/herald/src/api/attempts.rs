@@ -82,6 +82,9 @@ pub async fn list_attempts_by_msg(
     ApiQuery(params): ApiQuery<super::history::AttemptListParams>,
     ApiQuery(only): ApiQuery<super::history::AttemptEndpointParam>,
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
+    // The other filters are judged first: a bad one is a 422 whatever
+    // `endpoint_id` names.
+    params.filter()?;
     let endpoint = match only.endpoint_id.as_deref().filter(|e| !e.is_empty()) {
         None => None,
         // An endpoint that is not the app's has no attempts of it.

@@ -736,6 +736,10 @@ async fn attempt_and_endpoint_message_lists_take_svix_filters(backend: &Backend)
     for (query, names) in [
         (format!("{ep_msgs}?status=9"), "status"),
         (format!("{by_ep}?before=yesterday"), "before"),
+        (
+            format!("{by_msg}?endpoint_id=nobody&before=yesterday"),
+            "before",
+        ),
     ] {
         let (s, body) = app.get(&query).await;
         assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{query}: {body}");
