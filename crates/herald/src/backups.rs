@@ -2,9 +2,11 @@
 //! `HERALD_BACKUP_INTERVAL`, `HERALD_BACKUP_KEEP`): the serving process
 //! takes `herald backup`'s snapshot on schedule into the folder, named by
 //! time (`herald-YYYYMMDDTHHMMSS.sssZ.db`), and removes the oldest beyond
-//! the count (those names only, never the store). A failure (disk full, folder gone) is logged and counted
-//! (`herald_backup_failures_total`) and never stops delivery: the backup
-//! runs on a blocking thread with a read connection of its own.
+//! the count (those names only, never the store). The folder is made when
+//! missing. A failure (disk full, folder not writable) is logged and
+//! counted (`herald_backup_failures_total`) and never stops delivery: the
+//! backup runs on a blocking thread with a read connection of its own. A
+//! backup under way at shutdown is abandoned, not counted.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
