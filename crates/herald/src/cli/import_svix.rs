@@ -301,9 +301,15 @@ pub async fn import_svix(config: &Config, args: &ImportSvixArgs) -> anyhow::Resu
         anyhow::anyhow!("the source has no /api/v1/app (404): is --url the base URL of Svix's API?")
     })?;
 
+    // The import's own API on the store: its token passes with it (the
+    // store's admin token stays as it is), plain HTTP on loopback whatever
+    // the listener is configured with, and no rate limit on itself.
     let token = format!("import_{}", crate::api::auth::random_hex(24));
     let mut herald_config = config.clone();
     herald_config.security.admin_token = Some(token.clone());
+    herald_config.security.admin_token_kept = false;
+    herald_config.security.api_rate_limit = 0;
+    herald_config.listener.tls = None;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .context("opening a loopback port for Herald's API")?;

@@ -177,6 +177,10 @@ pub struct EgressConfig {
 pub struct SecurityConfig {
     #[educe(Debug(method(redacted_secret)))]
     pub admin_token: Option<String>,
+    /// Whether `admin_token` is the store's from now on (it retires a
+    /// generated one): false for a process's own passing token, such as
+    /// the API `import-svix` starts for itself.
+    pub admin_token_kept: bool,
     /// `HERALD_ENCRYPTION_KEY`: seals the stored credentials (empty: none).
     pub encryption_keys: std::sync::Arc<crate::crypto::Keyring>,
     pub login_failure_limit: u32,
@@ -732,6 +736,7 @@ impl Values<'_> {
         }
         Ok(SecurityConfig {
             admin_token,
+            admin_token_kept: true,
             encryption_keys: std::sync::Arc::new(
                 crate::crypto::Keyring::parse(&self.get("HERALD_ENCRYPTION_KEY"))
                     .map_err(|e| self.invalid("HERALD_ENCRYPTION_KEY", e))?,

@@ -397,7 +397,10 @@ async fn admin_token(
         let digest = token_sha256(token);
         // A token generated before is retired for good: unset again later,
         // the one set now, not it (it may have leaked), comes back.
-        let kept = store.get_setting(ADMIN_TOKEN_KEY).await?;
+        let kept = match config.security.admin_token_kept {
+            true => store.get_setting(ADMIN_TOKEN_KEY).await?,
+            false => None,
+        };
         if kept.is_some_and(|kept| kept != hex::encode(digest)) {
             store
                 .put_setting(ADMIN_TOKEN_KEY, &hex::encode(digest))

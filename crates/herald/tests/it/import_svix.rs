@@ -426,3 +426,67 @@ async fn a_source_that_fails_or_is_not_the_api_is_refused() {
         }
     );
 }
+
+/// The import's own API on the store is its own: the store's generated
+/// admin token still opens it afterwards, and neither the listener's TLS
+/// nor the per-caller rate limit of the configuration gets in its way.
+#[tokio::test]
+async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source_proc = serve(
+        &dir.path().join("source.db"),
+        &[("HERALD_ADMIN_TOKEN", TOKEN)],
+    )
+    .await;
+    let source = Remote::new(source_proc.addr);
+    for uid in ["one", "two", "three"] {
+        ok(
+            &source,
+            Method::POST,
+            "/app",
+            json!({"name": uid, "uid": uid}),
+        )
+        .await;
+    }
+    // The target's first start, without HERALD_ADMIN_TOKEN: generated.
+    let target_db = dir.path().join("target.db");
+    let first = serve(&target_db, &[]).await;
+    let generated = first
+        .first_line
+        .rsplit(' ')
+        .next()
+        .expect("token")
+        .to_owned();
+    assert!(generated.starts_with("hrld_"), "{}", first.first_line);
+    drop(first);
+
+    let ca = crate::egress_parts::TestCa::new("import test CA");
+    let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "listener");
+    let base = format!("http://{}", source_proc.addr);
+    let (code, out, err) = run(
+        &["import-svix", "--url", &base, "--token", TOKEN],
+        &[
+            (
+                "HERALD_DATABASE_URL",
+                format!("sqlite://{}", target_db.display()),
+            ),
+            ("HERALD_TLS_CERT", cert.display().to_string()),
+            ("HERALD_TLS_KEY", key.display().to_string()),
+            ("HERALD_API_RATE_LIMIT", "1".to_owned()),
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(row(&out, "applications"), [3, 0, 0, 0], "{out}");
+
+    let again = serve(&target_db, &[]).await;
+    let answer = reqwest::Client::new()
+        .get(format!("http://{}/api/v1/app", again.addr))
+        .bearer_auth(&generated)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(answer.status(), 200, "the generated token still opens it");
+    let apps: Value = answer.json().await.expect("json");
+    assert_eq!(apps["data"].as_array().map(Vec::len), Some(3), "{apps}");
+}
