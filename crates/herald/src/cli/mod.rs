@@ -129,6 +129,16 @@ impl Client {
         })
     }
 
+    /// Herald could not be reached: said with `--url`'s password left out
+    /// (the request error's own copy of the URL too).
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        anyhow::anyhow!(
+            "cannot reach Herald at {}: {}",
+            crate::config::redact_url(&self.base),
+            e.without_url()
+        )
+    }
+
     /// Sends a request; a non-2xx answer becomes an error quoting the
     /// server's `detail`.
     async fn call(&self, req: reqwest::RequestBuilder) -> anyhow::Result<Value> {
@@ -136,7 +146,7 @@ impl Client {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach Herald at {}", self.base))?;
+            .map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
@@ -160,7 +170,7 @@ impl Client {
             .bearer_auth(&self.token)
             .send()
             .await
-            .with_context(|| format!("cannot reach Herald at {}", self.base))?;
+            .map_err(|e| self.unreachable(e))?;
         if !resp.status().is_success() {
             bail!("Herald answered {}", resp.status());
         }
@@ -345,16 +355,10 @@ pub async fn token(command: TokenCommand) -> anyhow::Result<()> {
         }
         TokenCommand::Revoke { target, app, id } => {
             let client = Client::new(&target)?;
-            let resp = client
-                .http
-                .delete(client.url(&format!("/app/{app}/token/{id}")))
-                .bearer_auth(&client.token)
-                .send()
-                .await
-                .with_context(|| format!("cannot reach Herald at {}", client.base))?;
-            if !resp.status().is_success() {
-                bail!("Herald answered {}", resp.status());
-            }
+            // The server's reason on a refusal (no such application, no
+            // such token), as every other command says it.
+            let url = client.url(&format!("/app/{app}/token/{id}"));
+            client.call(client.http.delete(url)).await?;
             println!("token {id} revoked");
             Ok(())
         }

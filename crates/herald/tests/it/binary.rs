@@ -434,6 +434,31 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     .await;
     assert!(ok, "{err}");
     assert_eq!(get_app(app_token).await, 401);
+    // Refused, with the server's reason; unreachable, without --url's
+    // password.
+    let (ok, _, err) = cli(
+        proc.addr,
+        TOKEN,
+        &["token", "revoke", "--app", "nosuch", &token_id],
+    )
+    .await;
+    assert!(
+        !ok && err.contains("404") && err.contains("not found"),
+        "{err}"
+    );
+    let closed = format!("http://user:s3cretpw@127.0.0.1:{}", closed_port().await);
+    let out = herald()
+        .args(["dead", "list", "--url", &closed])
+        .env("HERALD_ADMIN_TOKEN", TOKEN)
+        .output()
+        .await
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot reach Herald"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cretpw"), "{err}");
     proc.child.kill().await.expect("kill");
 }
 
