@@ -115,6 +115,17 @@ fn recorder() -> Option<&'static PrometheusHandle> {
             match builder.install_recorder() {
                 Ok(handle) => {
                     describe();
+                    // Unlabelled counters are shown from the start at 0:
+                    // `increase(…) > 0` alerts see their first increment.
+                    for counter in [
+                        COMPLETIONS_UNRECORDED,
+                        BACKUP_FAILURES,
+                        THROTTLE_PACED,
+                        CIRCUIT_OPENINGS,
+                        MESSAGES_INGESTED,
+                    ] {
+                        ::metrics::counter!(counter).increment(0);
+                    }
                     Some(handle)
                 }
                 Err(e) => {

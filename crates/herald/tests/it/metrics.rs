@@ -301,6 +301,16 @@ async fn the_binary_counts_accepted_messages_exactly() {
         .expect("herald starts");
     wait_healthy(&addr).await;
     let base = format!("http://{addr}");
+    // Shown at 0 before anything happened, so that an `increase(…) > 0`
+    // alert sees the first one.
+    let fresh = scrape(&base).await;
+    for counter in [
+        "herald_completions_unrecorded_total",
+        "herald_backup_failures_total",
+        "herald_throttle_paced_total",
+    ] {
+        assert_eq!(value(&fresh, counter, &[]), Some(0.0), "{counter}: {fresh}");
+    }
     let remote = Remote::new(&addr);
     let app_id = remote.app_with_endpoint(&rx.url("/")).await;
     for (i, event_id) in ["e1", "e2", "e3", "e3"].iter().enumerate() {
