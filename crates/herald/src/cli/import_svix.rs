@@ -148,6 +148,9 @@ impl fmt::Display for CallError {
 
 impl std::error::Error for CallError {}
 
+/// How often a read the source answers 429 is asked again.
+const RATE_LIMITED_RETRIES: u32 = 5;
+
 /// One side: a base URL and a token.
 struct Api {
     client: reqwest::Client,
@@ -165,19 +168,40 @@ impl Api {
         body: Option<&Value>,
     ) -> Result<Option<Value>, CallError> {
         let url = format!("{}/api/v1{path}", self.base);
-        let mut request = self
-            .client
-            .request(method.clone(), &url)
-            .bearer_auth(&self.token);
-        if let Some(body) = body {
-            request = request.json(body);
-        }
-        let response = request.send().await.map_err(|e| {
-            CallError(format!(
-                "{} could not be reached ({method} {path}): {e}",
-                self.name
-            ))
-        })?;
+        let mut waited = 0;
+        let response = loop {
+            let mut request = self
+                .client
+                .request(method.clone(), &url)
+                .bearer_auth(&self.token);
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let response = request.send().await.map_err(|e| {
+                CallError(format!(
+                    "{} could not be reached ({method} {path}): {e}",
+                    self.name
+                ))
+            })?;
+            // Over a source's rate limit (Svix's API has one): a read is
+            // asked again after the `Retry-After` it names, a few times.
+            if response.status() == reqwest::StatusCode::TOO_MANY_REQUESTS
+                && method == Method::GET
+                && waited < RATE_LIMITED_RETRIES
+            {
+                let wait = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(1)
+                    .clamp(1, 60);
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                waited += 1;
+                continue;
+            }
+            break response;
+        };
         let status = response.status();
         let text = response.text().await.map_err(|e| {
             CallError(format!(

@@ -490,3 +490,37 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
     let apps: Value = answer.json().await.expect("json");
     assert_eq!(apps["data"].as_array().map(Vec::len), Some(3), "{apps}");
 }
+
+/// A source over its rate limit (429 with Retry-After, as Svix's API has
+/// one) is read again after the wait it names: the import completes.
+#[tokio::test]
+async fn a_rate_limited_source_is_read_again_after_its_wait() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source_db = dir.path().join("source.db");
+    let first = serve(&source_db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    let source = Remote::new(first.addr);
+    for i in 0..4 {
+        let uid = format!("app{i}");
+        ok(
+            &source,
+            Method::POST,
+            "/app",
+            json!({"name": uid, "uid": uid}),
+        )
+        .await;
+    }
+    drop(first);
+    // Two requests a second: the import's reads run into 429s.
+    let limited = serve(
+        &source_db,
+        &[
+            ("HERALD_ADMIN_TOKEN", TOKEN),
+            ("HERALD_API_RATE_LIMIT", "2"),
+        ],
+    )
+    .await;
+    let base = format!("http://{}", limited.addr);
+    let (code, out, err) = import(&base, &dir.path().join("target.db"), &[]).await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert_eq!(row(&out, "applications"), [4, 0, 0, 0], "{out}");
+}
