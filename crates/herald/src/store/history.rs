@@ -228,17 +228,30 @@ fn json_list(r: &impl StoredRow, column: &str) -> StoreResult<Option<Vec<String>
 
 /// A message from its stored row (either backend).
 pub(crate) fn message_from_row(r: &impl StoredRow) -> StoreResult<Message> {
-    let json = |column: &str| json_list(r, column);
+    let id = MsgId::from_trusted(col(r, "id")?);
+    let app_id = AppId::from_trusted(col(r, "app_id")?);
+    message_with(r, id, app_id, col(r, "event_type")?, "created_at")
+}
+
+/// A message whose id, application and type are given, the rest read from
+/// `r` (its creation time from the column `created_at`).
+fn message_with(
+    r: &impl StoredRow,
+    id: MsgId,
+    app_id: AppId,
+    event_type: String,
+    created_at: &str,
+) -> StoreResult<Message> {
     Ok(Message {
-        id: MsgId::from_trusted(col(r, "id")?),
-        app_id: AppId::from_trusted(col(r, "app_id")?),
-        event_type: col(r, "event_type")?,
+        id,
+        app_id,
+        event_type,
         event_id: col(r, "event_id")?,
         payload: col(r, "payload")?,
-        channels: json("channels")?,
-        created_at: col(r, "created_at")?,
+        channels: json_list(r, "channels")?,
+        created_at: col(r, created_at)?,
         traceparent: col(r, "traceparent")?,
-        tags: json("tags")?,
+        tags: json_list(r, "tags")?,
         deliver_at: col(r, "deliver_at")?,
         application: None,
         payload_expires_at: None,
@@ -263,21 +276,8 @@ pub(crate) fn delivery_and_message_from_row(
     r: &impl StoredRow,
 ) -> StoreResult<(Delivery, Message)> {
     let d = delivery_from_row(r)?;
-    let json = |column: &str| json_list(r, column);
-    let m = Message {
-        id: d.msg_id.clone(),
-        app_id: d.app_id.clone(),
-        event_type: d.event_type.clone(),
-        event_id: col(r, "event_id")?,
-        payload: col(r, "payload")?,
-        channels: json("channels")?,
-        created_at: col(r, "msg_created_at")?,
-        traceparent: col(r, "traceparent")?,
-        tags: json("tags")?,
-        deliver_at: col(r, "deliver_at")?,
-        application: None,
-        payload_expires_at: None,
-    };
+    let (id, app_id, event_type) = (d.msg_id.clone(), d.app_id.clone(), d.event_type.clone());
+    let m = message_with(r, id, app_id, event_type, "msg_created_at")?;
     Ok((d, m))
 }
 
