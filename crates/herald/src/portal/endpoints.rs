@@ -79,10 +79,15 @@ async fn flash_outcome<T>(
 /// tokens; a token gone shows none of them).
 async fn catalogue(state: &ApiState, session: &PortalSession) -> PortalResult<Vec<EventType>> {
     let flags = session_flags(state, session).await?;
+    catalogue_for(state, &flags).await
+}
+
+/// [`catalogue`] for a session whose `flags` were read already.
+async fn catalogue_for(state: &ApiState, flags: &[String]) -> PortalResult<Vec<EventType>> {
     Ok(all_types(state)
         .await?
         .into_iter()
-        .filter(|et| crate::api::event_types::visible_to(et, Some(&flags)))
+        .filter(|et| crate::api::event_types::visible_to(et, Some(flags)))
         .collect())
 }
 
@@ -692,7 +697,7 @@ pub async fn update(
     session.need(session.capabilities.manage_endpoint())?;
     let ep = endpoint_of(&state, session, &endpoint_id).await?;
     let flags = session_flags(&state, session).await?;
-    let offered = catalogue(&state, session).await?;
+    let offered = catalogue_for(&state, &flags).await?;
     let result = async {
         let unoffered = unoffered_types(&state, &ep, &offered).await?;
         let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &unoffered);
