@@ -402,20 +402,27 @@ async fn created_inline(state: &ApiState, actor: &Actor, key: &str, made: &AppId
         Ok(Some(app)) => {
             state.app_ids.put(key.to_owned(), app.id.clone(), miss);
             if app.id == *made {
-                actor
-                    .record(
-                        &*state.store,
-                        "app.created",
-                        Some(&app.id),
-                        app.id.as_str(),
-                        serde_json::json!({ "inline": true }),
-                    )
-                    .await;
+                record_inline_app_created(state, actor, &app.id).await;
             }
         }
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "cannot read back an inline application"),
     }
+}
+
+/// Audits the creation of an inline application (a message's or an
+/// app-portal-access request's `application`): `app.created`, marked
+/// `inline` so that it is told from `POST /app`'s.
+pub(super) async fn record_inline_app_created(state: &ApiState, actor: &Actor, app: &AppId) {
+    actor
+        .record(
+            &*state.store,
+            "app.created",
+            Some(app),
+            app.as_str(),
+            serde_json::json!({ "inline": true }),
+        )
+        .await;
 }
 
 /// Whether valid JSON text nests arrays and objects more than `max` deep:

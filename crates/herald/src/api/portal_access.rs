@@ -171,15 +171,7 @@ async fn create_inline_app(
     let app = super::messages::inline_app(key, inline, now_millis())?;
     match state.store.create_app(&app).await {
         Ok(()) => {
-            actor
-                .record(
-                    &*state.store,
-                    "app.created",
-                    Some(&app.id),
-                    app.id.as_str(),
-                    serde_json::json!({ "inline": true }),
-                )
-                .await;
+            super::messages::record_inline_app_created(state, actor, &app.id).await;
             Ok(app.id)
         }
         // A concurrent request made it first: that one is the app.
