@@ -358,15 +358,10 @@ impl Operator {
     }
 
     /// `endpoint.created`, `endpoint.updated` or `endpoint.deleted` (Svix's
-    /// shape: app and endpoint ids and uids), for a change made through
-    /// the API.
-    pub async fn endpoint_changed(
-        &self,
-        event_type: EndpointEvent,
-        app: &AppId,
-        ep: &EndpointId,
-        ep_uid: Option<&str>,
-    ) {
+    /// shape: app and endpoint ids and uids) of `ep` as the change left it
+    /// (as it was, for a deletion), for a change made through the API.
+    pub async fn endpoint_changed(&self, event_type: EndpointEvent, ep: &Endpoint) {
+        let app = &ep.app_id;
         if self.events_app.is_none() || self.is_operator_app(app) {
             return;
         }
@@ -376,8 +371,8 @@ impl Operator {
             json!({
                 "appId": app.as_str(),
                 "appUid": app_uid,
-                "endpointId": ep.as_str(),
-                "endpointUid": ep_uid,
+                "endpointId": ep.id.as_str(),
+                "endpointUid": ep.uid.as_deref(),
             }),
         )
         .await;

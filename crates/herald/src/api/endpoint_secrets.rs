@@ -158,12 +158,7 @@ pub async fn rotate_secret(
     // Svix reports a rotation as an update of the endpoint.
     state
         .operator
-        .endpoint_changed(
-            EndpointEvent::Updated,
-            &ep.app_id,
-            &ep.id,
-            ep.uid.as_deref(),
-        )
+        .endpoint_changed(EndpointEvent::Updated, ep)
         .await;
     let details = serde_json::json!({ "keyGiven": key_given, "gracePeriodSeconds": grace_seconds });
     actor
@@ -280,12 +275,7 @@ async fn save_headers(
     }
     state
         .operator
-        .endpoint_changed(
-            EndpointEvent::Updated,
-            &ep.app_id,
-            &ep.id,
-            ep.uid.as_deref(),
-        )
+        .endpoint_changed(EndpointEvent::Updated, ep)
         .await;
     // The names of the headers now set, never their values.
     let names: Vec<&String> = headers.keys().collect();

@@ -434,12 +434,7 @@ pub async fn insert_endpoint(
     state.store.create_endpoint(&ep).await?;
     state
         .operator
-        .endpoint_changed(
-            EndpointEvent::Created,
-            &ep.app_id,
-            &ep.id,
-            ep.uid.as_deref(),
-        )
+        .endpoint_changed(EndpointEvent::Created, &ep)
         .await;
     actor
         .record(
@@ -587,12 +582,7 @@ async fn save(
     let saved = find_endpoint(state, &ep.app_id, ep.id.as_str()).await?;
     state
         .operator
-        .endpoint_changed(
-            EndpointEvent::Updated,
-            &saved.app_id,
-            &saved.id,
-            saved.uid.as_deref(),
-        )
+        .endpoint_changed(EndpointEvent::Updated, &saved)
         .await;
     Ok(Json(saved.into()))
 }
@@ -756,12 +746,7 @@ pub async fn delete_endpoint(
     }
     state
         .operator
-        .endpoint_changed(
-            EndpointEvent::Deleted,
-            &ep.app_id,
-            &ep.id,
-            ep.uid.as_deref(),
-        )
+        .endpoint_changed(EndpointEvent::Deleted, &ep)
         .await;
     actor
         .record(
