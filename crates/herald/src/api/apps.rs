@@ -234,6 +234,39 @@ fn update_details(
     details
 }
 
+/// Stores `app` as a PUT or PATCH changed it from what had `old_uid`: its
+/// uid is checked as every new uid is (not reserved, not an id, no other
+/// application's), the tokens' names are refreshed when it changed, and
+/// `app.updated` is audited with `details` (see [`update_details`]).
+async fn save_app(
+    state: &ApiState,
+    actor: &Actor,
+    mut app: App,
+    old_uid: &Option<String>,
+    details: serde_json::Value,
+) -> ApiResult<App> {
+    check_not_reserved(&app.uid, old_uid.as_deref())?;
+    check_uid_not_an_id(&app.uid, old_uid.as_deref())?;
+    check_uid_free(state, &app.uid, &app.id).await?;
+    app.updated_at = now_millis();
+    if !state.store.update_app(&app).await? {
+        return Err(ApiError::NotFound("application"));
+    }
+    if app.uid != *old_uid {
+        super::auth::app_names_changed(state, &app.id).await;
+    }
+    actor
+        .record(
+            &*state.store,
+            "app.updated",
+            Some(&app.id),
+            app.id.as_str(),
+            update_details(details, old_uid, &app.uid),
+        )
+        .await;
+    Ok(app)
+}
+
 /// 409 if another application has `uid`.
 async fn check_uid_free(state: &ApiState, uid: &Option<String>, own: &AppId) -> ApiResult<()> {
     if let Some(uid) = uid {
@@ -270,35 +303,16 @@ pub async fn put_app(
     ApiJson(body): ApiJson<ApplicationIn>,
 ) -> ApiResult<Response> {
     check_app_fields(&body.name, &body.uid, &body.metadata)?;
-    let now = now_millis();
     match resolved {
         Some(id) => {
             let mut app = app_by_id(&state, &id).await?;
-            let uid = super::put_uid(body.uid, &app_id, app.uid.as_deref());
-            check_not_reserved(&uid, app.uid.as_deref())?;
-            check_uid_not_an_id(&uid, app.uid.as_deref())?;
-            check_uid_free(&state, &uid, &app.id).await?;
             let old_uid = app.uid.clone();
-            app.uid = uid;
+            app.uid = super::put_uid(body.uid, &app_id, app.uid.as_deref());
             app.name = body.name;
             app.rate_limit = body.rate_limit;
             app.metadata = body.metadata.unwrap_or_default();
-            app.updated_at = now;
-            if !state.store.update_app(&app).await? {
-                return Err(ApiError::NotFound("application"));
-            }
-            if app.uid != old_uid {
-                super::auth::app_names_changed(&state, &app.id).await;
-            }
-            actor
-                .record(
-                    &*state.store,
-                    "app.updated",
-                    Some(&app.id),
-                    app.id.as_str(),
-                    update_details(serde_json::json!({ "replaced": true }), &old_uid, &app.uid),
-                )
-                .await;
+            let details = serde_json::json!({ "replaced": true });
+            let app = save_app(&state, &actor, app, &old_uid, details).await?;
             Ok((StatusCode::OK, Json(ApplicationOut::from(app))).into_response())
         }
         None => {
@@ -377,29 +391,8 @@ pub async fn patch_app(
         app.metadata = m;
     }
     check_app_fields(&app.name, &app.uid, &Some(app.metadata.clone()))?;
-    check_not_reserved(&app.uid, current_uid.as_deref())?;
-    check_uid_not_an_id(&app.uid, current_uid.as_deref())?;
-    check_uid_free(&state, &app.uid, &app.id).await?;
-    app.updated_at = now_millis();
-    if !state.store.update_app(&app).await? {
-        return Err(ApiError::NotFound("application"));
-    }
-    if app.uid != current_uid {
-        super::auth::app_names_changed(&state, &app.id).await;
-    }
-    actor
-        .record(
-            &*state.store,
-            "app.updated",
-            Some(&app.id),
-            app.id.as_str(),
-            update_details(
-                serde_json::json!({ "fields": fields }),
-                &current_uid,
-                &app.uid,
-            ),
-        )
-        .await;
+    let details = serde_json::json!({ "fields": fields });
+    let app = save_app(&state, &actor, app, &current_uid, details).await?;
     Ok(Json(app.into()))
 }
 
