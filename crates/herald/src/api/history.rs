@@ -20,8 +20,8 @@ use super::{
 use crate::audit::Actor;
 use crate::ids::AttemptId;
 use crate::store::{
-    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, EndpointMessageFilter, Message,
-    MessageFilter, Millis,
+    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Endpoint,
+    EndpointMessageFilter, Message, MessageFilter, Millis,
 };
 
 /// Svix's message status for a delivery: 0 success, 1 pending, 2 fail,
@@ -649,19 +649,65 @@ pub async fn recover(
         ..DeadFilter::default()
     };
     let replayed = state.store.replay_all_dead_matching(&filter, now).await?;
-    if replayed > 0 {
-        state.wake.notify_one();
+    Ok(EndpointTask::Recover
+        .done(&state, &actor, &ep, &body, replayed)
+        .await)
+}
+
+/// Svix's tasks over an endpoint's messages of a period (`RecoverIn`),
+/// done before Herald answers.
+#[derive(Debug, Clone, Copy)]
+enum EndpointTask {
+    /// `recover`: the dead deliveries are replayed.
+    Recover,
+    /// `replay-missing`: the deliveries never made are made.
+    ReplayMissing,
+}
+
+impl EndpointTask {
+    /// Svix's name of the task (`RecoverOut.task`).
+    fn svix_name(self) -> &'static str {
+        match self {
+            EndpointTask::Recover => "endpoint.recover",
+            EndpointTask::ReplayMissing => "endpoint.replay",
+        }
     }
-    actor
-        .record(
-            &*state.store,
-            "endpoint.recovered",
-            Some(&ep.app_id),
-            ep.id.as_str(),
-            serde_json::json!({ "replayed": replayed, "since": body.since, "until": body.until }),
-        )
-        .await;
-    Ok(task_answer("endpoint.recover"))
+
+    /// The audit log's action, and the name its details give the number
+    /// of deliveries queued.
+    fn audited(self) -> (&'static str, &'static str) {
+        match self {
+            EndpointTask::Recover => ("endpoint.recovered", "replayed"),
+            EndpointTask::ReplayMissing => ("endpoint.replayed_missing", "delivered"),
+        }
+    }
+
+    /// The end of the task once it has queued `queued` deliveries to `ep`:
+    /// the dispatcher is woken for them, the task is audited with its
+    /// period, and Svix's task answer is given.
+    async fn done(
+        self,
+        state: &ApiState,
+        actor: &Actor,
+        ep: &Endpoint,
+        body: &RecoverIn,
+        queued: u64,
+    ) -> Response {
+        if queued > 0 {
+            state.wake.notify_one();
+        }
+        let (action, counted) = self.audited();
+        actor
+            .record(
+                &*state.store,
+                action,
+                Some(&ep.app_id),
+                ep.id.as_str(),
+                serde_json::json!({ counted: queued, "since": body.since, "until": body.until }),
+            )
+            .await;
+        task_answer(self.svix_name())
+    }
 }
 
 /// Svix's answer for a background task, already done when Herald
@@ -745,17 +791,7 @@ pub async fn replay_missing(
             None => break,
         }
     }
-    if made > 0 {
-        state.wake.notify_one();
-    }
-    actor
-        .record(
-            &*state.store,
-            "endpoint.replayed_missing",
-            Some(&ep.app_id),
-            ep.id.as_str(),
-            serde_json::json!({ "delivered": made, "since": body.since, "until": body.until }),
-        )
-        .await;
-    Ok(task_answer("endpoint.replay"))
+    Ok(EndpointTask::ReplayMissing
+        .done(&state, &actor, &ep, &body, made)
+        .await)
 }
