@@ -6,9 +6,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ForbiddenResponse, ValidationResponse};
-use super::{
-    rfc3339, ApiError, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
-};
+use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::ids::AppId;
 use crate::store::{ActorKind, AuditEntry, AuditFilter};
 
@@ -80,24 +78,18 @@ pub struct AuditListParams {
 impl AuditListParams {
     pub fn filter(&self) -> ApiResult<AuditFilter> {
         let text = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
-        let app = match text(&self.app_id) {
-            None => None,
-            Some(a) => Some(AppId::parse(&a).ok_or_else(|| {
-                ApiError::Validation(vec![FieldError::query(
-                    "appId",
-                    "must be an application id (app_…)",
-                )])
-            })?),
-        };
-        let actor_kind = match text(&self.actor_kind) {
-            None => None,
-            Some(k) => Some(ActorKind::parse(&k).ok_or_else(|| {
-                ApiError::Validation(vec![FieldError::query(
-                    "actorKind",
-                    "must be admin, app_token, dashboard or portal",
-                )])
-            })?),
-        };
+        let app = super::query_parsed(
+            "appId",
+            &self.app_id,
+            AppId::parse,
+            "must be an application id (app_…)",
+        )?;
+        let actor_kind = super::query_parsed(
+            "actorKind",
+            &self.actor_kind,
+            ActorKind::parse,
+            "must be admin, app_token, dashboard or portal",
+        )?;
         Ok(AuditFilter {
             action: text(&self.action),
             app,

@@ -738,14 +738,27 @@ pub fn millis_of_rfc3339(text: &str) -> Option<Millis> {
 /// The query parameter `field`, an RFC 3339 time if given (an empty one is
 /// not given), as Unix milliseconds; anything else is a 422 naming it.
 pub fn query_time(field: &str, value: &Option<String>) -> ApiResult<Option<Millis>> {
+    query_parsed(
+        field,
+        value,
+        millis_of_rfc3339,
+        "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+    )
+}
+
+/// An optional query value as `parse` reads it (empty is absent); one it
+/// refuses is a 422 naming `field`, saying `rule`.
+pub fn query_parsed<T>(
+    field: &str,
+    value: &Option<String>,
+    parse: impl FnOnce(&str) -> Option<T>,
+    rule: &str,
+) -> ApiResult<Option<T>> {
     match value.as_deref().filter(|v| !v.is_empty()) {
         None => Ok(None),
-        Some(v) => millis_of_rfc3339(v).map(Some).ok_or_else(|| {
-            ApiError::Validation(vec![error::FieldError::query(
-                field,
-                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
-            )])
-        }),
+        Some(v) => parse(v)
+            .map(Some)
+            .ok_or_else(|| ApiError::Validation(vec![error::FieldError::query(field, rule)])),
     }
 }
 
