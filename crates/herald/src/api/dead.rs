@@ -339,21 +339,30 @@ pub async fn replay_all_dead(
         state.wake.notify_one();
     }
     let done = usize::try_from(replayed).unwrap_or(usize::MAX) < limit;
-    let target = filter
-        .endpoint
-        .as_ref()
-        .map(|e| e.as_str().to_owned())
-        .unwrap_or_default();
+    let details = serde_json::json!({ "replayed": replayed, "selected": ids.as_ref().map(Vec::len), "done": done });
+    record_replay_matching(&state, &actor, &filter, details).await;
+    Ok((StatusCode::ACCEPTED, Json(BulkReplayOut { replayed, done })).into_response())
+}
+
+/// Audits a replay of the dead deliveries matching `filter` (this API's
+/// and the dashboard's): `dead.replayed` in the filter's application, on
+/// its endpoint (the empty target when it names none).
+pub(crate) async fn record_replay_matching(
+    state: &ApiState,
+    actor: &Actor,
+    filter: &DeadFilter,
+    details: serde_json::Value,
+) {
+    let target = filter.endpoint.as_ref().map_or("", |e| e.as_str());
     actor
         .record(
             &*state.store,
             "dead.replayed",
             filter.app.as_ref(),
-            &target,
-            serde_json::json!({ "replayed": replayed, "selected": ids.as_ref().map(Vec::len), "done": done }),
+            target,
+            details,
         )
         .await;
-    Ok((StatusCode::ACCEPTED, Json(BulkReplayOut { replayed, done })).into_response())
 }
 
 /// One page of the dead deliveries matching `filter`, newest first.

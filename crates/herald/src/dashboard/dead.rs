@@ -429,21 +429,8 @@ pub async fn replay(State(state): State<ApiState>, posted: Posted) -> DashResult
     if replayed > 0 {
         state.wake.notify_one();
         tracing::info!(replayed, "dead letters replayed from the dashboard");
-        let target = filter
-            .endpoint
-            .as_ref()
-            .map(|e| e.as_str().to_owned())
-            .unwrap_or_default();
-        session
-            .actor()
-            .record(
-                &*state.store,
-                "dead.replayed",
-                filter.app.as_ref(),
-                &target,
-                serde_json::json!({ "replayed": replayed, "scope": form.text("scope") }),
-            )
-            .await;
+        let details = serde_json::json!({ "replayed": replayed, "scope": form.text("scope") });
+        crate::api::dead::record_replay_matching(&state, &session.actor(), &filter, details).await;
     }
     session.flash(message).await;
     Ok(see_other(&back))
