@@ -369,15 +369,12 @@ pub async fn patch_app(
 ) -> ApiResult<Json<ApplicationOut>> {
     let mut app = app_by_id(&state, &app_id).await?;
     let current_uid = app.uid.clone();
-    let fields: Vec<&str> = [
+    let fields = super::named_fields([
         ("name", body.name.is_some()),
         ("uid", body.uid.is_some()),
         ("rateLimit", body.rate_limit.is_some()),
         ("metadata", body.metadata.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, given)| given.then_some(name))
-    .collect();
+    ]);
     if let Some(name) = body.name {
         app.name = name;
     }

@@ -590,7 +590,7 @@ async fn save(
 /// The names of the fields `changes` writes (for the audit log: names,
 /// never values).
 fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
-    [
+    super::named_fields([
         ("uid", changes.uid.is_some()),
         ("url", changes.url.is_some()),
         ("description", changes.description.is_some()),
@@ -599,10 +599,7 @@ fn changed_fields(changes: &EndpointChanges) -> Vec<&'static str> {
         ("ordering", changes.ordering.is_some()),
         ("metadata", changes.metadata.is_some()),
         ("channels", changes.channels.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, changed)| changed.then_some(name))
-    .collect()
+    ])
 }
 
 /// PUT: replaces every field (absent optional fields take their

@@ -434,7 +434,7 @@ pub async fn patch_event_type(
     ApiJson(body): ApiJson<EventTypePatch>,
 ) -> ApiResult<Json<EventTypeOut>> {
     let mut et = find(&state, &name).await?;
-    let fields: Vec<&str> = [
+    let fields = super::named_fields([
         ("description", body.description.is_some()),
         ("archived", body.archived.is_some()),
         ("deprecated", body.deprecated.is_some()),
@@ -444,10 +444,7 @@ pub async fn patch_event_type(
             body.feature_flag.is_some() || body.feature_flags.is_some(),
         ),
         ("groupName", body.group_name.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(name, given)| given.then_some(name))
-    .collect();
+    ]);
     let flags = match (&body.feature_flag, &body.feature_flags) {
         (None, None) => None,
         (one, many) => Some(flags_text(one.clone().flatten(), many.clone().flatten())),

@@ -746,6 +746,15 @@ pub fn query_time(field: &str, value: &Option<String>) -> ApiResult<Option<Milli
     )
 }
 
+/// The names of the fields a change gave, in the order listed: what the
+/// audit log of a PATCH says (names, never values).
+pub fn named_fields<const N: usize>(fields: [(&'static str, bool); N]) -> Vec<&'static str> {
+    fields
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+}
+
 /// An optional query value as `parse` reads it (empty is absent); one it
 /// refuses is a 422 naming `field`, saying `rule`.
 pub fn query_parsed<T>(
