@@ -18,9 +18,9 @@ use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
 use crate::audit::Actor;
-use crate::ids::AttemptId;
+use crate::ids::{AppId, AttemptId};
 use crate::store::{
-    now_millis, AttemptFilter, DeadFilter, Delivery, DeliveryState, Endpoint,
+    now_millis, AttemptFilter, AttemptRecord, DeadFilter, Delivery, DeliveryState, Endpoint,
     EndpointMessageFilter, Message, MessageFilter, Millis,
 };
 
@@ -244,10 +244,23 @@ pub async fn get_attempt(
     app: ResolvedApp,
     Path((_app_id, msg_id, attempt_id)): Path<(String, String, String)>,
 ) -> ApiResult<Json<AttemptOut>> {
-    let msg = find_message(&state, &app.id, &msg_id).await?;
-    let id = AttemptId::parse(&attempt_id).ok_or(ApiError::NotFound("attempt"))?;
-    match state.store.get_attempt(&app.id, &id).await? {
-        Some(a) if a.msg_id == msg.id => Ok(Json(a.into())),
+    let attempt = find_attempt(&state, &app.id, &msg_id, &attempt_id).await?;
+    Ok(Json(attempt.into()))
+}
+
+/// The attempt `attempt_id` of the message `msg_id` (its id or eventId) of
+/// the application; a 404 when either is not there, or the attempt is
+/// another message's.
+async fn find_attempt(
+    state: &ApiState,
+    app: &AppId,
+    msg_id: &str,
+    attempt_id: &str,
+) -> ApiResult<AttemptRecord> {
+    let msg = find_message(state, app, msg_id).await?;
+    let id = AttemptId::parse(attempt_id).ok_or(ApiError::NotFound("attempt"))?;
+    match state.store.get_attempt(app, &id).await? {
+        Some(a) if a.msg_id == msg.id => Ok(a),
         _ => Err(ApiError::NotFound("attempt")),
     }
 }
@@ -305,12 +318,9 @@ pub async fn expunge_attempt_content(
     app: ResolvedApp,
     Path((_app_id, msg_id, attempt_id)): Path<(String, String, String)>,
 ) -> ApiResult<StatusCode> {
-    let msg = find_message(&state, &app.id, &msg_id).await?;
-    let id = AttemptId::parse(&attempt_id).ok_or(ApiError::NotFound("attempt"))?;
-    match state.store.get_attempt(&app.id, &id).await? {
-        Some(a) if a.msg_id == msg.id => {}
-        _ => return Err(ApiError::NotFound("attempt")),
-    }
+    let id = find_attempt(&state, &app.id, &msg_id, &attempt_id)
+        .await?
+        .id;
     if !state.store.expunge_attempt(&app.id, &id).await? {
         return Err(ApiError::NotFound("attempt"));
     }
