@@ -406,11 +406,7 @@ pub async fn insert_endpoint(
         )]));
     }
     if let Some(uid) = &body.uid {
-        if state.store.get_endpoint(&app_id, uid).await?.is_some() {
-            return Err(ApiError::Conflict(format!(
-                "an endpoint with uid `{uid}` already exists"
-            )));
-        }
+        check_uid_free(&state, &app_id, uid, None).await?;
     }
     let now = now_millis();
     let ep = Endpoint {
@@ -534,14 +530,9 @@ async fn save(
     disabled: Option<bool>,
 ) -> ApiResult<Json<EndpointOut>> {
     if let Some(Some(uid)) = &changes.uid {
+        // Keeping its own uid needs no read.
         if ep.uid.as_ref() != Some(uid) {
-            if let Some(other) = state.store.get_endpoint(&ep.app_id, uid).await? {
-                if other.id != ep.id {
-                    return Err(ApiError::Conflict(format!(
-                        "an endpoint with uid `{uid}` already exists"
-                    )));
-                }
-            }
+            check_uid_free(state, &ep.app_id, uid, Some(&ep.id)).await?;
         }
     }
     if !state
@@ -585,6 +576,22 @@ async fn save(
         .endpoint_changed(EndpointEvent::Updated, &saved)
         .await;
     Ok(Json(saved.into()))
+}
+
+/// 409 if an endpoint of `app` other than `own` (the one being saved, if
+/// any) has `uid`.
+async fn check_uid_free(
+    state: &ApiState,
+    app: &AppId,
+    uid: &str,
+    own: Option<&EndpointId>,
+) -> ApiResult<()> {
+    match state.store.get_endpoint(app, uid).await? {
+        Some(other) if Some(&other.id) != own => Err(ApiError::Conflict(format!(
+            "an endpoint with uid `{uid}` already exists"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The names of the fields `changes` writes (for the audit log: names,
