@@ -602,7 +602,6 @@ pub async fn start(
     })
 }
 
-/// How often retention looks for history to prune.
 /// How often a process folds the kept counts' deltas (PostgreSQL): it
 /// bounds the deltas readers add up, not what they see.
 const COUNT_FOLD_EVERY: Duration = Duration::from_secs(1);
@@ -621,6 +620,7 @@ async fn run_count_fold(store: Arc<dyn crate::store::Store>, shutdown: Cancellat
     }
 }
 
+/// How often retention looks for history to prune.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 const RETENTION_BATCH: usize = 500;
 
