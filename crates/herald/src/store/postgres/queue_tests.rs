@@ -126,30 +126,42 @@ fn rows_of(v: &serde_json::Value, table: &str) -> u64 {
     own + under
 }
 
-/// One claim of 16 with `full` saturated, run under EXPLAIN ANALYZE:
-/// (rows read from `deliveries`, shared buffers touched).
-async fn explained_claim(store: &PostgresStore, full: &EndpointId) -> (u64, u64) {
-    let in_flight: HashMap<EndpointId, usize> = [(full.clone(), CAP)].into();
-    let req = ClaimRequest {
+/// A claim of 16 at `NOW` with `in_flight`, every cap `CAP`.
+fn claim_of_16(in_flight: &HashMap<EndpointId, usize>) -> ClaimRequest<'_> {
+    ClaimRequest {
         now: NOW,
         lease_until: NOW + 60_000,
         limit: 16,
-        in_flight: &in_flight,
+        in_flight,
         endpoint_cap: CAP,
         unlisted_cap: CAP,
-    };
-    let args = ClaimArgs::new(&req);
-    let plan: String = args
-        .bind(AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
-        )))
+    }
+}
+
+/// The claim `req`, run (so taking what it claims) under
+/// `EXPLAIN (<options>)`: the plan, as JSON.
+async fn explain_claim(
+    store: &PostgresStore,
+    req: &ClaimRequest<'_>,
+    options: &str,
+) -> serde_json::Value {
+    let plan: String = ClaimArgs::new(req)
+        .bind(AssertSqlSafe(format!("EXPLAIN ({options}) {CLAIM_SQL}")))
         .fetch_one(&store.pool)
         .await
         .expect("explain")
         // `json`, read as its text (sqlx is built without its json type).
         .try_get_unchecked(0)
         .expect("plan");
-    let plan: serde_json::Value = serde_json::from_str(&plan).expect("plan json");
+    serde_json::from_str(&plan).expect("plan json")
+}
+
+/// One claim of 16 with `full` saturated, run under EXPLAIN ANALYZE:
+/// (rows read from `deliveries`, shared buffers touched).
+async fn explained_claim(store: &PostgresStore, full: &EndpointId) -> (u64, u64) {
+    let in_flight: HashMap<EndpointId, usize> = [(full.clone(), CAP)].into();
+    let req = claim_of_16(&in_flight);
+    let plan = explain_claim(store, &req, "ANALYZE, BUFFERS, FORMAT JSON").await;
     let top = &plan[0]["Plan"];
     (
         rows_of(top, "deliveries"),
@@ -286,26 +298,10 @@ async fn a_claim_locks_only_the_fifo_endpoints_it_may_take_from() {
         .execute(&store.pool)
         .await
         .expect("analyze");
-    let none = HashMap::new();
-    let req = ClaimRequest {
-        now: NOW,
-        lease_until: NOW + 60_000,
-        limit: 16,
-        in_flight: &none,
-        endpoint_cap: CAP,
-        unlisted_cap: CAP,
-    };
     // Under EXPLAIN ANALYZE the statement runs, and so takes the head.
-    let plan: String = ClaimArgs::new(&req)
-        .bind(AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, FORMAT JSON) {CLAIM_SQL}"
-        )))
-        .fetch_one(&store.pool)
-        .await
-        .expect("explain")
-        .try_get_unchecked(0)
-        .expect("plan");
-    let plan: serde_json::Value = serde_json::from_str(&plan).expect("plan json");
+    let none = HashMap::new();
+    let req = claim_of_16(&none);
+    let plan = explain_claim(&store, &req, "ANALYZE, FORMAT JSON").await;
     let locked = |name| {
         cte(&plan[0]["Plan"], name)
             .map(|n| count(n, "Actual Rows"))

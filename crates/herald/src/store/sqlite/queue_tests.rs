@@ -64,6 +64,29 @@ fn counted_claim(
     (claimed.expect("claim").len(), ops)
 }
 
+/// One claim of up to 100 at `now` (leased for a minute) with
+/// `in_flight` and the caps `caps`, in a counted transaction.
+fn claim_100(
+    conn: &Connection,
+    counts: &CountFold,
+    now: Millis,
+    in_flight: &HashMap<EndpointId, usize>,
+    caps: (usize, usize),
+) -> Vec<ClaimedDelivery> {
+    in_tx(conn, counts, |c| {
+        claim_tx(
+            c,
+            &Keyring::plain(),
+            now,
+            now + 60_000,
+            100,
+            in_flight,
+            caps,
+        )
+    })
+    .expect("claim")
+}
+
 fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).expect("count")
 }
@@ -109,18 +132,7 @@ fn the_walk_parks_a_full_endpoints_rows_and_holds_a_disabled_ones() {
         .expect("disable");
     let full: HashMap<EndpointId, usize> =
         [(EndpointId::from_trusted("ep_0000".to_owned()), 128)].into();
-    let got = in_tx(&conn, &counts, |c| {
-        claim_tx(
-            c,
-            &Keyring::plain(),
-            now,
-            now + 60_000,
-            100,
-            &full,
-            (128, 128),
-        )
-    })
-    .expect("claim");
+    let got = claim_100(&conn, &counts, now, &full, (128, 128));
     assert_eq!(got.len(), 10);
     assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0001"));
     let parked = "SELECT COUNT(*) FROM deliveries WHERE parked = 1 AND endpoint_id = 'ep_0000'";
@@ -128,18 +140,7 @@ fn the_walk_parks_a_full_endpoints_rows_and_holds_a_disabled_ones() {
     assert_eq!((count(&conn, parked), count(&conn, held)), (10, 10));
     // Room again: the parked rows come back, oldest first; the held
     // ones stay.
-    let got = in_tx(&conn, &counts, |c| {
-        claim_tx(
-            c,
-            &Keyring::plain(),
-            now,
-            now + 60_000,
-            100,
-            &HashMap::new(),
-            (4, 4),
-        )
-    })
-    .expect("claim");
+    let got = claim_100(&conn, &counts, now, &HashMap::new(), (4, 4));
     assert_eq!(got.len(), 4);
     assert!(got.iter().all(|d| d.endpoint_id.as_str() == "ep_0000"));
     assert_eq!(count(&conn, held), 10);
