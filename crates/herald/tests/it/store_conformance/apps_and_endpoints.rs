@@ -123,11 +123,7 @@ async fn endpoint_updates_write_only_what_they_change(store: Arc<dyn Store>) {
         .update_endpoint(&a.id, &e.id, &changes, T0 + 4)
         .await
         .expect("update"));
-    let saved = store
-        .get_endpoint(&a.id, e.id.as_str())
-        .await
-        .expect("get")
-        .expect("exists");
+    let saved = stored_endpoint(&store, &a.id, &e.id).await;
     assert_eq!(
         saved,
         Endpoint {
@@ -154,11 +150,7 @@ async fn endpoint_updates_write_only_what_they_change(store: Arc<dyn Store>) {
         .set_endpoint_headers(&a.id, &e.id, &Default::default(), T0 + 5)
         .await
         .expect("headers"));
-    let saved = store
-        .get_endpoint(&a.id, e.id.as_str())
-        .await
-        .expect("get")
-        .expect("exists");
+    let saved = stored_endpoint(&store, &a.id, &e.id).await;
     assert_eq!(
         (
             saved.description.as_str(),
@@ -238,11 +230,7 @@ async fn rotated_secrets_sign_until_their_grace_ends(store: Arc<dyn Store>) {
     let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
     assert_eq!(got[0].secret, second);
     assert_eq!(got[0].old_secrets, vec![first.clone()], "within the grace");
-    let got_ep = store
-        .get_endpoint(&a.id, e.id.as_str())
-        .await
-        .expect("get")
-        .expect("exists");
+    let got_ep = stored_endpoint(&store, &a.id, &e.id).await;
     assert_eq!(got_ep.secret, second);
 
     // A zero grace drops the replaced secret at once; older ones live on.
@@ -251,20 +239,12 @@ async fn rotated_secrets_sign_until_their_grace_ends(store: Arc<dyn Store>) {
         .rotate_secret(&a.id, &e.id, &third, T0 + 500, T0 + 500)
         .await
         .expect("rotate"));
-    store
-        .release(&got[0].id, &got[0].lease_token, T0 + 500)
-        .await
-        .expect("release");
-    let got = claim(&store, T0 + 500, 10, &HashMap::new(), 10).await;
+    let got = claimed_again(&store, &got[0], T0 + 500).await;
     assert_eq!(
         (got[0].secret.clone(), got[0].old_secrets.clone()),
         (third.clone(), vec![first])
     );
-    store
-        .release(&got[0].id, &got[0].lease_token, T0 + 1_000)
-        .await
-        .expect("release");
-    let got = claim(&store, T0 + 1_000, 10, &HashMap::new(), 10).await;
+    let got = claimed_again(&store, &got[0], T0 + 1_000).await;
     assert!(got[0].old_secrets.is_empty(), "the grace has ended");
 
     // At most ten old secrets are kept.
@@ -275,11 +255,7 @@ async fn rotated_secrets_sign_until_their_grace_ends(store: Arc<dyn Store>) {
             .await
             .expect("rotate"));
     }
-    store
-        .release(&got[0].id, &got[0].lease_token, T0 + 3_000)
-        .await
-        .expect("release");
-    let got = claim(&store, T0 + 3_000, 10, &HashMap::new(), 10).await;
+    let got = claimed_again(&store, &got[0], T0 + 3_000).await;
     assert_eq!(got[0].old_secrets.len(), MAX_OLD_SECRETS);
     let stranger = app(&store, None).await;
     assert!(!store
@@ -438,4 +414,27 @@ async fn deleting_an_endpoint_removes_its_deliveries(store: Arc<dyn Store>) {
         .expect("list")
         .is_empty());
     assert!(claim(&store, T0, 10, &HashMap::new(), 10).await.is_empty());
+}
+
+/// Endpoint `ep` of `app` as stored (the test fails if it is not).
+async fn stored_endpoint(store: &Arc<dyn Store>, app: &AppId, ep: &EndpointId) -> Endpoint {
+    store
+        .get_endpoint(app, ep.as_str())
+        .await
+        .expect("get")
+        .expect("exists")
+}
+
+/// Gives the claimed delivery `d` back at `now`, then claims (up to 10)
+/// again at `now`.
+async fn claimed_again(
+    store: &Arc<dyn Store>,
+    d: &ClaimedDelivery,
+    now: Millis,
+) -> Vec<ClaimedDelivery> {
+    store
+        .release(&d.id, &d.lease_token, now)
+        .await
+        .expect("release");
+    claim(store, now, 10, &HashMap::new(), 10).await
 }

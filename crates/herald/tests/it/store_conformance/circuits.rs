@@ -19,6 +19,17 @@ fn breaker_rule() -> BreakerRule {
     }
 }
 
+/// Claims four deliveries of `app` at `T0` and completes them all as
+/// failed (500) under `rule`: its endpoint's breaker opens.
+async fn fail_four(store: &Arc<dyn Store>, app: &AppId, rule: &BreakerRule) {
+    let got = claim_n(store, app, 4, T0).await;
+    let failed: Vec<_> = got.iter().map(|d| outcome(d, false, 500, T0, 5)).collect();
+    store
+        .complete_with_circuits(&failed, rule)
+        .await
+        .expect("complete");
+}
+
 /// The stored breaker: stepped by completion batches in their transaction,
 /// read back by `circuit_of` and (while not closed) `broken_circuits`,
 /// moved to half-open by `swap_circuit`, closed by the probe's success.
@@ -142,12 +153,7 @@ async fn only_one_of_two_concurrent_probers_wins(store: Arc<dyn Store>) {
     let rule = breaker_rule();
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let got = claim_n(&store, &a.id, 4, T0).await;
-    let failed: Vec<_> = got.iter().map(|d| outcome(d, false, 500, T0, 5)).collect();
-    store
-        .complete_with_circuits(&failed, &rule)
-        .await
-        .expect("complete");
+    fail_four(&store, &a.id, &rule).await;
     let open = circuit_of(&store, &e.id).await;
     assert_eq!(open.state, CircuitState::Open);
     let at = open.until.expect("open until");
@@ -178,12 +184,7 @@ async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Sto
     let e = endpoint(&store, &a.id, None, false).await;
     let b = app(&store, None).await;
     let healthy = endpoint(&store, &b.id, None, false).await;
-    let got = claim_n(&store, &a.id, 4, T0).await;
-    let failed: Vec<_> = got.iter().map(|d| outcome(d, false, 500, T0, 5)).collect();
-    store
-        .complete_with_circuits(&failed, &rule)
-        .await
-        .expect("complete");
+    fail_four(&store, &a.id, &rule).await;
     assert_eq!(circuit_of(&store, &e.id).await.state, CircuitState::Open);
     let live = sent(&store, &b.id, "x", None).await;
     let mut total = 0;

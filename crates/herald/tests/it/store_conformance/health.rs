@@ -48,12 +48,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
     assert_eq!(status.last_error_at, Some(T0 + 10));
 
     // The next batch goes on counting from the same start.
-    let got = claim_n(&store, &a.id, 1, T0 + 100).await;
-    let streaks = store
-        .complete(&[outcome(&got[0], false, 500, T0 + 100, 5)])
-        .await
-        .expect("complete")
-        .streaks;
+    let (_, done) = one_completed(&store, &a.id, false, 500, T0 + 100).await;
+    let streaks = done.streaks;
     assert_eq!(
         (streaks[0].fail_streak, streaks[0].streak_started_at),
         (3, Some(T0))
@@ -78,12 +74,8 @@ async fn streaks_count_failures_in_a_row_and_reset_on_success(store: Arc<dyn Sto
     assert_eq!(status.last_success_at, Some(T0 + 210));
 
     // A success last: no streak, and nothing reported.
-    let got = claim_n(&store, &a.id, 1, T0 + 300).await;
-    let streaks = store
-        .complete(&[outcome(&got[0], true, 204, T0 + 300, 5)])
-        .await
-        .expect("complete")
-        .streaks;
+    let (_, done) = one_completed(&store, &a.id, true, 204, T0 + 300).await;
+    let streaks = done.streaks;
     assert!(streaks.is_empty());
     let status = status_of(&store, &e.id).await;
     assert_eq!(
@@ -196,11 +188,7 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
 ) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let got = claim_n(&store, &a.id, 1, T0).await;
-    store
-        .complete(&[outcome(&got[0], false, 500, T0, 5)])
-        .await
-        .expect("complete");
+    one_completed(&store, &a.id, false, 500, T0).await;
     assert!(
         !store
             .disable_endpoint(&e.id, "streak", true, Some(T0 - 1), T0 + 1)
@@ -286,11 +274,7 @@ async fn disabling_is_guarded_by_the_streak_and_enabling_expires_old_held_delive
 async fn enabling_an_enabled_endpoint_changes_nothing(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, None, false).await;
-    let got = claim_n(&store, &a.id, 1, T0).await;
-    store
-        .complete(&[outcome(&got[0], false, 500, T0, 5)])
-        .await
-        .expect("complete");
+    let (got, _) = one_completed(&store, &a.id, false, 500, T0).await;
     // Its cycle began at T0, long before the cap; the retry is due.
     let report = store
         .enable_endpoint(&a.id, &e.id, T0 + 100_000, T0 + 50_000)
@@ -592,4 +576,22 @@ async fn overview_lists_failing_endpoints_first(store: Arc<dyn Store>) {
         .expect("overview");
     assert_eq!(of_a.len(), 1);
     assert_eq!(of_a[0].endpoint.id, quiet.id);
+}
+
+/// One new message of `app`, its delivery claimed and completed at `now`
+/// (succeeded or not, answered `status`): what was claimed, and what the
+/// completion reports.
+async fn one_completed(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    ok: bool,
+    status: u16,
+    now: Millis,
+) -> (Vec<ClaimedDelivery>, Completed) {
+    let got = claim_n(store, app, 1, now).await;
+    let done = store
+        .complete(&[outcome(&got[0], ok, status, now, 5)])
+        .await
+        .expect("complete");
+    (got, done)
 }

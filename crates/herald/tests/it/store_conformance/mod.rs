@@ -73,6 +73,20 @@ pub(crate) async fn claim_n(
     claim(store, now, 1000, &HashMap::new(), 1000).await
 }
 
+/// A new application with one endpoint and `n` messages, their
+/// deliveries claimed at `T0` (up to 10).
+pub(crate) async fn claimed_at_t0(
+    store: &Arc<dyn Store>,
+    n: usize,
+) -> (App, Endpoint, Vec<ClaimedDelivery>) {
+    let a = app(store, None).await;
+    let e = endpoint(store, &a.id, None, false).await;
+    let ms: Vec<_> = (0..n).map(|_| message(&a.id, "x", None)).collect();
+    store.insert_messages(&ms).await.expect("insert");
+    let got = claim(store, T0, 10, &HashMap::new(), 10).await;
+    (a, e, got)
+}
+
 pub(crate) async fn app(store: &Arc<dyn Store>, uid: Option<&str>) -> App {
     let a = App {
         id: AppId::generate(),

@@ -427,11 +427,7 @@ async fn ingest_claims_new_deliveries_within_the_limits(store: Arc<dyn Store>) {
 }
 
 async fn completion_moves_deliveries_and_logs_attempts(store: Arc<dyn Store>) {
-    let a = app(&store, None).await;
-    let e = endpoint(&store, &a.id, None, false).await;
-    let ms: Vec<_> = (0..3).map(|_| message(&a.id, "x", None)).collect();
-    store.insert_messages(&ms).await.expect("insert");
-    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let (a, e, got) = claimed_at_t0(&store, 3).await;
     assert_eq!(got.len(), 3);
     let batch = vec![
         completion(&got[0], NextState::Delivered, T0 + 5),
@@ -507,21 +503,13 @@ async fn a_stale_lease_token_cannot_move_a_reclaimed_delivery(store: Arc<dyn Sto
         )])
         .await
         .expect("complete");
-    let d = store
-        .list_deliveries_of_message(&a.id, &m.id)
-        .await
-        .expect("list")
-        .remove(0);
+    let d = first_delivery(&store, &a.id, &m.id).await;
     assert_eq!(d.state, DeliveryState::Delivering);
     store
         .complete(&[completion(&second, NextState::Delivered, T0 + 60_002)])
         .await
         .expect("complete");
-    let d = store
-        .list_deliveries_of_message(&a.id, &m.id)
-        .await
-        .expect("list")
-        .remove(0);
+    let d = first_delivery(&store, &a.id, &m.id).await;
     assert_eq!(d.state, DeliveryState::Delivered);
     let log = store
         .list_attempts_of_message(&a.id, &m.id, &page(10, None, true))
@@ -531,11 +519,7 @@ async fn a_stale_lease_token_cannot_move_a_reclaimed_delivery(store: Arc<dyn Sto
 }
 
 async fn completion_stores_any_text_a_receiver_can_send(store: Arc<dyn Store>) {
-    let a = app(&store, None).await;
-    let e = endpoint(&store, &a.id, None, false).await;
-    let ms: Vec<_> = (0..2).map(|_| message(&a.id, "x", None)).collect();
-    store.insert_messages(&ms).await.expect("insert");
-    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let (a, e, got) = claimed_at_t0(&store, 2).await;
     // A NUL (which PostgreSQL refuses in text) in an excerpt, and in an
     // error text, beside an ordinary outcome in the same batch.
     let mut odd = outcome(&got[0], false, 500, T0, 5);
@@ -547,11 +531,7 @@ async fn completion_stores_any_text_a_receiver_can_send(store: Arc<dyn Store>) {
         .await
         .expect("complete");
     assert_eq!(done.moved, vec![true, true]);
-    let logged = store
-        .get_attempt(&a.id, &odd.attempt.id)
-        .await
-        .expect("get")
-        .expect("logged");
+    let logged = logged_attempt(&store, &a.id, &odd.attempt.id).await;
     assert_eq!(logged.response, "ok\u{FFFD}done");
     assert_eq!(logged.error.as_deref(), Some("reset\u{FFFD}by peer"));
     let d = store
@@ -565,20 +545,12 @@ async fn completion_stores_any_text_a_receiver_can_send(store: Arc<dyn Store>) {
     );
     let status = status_of(&store, &e.id).await;
     assert_eq!(status.last_error.as_deref(), Some("reset\u{FFFD}by peer"));
-    let other = store
-        .get_attempt(&a.id, &plain.attempt.id)
-        .await
-        .expect("get")
-        .expect("logged");
+    let other = logged_attempt(&store, &a.id, &plain.attempt.id).await;
     assert_eq!(other, plain.attempt, "the rest of the batch as it was");
 }
 
 async fn completion_tells_which_completions_moved_their_delivery(store: Arc<dyn Store>) {
-    let a = app(&store, None).await;
-    let e = endpoint(&store, &a.id, None, false).await;
-    let ms: Vec<_> = (0..2).map(|_| message(&a.id, "x", None)).collect();
-    store.insert_messages(&ms).await.expect("insert");
-    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let (a, e, got) = claimed_at_t0(&store, 2).await;
     let (resent, kept) = (&got[0], &got[1]);
     // The first released (pending again, its lease cleared) while its
     // outcome was on the way: that outcome is stale. (A resend of it did
@@ -682,4 +654,22 @@ async fn a_full_endpoints_backlog_waits_aside_and_comes_back_oldest_first(store:
     let stats = store.queue_stats(T0 + 1_000).await.expect("stats");
     assert_eq!((stats.pending, stats.due), (0, 0));
     assert_eq!(store.next_due_at().await.expect("next due"), None);
+}
+
+/// The first delivery of message `m` of `app`.
+async fn first_delivery(store: &Arc<dyn Store>, app: &AppId, m: &MsgId) -> Delivery {
+    store
+        .list_deliveries_of_message(app, m)
+        .await
+        .expect("list")
+        .remove(0)
+}
+
+/// The attempt `id` of `app` as logged (the test fails if it is not).
+async fn logged_attempt(store: &Arc<dyn Store>, app: &AppId, id: &AttemptId) -> AttemptRecord {
+    store
+        .get_attempt(app, id)
+        .await
+        .expect("get")
+        .expect("logged")
 }

@@ -10,11 +10,7 @@ crate::on_both_stores!(store:
 );
 
 async fn dead_deliveries_are_never_claimed_and_replay_starts_a_new_cycle(store: Arc<dyn Store>) {
-    let a = app(&store, None).await;
-    let e = endpoint(&store, &a.id, None, false).await;
-    let ms: Vec<_> = (0..3).map(|_| message(&a.id, "x", None)).collect();
-    store.insert_messages(&ms).await.expect("insert");
-    let got = claim(&store, T0, 10, &HashMap::new(), 10).await;
+    let (a, e, got) = claimed_at_t0(&store, 3).await;
     let dead: Vec<_> = got
         .iter()
         .map(|d| completion(d, NextState::Dead(DeadReason::Exhausted), T0 + 1))
@@ -93,48 +89,26 @@ async fn resend_reuses_the_delivery_or_creates_one(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let e = endpoint(&store, &a.id, Some(vec!["other"]), false).await;
     let m = sent(&store, &a.id, "x", None).await;
-    assert!(store
-        .list_deliveries_of_message(&a.id, &m.id)
-        .await
-        .expect("list")
-        .is_empty());
+    assert!(deliveries_of(&store, &a.id, &m.id).await.is_empty());
     assert_eq!(
-        store
-            .resend(&a.id, &m.id, &e.id, T0 + 5)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &m.id, &e.id, T0 + 5).await,
         ResendOutcome::Queued
     );
-    let ds = store
-        .list_deliveries_of_message(&a.id, &m.id)
-        .await
-        .expect("list");
+    let ds = deliveries_of(&store, &a.id, &m.id).await;
     assert_eq!(ds.len(), 1);
     assert_eq!(
-        store
-            .resend(&a.id, &m.id, &e.id, T0 + 6)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &m.id, &e.id, T0 + 6).await,
         ResendOutcome::Queued
     );
-    let again = store
-        .list_deliveries_of_message(&a.id, &m.id)
-        .await
-        .expect("list");
+    let again = deliveries_of(&store, &a.id, &m.id).await;
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].id, ds[0].id, "reused, so the key is stable");
     assert_eq!(
-        store
-            .resend(&a.id, &MsgId::generate(), &e.id, T0)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &MsgId::generate(), &e.id, T0).await,
         ResendOutcome::NoSuchMessage
     );
     assert_eq!(
-        store
-            .resend(&a.id, &m.id, &EndpointId::generate(), T0)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &m.id, &EndpointId::generate(), T0).await,
         ResendOutcome::NoSuchEndpoint
     );
 }
@@ -150,10 +124,7 @@ async fn resend_refuses_a_delivery_in_flight(store: Arc<dyn Store>) {
     assert_eq!(got.len(), 1);
     let m = got[0].msg_id.clone();
     assert_eq!(
-        store
-            .resend(&a.id, &m, &e.id, T0 + 1)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &m, &e.id, T0 + 1).await,
         ResendOutcome::InFlight
     );
     let none = HashMap::new();
@@ -163,16 +134,10 @@ async fn resend_refuses_a_delivery_in_flight(store: Arc<dyn Store>) {
     );
     let done = completion(&got[0], NextState::Delivered, T0 + 3);
     let moved = store.complete(&[done]).await.expect("complete");
-    let ds = store
-        .list_deliveries_of_message(&a.id, &m)
-        .await
-        .expect("list");
+    let ds = deliveries_of(&store, &a.id, &m).await;
     assert_eq!(ds[0].state, DeliveryState::Delivered, "{moved:?}");
     assert_eq!(
-        store
-            .resend(&a.id, &m, &e.id, T0 + 4)
-            .await
-            .expect("resend"),
+        resent(&store, &a.id, &m, &e.id, T0 + 4).await,
         ResendOutcome::Queued
     );
     let again = claim(&store, T0 + 5, 100, &none, 100).await;
@@ -308,4 +273,23 @@ async fn dead_letters_filter_across_apps_and_replay_in_bulk(store: Arc<dyn Store
     let replayed = claim(&store, T0 + 1_000, 10, &HashMap::new(), 10).await;
     assert_eq!(replayed.len(), 2);
     assert!(replayed.iter().all(|d| d.manual && d.app_id == a.id));
+}
+
+/// A resend of message `m` of `app` to endpoint `ep` at `now`: its outcome.
+async fn resent(
+    store: &Arc<dyn Store>,
+    app: &AppId,
+    m: &MsgId,
+    ep: &EndpointId,
+    now: Millis,
+) -> ResendOutcome {
+    store.resend(app, m, ep, now).await.expect("resend")
+}
+
+/// The deliveries of message `m` of `app`.
+async fn deliveries_of(store: &Arc<dyn Store>, app: &AppId, m: &MsgId) -> Vec<Delivery> {
+    store
+        .list_deliveries_of_message(app, m)
+        .await
+        .expect("list")
 }

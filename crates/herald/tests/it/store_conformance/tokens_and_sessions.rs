@@ -112,65 +112,36 @@ fn portal_token(app: &AppId, id: &str, expires_at: Millis, session_id: Option<&s
 async fn portal_codes_are_taken_once_and_expire_with_their_token(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let t = portal_token(&a.id, "tok_p1", T0 + 3_600_000, Some("s1"));
-    store
-        .create_portal_token(&t, "tokdigest1", "codedigest1")
-        .await
-        .expect("create");
+    create_portal_token(&store, &t, "tokdigest1", "codedigest1").await;
     assert_eq!(
         store.find_token("tokdigest1").await.expect("find"),
         Some(t.clone())
     );
     assert_eq!(
-        store
-            .take_portal_code("codedigest1", T0 + 1)
-            .await
-            .expect("take"),
+        take_code(&store, "codedigest1", T0 + 1).await,
         Some(t.clone())
     );
     assert_eq!(
-        store
-            .take_portal_code("codedigest1", T0 + 2)
-            .await
-            .expect("take again"),
+        take_code(&store, "codedigest1", T0 + 2).await,
         None,
         "a code is taken once"
     );
     // A code past its token's expiry is gone and gives nothing.
     let late = portal_token(&a.id, "tok_p2", T0 + 1000, None);
-    store
-        .create_portal_token(&late, "tokdigest2", "codedigest2")
-        .await
-        .expect("create");
-    assert_eq!(
-        store
-            .take_portal_code("codedigest2", T0 + 1000)
-            .await
-            .expect("take"),
-        None
-    );
+    create_portal_token(&store, &late, "tokdigest2", "codedigest2").await;
+    assert_eq!(take_code(&store, "codedigest2", T0 + 1000).await, None);
     // expire-all by session id touches only the chosen tokens.
     let other = portal_token(&a.id, "tok_p3", T0 + 3_600_000, Some("s2"));
-    store
-        .create_portal_token(&other, "tokdigest3", "codedigest3")
-        .await
-        .expect("create");
+    create_portal_token(&store, &other, "tokdigest3", "codedigest3").await;
     let n = store
         .expire_tokens(&a.id, T0 + 10, Some(&["s1".to_owned()]))
         .await
         .expect("expire");
     assert_eq!(n, 1);
-    let found = store
-        .find_token("tokdigest1")
-        .await
-        .expect("find")
-        .expect("kept");
+    let found = kept_token(&store, "tokdigest1").await;
     assert_eq!(found.expires_at, Some(T0 + 10));
     assert!(!found.live_at(T0 + 10));
-    let untouched = store
-        .find_token("tokdigest3")
-        .await
-        .expect("find")
-        .expect("kept");
+    let untouched = kept_token(&store, "tokdigest3").await;
     assert_eq!(untouched.expires_at, Some(T0 + 3_600_000));
     // Without session ids: every token of the app, plain ones included.
     let plain = ApiToken::plain("tok_plain".into(), a.id.clone(), "ci".into(), T0);
@@ -182,17 +153,10 @@ async fn portal_codes_are_taken_once_and_expire_with_their_token(store: Arc<dyn 
         .expire_tokens(&a.id, T0 + 20, None)
         .await
         .expect("expire");
-    let ended = store
-        .find_token("tokdigest4")
-        .await
-        .expect("find")
-        .expect("kept");
+    let ended = kept_token(&store, "tokdigest4").await;
     assert_eq!(ended.expires_at, Some(T0 + 20));
     assert_eq!(
-        store
-            .take_portal_code("codedigest3", T0 + 21)
-            .await
-            .expect("take"),
+        take_code(&store, "codedigest3", T0 + 21).await,
         None,
         "its code expired with it"
     );
@@ -216,10 +180,7 @@ fn portal_session(app: &AppId, token: &str, expires_at: Millis) -> Session {
 async fn sessions_are_found_by_digest_expire_and_end_with_their_token(store: Arc<dyn Store>) {
     let a = app(&store, None).await;
     let t = portal_token(&a.id, "tok_s1", T0 + 3_600_000, Some("s1"));
-    store
-        .create_portal_token(&t, "stok1", "scode1")
-        .await
-        .expect("token");
+    create_portal_token(&store, &t, "stok1", "scode1").await;
     let s = portal_session(&a.id, "tok_s1", T0 + 3_600_000);
     store.create_session("sess1", &s).await.expect("create");
     assert_eq!(
@@ -292,4 +253,25 @@ async fn sessions_are_found_by_digest_expire_and_end_with_their_token(store: Arc
         .expect("create");
     assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 1);
     assert_eq!(store.prune_sessions(T0 + 100).await.expect("prune"), 0);
+}
+
+/// Stores the portal token `t` under `digest`, with its link's `code`.
+async fn create_portal_token(store: &Arc<dyn Store>, t: &ApiToken, digest: &str, code: &str) {
+    store
+        .create_portal_token(t, digest, code)
+        .await
+        .expect("create");
+}
+
+/// The token a portal link's code (`code_digest`) is taken for at `now`.
+async fn take_code(store: &Arc<dyn Store>, code_digest: &str, now: Millis) -> Option<ApiToken> {
+    store
+        .take_portal_code(code_digest, now)
+        .await
+        .expect("take")
+}
+
+/// The token stored under `digest` (the test fails if there is none).
+async fn kept_token(store: &Arc<dyn Store>, digest: &str) -> ApiToken {
+    store.find_token(digest).await.expect("find").expect("kept")
 }

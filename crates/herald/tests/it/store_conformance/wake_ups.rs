@@ -23,6 +23,17 @@ async fn woken_soon(wake: &tokio::sync::Notify) -> bool {
         .is_ok()
 }
 
+/// A new application with one endpoint and one message: one new
+/// delivery, which is work.
+async fn a_delivery_due(store: &Arc<dyn Store>) {
+    let a = app(store, None).await;
+    endpoint(store, &a.id, None, false).await;
+    store
+        .insert_messages(&[message(&a.id, "x", None)])
+        .await
+        .expect("insert");
+}
+
 async fn wakes_other_processes_on_the_same_schema(pg: PgSchema) {
     let own = Arc::new(pg.open().await);
     let store: Arc<dyn Store> = own.clone();
@@ -115,12 +126,7 @@ async fn listener_survives_a_lost_connection(pg: PgSchema) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = woken_soon(&wake).await;
 
-    let a = app(&store, None).await;
-    endpoint(&store, &a.id, None, false).await;
-    store
-        .insert_messages(&[message(&a.id, "x", None)])
-        .await
-        .expect("insert");
+    a_delivery_due(&store).await;
     assert!(woken(&wake).await, "notifications arrive again");
     let _ = admin.close().await;
     pg.close().await;
@@ -142,12 +148,7 @@ async fn wake_channel_fits_long_schema_names(pg: PgSchema) {
     let wake = Arc::new(tokio::sync::Notify::new());
     let listened = pg.listen_for_work(wake.clone()).await;
     let store: Arc<dyn Store> = pg.clone();
-    let a = app(&store, None).await;
-    endpoint(&store, &a.id, None, false).await;
-    store
-        .insert_messages(&[message(&a.id, "x", None)])
-        .await
-        .expect("insert");
+    a_delivery_due(&store).await;
     let was_woken = woken(&wake).await;
     pg.close().await;
     long.drop_schema().await;
