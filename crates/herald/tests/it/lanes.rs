@@ -7,7 +7,24 @@ use serde_json::json;
 
 use herald::server::{self, Role};
 
-use crate::helpers::{spawn_app, spawn_stepped, test_config, Receiver, Reply};
+use crate::helpers::{spawn_app, spawn_stepped, test_config, Receiver, Reply, TestApp};
+
+/// Two receivers: `stuck`, which holds every request until the
+/// semaphore returned with them gets permits, and `healthy`.
+async fn stuck_and_healthy() -> (Receiver, Receiver, Arc<tokio::sync::Semaphore>) {
+    let (stuck, healthy) = (Receiver::start().await, Receiver::start().await);
+    let never = Arc::new(tokio::sync::Semaphore::new(0));
+    stuck.always(Reply::status(200).held(&never));
+    (stuck, healthy, never)
+}
+
+/// Four endpoints of `app_id` on `stuck`: `/stuck/0` … `/stuck/3`.
+async fn four_stuck_endpoints(app: &TestApp, app_id: &str, stuck: &Receiver) {
+    for i in 0..4 {
+        app.create_endpoint(app_id, &stuck.url(&format!("/stuck/{i}")), json!({}))
+            .await;
+    }
+}
 
 /// With a fixed cap, four endpoints that never answer would each take 2 ×
 /// 16 claims, 128 in all, more than the 64 slots: the healthy endpoint's
@@ -24,14 +41,9 @@ async fn endpoints_that_never_answer_leave_slots_for_a_healthy_one() {
         ("HERALD_LEASE", "120s"),
     ])
     .await;
-    let (stuck, healthy) = (Receiver::start().await, Receiver::start().await);
-    let never = Arc::new(tokio::sync::Semaphore::new(0));
-    stuck.always(Reply::status(200).held(&never));
+    let (stuck, healthy, never) = stuck_and_healthy().await;
     let app_id = app.create_app().await;
-    for i in 0..4 {
-        app.create_endpoint(&app_id, &stuck.url(&format!("/stuck/{i}")), json!({}))
-            .await;
-    }
+    four_stuck_endpoints(&app, &app_id, &stuck).await;
     app.create_endpoint(&app_id, &healthy.url("/healthy"), json!({}))
         .await;
 
@@ -71,14 +83,9 @@ async fn unseen_stuck_endpoints_start_narrow_and_leave_slots() {
     ];
     // The API alone first: the backlog waits in the store.
     let app = spawn_stepped(&overrides).await;
-    let (stuck, healthy) = (Receiver::start().await, Receiver::start().await);
-    let never = Arc::new(tokio::sync::Semaphore::new(0));
-    stuck.always(Reply::status(200).held(&never));
+    let (stuck, healthy, never) = stuck_and_healthy().await;
     let stuck_app = app.create_app().await;
-    for i in 0..4 {
-        app.create_endpoint(&stuck_app, &stuck.url(&format!("/stuck/{i}")), json!({}))
-            .await;
-    }
+    four_stuck_endpoints(&app, &stuck_app, &stuck).await;
     let healthy_app = app.create_app().await;
     app.create_endpoint(&healthy_app, &healthy.url("/healthy"), json!({}))
         .await;

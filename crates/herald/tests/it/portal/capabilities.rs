@@ -6,35 +6,65 @@ use serde_json::{json, Value};
 
 use super::*;
 
-#[tokio::test]
-async fn capabilities_hide_forms_and_the_server_refuses_what_they_do_not_allow() {
+/// Herald with an application and one endpoint on a receiver.
+struct OneEndpoint {
+    app: TestApp,
+    rx: Receiver,
+    /// The application's id.
+    id: String,
+    /// The endpoint as the API created it, and its id.
+    ep: Value,
+    ep_id: String,
+}
+
+async fn one_endpoint() -> OneEndpoint {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
     let id = app.create_app().await;
     let ep = app.create_endpoint(&id, &rx.url("/hook"), json!({})).await;
-    let ep_id = ep["id"].as_str().expect("id");
+    let ep_id = ep["id"].as_str().expect("id").to_owned();
+    OneEndpoint {
+        app,
+        rx,
+        id,
+        ep,
+        ep_id,
+    }
+}
+
+/// The status of a test event (`svix.ping`) sent at `path` with `token`.
+async fn test_event_status(app: &TestApp, token: &str, path: &str) -> StatusCode {
+    app.as_token(token)
+        .post(path, json!({"eventType": "svix.ping"}))
+        .await
+        .0
+}
+
+#[tokio::test]
+async fn capabilities_hide_forms_and_the_server_refuses_what_they_do_not_allow() {
+    let OneEndpoint {
+        app,
+        rx,
+        id,
+        ep,
+        ep_id,
+    } = one_endpoint().await;
     let here = format!("/portal/endpoint/{ep_id}");
+    // Every action of the endpoint's page that changes something.
+    let writes: &[&str] = &[
+        "/rotate",
+        "/send-example",
+        "/recover",
+        "/edit",
+        "/delete",
+        "/disable",
+    ];
     // (capabilities, form actions that must be absent, POSTs refused)
     let cases: &[(Value, &[&str], &[&str])] = &[
         (
             json!({"readOnly": true}),
-            &[
-                "/rotate",
-                "/send-example",
-                "/recover",
-                "/edit",
-                "/delete",
-                "/disable",
-                "reveal",
-            ],
-            &[
-                "/rotate",
-                "/send-example",
-                "/recover",
-                "/edit",
-                "/delete",
-                "/disable",
-            ],
+            &[writes, &["reveal"]].concat(),
+            writes,
         ),
         (
             json!({"capabilities": ["ViewBase", "ViewEndpointSecret"]}),
@@ -106,11 +136,13 @@ async fn capabilities_hide_forms_and_the_server_refuses_what_they_do_not_allow()
 /// portal sessions.
 #[tokio::test]
 async fn portal_tokens_need_their_capability_for_each_api_call() {
-    let app = spawn_app(&[]).await;
-    let rx = Receiver::start().await;
-    let id = app.create_app().await;
-    let ep = app.create_endpoint(&id, &rx.url("/hook"), json!({})).await;
-    let ep_id = ep["id"].as_str().expect("id");
+    let OneEndpoint {
+        app,
+        rx: _rx,
+        id,
+        ep_id,
+        ..
+    } = one_endpoint().await;
     let token = |caps: Value| {
         let app = &app;
         let id = id.clone();
@@ -129,10 +161,7 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
         StatusCode::FORBIDDEN
     );
     assert_eq!(
-        app.as_token(&base)
-            .post(&example_path, json!({"eventType": "svix.ping"}))
-            .await
-            .0,
+        test_event_status(&app, &base, &example_path).await,
         StatusCode::FORBIDDEN
     );
     let secrets = token(json!(["ManageEndpointSecret"])).await;
@@ -156,10 +185,7 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
     );
     let attempts = token(json!(["CreateAttempts"])).await;
     assert_eq!(
-        app.as_token(&attempts)
-            .post(&example_path, json!({"eventType": "svix.ping"}))
-            .await
-            .0,
+        test_event_status(&app, &attempts, &example_path).await,
         StatusCode::OK
     );
     let all = token(json!([
@@ -201,11 +227,9 @@ async fn portal_tokens_need_their_capability_for_each_api_call() {
 /// and refused (403) without it; the receiver gets the one more attempt.
 #[tokio::test]
 async fn the_message_page_resends_only_with_create_attempts() {
-    let app = spawn_app(&[]).await;
-    let rx = Receiver::start().await;
-    let id = app.create_app().await;
-    let ep = app.create_endpoint(&id, &rx.url("/hook"), json!({})).await;
-    let ep_id = ep["id"].as_str().expect("id");
+    let OneEndpoint {
+        app, rx, id, ep_id, ..
+    } = one_endpoint().await;
     let msg = app
         .send_message(&id, "order.paid", json!({"order": "inv-42"}))
         .await;
