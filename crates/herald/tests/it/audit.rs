@@ -87,19 +87,9 @@ async fn api_changes_are_audited_with_actor_target_and_source_and_never_a_secret
         )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
-    let (s, body) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/dead-letter/{dlv}/replay"),
-            json!({}),
-        )
-        .await;
+    let (s, body) = app.replay_dead(&app_id, &dlv).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{body}");
-    let (s, body) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{ep_id}/resend"),
-            json!({}),
-        )
-        .await;
+    let (s, body) = app.resend(&app_id, &msg, &ep_id).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{body}");
     let (s, token) = app
         .post(
@@ -309,11 +299,7 @@ async fn dashboard_log_ins_and_changes_are_audited_as_the_session() {
     }
     // The cookie is not the label either.
     let cookie_value = {
-        let jar_page = browser
-            .get(app.url("/dashboard/audit"))
-            .send()
-            .await
-            .expect("answer");
+        let jar_page = get_answer(&browser, &app, "/dashboard/audit").await;
         assert_eq!(jar_page.status(), 200);
         let page = jar_page.text().await.expect("page");
         assert!(page.contains("Audit log"));

@@ -9,16 +9,6 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-/// `/metrics` as text.
-async fn metrics_text(app: &TestApp) -> String {
-    reqwest::get(app.url("/metrics"))
-        .await
-        .expect("herald answers")
-        .text()
-        .await
-        .expect("text")
-}
-
 /// The backup files in `dir`, sorted.
 fn backups_in(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -77,7 +67,7 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
         .expect("count");
     assert_eq!(messages, 1, "the backup holds the message");
 
-    let metrics = metrics_text(&app).await;
+    let metrics = app.metrics_text().await;
     let last = metrics
         .lines()
         .find(|l| l.starts_with("herald_backup_last_success_timestamp_seconds "))
@@ -99,7 +89,7 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
     std::fs::write(&dir, b"not a folder").expect("write");
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let metrics = metrics_text(&app).await;
+        let metrics = app.metrics_text().await;
         let failed = metrics
             .lines()
             .find(|l| l.starts_with("herald_backup_failures_total "))

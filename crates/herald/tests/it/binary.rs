@@ -11,7 +11,9 @@ use axum::http::StatusCode;
 use serde_json::json;
 
 use crate::helpers::binary::{herald, run, serve};
-use crate::helpers::{closed_port, Answered, Receiver, Recorded, Remote, Reply, PATIENCE, TOKEN};
+use crate::helpers::{
+    closed_port, get_as, Answered, Receiver, Recorded, Remote, Reply, PATIENCE, TOKEN,
+};
 
 #[tokio::test]
 async fn an_invalid_setting_stops_the_binary_naming_the_key() {
@@ -61,12 +63,7 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
     );
     assert!(token.starts_with("hrld_"), "{token}");
     let client = reqwest::Client::new();
-    let ok = client
-        .get(format!("http://{}/api/v1/app", first.addr))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("send");
+    let ok = get_as(&client, format!("http://{}/api/v1/app", first.addr), &token).await;
     assert_eq!(ok.status(), 200);
     first.child.kill().await.expect("kill");
 
@@ -76,12 +73,12 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
         "printed only once: {}",
         second.first_line
     );
-    let ok = client
-        .get(format!("http://{}/api/v1/app", second.addr))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("send");
+    let ok = get_as(
+        &client,
+        format!("http://{}/api/v1/app", second.addr),
+        &token,
+    )
+    .await;
     assert_eq!(ok.status(), 200, "the generated token survives a restart");
     let bad = client
         .get(format!("http://{}/api/v1/app", second.addr))
@@ -418,13 +415,7 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
         }
     };
     assert_eq!(get_app(app_token.clone()).await, 200);
-    let listing = remote
-        .client
-        .get(format!("{}/app", remote.base))
-        .bearer_auth(&app_token)
-        .send()
-        .await
-        .expect("list");
+    let listing = get_as(&remote.client, format!("{}/app", remote.base), &app_token).await;
     assert_eq!(listing.status(), 403);
     let (ok, _, err) = cli(
         proc.addr,

@@ -74,12 +74,7 @@ async fn dashboard_page(app: &TestApp, app_id: &str, ep: &str) -> String {
 
 /// `/metrics`' value of `herald_endpoint_circuit_open` for `ep`.
 async fn open_gauge(app: &TestApp, ep: &str) -> Option<String> {
-    let text = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let text = app.metrics_text().await;
     let series = format!("herald_endpoint_circuit_open{{endpoint=\"{ep}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(series.as_str()).map(str::to_owned))

@@ -4,7 +4,6 @@
 //! by `HERALD_TEST_POSTGRES_URL`, in a throw-away schema; SKIPPED without
 //! it).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
@@ -12,7 +11,7 @@ use serde_json::{json, Value};
 
 use herald::dispatch::RecordReport;
 use herald::ids::AttemptId;
-use herald::store::{ClaimRequest, Completion, NextState};
+use herald::store::{Completion, NextState};
 
 use crate::helpers::*;
 
@@ -91,18 +90,7 @@ async fn bodies_with_nul_and_invalid_utf8_are_recorded_once_beside_other_apps(db
 /// The claim of the dispatcher, by hand: what `process_batch` would send.
 async fn claim_all(app: &TestApp) -> Vec<herald::store::ClaimedDelivery> {
     let now = chrono::Utc::now().timestamp_millis();
-    app.running()
-        .store
-        .claim(&ClaimRequest {
-            now,
-            lease_until: now + 60_000,
-            limit: 100,
-            in_flight: &HashMap::new(),
-            endpoint_cap: 100,
-            unlisted_cap: 100,
-        })
-        .await
-        .expect("claim")
+    claim_up_to(&app.running().store, now, now + 60_000, 100).await
 }
 
 fn delivered(d: &herald::store::ClaimedDelivery) -> Completion {
@@ -198,19 +186,7 @@ async fn a_stale_dead_outcome_sends_no_exhausted_event(db: &Backend) {
     };
     rx.wait_for(1).await;
     let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
-    let taken = app
-        .running()
-        .store
-        .claim(&ClaimRequest {
-            now: later,
-            lease_until: later + 60_000,
-            limit: 100,
-            in_flight: &HashMap::new(),
-            endpoint_cap: 100,
-            unlisted_cap: 100,
-        })
-        .await
-        .expect("claim");
+    let taken = claim_up_to(&app.running().store, later, later + 60_000, 100).await;
     // (The operator's own events, such as the endpoint's creation, are
     // taken too, and given back below.)
     let mine = taken.iter().filter(|d| d.msg_id.as_str() == msg).count();

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sqlx::Connection;
 
 use crate::helpers::binary::{herald, run, serve};
-use crate::helpers::{PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN};
+use crate::helpers::{get_as, PgSchema, Receiver, Remote, Reply, PATIENCE, TOKEN};
 
 const KEY: &str = "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=";
 const OTHER_KEY: &str = "CQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQk=";
@@ -371,13 +371,7 @@ async fn a_sqlite_store_moves_to_postgres_and_delivers_there() {
         assert_eq!(headers["headers"]["X-Tenant"], "t-1", "{headers}");
         let (_, again) = send_order_17(&remote, due).await;
         assert_eq!(again["id"], idempotent["id"], "the stored idempotent answer moved too");
-        let by_token = remote
-            .client
-            .get(format!("{}/app/shop/msg", remote.base))
-            .bearer_auth(&app_token)
-            .send()
-            .await
-            .expect("list");
+        let by_token = get_as(&remote.client, format!("{}/app/shop/msg", remote.base), &app_token).await;
         assert_eq!(by_token.status(), 200, "the app token moved too");
         let listed: Value = by_token.json().await.expect("json");
         assert_eq!(listed["data"].as_array().map(Vec::len), Some(9));

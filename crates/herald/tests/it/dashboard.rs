@@ -7,11 +7,32 @@ use axum::http::StatusCode;
 use fantoccini::{Client, Locator};
 use serde_json::{json, Value};
 
-use crate::helpers::browser::{browser_installed, wait_for_text, Chromedriver};
+use crate::helpers::browser::{
+    browser_installed, click, screenshot, type_into, wait_for_text, Chromedriver,
+};
 use crate::helpers::*;
 
 fn location(resp: &reqwest::Response) -> String {
     header_text(resp.headers(), "location")
+}
+
+/// A dashboard action: its form posted from `client` with only the
+/// page's CSRF token.
+async fn post_action(
+    client: &reqwest::Client,
+    app: &TestApp,
+    path: &str,
+    csrf: &str,
+) -> reqwest::Response {
+    post_form(client, app, path, &[("csrf", csrf)]).await
+}
+
+/// Whether the API says endpoint `ep_id` of `app_id` is disabled.
+async fn disabled_in_api(app: &TestApp, app_id: &str, ep_id: &str) -> Value {
+    let (_, ep_json) = app
+        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
+        .await;
+    ep_json["disabled"].clone()
 }
 
 async fn post_form(
@@ -84,7 +105,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
         &format!("/dashboard/app/{app_id}/delivery/{dlv}"),
         &format!("/dashboard/app/{app_id}/endpoint/{ep_id}/secret"),
     ] {
-        let resp = browser.get(app.url(path)).send().await.expect("answer");
+        let resp = get_answer(&browser, &app, path).await;
         assert_eq!(resp.status(), 303, "{path}");
         assert_eq!(location(&resp), "/dashboard/login", "{path}");
     }
@@ -110,11 +131,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
         .await
         .expect("body")
         .contains("not the admin token"));
-    let resp = browser
-        .get(app.url("/dashboard"))
-        .send()
-        .await
-        .expect("answer");
+    let resp = get_answer(&browser, &app, "/dashboard").await;
     assert_eq!(resp.status(), 303);
 
     // The right one: a session cookie the page's script cannot read and
@@ -140,11 +157,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
         .to_owned();
 
     // The overview lists the endpoint, failing, with the app's name escaped.
-    let resp = browser
-        .get(app.url("/dashboard"))
-        .send()
-        .await
-        .expect("answer");
+    let resp = get_answer(&browser, &app, "/dashboard").await;
     assert_eq!(resp.status(), 200);
     assert!(header_text(resp.headers(), "content-type").starts_with("text/html"));
     let csp = header_text(resp.headers(), "content-security-policy");
@@ -271,10 +284,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     )
     .await;
     assert_eq!(resp.status(), 403, "no token, no change");
-    let (_, ep_json) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
-        .await;
-    assert_eq!(ep_json["disabled"], false);
+    assert_eq!(disabled_in_api(&app, &app_id, &ep_id).await, false);
     let resp = post_form(
         &browser,
         &app,
@@ -284,25 +294,13 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     .await;
     assert_eq!(resp.status(), 303);
     assert_eq!(location(&resp), ep_path);
-    let (_, ep_json) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
-        .await;
-    assert_eq!(ep_json["disabled"], true);
+    assert_eq!(disabled_in_api(&app, &app_id, &ep_id).await, true);
     let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
     assert!(ep_page.contains("maintenance &lt;b&gt;now&lt;/b&gt;"));
     assert!(ep_page.contains("Disabled: nothing is sent"), "the flash");
-    let resp = post_form(
-        &browser,
-        &app,
-        &format!("{ep_path}/enable"),
-        &[("csrf", &csrf)],
-    )
-    .await;
+    let resp = post_action(&browser, &app, &format!("{ep_path}/enable"), &csrf).await;
     assert_eq!(resp.status(), 303);
-    let (_, ep_json) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}"))
-        .await;
-    assert_eq!(ep_json["disabled"], false);
+    assert_eq!(disabled_in_api(&app, &app_id, &ep_id).await, false);
 
     // Rotation: refused without the token; with it, a new secret.
     let (_, before) = app
@@ -310,13 +308,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
         .await;
     let resp = post_form(&browser, &app, &format!("{ep_path}/rotate"), &[]).await;
     assert_eq!(resp.status(), 403);
-    let resp = post_form(
-        &browser,
-        &app,
-        &format!("{ep_path}/rotate"),
-        &[("csrf", &csrf)],
-    )
-    .await;
+    let resp = post_action(&browser, &app, &format!("{ep_path}/rotate"), &csrf).await;
     assert_eq!(resp.status(), 303);
     let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
     assert!(ep_page.contains("Secret rotated"), "the flash");
@@ -334,15 +326,11 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     // the old cookie, sent again, is worth nothing.
     let resp = post_form(&browser, &app, "/dashboard/logout", &[]).await;
     assert_eq!(resp.status(), 403);
-    let resp = post_form(&browser, &app, "/dashboard/logout", &[("csrf", &csrf)]).await;
+    let resp = post_action(&browser, &app, "/dashboard/logout", &csrf).await;
     assert_eq!(resp.status(), 303);
     assert_eq!(location(&resp), "/dashboard/login");
     assert!(header_text(resp.headers(), "set-cookie").contains("Max-Age=0"));
-    let resp = browser
-        .get(app.url("/dashboard"))
-        .send()
-        .await
-        .expect("answer");
+    let resp = get_answer(&browser, &app, "/dashboard").await;
     assert_eq!(resp.status(), 303);
     let replayed_cookie = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -407,13 +395,7 @@ async fn dashboard_replays_all_matching_dead_letters_of_a_filter() {
 /// Saves a screenshot into docs/ when asked to (`HERALD_UPDATE_SCREENSHOT=1`),
 /// so that ordinary runs leave the tree alone.
 async fn save_screenshot(browser: &Client, name: &str) {
-    let png = browser.screenshot().await.expect("screenshot");
-    assert!(png.starts_with(b"\x89PNG"), "a PNG");
-    if std::env::var("HERALD_UPDATE_SCREENSHOT").as_deref() == Ok("1") {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
-        std::fs::create_dir_all(&dir).expect("docs/ exists");
-        std::fs::write(dir.join(name), png).expect("screenshot saved");
-    }
+    screenshot(browser, name, "HERALD_UPDATE_SCREENSHOT").await;
 }
 
 #[tokio::test]
@@ -487,20 +469,8 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
         .expect("open the dashboard");
     let url = browser.current_url().await.expect("url");
     assert_eq!(url.path(), "/dashboard/login");
-    browser
-        .find(Locator::Css("input[name=token]"))
-        .await
-        .expect("token field")
-        .send_keys(TOKEN)
-        .await
-        .expect("type the token");
-    browser
-        .find(Locator::Css("button[type=submit]"))
-        .await
-        .expect("log-in button")
-        .click()
-        .await
-        .expect("log in");
+    type_into(&browser, "input[name=token]", TOKEN).await;
+    click(&browser, "button[type=submit]").await;
     let cards = wait_for_text(&browser, ".cards", "Dead letters").await;
     assert!(cards.contains("Disabled endpoints"));
     let table = wait_for_text(&browser, "table", "Acme Shop").await;
@@ -532,13 +502,7 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     // The inline script ran too: it counts the ticked rows.
     wait_for_text(&browser, "[data-selected-count]", "1 selected").await;
     save_screenshot(&browser, "dashboard-dead-letters.png").await;
-    browser
-        .find(Locator::Css(r#"button[name="scope"][value="selected"]"#))
-        .await
-        .expect("replay button")
-        .click()
-        .await
-        .expect("replay selected");
+    click(&browser, r#"button[name="scope"][value="selected"]"#).await;
     wait_for_text(&browser, ".flash", "Replayed 1").await;
 
     // The dispatcher sends it again; the receiver, fixed, takes it.
@@ -574,20 +538,8 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
         .goto(&app.url("/dashboard/messages"))
         .await
         .expect("open messages");
-    browser
-        .find(Locator::Css(r#"form.filters input[name="id"]"#))
-        .await
-        .expect("the id field")
-        .send_keys("inv-42")
-        .await
-        .expect("type the eventId");
-    browser
-        .find(Locator::Css("form.filters button[type=submit]"))
-        .await
-        .expect("search button")
-        .click()
-        .await
-        .expect("click 1: search");
+    type_into(&browser, r#"form.filters input[name="id"]"#, "inv-42").await;
+    click(&browser, "form.filters button[type=submit]").await;
     // The unfiltered list had inv-42 too: wait for the search's own page.
     let deadline = Instant::now() + PATIENCE;
     while !browser
@@ -602,15 +554,11 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     assert!(found.contains("1 delivered"), "{found}");
     assert!(!found.contains(&msg), "only the matching message: {found}");
     save_screenshot(&browser, "dashboard-messages.png").await;
-    browser
-        .find(Locator::Css(&format!(
-            r#"table.messages a[href$="/msg/{inv42}"]"#
-        )))
-        .await
-        .expect("the message's link")
-        .click()
-        .await
-        .expect("click 2: the message");
+    click(
+        &browser,
+        &format!(r#"table.messages a[href$="/msg/{inv42}"]"#),
+    )
+    .await;
     let deliveries = wait_for_text(&browser, "table.deliveries", "delivered").await;
     assert!(deliveries.contains("/hooks/billing"), "{deliveries}");
     let payload = wait_for_text(&browser, "pre.payload", "inv-42").await;
@@ -640,13 +588,7 @@ async fn a_rotation_in_the_dashboard_is_an_endpoint_update_for_the_operator() {
     let ep_path = format!("/dashboard/app/{app_id}/endpoint/{ep_id}");
     let (_, ep_page) = get_page(&browser, &app, &ep_path).await;
     let csrf = csrf_of(&ep_page);
-    let resp = post_form(
-        &browser,
-        &app,
-        &format!("{ep_path}/rotate"),
-        &[("csrf", &csrf)],
-    )
-    .await;
+    let resp = post_action(&browser, &app, &format!("{ep_path}/rotate"), &csrf).await;
     assert_eq!(resp.status(), 303);
 
     let events = crate::endpoint_health::operator_events(&ops, secret, &["endpoint.updated"]).await;

@@ -70,20 +70,10 @@ async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it(backend: &
     assert_eq!(rx.requests().len(), 1);
     let dlv = d[0]["id"].as_str().expect("id");
     let ep = d[0]["endpointId"].as_str().expect("ep");
-    let (status, body) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/msg/{msg}/endpoint/{ep}/resend"),
-            json!({}),
-        )
-        .await;
+    let (status, body) = app.resend(&app_id, &msg, ep).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(body.to_string().contains("expunged"), "{body}");
-    let (_, replayed) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/dead-letter/{dlv}/replay"),
-            json!({}),
-        )
-        .await;
+    let (_, replayed) = app.replay_dead(&app_id, dlv).await;
     app.step().await;
     assert_eq!(rx.requests().len(), 1, "no replay sends it: {replayed}");
     let d = app.deliveries(&app_id, &msg).await;

@@ -45,6 +45,35 @@ async fn send(app: &TestApp, app_id: &str, event_type: &str, event_id: Option<&s
     out["id"].as_str().expect("msg id").to_owned()
 }
 
+/// Herald (stepped) and a receiver, with two applications: Acme
+/// (`acme_name`, uid `acme`), with one endpoint at `acme_path` on the
+/// receiver, and `other` (name, uid), as yet without one.
+struct TwoApps {
+    app: TestApp,
+    rx: Receiver,
+    acme: String,
+    acme_ep: String,
+    other: String,
+}
+
+async fn two_apps(acme_name: &str, acme_path: &str, other: (&str, &str)) -> TwoApps {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let acme = new_app(&app, acme_name, "acme").await;
+    let other = new_app(&app, other.0, other.1).await;
+    let ep = app
+        .create_endpoint(&acme, &rx.url(acme_path), json!({}))
+        .await;
+    let acme_ep = ep["id"].as_str().expect("endpoint id").to_owned();
+    TwoApps {
+        app,
+        rx,
+        acme,
+        acme_ep,
+        other,
+    }
+}
+
 /// Steps the dispatcher until the receiver has seen `n` requests (bounded).
 async fn deliver_until(app: &TestApp, rx: &Receiver, n: usize) {
     for _ in 0..50 {
@@ -58,12 +87,13 @@ async fn deliver_until(app: &TestApp, rx: &Receiver, n: usize) {
 
 #[tokio::test]
 async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
-    let app = spawn_stepped(&[]).await;
-    let rx = Receiver::start().await;
-    let acme = new_app(&app, "Acme", "acme").await;
-    let other = new_app(&app, "Other Corp", "other").await;
-    app.create_endpoint(&acme, &rx.url("/acme"), json!({}))
-        .await;
+    let TwoApps {
+        app,
+        rx,
+        acme,
+        other,
+        ..
+    } = two_apps("Acme", "/acme", ("Other Corp", "other")).await;
     app.create_endpoint(&other, &rx.url("/other"), json!({}))
         .await;
 
@@ -184,14 +214,13 @@ async fn messages_search_finds_exactly_the_matching_messages_of_each_filter() {
 
 #[tokio::test]
 async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
-    let app = spawn_stepped(&[]).await;
-    let rx = Receiver::start().await;
-    let acme = new_app(&app, "Acme", "acme").await;
-    let other = new_app(&app, "Other Corp", "other").await;
-    let ep = app
-        .create_endpoint(&acme, &rx.url("/billing"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id").to_owned();
+    let TwoApps {
+        app,
+        rx,
+        acme,
+        acme_ep: ep_id,
+        other,
+    } = two_apps("Acme", "/billing", ("Other Corp", "other")).await;
     rx.script([Reply::status(503).body("busy, try later")]);
     let msg = send(&app, &acme, "invoice.paid", Some("inv-42")).await;
     // A 503 then a 200: two attempts.
@@ -301,14 +330,13 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
 
 #[tokio::test]
 async fn applications_lead_to_their_endpoints_and_messages() {
-    let app = spawn_stepped(&[]).await;
-    let rx = Receiver::start().await;
-    let acme = new_app(&app, "Acme Shop", "acme").await;
-    let initech = new_app(&app, "Initech", "initech").await;
-    let ep = app
-        .create_endpoint(&acme, &rx.url("/acme/hooks"), json!({}))
-        .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id");
+    let TwoApps {
+        app,
+        rx,
+        acme,
+        acme_ep: ep_id,
+        other: initech,
+    } = two_apps("Acme Shop", "/acme/hooks", ("Initech", "initech")).await;
     app.create_endpoint(&initech, &rx.url("/initech/hooks"), json!({}))
         .await;
     let client = logged_in(&app).await;
@@ -388,12 +416,7 @@ async fn overview_and_metrics_count_held_deliveries_apart_from_due_ones() {
     assert_eq!(card(&html, "Due now"), "3", "the open endpoint's three");
     assert_eq!(card(&html, "Held"), "3", "the disabled endpoint's three");
     assert_eq!(card(&html, "Pending"), "6");
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics_text().await;
     assert_eq!(gauge(&metrics, "herald_due_backlog"), 3.0, "{metrics}");
     assert_eq!(gauge(&metrics, "herald_deliveries_held"), 3.0, "{metrics}");
 
@@ -405,12 +428,7 @@ async fn overview_and_metrics_count_held_deliveries_apart_from_due_ones() {
     assert_eq!(card(&html, "Due now"), "0");
     assert_eq!(card(&html, "Oldest due"), "–");
     assert_eq!(card(&html, "Held"), "3");
-    let metrics = reqwest::get(app.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics_text().await;
     assert_eq!(gauge(&metrics, "herald_due_backlog"), 0.0, "{metrics}");
     assert_eq!(
         gauge(&metrics, "herald_oldest_due_age_seconds"),

@@ -7,8 +7,8 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::helpers::binary::{run, serve};
-use crate::helpers::{Receiver, Remote, Reply, PATIENCE, TOKEN};
+use crate::helpers::binary::{run, serve, Proc};
+use crate::helpers::{get_as, Receiver, Remote, Reply, PATIENCE, TOKEN};
 
 fn env() -> Vec<(&'static str, String)> {
     vec![
@@ -21,6 +21,32 @@ fn on(db: &std::path::Path) -> Vec<(&'static str, String)> {
     let mut e = env();
     e.push(("HERALD_DATABASE_URL", format!("sqlite://{}", db.display())));
     e
+}
+
+/// `herald serve` on `db` with the admin token, allowed to reach the
+/// receivers on loopback; and a client of its API.
+async fn serve_reaching_receivers(db: &std::path::Path) -> (Proc, Remote) {
+    let proc = serve(
+        db,
+        &[
+            ("HERALD_ADMIN_TOKEN", TOKEN),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+        ],
+    )
+    .await;
+    let remote = Remote::new(proc.addr);
+    (proc, remote)
+}
+
+/// Creates the application `uid`, named as its uid.
+async fn app_named(remote: &Remote, uid: &str) -> Value {
+    ok(
+        remote,
+        Method::POST,
+        "/app",
+        json!({"name": uid, "uid": uid}),
+    )
+    .await
 }
 
 async fn ok(remote: &Remote, method: Method, path: &str, body: Value) -> Value {
@@ -53,6 +79,15 @@ async fn listed(remote: &Remote, path: &str, fields: &[&str]) -> Vec<Value> {
     rows
 }
 
+/// The target lists at `path` what the source does (`fields` of each).
+async fn assert_listed_alike(target: &Remote, source: &Remote, path: &str, fields: &[&str]) {
+    assert_eq!(
+        listed(target, path, fields).await,
+        listed(source, path, fields).await,
+        "{path}"
+    );
+}
+
 /// `herald import-svix --url base --token TOKEN extra…` into `target_db`.
 async fn import(
     base: &str,
@@ -83,15 +118,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     let rx = Receiver::start().await;
     rx.always(Reply::status(200));
     let source_db = dir.path().join("source.db");
-    let source_proc = serve(
-        &source_db,
-        &[
-            ("HERALD_ADMIN_TOKEN", TOKEN),
-            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
-        ],
-    )
-    .await;
-    let source = Remote::new(source_proc.addr);
+    let (_source_proc, source) = serve_reaching_receivers(&source_db).await;
     ok(&source, Method::POST, "/event-type", json!({"name": "order.paid", "description": "Paid", "schemas": {"1": {"type": "object"}}, "groupName": "orders"})).await;
     ok(
         &source,
@@ -204,15 +231,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
     assert_eq!(code, Some(0), "{third}\n{err}");
     assert_eq!(row(&third, "endpoints"), [0, 1, 2, 0], "{third}");
 
-    let target_proc = serve(
-        &target_db,
-        &[
-            ("HERALD_ADMIN_TOKEN", TOKEN),
-            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
-        ],
-    )
-    .await;
-    let target = Remote::new(target_proc.addr);
+    let (_target_proc, target) = serve_reaching_receivers(&target_db).await;
     let type_fields = [
         "name",
         "description",
@@ -222,15 +241,15 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
         "featureFlag",
         "groupName",
     ];
-    assert_eq!(
-        listed(&target, "/event-type?include_archived=true", &type_fields).await,
-        listed(&source, "/event-type?include_archived=true", &type_fields).await
-    );
+    assert_listed_alike(
+        &target,
+        &source,
+        "/event-type?include_archived=true",
+        &type_fields,
+    )
+    .await;
     let app_fields = ["name", "uid", "metadata", "rateLimit"];
-    assert_eq!(
-        listed(&target, "/app", &app_fields).await,
-        listed(&source, "/app", &app_fields).await
-    );
+    assert_listed_alike(&target, &source, "/app", &app_fields).await;
     let ep_fields = [
         "url",
         "uid",
@@ -241,10 +260,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
         "rateLimit",
         "metadata",
     ];
-    assert_eq!(
-        listed(&target, "/app/shop/endpoint", &ep_fields).await,
-        listed(&source, "/app/shop/endpoint", &ep_fields).await
-    );
+    assert_listed_alike(&target, &source, "/app/shop/endpoint", &ep_fields).await;
     let target_no_uid = get(&target, "/app").await["data"]
         .as_array()
         .expect("apps")
@@ -316,15 +332,7 @@ async fn import_svix_carries_every_field_and_the_secret_and_runs_again_unchanged
 async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rx = Receiver::start().await;
-    let source_proc = serve(
-        &dir.path().join("source.db"),
-        &[
-            ("HERALD_ADMIN_TOKEN", TOKEN),
-            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
-        ],
-    )
-    .await;
-    let source = Remote::new(source_proc.addr);
+    let (_source_proc, source) = serve_reaching_receivers(&dir.path().join("source.db")).await;
     for i in 0..260 {
         ok(
             &source,
@@ -335,13 +343,7 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
         .await;
     }
     for uid in ["one", "two"] {
-        ok(
-            &source,
-            Method::POST,
-            "/app",
-            json!({"name": uid, "uid": uid}),
-        )
-        .await;
+        app_named(&source, uid).await;
         ok(
             &source,
             Method::POST,
@@ -440,13 +442,7 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
     .await;
     let source = Remote::new(source_proc.addr);
     for uid in ["one", "two", "three"] {
-        ok(
-            &source,
-            Method::POST,
-            "/app",
-            json!({"name": uid, "uid": uid}),
-        )
-        .await;
+        app_named(&source, uid).await;
     }
     // The target's first start, without HERALD_ADMIN_TOKEN: generated.
     let target_db = dir.path().join("target.db");
@@ -480,12 +476,12 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
     assert_eq!(row(&out, "applications"), [3, 0, 0, 0], "{out}");
 
     let again = serve(&target_db, &[]).await;
-    let answer = reqwest::Client::new()
-        .get(format!("http://{}/api/v1/app", again.addr))
-        .bearer_auth(&generated)
-        .send()
-        .await
-        .expect("send");
+    let answer = get_as(
+        &reqwest::Client::new(),
+        format!("http://{}/api/v1/app", again.addr),
+        &generated,
+    )
+    .await;
     assert_eq!(answer.status(), 200, "the generated token still opens it");
     let apps: Value = answer.json().await.expect("json");
     assert_eq!(apps["data"].as_array().map(Vec::len), Some(3), "{apps}");
@@ -501,13 +497,7 @@ async fn a_rate_limited_source_is_read_again_after_its_wait() {
     let source = Remote::new(first.addr);
     for i in 0..4 {
         let uid = format!("app{i}");
-        ok(
-            &source,
-            Method::POST,
-            "/app",
-            json!({"name": uid, "uid": uid}),
-        )
-        .await;
+        app_named(&source, &uid).await;
     }
     drop(first);
     // Two requests a second: the import's reads run into 429s.

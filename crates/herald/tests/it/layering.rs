@@ -8,10 +8,7 @@ use std::path::Path;
 
 /// Each module's line in ARCHITECTURE.md's list (0 = the top).
 fn layers() -> BTreeMap<String, usize> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ARCHITECTURE.md"),
-    )
-    .expect("ARCHITECTURE.md");
+    let text = crate::helpers::repo_file("ARCHITECTURE.md");
     let block = text
         .split("<!-- layers: begin -->")
         .nth(1)

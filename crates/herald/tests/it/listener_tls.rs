@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::egress_parts::TestCa;
 use crate::helpers::binary::{serve, serve_command};
-use crate::helpers::{closed_port, spawn_app, Answered, PATIENCE, TOKEN};
+use crate::helpers::{closed_port, get_as, spawn_app, Answered, PATIENCE, TOKEN};
 
 /// A client that trusts only `ca` and keeps no connection between calls,
 /// so each call sees the certificate served at that moment.
@@ -38,11 +38,7 @@ async fn over_https_cookies_are_secure_and_hsts_is_sent() {
     let base = format!("https://localhost:{port}");
     let client = client_trusting(&ca);
 
-    let resp = client
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .expect("HTTPS answers");
+    let resp = client.get(format!("{base}/healthz")).answer().await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
         resp.headers()
@@ -50,20 +46,14 @@ async fn over_https_cookies_are_secure_and_hsts_is_sent() {
             .and_then(|v| v.to_str().ok()),
         Some("max-age=31536000")
     );
-    let resp = client
-        .get(format!("{base}/api/v1/app"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("HTTPS answers");
+    let resp = get_as(&client, format!("{base}/api/v1/app"), TOKEN).await;
     assert_eq!(resp.status(), StatusCode::OK);
 
     let resp = client
         .post(format!("{base}/dashboard/login"))
         .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .expect("HTTPS answers");
+        .answer()
+        .await;
     assert_eq!(resp.status(), StatusCode::SEE_OTHER);
     let cookies: Vec<_> = resp
         .headers()
@@ -183,12 +173,7 @@ async fn the_api_rate_limit_answers_429_with_retry_after_per_caller() {
     // Far more than 5 per second from the admin token.
     let mut limited = None;
     for _ in 0..50 {
-        let resp = client
-            .get(format!("{base}/api/v1/app"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .expect("herald");
+        let resp = get_as(&client, format!("{base}/api/v1/app"), TOKEN).await;
         if resp.status() == StatusCode::TOO_MANY_REQUESTS {
             limited = Some(resp);
             break;
@@ -207,37 +192,22 @@ async fn the_api_rate_limit_answers_429_with_retry_after_per_caller() {
     assert_eq!(body["code"], "too_many_requests", "{body}");
 
     // Another caller has its own budget; writes are limited like reads.
-    let resp = client
-        .get(format!("{base}/api/v1/app/{app_id}"))
-        .bearer_auth(&app_token)
-        .send()
-        .await
-        .expect("herald");
+    let resp = get_as(&client, format!("{base}/api/v1/app/{app_id}"), &app_token).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let resp = client
         .post(format!("{base}/api/v1/app"))
         .bearer_auth(TOKEN)
         .json(&json!({"name": "b"}))
-        .send()
-        .await
-        .expect("herald");
+        .answer()
+        .await;
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
     // Unauthenticated probes are not the callers' budget.
-    let resp = client
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .expect("herald");
+    let resp = client.get(format!("{base}/healthz")).answer().await;
     assert_eq!(resp.status(), StatusCode::OK);
 
     // The bucket refills: after the wait it asked for, the admin is served.
     tokio::time::sleep(Duration::from_secs(retry_after)).await;
-    let resp = client
-        .get(format!("{base}/api/v1/app"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("herald");
+    let resp = get_as(&client, format!("{base}/api/v1/app"), TOKEN).await;
     assert_eq!(resp.status(), StatusCode::OK);
     drop(proc);
 }

@@ -8,22 +8,41 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::json;
-use svix::api::MessageListOptions;
+use svix::api::{MessageListOptions, Svix};
 use svix::error::Error as SvixError;
-use svix::models::{ApplicationIn, EndpointIn, MessageIn};
+use svix::models::{ApplicationIn, EndpointIn, EndpointOut, MessageIn, MessageOut};
 
 use crate::helpers::*;
 use crate::on_both_stores;
 
-fn inline(uid: &str, name: &str) -> ApplicationIn {
-    ApplicationIn {
-        uid: Some(uid.to_owned()),
-        ..ApplicationIn::new(name.to_owned())
-    }
-}
-
 fn message(event_type: &str) -> MessageIn {
     MessageIn::new(event_type.to_owned(), json!({"ok": true}))
+}
+
+/// A message `a.b` of `app_id`, sent through the SDK to be delivered at `at`.
+async fn send_deliver_at(
+    svix: &Svix,
+    app_id: &str,
+    at: DateTime<Utc>,
+) -> Result<MessageOut, SvixError> {
+    svix.message()
+        .create(
+            app_id.to_owned(),
+            MessageIn {
+                deliver_at: Some(at),
+                ..message("a.b")
+            },
+            None,
+        )
+        .await
+}
+
+/// An endpoint of `app_id` at `url`, created through the SDK.
+async fn sdk_endpoint(svix: &Svix, app_id: &str, url: String) -> EndpointOut {
+    svix.endpoint()
+        .create(app_id.to_owned(), EndpointIn::new(url), None)
+        .await
+        .expect("endpoint")
 }
 
 /// The HTTP status of an SDK error (422s come back as `Validation`).
@@ -85,7 +104,7 @@ async fn a_message_with_application_creates_its_app_in_the_same_commit(backend: 
                 application: Some(ApplicationIn {
                     metadata: Some([("k".to_owned(), "v".to_owned())].into()),
                     throttle_rate: Some(7),
-                    ..inline("inline-app", "Inline app")
+                    ..app_in("inline-app", "Inline app")
                 }),
                 ..message("a.b")
             },
@@ -119,7 +138,7 @@ async fn a_message_with_application_creates_its_app_in_the_same_commit(backend: 
         .create(
             "inline-app".into(),
             MessageIn {
-                application: Some(inline("inline-app", "Another name")),
+                application: Some(app_in("inline-app", "Another name")),
                 ..message("a.b")
             },
             None,
@@ -140,11 +159,11 @@ async fn a_message_with_application_creates_its_app_in_the_same_commit(backend: 
             vec!["body", "application", "uid"],
         ),
         (
-            inline("other-uid", "Mismatch"),
+            app_in("other-uid", "Mismatch"),
             vec!["body", "application", "uid"],
         ),
         (
-            inline("fresh-uid", " "),
+            app_in("fresh-uid", " "),
             vec!["body", "application", "name"],
         ),
     ] {
@@ -221,7 +240,7 @@ async fn concurrent_inline_creations_of_one_uid_make_one_app(backend: &Backend) 
                 .create(
                     "racing-uid".into(),
                     MessageIn {
-                        application: Some(inline("racing-uid", "Raced")),
+                        application: Some(app_in("racing-uid", "Raced")),
                         ..MessageIn::new("a.b".into(), json!({ "i": i }))
                     },
                     None,
@@ -357,24 +376,11 @@ async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
     let svix = app.sdk();
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
-    let ep = svix
-        .endpoint()
-        .create(app_id.clone(), EndpointIn::new(rx.url("/hook")), None)
-        .await
-        .expect("endpoint");
+    let ep = sdk_endpoint(&svix, &app_id, rx.url("/hook")).await;
 
     // An hour ahead: stored, pending, due then; no step sends it.
     let later = Utc::now() + chrono::Duration::hours(1);
-    let scheduled = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(later),
-                ..message("a.b")
-            },
-            None,
-        )
+    let scheduled = send_deliver_at(&svix, &app_id, later)
         .await
         .expect("scheduled message");
     assert_eq!(scheduled.deliver_at.map(ms), Some(ms(later)));
@@ -403,16 +409,7 @@ async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
     assert_eq!(entry.deliver_at.map(ms), Some(ms(later)));
 
     // In the past: sent at once.
-    let past = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(Utc::now() - chrono::Duration::minutes(5)),
-                ..message("a.b")
-            },
-            None,
-        )
+    let past = send_deliver_at(&svix, &app_id, Utc::now() - chrono::Duration::minutes(5))
         .await
         .expect("past deliverAt");
     let report = app.step().await;
@@ -422,18 +419,7 @@ async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
 
     // A few hundred ms ahead: nothing before, sent once due.
     let soon = Utc::now() + chrono::Duration::milliseconds(400);
-    let near = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(soon),
-                ..message("a.b")
-            },
-            None,
-        )
-        .await
-        .expect("soon");
+    let near = send_deliver_at(&svix, &app_id, soon).await.expect("soon");
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         let report = app.step().await;
@@ -450,16 +436,7 @@ async fn deliver_at_holds_attempts_until_it_is_due(backend: &Backend) {
     assert_eq!(rx.requests().len(), 2, "the hour-ahead one is still held");
 
     // More than HERALD_MAX_AGE ahead: 422 naming deliverAt.
-    let refused = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(Utc::now() + chrono::Duration::hours(3)),
-                ..message("a.b")
-            },
-            None,
-        )
+    let refused = send_deliver_at(&svix, &app_id, Utc::now() + chrono::Duration::hours(3))
         .await
         .expect_err("too far ahead");
     assert_eq!(status_of(&refused), 422);
@@ -481,21 +458,9 @@ async fn deliver_at_is_never_handed_off_early(backend: &Backend) {
     let svix = app.sdk();
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
-    svix.endpoint()
-        .create(app_id.clone(), EndpointIn::new(rx.url("/hook")), None)
-        .await
-        .expect("endpoint");
+    sdk_endpoint(&svix, &app_id, rx.url("/hook")).await;
     let later = Utc::now() + chrono::Duration::hours(1);
-    let scheduled = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(later),
-                ..message("a.b")
-            },
-            None,
-        )
+    let scheduled = send_deliver_at(&svix, &app_id, later)
         .await
         .expect("scheduled");
     let ds = app.deliveries(&app_id, &scheduled.id).await;
@@ -509,18 +474,13 @@ async fn deliver_at_is_never_handed_off_early(backend: &Backend) {
         .expect("at once");
     let got = rx.wait_for(1).await;
     assert_eq!(got[0].header("webhook-id"), now.id);
-    let soon = svix
-        .message()
-        .create(
-            app_id.clone(),
-            MessageIn {
-                deliver_at: Some(Utc::now() + chrono::Duration::milliseconds(300)),
-                ..message("a.b")
-            },
-            None,
-        )
-        .await
-        .expect("soon");
+    let soon = send_deliver_at(
+        &svix,
+        &app_id,
+        Utc::now() + chrono::Duration::milliseconds(300),
+    )
+    .await
+    .expect("soon");
     let got = rx.wait_for(2).await;
     assert_eq!(got[1].header("webhook-id"), soon.id);
     assert_eq!(rx.requests().len(), 2);
@@ -535,7 +495,7 @@ async fn deliver_at_is_never_handed_off_early(backend: &Backend) {
 /// start their retry cycle then, as the claim reports it.
 #[tokio::test]
 async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
-    use herald::store::{ClaimRequest, NewMessage};
+    use herald::store::NewMessage;
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let app_id = app.create_app().await;
@@ -561,30 +521,9 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
         .insert_messages(std::slice::from_ref(&m))
         .await
         .expect("insert");
-    let none = std::collections::HashMap::new();
-    let ahead = store
-        .claim(&ClaimRequest {
-            now: now - 5_000,
-            lease_until: now + 60_000,
-            limit: 10,
-            in_flight: &none,
-            endpoint_cap: 10,
-            unlisted_cap: 10,
-        })
-        .await
-        .expect("claim");
+    let ahead = claim_up_to(store, now - 5_000, now + 60_000, 10).await;
     assert!(ahead.is_empty(), "not due before deliverAt");
-    let claimed = store
-        .claim(&ClaimRequest {
-            now,
-            lease_until: now + 60_000,
-            limit: 10,
-            in_flight: &none,
-            endpoint_cap: 10,
-            unlisted_cap: 10,
-        })
-        .await
-        .expect("claim");
+    let claimed = claim_up_to(store, now, now + 60_000, 10).await;
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].cycle_started_at, now - 4_000);
     app.shutdown().await;

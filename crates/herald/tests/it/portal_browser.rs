@@ -11,27 +11,13 @@ use fantoccini::{Client, Locator};
 use svix::api::Svix;
 use svix::models::AppPortalAccessIn;
 
-use crate::helpers::browser::{browser_installed, wait_for_text, Chromedriver};
+use crate::helpers::browser::{
+    browser_installed, click, screenshot, type_into, wait_for_text, Chromedriver,
+};
 use crate::helpers::*;
 
 async fn shot(browser: &Client, name: &str) {
-    let png = browser.screenshot().await.expect("screenshot");
-    assert!(png.starts_with(b"\x89PNG"), "a PNG");
-    if std::env::var("HERALD_SCREENSHOTS").as_deref() == Ok("1") {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
-        std::fs::create_dir_all(&dir).expect("docs/ exists");
-        std::fs::write(dir.join(name), png).expect("screenshot saved");
-    }
-}
-
-async fn click(browser: &Client, css: &str) {
-    browser
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    screenshot(browser, name, "HERALD_SCREENSHOTS").await;
 }
 
 async fn mint(svix: &Svix, app: &str) -> String {
@@ -81,14 +67,10 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
         )
         .await;
     assert_eq!(status, 201, "{created}");
-    let (status, _) = app
-        .post(
-            "/api/v1/event-type",
-            serde_json::json!({"name": "invoice.paid", "description": "An invoice was paid",
-                "schemas": {"1": {"type": "object", "examples": [{"invoice": "inv-42", "amount": 1200}]}}}),
-        )
+    app.create_event_type(serde_json::json!({"name": "invoice.paid",
+        "description": "An invoice was paid",
+        "schemas": {"1": {"type": "object", "examples": [{"invoice": "inv-42", "amount": 1200}]}}}))
         .await;
-    assert_eq!(status, 201);
     let svix = app.sdk();
     let link = mint(&svix, "acme").await;
 
@@ -106,20 +88,8 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
     // Add an endpoint pointing at the receiver.
     click(&browser, "a[href='/portal/endpoint/new']").await;
     wait_for_text(&browser, "h1", "Add endpoint").await;
-    browser
-        .find(Locator::Css("input[name=url]"))
-        .await
-        .expect("url field")
-        .send_keys(&rx.url("/hook"))
-        .await
-        .expect("type");
-    browser
-        .find(Locator::Css("input[name=description]"))
-        .await
-        .expect("description field")
-        .send_keys("Billing receiver")
-        .await
-        .expect("type");
+    type_into(&browser, "input[name=url]", &rx.url("/hook")).await;
+    type_into(&browser, "input[name=description]", "Billing receiver").await;
     shot(&browser, "portal-endpoint-form.png").await;
     click(&browser, "form button.primary").await;
     wait_for_text(&browser, ".flash", "Endpoint added").await;
@@ -128,15 +98,11 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
     // Its page: send a test event of the catalogue's type.
     click(&browser, "td a.clip").await;
     wait_for_text(&browser, "h1", "Endpoint").await;
-    browser
-        .find(Locator::Css(
-            "select[name=eventType] option[value='invoice.paid']",
-        ))
-        .await
-        .expect("the catalogue's type")
-        .click()
-        .await
-        .expect("choose it");
+    click(
+        &browser,
+        "select[name=eventType] option[value='invoice.paid']",
+    )
+    .await;
     click(&browser, "form[action$='/send-example'] button").await;
     wait_for_text(&browser, ".flash", "Sent a test invoice.paid event").await;
     let got = rx.wait_for(1).await;

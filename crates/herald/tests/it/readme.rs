@@ -4,24 +4,24 @@
 use std::process::Stdio;
 
 use crate::helpers::binary::serve;
-use crate::helpers::{Receiver, PATIENCE, TOKEN};
+use crate::helpers::{repo_file, Receiver, PATIENCE, TOKEN};
 
 /// The `sh` block under README's "A first webhook, with curl".
 fn walkthrough() -> String {
-    let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
-    )
-    .expect("README.md");
-    let section = readme
-        .split("## A first webhook, with curl")
+    sh_block_after(&repo_file("README.md"), "## A first webhook, with curl").to_owned()
+}
+
+/// The first `sh` code block of `text` after the heading `heading`.
+fn sh_block_after<'t>(text: &'t str, heading: &str) -> &'t str {
+    let section = text
+        .split(heading)
         .nth(1)
-        .expect("the walkthrough section");
-    let block = section
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    section
         .split("```sh\n")
         .nth(1)
         .and_then(|rest| rest.split("\n```").next())
-        .expect("its sh block");
-    block.to_owned()
+        .unwrap_or_else(|| panic!("no sh block in {heading}"))
 }
 
 #[tokio::test]
@@ -89,10 +89,7 @@ async fn the_readme_walkthrough_runs_as_written() {
 /// can drift from the other.
 #[test]
 fn the_configuration_table_names_exactly_the_known_settings() {
-    let reference = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md"),
-    )
-    .expect("docs/configuration.md");
+    let reference = repo_file("docs/configuration.md");
     let mut documented = std::collections::BTreeSet::new();
     for row in reference.lines().filter(|l| l.starts_with("| `HERALD_")) {
         let first_cell = row.split('|').nth(1).unwrap_or_default();
@@ -110,15 +107,6 @@ fn the_configuration_table_names_exactly_the_known_settings() {
         undocumented.is_empty() && unknown.is_empty(),
         "docs/configuration.md lacks {undocumented:?} and names settings Herald does not know: {unknown:?}"
     );
-}
-
-fn repo_file(name: &str) -> String {
-    std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../..")
-            .join(name),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// The `HERALD_*` names a text uses (`HERALD_X=`, `HERALD_X:`, `-e HERALD_X`).
@@ -140,15 +128,7 @@ fn the_docker_commands_and_compose_file_match_the_image() {
         .map(|(k, _, _)| (*k).to_owned())
         .collect();
     let readme = repo_file("README.md");
-    let section = readme
-        .split("### With Docker")
-        .nth(1)
-        .expect("README has a With Docker section");
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|rest| rest.split("\n```").next())
-        .expect("its sh block");
+    let block = sh_block_after(&readme, "### With Docker");
     let dockerfile = repo_file("Dockerfile");
     assert!(block.contains("docker build -t herald ."), "{block}");
     let run = block

@@ -1,8 +1,27 @@
 //! The official Svix Rust SDK, pointed at Herald, drives the happy path.
 
-use svix::models::{ApplicationIn, EndpointIn, EventTypeIn, MessageIn};
+use svix::api::Svix;
+use svix::models::{EndpointIn, EventTypeIn, MessageIn, MessageOut};
 
 use crate::helpers::*;
+
+/// A message `event_type` with `payload` to the application `app_id`,
+/// created through the SDK.
+async fn send(
+    svix: &Svix,
+    app_id: &str,
+    event_type: &str,
+    payload: serde_json::Value,
+) -> MessageOut {
+    svix.message()
+        .create(
+            app_id.to_owned(),
+            MessageIn::new(event_type.to_owned(), payload),
+            None,
+        )
+        .await
+        .expect("message created through the SDK")
+}
 
 #[tokio::test]
 async fn the_svix_sdk_creates_an_app_an_endpoint_and_a_message_that_arrives() {
@@ -11,13 +30,7 @@ async fn the_svix_sdk_creates_an_app_an_endpoint_and_a_message_that_arrives() {
     let svix = app.sdk();
     let created = svix
         .application()
-        .create(
-            ApplicationIn {
-                uid: Some("sdk-app".into()),
-                ..ApplicationIn::new("SDK app".into())
-            },
-            None,
-        )
+        .create(app_in("sdk-app", "SDK app"), None)
         .await
         .expect("application created through the SDK");
     assert!(created.id.starts_with("app_"));
@@ -58,15 +71,13 @@ async fn the_svix_sdk_creates_an_app_an_endpoint_and_a_message_that_arrives() {
         .await
         .expect("secret");
 
-    let msg = svix
-        .message()
-        .create(
-            created.id.clone(),
-            MessageIn::new("invoice.paid".into(), serde_json::json!({"amount": 42})),
-            None,
-        )
-        .await
-        .expect("message created through the SDK");
+    let msg = send(
+        &svix,
+        &created.id,
+        "invoice.paid",
+        serde_json::json!({"amount": 42}),
+    )
+    .await;
     let got = rx.wait_for(1).await;
     assert_eq!(got[0].header("webhook-id"), msg.id);
     got[0].verified_by(&secret.key).expect("verifies");
@@ -129,24 +140,12 @@ async fn the_svix_sdk_drives_the_core_surface() {
     // Applications.
     let a = svix
         .application()
-        .get_or_create(
-            ApplicationIn {
-                uid: Some("shop".into()),
-                ..ApplicationIn::new("Shop".into())
-            },
-            None,
-        )
+        .get_or_create(app_in("shop", "Shop"), None)
         .await
         .expect("get_or_create creates");
     let again = svix
         .application()
-        .get_or_create(
-            ApplicationIn {
-                uid: Some("shop".into()),
-                ..ApplicationIn::new("Shop".into())
-            },
-            None,
-        )
+        .get_or_create(app_in("shop", "Shop"), None)
         .await
         .expect("get_or_create finds");
     assert_eq!(again.id, a.id);
@@ -345,15 +344,7 @@ async fn the_svix_sdk_drives_the_core_surface() {
         )
         .await
         .expect("message with a channel");
-    let plain = svix
-        .message()
-        .create(
-            a.id.clone(),
-            MessageIn::new("order.paid".into(), serde_json::json!({"n": 2})),
-            None,
-        )
-        .await
-        .expect("message");
+    let plain = send(&svix, &a.id, "order.paid", serde_json::json!({"n": 2})).await;
     let got = rx.wait_for(3).await;
     let eu_requests: Vec<_> = got.iter().filter(|r| r.path == "/eu").collect();
     assert_eq!(
@@ -485,15 +476,7 @@ async fn the_svix_sdk_drives_the_core_surface() {
     // Recover: a failure made dead, then re-queued by time window.
     rx.always(Reply::status(400));
     let before = chrono::Utc::now() - chrono::Duration::seconds(5);
-    let doomed = svix
-        .message()
-        .create(
-            a.id.clone(),
-            MessageIn::new("order.paid".into(), serde_json::json!({"n": 3})),
-            None,
-        )
-        .await
-        .expect("message");
+    let doomed = send(&svix, &a.id, "order.paid", serde_json::json!({"n": 3})).await;
     app.wait_for_state(&a.id, &doomed.id, "dead").await;
     rx.always(Reply::status(200));
     svix.endpoint()
@@ -525,11 +508,7 @@ async fn the_svix_sdk_health_check_and_svixs_health_routes_answer() {
         .expect("health.get() through the SDK");
     // As Svix's server answers them, without a token.
     let client = reqwest::Client::new();
-    let resp = client
-        .get(app.url("/api/v1/health"))
-        .send()
-        .await
-        .expect("herald");
+    let resp = get_answer(&client, &app, "/api/v1/health").await;
     assert_eq!(resp.status(), 200);
     let body: serde_json::Value = resp.json().await.expect("json");
     assert_eq!(
@@ -540,11 +519,7 @@ async fn the_svix_sdk_health_check_and_svixs_health_routes_answer() {
         let resp = client.head(app.url(path)).send().await.expect("herald");
         assert!(resp.status().is_success(), "HEAD {path}: {}", resp.status());
     }
-    let resp = client
-        .get(app.url("/api/v1/health/ping"))
-        .send()
-        .await
-        .expect("herald");
+    let resp = get_answer(&client, &app, "/api/v1/health/ping").await;
     assert_eq!(resp.status(), 204);
     app.shutdown().await;
 }

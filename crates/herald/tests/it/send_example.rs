@@ -9,20 +9,30 @@ use crate::helpers::*;
 
 crate::on_both_stores!(send_example_is_stored_and_sent_on_both_stores,);
 
+/// Asks the API to send an example of `event_type` to endpoint `ep` of
+/// `app_id`: its answer.
+async fn send_example(
+    app: &TestApp,
+    app_id: &str,
+    ep: &str,
+    event_type: &str,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    app.post(
+        &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
+        json!({ "eventType": event_type }),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_alone() {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
     let other = Receiver::start().await;
     let svix = app.sdk();
-    let (status, _) = app
-        .post(
-            "/api/v1/event-type",
-            json!({"name": "invoice.paid", "description": "paid",
-                   "schemas": {"1": {"type": "object", "examples": [{"amount": 4200}, {"amount": 1}]}}}),
-        )
+    app.create_event_type(json!({"name": "invoice.paid", "description": "paid",
+        "schemas": {"1": {"type": "object", "examples": [{"amount": 4200}, {"amount": 1}]}}}))
         .await;
-    assert_eq!(status, 201);
     app.create_event_types(&["bare.type", "only.this"]).await;
     let app_id = app.create_app().await;
     // Its filter takes neither event type: send-example goes anyway.
@@ -86,12 +96,7 @@ async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_a
     assert_eq!(attempts[0]["responseStatusCode"], 200);
 
     // No example: 400 naming the problem; no such type: 404.
-    let (status, body) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
-            json!({"eventType": "bare.type"}),
-        )
-        .await;
+    let (status, body) = send_example(&app, &app_id, &ep, "bare.type").await;
     assert_eq!(status, 400, "{body}");
     assert!(
         body["detail"]
@@ -100,12 +105,7 @@ async fn send_example_delivers_the_schema_example_or_the_ping_to_that_endpoint_a
             .contains("example"),
         "{body}"
     );
-    let (status, _) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
-            json!({"eventType": "no.such.type"}),
-        )
-        .await;
+    let (status, _) = send_example(&app, &app_id, &ep, "no.such.type").await;
     assert_eq!(status, 404);
     // The other endpoint received none of these.
     assert!(other.requests().is_empty());
@@ -116,12 +116,7 @@ async fn send_example_is_stored_and_sent_on_both_stores(backend: &Backend) {
     let app = backend.spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
-    let (status, out) = app
-        .post(
-            &format!("/api/v1/app/{app_id}/endpoint/{ep}/send-example"),
-            json!({"eventType": "svix.ping"}),
-        )
-        .await;
+    let (status, out) = send_example(&app, &app_id, &ep, "svix.ping").await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(app.step().await.delivered, 1);
     let got = rx.wait_for(1).await;
@@ -132,12 +127,7 @@ async fn send_example_is_stored_and_sent_on_both_stores(backend: &Backend) {
     assert_eq!(d[0]["state"], "delivered");
     // An endpoint of another application: 404, nothing stored.
     let other = app.create_app().await;
-    let (status, _) = app
-        .post(
-            &format!("/api/v1/app/{other}/endpoint/{ep}/send-example"),
-            json!({"eventType": "svix.ping"}),
-        )
-        .await;
+    let (status, _) = send_example(&app, &other, &ep, "svix.ping").await;
     assert_eq!(status, 404);
     app.shutdown().await;
 }

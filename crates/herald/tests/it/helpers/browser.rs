@@ -121,3 +121,38 @@ pub async fn wait_for_text(browser: &Client, css: &str, text: &str) -> String {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Clicks the element `css` finds (the test fails without one).
+pub async fn click(browser: &Client, css: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("click {css}: {e}"));
+}
+
+/// Types `text` into the field `css` finds (the test fails without one).
+pub async fn type_into(browser: &Client, css: &str, text: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .send_keys(text)
+        .await
+        .unwrap_or_else(|e| panic!("type into {css}: {e}"));
+}
+
+/// Takes a screenshot (the test fails unless it is a PNG) and, when the
+/// environment variable `asked_by` is `1`, saves it as `docs/<name>`, so
+/// that ordinary runs leave the tree alone.
+pub async fn screenshot(browser: &Client, name: &str, asked_by: &str) {
+    let png = browser.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    if std::env::var(asked_by).as_deref() == Ok("1") {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+        std::fs::create_dir_all(&dir).expect("docs/ exists");
+        std::fs::write(dir.join(name), png).expect("screenshot saved");
+    }
+}

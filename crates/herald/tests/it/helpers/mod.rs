@@ -106,6 +106,16 @@ impl TestApp {
         format!("{}{path}", self.base)
     }
 
+    /// `/metrics` as text.
+    pub async fn metrics_text(&self) -> String {
+        reqwest::get(self.url("/metrics"))
+            .await
+            .expect("herald answers")
+            .text()
+            .await
+            .expect("text")
+    }
+
     /// The official Svix SDK pointed at this Herald, with the admin token.
     pub fn sdk(&self) -> svix::api::Svix {
         self.sdk_as(TOKEN)
@@ -193,11 +203,16 @@ impl TestApp {
     /// Creates these event types (endpoint filters must name existing ones).
     pub async fn create_event_types(&self, names: &[&str]) {
         for name in names {
-            let (status, out) = self
-                .post("/api/v1/event-type", serde_json::json!({ "name": name }))
+            self.create_event_type(serde_json::json!({ "name": name }))
                 .await;
-            assert_eq!(status, StatusCode::CREATED, "{out}");
         }
+    }
+
+    /// Creates the event type `body` describes; the API's answer.
+    pub async fn create_event_type(&self, body: Value) -> Value {
+        let (status, out) = self.post("/api/v1/event-type", body).await;
+        assert_eq!(status, StatusCode::CREATED, "{out}");
+        out
     }
 
     pub async fn send_message(&self, app: &str, event_type: &str, payload: Value) -> String {
@@ -209,6 +224,20 @@ impl TestApp {
             .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{out}");
         out["id"].as_str().expect("msg id").to_owned()
+    }
+
+    /// Asks (body `{}`) for a resend of message `msg` of `app` to its
+    /// endpoint `ep`: the API's answer.
+    pub async fn resend(&self, app: &str, msg: &str, ep: &str) -> (StatusCode, Value) {
+        let path = format!("/api/v1/app/{app}/msg/{msg}/endpoint/{ep}/resend");
+        self.post(&path, serde_json::json!({})).await
+    }
+
+    /// Asks (body `{}`) for a replay of the dead delivery `dlv` of `app`:
+    /// the API's answer.
+    pub async fn replay_dead(&self, app: &str, dlv: &str) -> (StatusCode, Value) {
+        let path = format!("/api/v1/app/{app}/dead-letter/{dlv}/replay");
+        self.post(&path, serde_json::json!({})).await
     }
 
     /// `n` messages `order.created` `{"n": i}`, one after another; their ids.
@@ -272,6 +301,45 @@ impl TestApp {
     }
 }
 
+/// A claim from `store` at `now`, leased until `lease_until`, of up to
+/// `n` deliveries with nothing in flight and every cap `n`.
+pub async fn claim_up_to(
+    store: &Arc<dyn herald::store::Store>,
+    now: herald::store::Millis,
+    lease_until: herald::store::Millis,
+    n: usize,
+) -> Vec<herald::store::ClaimedDelivery> {
+    store
+        .claim(&herald::store::ClaimRequest {
+            now,
+            lease_until,
+            limit: n,
+            in_flight: &std::collections::HashMap::new(),
+            endpoint_cap: n,
+            unlisted_cap: n,
+        })
+        .await
+        .expect("claim")
+}
+
+/// The application `name` with the uid `uid`, as the SDK takes it.
+pub fn app_in(uid: &str, name: &str) -> svix::models::ApplicationIn {
+    svix::models::ApplicationIn {
+        uid: Some(uid.to_owned()),
+        ..svix::models::ApplicationIn::new(name.to_owned())
+    }
+}
+
+/// A file of the repository, by its path from the repository's root.
+pub fn repo_file(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// A browser-like client: it keeps cookies and shows redirects instead of
 /// following them.
 pub fn cookie_client() -> reqwest::Client {
@@ -290,24 +358,35 @@ pub fn csrf_of(html: &str) -> String {
     html[start..start + len].to_owned()
 }
 
-/// A request sent and its answer read whole; the test fails if Herald
-/// does not answer or (`json_answer`) answers with no JSON.
+/// A request sent and its answer (`answer`) or the answer read whole; the
+/// test fails if Herald does not answer or (`json_answer`) answers with
+/// no JSON.
 #[allow(async_fn_in_trait)]
 pub trait Answered {
+    async fn answer(self) -> reqwest::Response;
     async fn text_answer(self) -> String;
     async fn json_answer(self) -> Value;
 }
 
 impl Answered for reqwest::RequestBuilder {
+    async fn answer(self) -> reqwest::Response {
+        self.send().await.expect("herald answers")
+    }
+
     async fn text_answer(self) -> String {
-        let answer = self.send().await.expect("herald answers");
+        let answer = self.answer().await;
         answer.text().await.expect("the answer's body")
     }
 
     async fn json_answer(self) -> Value {
-        let answer = self.send().await.expect("herald answers");
+        let answer = self.answer().await;
         answer.json().await.expect("the answer is JSON")
     }
+}
+
+/// `GET url` from `client` with the bearer token `token`: the answer.
+pub async fn get_as(client: &reqwest::Client, url: String, token: &str) -> reqwest::Response {
+    client.get(url).bearer_auth(token).answer().await
 }
 
 /// Whether every program in `programs` is installed. When one is not, the
@@ -340,13 +419,19 @@ pub async fn logged_in(app: &TestApp) -> reqwest::Client {
 /// `GET path` from `client` (a browser, with its cookies): the status and
 /// the page.
 pub async fn get_page(client: &reqwest::Client, app: &TestApp, path: &str) -> (u16, String) {
-    let resp = client
+    let resp = get_answer(client, app, path).await;
+    let status = resp.status().as_u16();
+    (status, resp.text().await.expect("body"))
+}
+
+/// `GET path` from `client` (a browser, with its cookies): the answer,
+/// its body unread.
+pub async fn get_answer(client: &reqwest::Client, app: &TestApp, path: &str) -> reqwest::Response {
+    client
         .get(app.url(path))
         .send()
         .await
-        .expect("herald answers");
-    let status = resp.status().as_u16();
-    (status, resp.text().await.expect("body"))
+        .expect("herald answers")
 }
 
 /// The dashboard's log-in form posted from `browser` with `token`.

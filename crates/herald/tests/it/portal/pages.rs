@@ -172,17 +172,7 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     );
 
     // A header Herald sets itself is refused, and nothing else is saved.
-    let (status, html) = post_form(
-        &app,
-        &cookie,
-        &edit,
-        &[
-            ("url", "https://example.com/hook"),
-            ("description", "not saved"),
-            ("headers", "webhook-id: forged"),
-        ],
-    )
-    .await;
+    let (status, html) = save_edit(&app, &cookie, &edit, "not saved", "webhook-id: forged").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
     assert!(html.contains("class=\"error\""), "{html}");
     let (_, unchanged) = app.get(&format!("/api/v1/app/{id}/endpoint/{ep_id}")).await;
@@ -197,13 +187,8 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
         ("old.evt", json!(null)),
         ("gone.evt", json!(null)),
     ] {
-        let (s, out) = app
-            .post(
-                "/api/v1/event-type",
-                json!({"name": name, "featureFlags": flags}),
-            )
+        app.create_event_type(json!({"name": name, "featureFlags": flags}))
             .await;
-        assert_eq!(s, StatusCode::CREATED, "{out}");
     }
     let (s, _) = app.delete("/api/v1/event-type/old.evt").await;
     assert_eq!(s, StatusCode::NO_CONTENT, "archived");
@@ -228,15 +213,12 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     assert_eq!(status, StatusCode::OK);
     assert!(!form.contains("SUPERSECRET"), "{form}");
     assert!(form.contains("Authorization: ••••••"), "{form}");
-    let (status, html) = post_form(
+    let (status, html) = save_edit(
         &app,
         &cookie,
         &edit,
-        &[
-            ("url", "https://example.com/hook"),
-            ("description", "now described"),
-            ("headers", "Authorization: ••••••\nX-Tenant: t3"),
-        ],
+        "now described",
+        "Authorization: ••••••\nX-Tenant: t3",
     )
     .await;
     assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
@@ -272,26 +254,16 @@ async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
     let id = app.create_app().await;
     let (_, out) = access(&app, &id, json!({})).await;
     let url = out["url"].as_str().expect("url");
-    let response = browser()
-        .get(app.url(&format!(
-            "{}&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks",
-            path_of(url)
-        )))
-        .send()
-        .await
-        .expect("GET");
-    let cookie = header_text(response.headers(), "set-cookie");
+    let (cookie, response) = open_home(
+        &app,
+        url,
+        "&primaryColor=%23ff6600&darkMode=true&productName=Acme+Hooks",
+    )
+    .await;
     assert!(
         cookie.contains("SameSite=None; Secure; Partitioned"),
         "{cookie}"
     );
-    let cookie = cookie_pair(response.headers());
-    let response = browser()
-        .get(app.url("/portal"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .expect("GET");
     let csp = header_text(response.headers(), "content-security-policy");
     assert!(
         csp.contains("frame-ancestors https://app.example.com"),
@@ -310,20 +282,8 @@ async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
     let id = plain.create_app().await;
     let (_, out) = access(&plain, &id, json!({})).await;
     let url = out["url"].as_str().expect("url");
-    let response = browser()
-        .get(plain.url(&format!("{}&primaryColor=red;}}body{{x", path_of(url))))
-        .send()
-        .await
-        .expect("GET");
-    let cookie = header_text(response.headers(), "set-cookie");
+    let (cookie, response) = open_home(&plain, url, "&primaryColor=red;}body{x").await;
     assert!(cookie.contains("SameSite=Lax"), "{cookie}");
-    let cookie = cookie_pair(response.headers());
-    let response = browser()
-        .get(plain.url("/portal"))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .expect("GET");
     let csp = header_text(response.headers(), "content-security-policy");
     assert!(csp.contains("frame-ancestors 'self'"), "{csp}");
     let html = response.text().await.expect("body");
@@ -331,6 +291,43 @@ async fn embedding_sets_frame_ancestors_and_a_cross_site_cookie() {
         html.contains("#123456") && !html.contains("red;"),
         "the configured colour"
     );
+}
+
+/// The edit form at `edit` posted with the endpoint's URL as it was
+/// created (`https://example.com/hook`), `description` and `headers`.
+async fn save_edit(
+    app: &TestApp,
+    cookie: &str,
+    edit: &str,
+    description: &str,
+    headers: &str,
+) -> (StatusCode, String) {
+    let fields = [
+        ("url", "https://example.com/hook"),
+        ("description", description),
+        ("headers", headers),
+    ];
+    post_form(app, cookie, edit, &fields).await
+}
+
+/// Opens the link `url` with `extra` added to its query, then the
+/// portal's home with the session it set: the link's `Set-Cookie`, and
+/// the home page's answer.
+async fn open_home(app: &TestApp, url: &str, extra: &str) -> (String, reqwest::Response) {
+    let response = browser()
+        .get(app.url(&format!("{}{extra}", path_of(url))))
+        .send()
+        .await
+        .expect("GET");
+    let set_cookie = header_text(response.headers(), "set-cookie");
+    let cookie = cookie_pair(response.headers());
+    let response = browser()
+        .get(app.url("/portal"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("GET");
+    (set_cookie, response)
 }
 
 /// Every inline style of `html`, each allowed by the page's CSP (by its
@@ -540,13 +537,8 @@ async fn home_pages_through_every_endpoint_and_test_events_have_examples() {
         ("with.example", json!({"1": {"examples": [{"a": 1}]}})),
         ("without.example", json!(null)),
     ] {
-        let (s, out) = app
-            .post(
-                "/api/v1/event-type",
-                json!({"name": name, "schemas": schemas}),
-            )
+        app.create_event_type(json!({"name": name, "schemas": schemas}))
             .await;
-        assert_eq!(s, StatusCode::CREATED, "{out}");
     }
     let (_, ep_page) = page(&app, &cookie, &format!("/portal/endpoint/{}", ids[0])).await;
     assert!(ep_page.contains("option value=\"svix.ping\""), "{ep_page}");
