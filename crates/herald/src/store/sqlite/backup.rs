@@ -186,39 +186,46 @@ fn backup_here(
         )));
     }
     let partial = with_suffix(target, ".partial");
-    let _ = std::fs::remove_file(&partial);
-    let result = (|| {
-        let conn = Connection::open_with_flags(store, OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| unavailable("cannot open", store, e))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(|e| unavailable("cannot open", store, e))?;
-        let mut copy =
-            Connection::open(&partial).map_err(|e| unavailable("cannot create", &partial, e))?;
-        // Durable by the one fsync below, once the copy is whole.
-        copy.pragma_update(None, "synchronous", "OFF")
-            .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
-        copy_every_page(&conn, &mut copy, &partial, keep_going)
-            .and_then(|()| {
-                // One self-contained file: the copy came in WAL mode, whose
-                // -wal and -shm would be left beside it under the partial name.
-                copy.pragma_update_and_check(None, "journal_mode", "DELETE", |_| Ok(()))
-            })
-            .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
-        drop(copy);
-        drop(conn);
-        std::fs::File::open(&partial)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| unavailable("cannot write the backup", &partial, e))?;
-        let summary = check(&partial)?;
+    let result = whole_copy(store, &partial, keep_going).and_then(|summary| {
         make_room();
         std::fs::rename(&partial, target)
             .map_err(|e| unavailable("cannot move the backup to", target, e))?;
         Ok(summary)
-    })();
+    });
     if result.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
     result
+}
+
+/// `store` copied page by page into one self-contained file at `partial`
+/// (what is still in its write-ahead log included: SQLite reads the store
+/// as a whole, where a copy of the main file alone would miss every
+/// transaction not checkpointed yet), on disk and checked.
+fn whole_copy(store: &Path, partial: &Path, keep_going: &dyn Fn() -> bool) -> StoreResult<Summary> {
+    let _ = std::fs::remove_file(partial);
+    let conn = Connection::open_with_flags(store, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| unavailable("cannot open", store, e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(|e| unavailable("cannot open", store, e))?;
+    let mut copy =
+        Connection::open(partial).map_err(|e| unavailable("cannot create", partial, e))?;
+    // Durable by the one fsync below, once the copy is whole.
+    copy.pragma_update(None, "synchronous", "OFF")
+        .map_err(|e| unavailable("cannot write the backup", partial, e))?;
+    copy_every_page(&conn, &mut copy, partial, keep_going)
+        .and_then(|()| {
+            // One self-contained file: the copy came in WAL mode, whose
+            // -wal and -shm would be left beside it under the partial name.
+            copy.pragma_update_and_check(None, "journal_mode", "DELETE", |_| Ok(()))
+        })
+        .map_err(|e| unavailable("cannot write the backup", partial, e))?;
+    drop(copy);
+    drop(conn);
+    std::fs::File::open(partial)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| unavailable("cannot write the backup", partial, e))?;
+    check(partial)
 }
 
 /// Pages copied per backup step (4 MiB of 4 KiB pages), each step's
@@ -352,14 +359,16 @@ pub fn restore(
     store: &Path,
     stamp: &str,
 ) -> StoreResult<(Summary, Option<PathBuf>)> {
-    let summary = check(backup)?;
+    check(backup)?;
     let partial = with_suffix(store, ".partial");
-    std::fs::copy(backup, &partial).map_err(|e| unavailable("cannot copy to", &partial, e))?;
-    // On disk before it is renamed in: a power cut after the rename must
-    // not leave a store whose pages never reached the disk.
-    std::fs::File::open(&partial)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| unavailable("cannot write", &partial, e))?;
+    // Through SQLite, not as a file: a backup file may have a write-ahead
+    // log beside it (a stopped store, one moved aside by an earlier
+    // restore) holding what it reports. On disk before it is renamed in: a
+    // power cut after the rename must not leave a store whose pages never
+    // reached the disk.
+    let summary = whole_copy(backup, &partial, &|| true).inspect_err(|_| {
+        let _ = std::fs::remove_file(&partial);
+    })?;
     let aside = if store.exists() {
         let aside = free_aside_name(store, stamp)?;
         for companion in ["", "-wal", "-shm"] {
@@ -387,6 +396,42 @@ pub fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backup file whose write-ahead log holds what it reports (a store
+    /// stopped with its log not yet folded in, or one an earlier restore
+    /// moved aside with its companions) is restored whole: a copy of the
+    /// main file alone restored an empty store while the summary counted
+    /// its messages.
+    #[test]
+    fn a_backup_with_a_write_ahead_log_is_restored_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("h.db");
+        let conn = Connection::open(&store).expect("open");
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; \
+             CREATE TABLE messages (id TEXT); CREATE TABLE deliveries (state INTEGER); \
+             INSERT INTO messages VALUES ('a'), ('b'); INSERT INTO deliveries VALUES (0), (3); \
+             PRAGMA user_version = 1;",
+        )
+        .expect("fill");
+        // Taken while the log is still apart from the main file.
+        let backup = dir.path().join("bk.db");
+        for companion in ["", "-wal"] {
+            std::fs::copy(
+                with_suffix(&store, companion),
+                with_suffix(&backup, companion),
+            )
+            .expect("copy");
+        }
+        drop(conn);
+        let restored = dir.path().join("restored.db");
+        let (summary, aside) = restore(&backup, &restored, "t").expect("restore");
+        assert_eq!((summary.messages, summary.deliveries), (2, [1, 0, 0, 1]));
+        assert_eq!(aside, None);
+        let back = check(&restored).expect("a store");
+        assert_eq!((back.messages, back.deliveries), (2, [1, 0, 0, 1]));
+        assert!(!with_suffix(&restored, ".partial").exists());
+    }
 
     /// A backup told to stop (the process shutting down) ends at its next
     /// step with an error, leaving neither the target nor its partial
