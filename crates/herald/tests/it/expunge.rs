@@ -138,6 +138,15 @@ async fn payload_retention_erases_old_payloads_and_the_sqlite_file_no_longer_hol
     let app = spawn_stepped(&[("HERALD_PAYLOAD_RETENTION", "1h")]).await;
     let app_id = app.create_app().await;
     app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    // Older than `old`, with a period of its own: the setting applies only
+    // where a message has none (docs/security.md).
+    let (status, own) = app
+        .post(
+            &format!("/api/v1/app/{app_id}/msg"),
+            json!({"eventType": "a.b", "payload": {"n": "own"}, "payloadRetentionPeriod": 5}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{own}");
     let old = app
         .send_message(&app_id, "a.b", json!({"card": MARKER}))
         .await;
@@ -175,6 +184,14 @@ async fn payload_retention_erases_old_payloads_and_the_sqlite_file_no_longer_hol
     let (_, k): (StatusCode, Value) = app.get(&format!("/api/v1/app/{app_id}/msg/{kept}")).await;
     assert_eq!(k["payloadExpunged"], false, "{k}");
     assert_eq!(k["payload"], json!({"n": "kept"}));
+    let (_, o): (StatusCode, Value) = app
+        .get(&format!(
+            "/api/v1/app/{app_id}/msg/{}",
+            own["id"].as_str().expect("id")
+        ))
+        .await;
+    assert_eq!(o["payloadExpunged"], false, "its own five days hold: {o}");
+    assert_eq!(o["payload"], json!({"n": "own"}));
     // The bytes: after a checkpoint the database file holds no trace of it.
     assert!(
         !holds_marker(&path),

@@ -233,6 +233,7 @@ impl Retention for PostgresStore {
     ) -> StoreResult<u64> {
         self.expunge_picked(
             "SELECT id FROM messages WHERE created_at < $1 AND expunged_at IS NULL \
+             AND payload_expires_at IS NULL \
              ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED",
             before,
             now,

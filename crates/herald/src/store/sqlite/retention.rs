@@ -197,6 +197,7 @@ impl Retention for SqliteStore {
             expunge_picked(
                 c,
                 "SELECT id FROM messages WHERE created_at < ?1 AND expunged_at IS NULL \
+                 AND payload_expires_at IS NULL \
                  ORDER BY created_at LIMIT ?2",
                 before,
                 limit,
