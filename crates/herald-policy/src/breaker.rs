@@ -204,7 +204,8 @@ pub enum Transition {
 }
 
 /// Parses a failure rate: a percentage (`50%`, `12.5%`) or a fraction
-/// (`0.5`), between 0 and 1 inclusive.
+/// (`0.5`), above 0 and at most 1: at 0 every window would open it, on
+/// attempts that all succeeded.
 pub fn parse_rate(s: &str) -> Result<f64, String> {
     let t = s.trim();
     let (number, scale) = match t.strip_suffix('%') {
@@ -217,6 +218,12 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
     let rate = value / scale;
     if !rate.is_finite() || !(0.0..=1.0).contains(&rate) {
         return Err(format!("`{t}` is not between 0% and 100%"));
+    }
+    if rate == 0.0 {
+        return Err(format!(
+            "`{t}` would open the breaker on endpoints that never fail: use a rate above 0% \
+             (HERALD_BREAKER_MIN_ATTEMPTS=0 turns the breaker off)"
+        ));
     }
     Ok(rate)
 }

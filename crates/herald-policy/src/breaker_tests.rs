@@ -168,7 +168,9 @@ fn rates_parse_as_percentages_or_fractions() {
     assert_eq!(parse_rate(" 0.5 "), Ok(0.5));
     assert_eq!(parse_rate("12.5 %"), Ok(0.125));
     assert_eq!(parse_rate("100%"), Ok(1.0));
-    assert_eq!(parse_rate("0"), Ok(0.0));
+    assert!(parse_rate("0").is_err(), "0 opens it with no failure");
+    assert!(parse_rate("0%").is_err());
+    assert_eq!(parse_rate("0.1%"), Ok(0.001));
     for bad in ["", "%", "half", "150%", "1.5", "-0.1", "NaN", "inf"] {
         assert!(parse_rate(bad).is_err(), "{bad}");
     }

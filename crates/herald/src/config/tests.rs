@@ -113,6 +113,13 @@ fn breaker_settings_parse_rates_both_ways_and_zero_turns_it_off() {
     .expect("valid");
     assert!(c.delivery.breaker.is_off());
     assert_eq!(c.delivery.breaker.max_cooldown, Duration::from_secs(1200));
+    // A rate of 0 would open the breaker of an endpoint that never fails.
+    for zero in ["0", "0%"] {
+        let refused = Config::load_from(None, &env(&[("HERALD_BREAKER_FAILURE_RATE", zero)]))
+            .expect_err(zero)
+            .to_string();
+        assert!(refused.contains("HERALD_BREAKER_FAILURE_RATE"), "{refused}");
+    }
 }
 
 #[test]
