@@ -42,12 +42,15 @@ impl Telemetry {
 /// Installs the process's subscriber: the log, and the OTLP exporter when
 /// configured.
 pub fn init(config: &Config) -> anyhow::Result<Telemetry> {
-    let filter =
-        EnvFilter::from_str(&config.telemetry.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Checked when the configuration was read (`HERALD_LOG`).
+    let filter = EnvFilter::from_str(&config.telemetry.log)
+        .map_err(|e| anyhow::anyhow!("HERALD_LOG: {e}"))?;
     // Logs go to stderr: stdout carries what Herald prints for people and
     // scripts (the generated admin token, the address it listens on).
+    // Colours only for a terminal: a log file or a collector gets plain text.
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_filter(filter);
     let Some(otlp) = &config.telemetry.otlp else {
         tracing_subscriber::registry().with(log).try_init()?;

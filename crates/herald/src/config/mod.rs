@@ -825,8 +825,14 @@ impl Values<'_> {
             })
         };
 
+        let log = self.get("HERALD_LOG");
+        // Checked here, so a typo stops the start with the key named rather
+        // than logging at a level nobody asked for.
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log) {
+            return Err(self.invalid("HERALD_LOG", format!("`{log}` is not a log filter: {e}")));
+        }
         Ok(TelemetryConfig {
-            log: self.get("HERALD_LOG"),
+            log,
             otlp,
             metrics_max_endpoints: self.size(
                 "HERALD_METRICS_MAX_ENDPOINTS",

@@ -76,6 +76,8 @@ fn invalid_values_name_their_key() {
         ("HERALD_BODY_TIMEOUT", "soon"),
         ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
         ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
+        ("HERALD_LOG", "bogus==="),
+        ("HERALD_LOG", "[["),
         ("HERALD_ENCRYPTION_KEY", "not-base64!"),
         ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
         ("HERALD_BREAKER_MIN_ATTEMPTS", "some"),
