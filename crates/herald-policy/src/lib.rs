@@ -16,7 +16,8 @@ pub mod stats;
 pub enum StatusClass {
     /// 2xx: the receiver has the message.
     Success,
-    /// 5xx, 408, 429: the receiver may accept it later.
+    /// 5xx, 408, 429, and 407 (the egress proxy's refusal, not the
+    /// receiver's: a proxy's password put right lets it through).
     Retryable,
     /// Anything else (1xx, 3xx, other 4xx): retrying yields the same answer.
     Permanent,
@@ -27,7 +28,7 @@ pub enum StatusClass {
 pub fn classify_status(status: u16) -> StatusClass {
     match status {
         200..=299 => StatusClass::Success,
-        408 | 429 | 500..=599 => StatusClass::Retryable,
+        407 | 408 | 429 | 500..=599 => StatusClass::Retryable,
         _ => StatusClass::Permanent,
     }
 }

@@ -35,10 +35,12 @@ fn classify_every_status_class_and_its_boundaries() {
     for code in [300, 301, 302, 304, 307, 308, 399] {
         assert_eq!(classify_status(code), StatusClass::Permanent, "{code}");
     }
-    for code in [400, 401, 403, 404, 407, 409, 410, 413, 422, 428, 430, 499] {
+    for code in [400, 401, 403, 404, 409, 410, 413, 422, 428, 430, 499] {
         assert_eq!(classify_status(code), StatusClass::Permanent, "{code}");
     }
-    for code in [408, 429] {
+    // 407 comes from the egress proxy (`HERALD_PROXY_URL`), never from
+    // the receiver: a proxy refusing its credentials says nothing of it.
+    for code in [407, 408, 429] {
         assert_eq!(classify_status(code), StatusClass::Retryable, "{code}");
     }
     for code in [500, 502, 503, 504, 599] {

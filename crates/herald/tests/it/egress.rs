@@ -280,3 +280,43 @@ async fn behind_a_name_resolving_proxy_private_targets_are_still_refused() {
     assert!(!proxy.log().contains("/internal"), "{}", proxy.log());
     second.shutdown().await.expect("shutdown");
 }
+
+/// A proxy refusing Herald's credentials (407) is retried like an
+/// unreachable one: it says nothing of the receiver, and a password put
+/// right lets the delivery through; it was a permanent status that made
+/// every plain-HTTP delivery dead at its first attempt.
+#[tokio::test]
+async fn a_proxy_refusing_its_credentials_is_retried_not_dead() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let proxy = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(
+                    b"HTTP/1.1 407 Proxy Authentication Required\r\n\
+                      Proxy-Authenticate: Basic realm=\"p\"\r\n\
+                      Content-Length: 0\r\nConnection: close\r\n\r\n",
+                )
+                .await;
+        }
+    });
+    let rx = Receiver::start().await;
+    let proxy_url = format!("http://herald:wrong@127.0.0.1:{port}");
+    let app = spawn_app(&[("HERALD_PROXY_URL", &proxy_url)]).await;
+    let app_id = app_and_endpoint(&app, &rx.url("/plain")).await;
+    let msg = app.send_message(&app_id, "user.created", json!({})).await;
+    let attempt = first_attempt(&app, &app_id, &msg).await;
+    assert_eq!(attempt["responseStatusCode"], 407, "{attempt}");
+    // The tests' schedule is three quick attempts: all of them spent.
+    let ds = app.wait_for_state(&app_id, &msg, "dead").await;
+    assert_eq!(ds[0]["deadReason"], "exhausted", "{ds:?}");
+    assert!(ds[0]["attempts"].as_u64() > Some(1), "{ds:?}");
+    assert!(rx.requests().is_empty(), "the proxy let nothing through");
+    app.shutdown().await;
+    proxy.abort();
+}
