@@ -330,15 +330,17 @@ pub async fn patch_endpoint_headers(
 ) -> ApiResult<StatusCode> {
     // The headers it keeps could not be read: patching would drop them.
     credentials_readable(&ep)?;
+    // Header names are case-insensitive: `authorization` replaces or
+    // removes a kept `Authorization`, where both were sent before.
     let mut headers = ep.headers.clone();
     for (name, value) in body.headers {
-        match value {
-            Some(v) => headers.insert(name, v),
-            None => headers.remove(&name),
-        };
+        headers.retain(|kept, _| !kept.eq_ignore_ascii_case(&name));
+        if let Some(v) = value {
+            headers.insert(name, v);
+        }
     }
     for name in body.delete_headers.unwrap_or_default() {
-        headers.remove(&name);
+        headers.retain(|kept, _| !kept.eq_ignore_ascii_case(&name));
     }
     save_headers(&state, &actor, &ep, headers).await
 }

@@ -309,6 +309,7 @@ pub fn check_headers(headers: &BTreeMap<String, String>, max: usize) -> ApiResul
             format!("at most {max} headers (HERALD_MAX_HEADERS_PER_ENDPOINT)"),
         ));
     }
+    let mut seen = std::collections::HashSet::with_capacity(headers.len());
     for (name, value) in headers {
         // A name too long to be one is not echoed whole.
         let shown: String = name.chars().take(64).collect();
@@ -329,6 +330,11 @@ pub fn check_headers(headers: &BTreeMap<String, String>, max: usize) -> ApiResul
             ));
         }
         let lower = name.to_ascii_lowercase();
+        if !seen.insert(lower.clone()) {
+            return refuse(format!(
+                "`{name}` is given twice: header names are the same whatever their case"
+            ));
+        }
         if lower.starts_with("svix-") || FORBIDDEN_HEADERS.contains(&lower.as_str()) {
             return refuse(format!(
                 "`{name}` is set by Herald or by HTTP itself and cannot be given"

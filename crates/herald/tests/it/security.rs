@@ -448,6 +448,60 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
     app.shutdown().await;
 }
 
+/// Header names are case-insensitive: two spellings of one name are
+/// refused, and a patch's `authorization` replaces (or `deleteHeaders`'s
+/// `AUTHORIZATION` removes) a kept `Authorization`, where both were kept
+/// and sent, the receiver reading the old credential first.
+#[tokio::test]
+async fn custom_header_names_are_one_whatever_their_case() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let a = app.create_app().await;
+    let (s, out) = app
+        .post(
+            &format!("/api/v1/app/{a}/endpoint"),
+            json!({"url": rx.url("/x"), "headers": {"Content-Type": "a/b", "content-type": "c/d"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{out}");
+    assert_eq!(out["detail"][0]["loc"][1], "headers", "{out}");
+    let ep = app
+        .create_endpoint(
+            &a,
+            &rx.url("/h"),
+            json!({"headers": {"Authorization": "Bearer OLD"}}),
+        )
+        .await;
+    let headers_path = format!(
+        "/api/v1/app/{a}/endpoint/{}/headers",
+        ep["id"].as_str().expect("id")
+    );
+    let (s, out) = app
+        .patch(
+            &headers_path,
+            json!({"headers": {"authorization": "Bearer NEW"}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{out}");
+    let (_, kept) = app.get(&headers_path).await;
+    assert_eq!(kept["sensitive"], json!(["authorization"]), "{kept}");
+    app.send_message(&a, "any.type", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(1).await;
+    let sent: Vec<_> = got[0].headers.get_all("authorization").iter().collect();
+    assert_eq!(sent, ["Bearer NEW"], "one credential, the new one");
+    let (s, out) = app
+        .patch(
+            &headers_path,
+            json!({"headers": {}, "deleteHeaders": ["AUTHORIZATION"]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT, "{out}");
+    let (_, kept) = app.get(&headers_path).await;
+    assert_eq!(kept["sensitive"], json!([]), "{kept}");
+    app.shutdown().await;
+}
+
 /// Every stored string is bounded and text: a 422 naming the field.
 async fn stored_strings_are_bounded_and_text(app: TestApp) {
     app.create_event_types(&["a.b"]).await;
