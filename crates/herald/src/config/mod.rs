@@ -786,40 +786,63 @@ impl Values<'_> {
     }
 
     fn telemetry(&self) -> Result<TelemetryConfig, ConfigError> {
-        let otlp_endpoint = self.get("HERALD_OTLP_ENDPOINT").trim().to_owned();
-        let otlp = if otlp_endpoint.is_empty() {
+        // The exporter's other settings are checked even without an
+        // endpoint: a typo there is found now, not when tracing is turned on.
+        let ratio_text = self.get("HERALD_OTLP_SAMPLE_RATIO");
+        let sample_ratio = ratio_text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|r| (0.0..=1.0).contains(r))
+            .ok_or_else(|| {
+                self.invalid(
+                    "HERALD_OTLP_SAMPLE_RATIO",
+                    format!("`{ratio_text}` is not a number from 0.0 to 1.0"),
+                )
+            })?;
+        let service_name = self.get("HERALD_OTLP_SERVICE_NAME").trim().to_owned();
+        if service_name.is_empty() || service_name.len() > 256 {
+            return Err(self.invalid(
+                "HERALD_OTLP_SERVICE_NAME",
+                "must be 1-256 characters".into(),
+            ));
+        }
+        let otlp_given = self.get("HERALD_OTLP_ENDPOINT").trim().to_owned();
+        let otlp = if otlp_given.is_empty() {
             None
         } else {
-            match url::Url::parse(&otlp_endpoint) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            // Shown without its password in every error.
+            let shown = redact_url(&otlp_given);
+            let endpoint = match url::Url::parse(&otlp_given) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => u,
                 _ => {
                     return Err(self.invalid(
                         "HERALD_OTLP_ENDPOINT",
-                        format!("`{otlp_endpoint}` is not an http(s) URL"),
+                        format!("`{shown}` is not an http(s) URL"),
                     ))
                 }
-            }
-            let ratio_text = self.get("HERALD_OTLP_SAMPLE_RATIO");
-            let sample_ratio = ratio_text
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|r| (0.0..=1.0).contains(r))
-                .ok_or_else(|| {
-                    self.invalid(
-                        "HERALD_OTLP_SAMPLE_RATIO",
-                        format!("`{ratio_text}` is not a number from 0.0 to 1.0"),
-                    )
-                })?;
-            let service_name = self.get("HERALD_OTLP_SERVICE_NAME").trim().to_owned();
-            if service_name.is_empty() || service_name.len() > 256 {
+            };
+            // `/v1/traces` is appended to the path: a query or a fragment
+            // would swallow it, and the exporter sends no credentials of a
+            // URL (OTEL_EXPORTER_OTLP_HEADERS carries them).
+            if endpoint.query().is_some() || endpoint.fragment().is_some() {
                 return Err(self.invalid(
-                    "HERALD_OTLP_SERVICE_NAME",
-                    "must be 1-256 characters".into(),
+                    "HERALD_OTLP_ENDPOINT",
+                    format!("`{shown}`: a collector's address takes no query or fragment"),
+                ));
+            }
+            if !endpoint.username().is_empty() || endpoint.password().is_some() {
+                return Err(self.invalid(
+                    "HERALD_OTLP_ENDPOINT",
+                    format!(
+                        "`{shown}`: credentials in the URL are not sent; give them in \
+                         OTEL_EXPORTER_OTLP_HEADERS (e.g. `authorization=Basic …`)"
+                    ),
                 ));
             }
             Some(Otlp {
-                endpoint: otlp_endpoint,
+                // As parsed: a host name in Unicode is sent in its ASCII form.
+                endpoint: endpoint.as_str().trim_end_matches('/').to_owned(),
                 sample_ratio,
                 service_name,
             })

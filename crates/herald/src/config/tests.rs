@@ -228,9 +228,9 @@ fn the_example_file_parses_to_the_defaults() {
     );
 }
 
-/// Userinfo in the operator webhook's or the OTLP collector's URL is a
-/// credential: the configuration's Debug (what a start-up error or a
-/// debug log prints) masks it, as the start-up log lines do.
+/// Userinfo in the operator webhook's URL is a credential: the
+/// configuration's Debug (what a start-up error or a debug log prints)
+/// masks it, as the start-up log lines do.
 #[test]
 fn configured_url_credentials_stay_out_of_debug() {
     let c = Config::from_values(&env(&[
@@ -242,17 +242,53 @@ fn configured_url_credentials_stay_out_of_debug() {
             "HERALD_OPERATOR_WEBHOOK_SECRET",
             "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
         ),
-        (
-            "HERALD_OTLP_ENDPOINT",
-            "http://otuser:otkey987@collector:4318",
-        ),
     ]))
     .expect("valid");
     let shown = format!("{c:?}");
-    for credential in ["opuser", "oppass123", "otuser", "otkey987", "MfKQ9r8"] {
+    for credential in ["opuser", "oppass123", "MfKQ9r8"] {
         assert!(!shown.contains(credential), "{credential} in {shown}");
     }
     assert!(shown.contains("ops.example.com"), "the host stays: {shown}");
+}
+
+/// The collector's URL: what the exporter would not honour (credentials,
+/// which it never sends; a query or fragment, which `/v1/traces` would be
+/// appended to) is refused, naming the key and never showing a password;
+/// a Unicode host is sent in its ASCII form. The exporter's other settings
+/// are checked without an endpoint too.
+#[test]
+fn the_otlp_collector_url_is_taken_only_as_the_exporter_uses_it() {
+    for bad in [
+        "http://otuser:otkey987@collector:4318",
+        "http://u:otkey987@bad host:4318",
+        "grpc://u:otkey987@collector:4317",
+        "http://collector:4318?tenant=a",
+        "http://collector:4318/#x",
+    ] {
+        let err = Config::from_values(&env(&[("HERALD_OTLP_ENDPOINT", bad)]))
+            .expect_err(bad)
+            .to_string();
+        assert!(err.starts_with("HERALD_OTLP_ENDPOINT"), "{err}");
+        assert!(!err.contains("otkey987"), "{err}");
+    }
+    let c = Config::from_values(&env(&[(
+        "HERALD_OTLP_ENDPOINT",
+        "http://bücher.example:4318/",
+    )]))
+    .expect("valid");
+    assert_eq!(
+        c.telemetry.otlp.map(|o| o.endpoint).as_deref(),
+        Some("http://xn--bcher-kva.example:4318")
+    );
+    for (key, value) in [
+        ("HERALD_OTLP_SAMPLE_RATIO", "2"),
+        ("HERALD_OTLP_SERVICE_NAME", " "),
+    ] {
+        let err = Config::from_values(&env(&[(key, value)]))
+            .expect_err(key)
+            .to_string();
+        assert!(err.starts_with(key), "{err}");
+    }
 }
 
 #[test]
