@@ -510,6 +510,18 @@ impl Values<'_> {
                         format!("`{text}` must be an http(s) URL without a query"),
                     ));
                 }
+                // The pages answer at /portal and /dashboard, and redirect
+                // and set their cookies there: behind a path prefix a link
+                // would work once and the session never.
+                if parsed.path() != "/" || parsed.fragment().is_some() {
+                    return Err(self.invalid(
+                        "HERALD_PUBLIC_URL",
+                        format!(
+                            "`{text}`: Herald is served at the root of its host; a path \
+                             (a proxy's prefix) is not supported"
+                        ),
+                    ));
+                }
                 Some(text.trim_end_matches('/').to_owned())
             }
         };

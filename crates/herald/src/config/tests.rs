@@ -154,6 +154,7 @@ fn portal_settings_are_checked_and_name_their_key() {
         ("HERALD_PORTAL_DARK_MODE", "dim"),
         ("HERALD_PUBLIC_URL", "ftp://x.example"),
         ("HERALD_PUBLIC_URL", "https://x.example/?a=1"),
+        ("HERALD_PUBLIC_URL", "https://x.example/herald/"),
     ] {
         let err = Config::from_values(&env(&[(key, value)])).expect_err(value);
         assert!(err.to_string().starts_with(key), "{key}={value}: {err}");
