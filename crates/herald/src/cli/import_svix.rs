@@ -85,6 +85,8 @@ pub struct ImportReport {
     endpoints: Tally,
     /// Header names whose values the source would not show, per endpoint.
     headers_not_copied: Vec<(String, Vec<String>)>,
+    /// Source objects left out on purpose, with why.
+    skipped: Vec<String>,
     failures: Vec<String>,
     dry_run: bool,
 }
@@ -124,6 +126,9 @@ impl fmt::Display for ImportReport {
                 "headers not copied (the source hides their values): {endpoint}: {}",
                 names.join(", ")
             )?;
+        }
+        for skipped in &self.skipped {
+            writeln!(f, "skipped: {skipped}")?;
         }
         for failure in &self.failures {
             writeln!(f, "failed: {failure}")?;
@@ -414,6 +419,20 @@ impl Run<'_> {
                 ));
             }
         }
+        // Another Herald's own applications (its operator events') have a
+        // uid this Herald refuses: this one keeps its own, made at start.
+        wanted.retain(|a| {
+            let reserved = str_field(a, "uid")
+                .is_some_and(|uid| uid.starts_with(crate::operator::RESERVED_UID_PREFIX));
+            if reserved {
+                self.report.skipped.push(format!(
+                    "{}: the source Herald's own application (its operator events); \
+                     this Herald keeps its own",
+                    label_of("application", a)
+                ));
+            }
+            !reserved
+        });
         wanted.sort_by_key(|a| a.get("id").and_then(Value::as_str).map(str::to_owned));
         for app in wanted {
             let label = label_of("application", app);

@@ -374,6 +374,43 @@ async fn a_dry_run_writes_nothing_and_app_limits_the_import() {
     assert!(out.contains("application three"), "{out}");
 }
 
+/// Another Herald with operator webhooks has its own application for
+/// them (`herald-operator`), a uid this Herald refuses: it is skipped and
+/// said so, where the import failed on it and no second run could help.
+#[tokio::test]
+async fn another_heralds_own_application_is_skipped_and_said() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rx = Receiver::start().await;
+    let operator_url = rx.url("/operator");
+    let source_proc = serve(
+        &dir.path().join("source.db"),
+        &[
+            ("HERALD_ADMIN_TOKEN", TOKEN),
+            ("HERALD_ALLOW_PRIVATE_NETWORKS", "true"),
+            ("HERALD_OPERATOR_WEBHOOK_URL", &operator_url),
+            (
+                "HERALD_OPERATOR_WEBHOOK_SECRET",
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            ),
+        ],
+    )
+    .await;
+    let source = Remote::new(source_proc.addr);
+    app_named(&source, "one").await;
+    let base = source.base.replace("/api/v1", "");
+    let target_db = dir.path().join("target.db");
+    for extra in [&["--dry-run"][..], &[]] {
+        let (code, out, err) = import(&base, &target_db, extra).await;
+        assert_eq!(code, Some(0), "{extra:?}: {out}\n{err}");
+        assert_eq!(row(&out, "applications"), [1, 0, 0, 0], "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("skipped: application herald-operator")),
+            "{out}"
+        );
+    }
+}
+
 /// A source that refuses the token, fails, or does not speak the API:
 /// a clear error, exit 1, and no object reported as imported.
 #[tokio::test]
