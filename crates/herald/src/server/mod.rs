@@ -580,6 +580,9 @@ pub async fn start(
             }
         };
         let https = tls.is_some();
+        if !https {
+            background.spawn("SIGHUP", note_hangups(shutdown.clone()));
+        }
         let limits = ListenerLimits {
             header_timeout: config.listener.header_timeout,
             max_connections_per_ip: config.listener.max_connections_per_ip,
@@ -588,6 +591,7 @@ pub async fn start(
         server = Some(tokio::spawn(serve(listener, app, limits, shutdown.clone())));
         tracing::info!(addr = %local, ?role, https, "herald is serving");
     } else {
+        background.spawn("SIGHUP", note_hangups(shutdown.clone()));
         tracing::info!(?role, "herald worker is running");
     }
     Ok(Running {
@@ -600,6 +604,29 @@ pub async fn start(
         background,
         backend,
     })
+}
+
+/// Takes SIGHUP where there is no TLS certificate to reload: its default
+/// action ends the process at once, without the graceful shutdown, which a
+/// service manager's "reload" (or a stray `kill -HUP`) should not do.
+async fn note_hangups(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: it would end the process");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        tracing::info!(
+            "SIGHUP: nothing to reload (no TLS certificate); settings are read at start, restart to change them"
+        );
+    }
 }
 
 /// How often a process folds the kept counts' deltas (PostgreSQL): it

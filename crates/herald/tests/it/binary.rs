@@ -201,7 +201,7 @@ async fn sigkill_mid_flight_loses_nothing_after_restart() {
 }
 
 #[tokio::test]
-async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
+async fn sigterm_finishes_in_flight_requests_and_exits_cleanly_and_sighup_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("term.db");
     // The receiver answers after 1 s: SIGTERM arrives while it is waiting.
@@ -227,7 +227,16 @@ async fn sigterm_finishes_in_flight_requests_and_exits_cleanly() {
         .await;
     rx.wait_for(1).await;
     let pid = i32::try_from(proc.child.id().expect("pid")).expect("pid fits");
+    // SIGHUP without TLS (a service manager's "reload") changes nothing:
+    // its default action ended the process at once, in-flight work and all.
     // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        proc.child.try_wait().expect("status").is_none(),
+        "SIGHUP ended the process"
+    );
+    // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let status = tokio::time::timeout(PATIENCE, proc.child.wait())
         .await
