@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use super::apps::find_app;
 use super::auth::ResolvedApp;
 use super::endpoints::{find_endpoint, PathEndpoint};
-use super::error::{ConflictResponse, ForbiddenResponse, NotFoundResponse, ValidationResponse};
+use super::error::{
+    ConflictResponse, FieldError, ForbiddenResponse, NotFoundResponse, ValidationResponse,
+};
 use super::messages::DeliveryOut;
 use super::{accepted_empty, ApiError, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
 use crate::audit::Actor;
@@ -189,18 +191,23 @@ pub struct DeadFilterParams {
     pub until: Option<String>,
 }
 
-fn parse_time(field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
+fn parse_time(part: &str, field: &str, value: &Option<String>) -> ApiResult<Option<i64>> {
     match value.as_deref().filter(|v| !v.is_empty()) {
         None => Ok(None),
         Some(v) => super::millis_of_rfc3339(v).map(Some).ok_or_else(|| {
-            ApiError::field(field, "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z")
+            ApiError::Validation(vec![FieldError::at(
+                &[part, field],
+                "must be an RFC 3339 time, e.g. 2026-11-30T08:00:00Z",
+            )])
         }),
     }
 }
 
 impl DeadFilterParams {
-    /// Resolves names to ids; an unknown app or endpoint is a 404.
-    pub async fn resolve(&self, state: &ApiState) -> ApiResult<DeadFilter> {
+    /// Resolves names to ids; an unknown app or endpoint is a 404. `part`
+    /// is where the filter came from (`query` or `body`), which a 422's
+    /// `loc` names.
+    pub async fn resolve(&self, state: &ApiState, part: &str) -> ApiResult<DeadFilter> {
         // Names only looked up, never stored, but a NUL would reach
         // PostgreSQL as an error. (In a query string, `ApiQuery` refused
         // control characters already: these are the body's.)
@@ -210,7 +217,7 @@ impl DeadFilterParams {
             ("event_type", &self.event_type),
         ] {
             if let Some(v) = value {
-                super::check_line(&["body", field], v, usize::MAX)?;
+                super::check_line(&[part, field], v, usize::MAX)?;
             }
         }
         let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
@@ -221,17 +228,20 @@ impl DeadFilterParams {
         let endpoint = match (nonempty(&self.endpoint_id), &app) {
             (Some(id), Some(app)) => Some(find_endpoint(state, app, &id).await?.id),
             (Some(id), None) => Some(EndpointId::parse(&id).ok_or_else(|| {
-                ApiError::field(
-                    "endpoint_id",
+                ApiError::Validation(vec![FieldError::at(
+                    &[part, "endpoint_id"],
                     "must be an endpoint id (ep_…) unless app_id is given",
-                )
+                )])
             })?),
             (None, _) => None,
         };
         let reason = match nonempty(&self.reason) {
             None => None,
             Some(r) => Some(herald_policy::DeadReason::parse(&r).ok_or_else(|| {
-                ApiError::field("reason", "must be exhausted, permanent_status or too_old")
+                ApiError::Validation(vec![FieldError::at(
+                    &[part, "reason"],
+                    "must be exhausted, permanent_status or too_old",
+                )])
             })?),
         };
         Ok(DeadFilter {
@@ -239,8 +249,8 @@ impl DeadFilterParams {
             endpoint,
             event_type: nonempty(&self.event_type),
             reason,
-            since: parse_time("since", &self.since)?,
-            until: parse_time("until", &self.until)?,
+            since: parse_time(part, "since", &self.since)?,
+            until: parse_time(part, "until", &self.until)?,
             created_since: None,
             created_until: None,
         })
@@ -273,7 +283,7 @@ pub async fn list_all_dead(
     State(state): State<ApiState>,
     ApiQuery(params): ApiQuery<AllDeadParams>,
 ) -> ApiResult<Json<ListResponse<DeliveryOut>>> {
-    let filter = params.filter.resolve(&state).await?;
+    let filter = params.filter.resolve(&state, "query").await?;
     dead_page(&state, &filter, &params.list).await
 }
 
@@ -311,7 +321,7 @@ pub async fn replay_all_dead(
     actor: Actor,
     super::ApiJson(body): super::ApiJson<ReplayIn>,
 ) -> ApiResult<Response> {
-    let filter = body.filter.resolve(&state).await?;
+    let filter = body.filter.resolve(&state, "body").await?;
     let limit = match body.limit {
         None => MAX_REPLAY_BATCH,
         Some(n) if (1..=MAX_REPLAY_BATCH).contains(&n) => n,

@@ -105,14 +105,15 @@ impl FilterText {
             since: None,
             until: None,
         };
-        let mut filter = params
-            .resolve(state)
-            .await
-            .map_err(|e| match DashError::from(e) {
-                DashError::NotFound(what) => format!("No such {what}."),
-                DashError::BadRequest(why) => why,
-                _ => "The filters could not be applied; the server log has the details.".into(),
-            })?;
+        let mut filter =
+            params
+                .resolve(state, "query")
+                .await
+                .map_err(|e| match DashError::from(e) {
+                    DashError::NotFound(what) => format!("No such {what}."),
+                    DashError::BadRequest(why) => why,
+                    _ => "The filters could not be applied; the server log has the details.".into(),
+                })?;
         filter.since = since;
         filter.until = until;
         Ok(filter)

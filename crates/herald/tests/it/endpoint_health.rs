@@ -241,10 +241,16 @@ async fn dead_letters_list_and_replay_across_apps_with_filters() {
     let (_, of_type) = app.get("/api/v1/dead-letter?event_type=invoice.paid").await;
     assert_eq!(of_type["data"].as_array().map(Vec::len), Some(1));
     assert_eq!(of_type["data"][0]["endpointId"], eb.as_str());
-    let (status, bad) = app.get("/api/v1/dead-letter?since=yesterday").await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
-    let (status, bad) = app.get("/api/v1/dead-letter?reason=bored").await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    // A query's errors name the query, where they said `body` on a GET.
+    for (query, field) in [
+        ("since=yesterday", "since"),
+        ("reason=bored", "reason"),
+        ("endpoint_id=foo", "endpoint_id"),
+    ] {
+        let (status, bad) = app.get(&format!("/api/v1/dead-letter?{query}")).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+        assert_eq!(bad["detail"][0]["loc"], json!(["query", field]), "{bad}");
+    }
     let (status, _) = app.get("/api/v1/dead-letter?app_id=app_nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
