@@ -25,6 +25,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::auth::Principal;
@@ -208,6 +209,10 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
 /// count), else as bytes. The JSON is walked once into the hash, keys of
 /// each object in sorted order, with every value tagged and every string
 /// length-prefixed, so no two different documents feed the same bytes.
+/// Numbers count as written and repeated keys each count: Herald stores
+/// and sends the body's own bytes, so two bodies that a parse would make
+/// alike (a number past f64's precision, `{"a":1,"a":2}`) are different
+/// requests.
 pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     hasher.update(method.as_str().as_bytes());
@@ -216,55 +221,85 @@ pub fn request_digest(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> [u
     hasher.update(b"?");
     hasher.update(uri.query().unwrap_or_default().as_bytes());
     hasher.update(b"\n");
-    match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(value) => {
-            hasher.update(b"json:");
-            feed_json(&value, &mut hasher);
-        }
+    let mut as_json = hasher.clone();
+    as_json.update(b"json:");
+    match serde_json::from_slice::<&RawValue>(body).and_then(|v| feed_json(v, &mut as_json)) {
+        Ok(()) => as_json.finalize().into(),
         Err(_) => {
             hasher.update(b"raw:");
             hasher.update(body);
+            hasher.finalize().into()
         }
     }
-    hasher.finalize().into()
 }
 
-fn feed_json(value: &serde_json::Value, hasher: &mut Sha256) {
-    use serde_json::Value;
+/// An object's members in the order written, repeated keys included.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+fn feed_json(value: &RawValue, hasher: &mut Sha256) -> serde_json::Result<()> {
     let text = |hasher: &mut Sha256, s: &str| {
         hasher.update((s.len() as u64).to_le_bytes());
         hasher.update(s.as_bytes());
     };
-    match value {
-        Value::Null => hasher.update(b"n"),
-        Value::Bool(true) => hasher.update(b"t"),
-        Value::Bool(false) => hasher.update(b"f"),
-        Value::Number(n) => {
-            hasher.update(b"d");
-            text(hasher, &n.to_string());
-        }
-        Value::String(s) => {
+    let json = value.get().trim();
+    match json.as_bytes().first() {
+        Some(b'n') => hasher.update(b"n"),
+        Some(b't') => hasher.update(b"t"),
+        Some(b'f') => hasher.update(b"f"),
+        Some(b'"') => {
+            let s: String = serde_json::from_str(json)?;
             hasher.update(b"s");
-            text(hasher, s);
+            text(hasher, &s);
         }
-        Value::Array(items) => {
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_str(json)?;
             hasher.update(b"[");
             hasher.update((items.len() as u64).to_le_bytes());
             for item in items {
-                feed_json(item, hasher);
+                feed_json(item, hasher)?;
             }
         }
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        Some(b'{') => {
+            let Members(mut members) = serde_json::from_str(json)?;
+            // Stable: repeated keys keep their written order.
+            members.sort_by(|a, b| a.0.cmp(&b.0));
             hasher.update(b"{");
-            hasher.update((entries.len() as u64).to_le_bytes());
-            for (key, item) in entries {
-                text(hasher, key);
-                feed_json(item, hasher);
+            hasher.update((members.len() as u64).to_le_bytes());
+            for (key, item) in members {
+                text(hasher, &key);
+                feed_json(item, hasher)?;
             }
+        }
+        // A number, as written.
+        _ => {
+            hasher.update(b"d");
+            text(hasher, json);
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -273,6 +308,22 @@ mod tests {
 
     fn digest(path: &str, body: &str) -> [u8; 32] {
         request_digest(&Method::POST, &path.parse().expect("uri"), body.as_bytes())
+    }
+
+    /// A body written as clients write them digests as it did before
+    /// numbers counted as written (the digest the release before this
+    /// one computed, recorded): an idempotent retry across the upgrade
+    /// still finds its record.
+    #[test]
+    fn an_ordinary_body_digests_as_before() {
+        let d = digest(
+            "/api/v1/app/x/msg",
+            r#"{"eventType":"a.b","payload":{"n":-12.5,"s":"x\u00e9","t":true,"z":null,"l":[1,{"b":2,"a":1}]}}"#,
+        );
+        assert_eq!(
+            hex::encode(d),
+            "ea79298e1ca8bcc32059da558b12be2a467d598c75e511e65cc4031ca92adabe"
+        );
     }
 
     #[test]
@@ -314,6 +365,18 @@ mod tests {
         }
         // Strings that would run together without their lengths.
         assert_ne!(digest("/p", r#"{"ab":"c"}"#), digest("/p", r#"{"a":"bc"}"#));
+        // What a parse would make alike is not: Herald sends the bytes.
+        for (one, other) in [
+            (
+                r#"{"account":12345678901234567890123}"#,
+                r#"{"account":12345678901234567890124}"#,
+            ),
+            (r#"{"amount":100,"amount":999}"#, r#"{"amount":999}"#),
+            (r#"{"a":1,"a":2}"#, r#"{"a":2,"a":1}"#),
+            (r#"[0.1000000000000000055511151231257827]"#, r#"[0.1]"#),
+        ] {
+            assert_ne!(digest("/p", one), digest("/p", other), "{one} {other}");
+        }
         // Not JSON: compared as bytes.
         assert_eq!(digest("/p", "not json"), digest("/p", "not json"));
         assert_ne!(digest("/p", "not json"), digest("/p", "not  json"));
