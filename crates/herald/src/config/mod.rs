@@ -51,7 +51,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_METRICS_MAX_ENDPOINTS", "500", "Endpoints labelled by id in /metrics at most; the rest share endpoint=\"other\"."),
     ("HERALD_ENDPOINT_CONCURRENCY", "64", "Requests in flight to one endpoint at most (as many more may wait, claimed); at most 100000."),
     ("HERALD_MAX_IN_FLIGHT", "512", "Requests in flight in this process at most; at most 100000."),
-    ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout."),
+    ("HERALD_LEASE", "2m", "How long a claimed delivery is reserved; must exceed twice the request timeout by more than 1 s."),
     ("HERALD_POLL_INTERVAL", "1s", "Safety-net poll for due deliveries (new messages wake the dispatcher at once)."),
     ("HERALD_RETENTION", "30d", "Delivered messages and their attempts are pruned after this."),
     ("HERALD_DEAD_RETENTION", "90d", "Dead deliveries not replayed are pruned after this."),

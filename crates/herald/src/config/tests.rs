@@ -176,6 +176,29 @@ fn portal_settings_are_checked_and_name_their_key() {
     assert!(!Config::default().portal.embeddable_cross_site());
 }
 
+/// Every setting stands in the example file (set to its default, or
+/// commented out where it has none), so the file docs/configuration.md
+/// points to cannot fall behind `KEYS`.
+#[test]
+fn the_example_file_names_every_setting() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
+    let text = std::fs::read_to_string(&path).expect("read the example");
+    let keys: Vec<String> = text
+        .lines()
+        .map(|l| l.trim_start_matches('#').trim_start())
+        .filter_map(|l| l.split_once(" =").map(|(k, _)| k.trim().to_owned()))
+        .collect();
+    let missing: Vec<&str> = crate::config::KEYS
+        .iter()
+        .map(|(env, _, _)| *env)
+        .filter(|env| {
+            let key = env.trim_start_matches("HERALD_").to_ascii_lowercase();
+            !keys.contains(&key)
+        })
+        .collect();
+    assert!(missing.is_empty(), "not in herald.example.toml: {missing:?}");
+}
+
 #[test]
 fn the_example_file_parses_to_the_defaults() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../herald.example.toml");
