@@ -196,7 +196,10 @@ fn the_example_file_names_every_setting() {
             !keys.contains(&key)
         })
         .collect();
-    assert!(missing.is_empty(), "not in herald.example.toml: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "not in herald.example.toml: {missing:?}"
+    );
 }
 
 #[test]

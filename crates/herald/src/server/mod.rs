@@ -147,29 +147,43 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
     let shown = crate::config::redact_url(&config.store.database_url);
     let deadline = tokio::time::Instant::now() + config.store.database_wait;
     let mut pause = Duration::from_millis(250);
+    let mut waited = false;
     let opened = loop {
         match open_backend_once(config).await {
             Err(crate::store::StoreError::Unavailable(reason))
-                if tokio::time::Instant::now() + pause < deadline =>
+                if tokio::time::Instant::now() < deadline =>
             {
+                // The last pause ends at the deadline, for one last try
+                // there: the whole wait is spent, not cut short by a pause
+                // that would pass it.
+                let wait = pause.min(deadline - tokio::time::Instant::now());
                 tracing::warn!(
                     store = %shown,
                     %reason,
-                    retry_in_ms = pause.as_millis() as u64,
+                    retry_in_ms = wait.as_millis() as u64,
                     "store unreachable; waiting for it (HERALD_DATABASE_WAIT)"
                 );
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(wait).await;
+                waited = true;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
             other => break other,
         }
     };
     opened.with_context(|| {
+        let waited = if waited {
+            format!(
+                ", unreachable for {:?} (HERALD_DATABASE_WAIT)",
+                config.store.database_wait
+            )
+        } else {
+            String::new()
+        };
         if config.store.database_url.starts_with("sqlite:") {
-            format!("opening store {shown}")
+            format!("opening store {shown}{waited}")
         } else {
             format!(
-                "opening store {shown} (schema {})",
+                "opening store {shown} (schema {}){waited}",
                 config.store.database_schema
             )
         }

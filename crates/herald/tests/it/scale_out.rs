@@ -287,6 +287,27 @@ async fn start_up_waits_for_a_database_that_comes_up_later(pg: PgSchema) {
         "{said}"
     );
 
+    // A short patience, spent: the error says how long it was unreachable.
+    let spent = herald_on(&late)
+        .args(["serve"])
+        .env(
+            "HERALD_LISTEN",
+            format!("127.0.0.1:{}", closed_port().await),
+        )
+        .env("HERALD_DATABASE_WAIT", "1s")
+        .stderr(Stdio::piped())
+        .output();
+    let spent = tokio::time::timeout(PATIENCE, spent)
+        .await
+        .expect("HERALD_DATABASE_WAIT=1s gives up")
+        .expect("herald runs");
+    let said = String::from_utf8_lossy(&spent.stderr);
+    assert!(!spent.status.success(), "{said}");
+    assert!(
+        said.contains("unreachable for 1s (HERALD_DATABASE_WAIT)"),
+        "{said}"
+    );
+
     // With patience, it waits (and says so) until the database is there.
     let port = closed_port().await;
     let mut waiting = herald_on(&late)
