@@ -198,6 +198,16 @@ fn init_logging(config: &Config) -> anyhow::Result<herald::telemetry::Telemetry>
 
 async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
+    // One process per SQLite file: an API-only or worker-only process
+    // there would have no partner, and nothing would ever be sent (or
+    // accepted).
+    if role != Role::All && config.store.database_url.starts_with("sqlite:") {
+        anyhow::bail!(
+            "--role {} needs PostgreSQL: a SQLite store is served by one process, \
+             `herald serve` (both roles); see docs/scaling-out.md",
+            if role == Role::Api { "api" } else { "worker" }
+        );
+    }
     let telemetry = init_logging(&config)?;
     // Held until the process ends.
     let _store_lock = server::hold_sqlite_store(&config)?;

@@ -53,9 +53,9 @@ const LOGIN_REFILL: Duration = Duration::from_secs(1);
 pub enum Role {
     /// API and dispatcher in one process (the default).
     All,
-    /// The API only (also what tests use to step the dispatcher by hand).
+    /// The API only (PostgreSQL: dispatching is left to worker processes).
     Api,
-    /// The dispatcher and retention only; no HTTP listener.
+    /// The dispatcher and retention only; no HTTP listener (PostgreSQL).
     Worker,
 }
 

@@ -45,6 +45,28 @@ async fn an_invalid_setting_stops_the_binary_naming_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("HERALD_MAX_AGE"));
 }
 
+/// An API-only or worker-only process on SQLite would never have its
+/// partner (one process per file): refused, saying what to run, where an
+/// API process accepted messages that nothing ever sent.
+#[tokio::test]
+async fn a_split_role_on_sqlite_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("h.db").display());
+    for role in ["api", "worker"] {
+        let (code, _, err) = run(
+            &["serve", "--role", role],
+            &[("HERALD_DATABASE_URL", url.clone())],
+        )
+        .await;
+        assert_eq!(code, Some(1), "{role}: {err}");
+        assert!(
+            err.contains(&format!("--role {role} needs PostgreSQL")),
+            "{err}"
+        );
+    }
+    assert!(!dir.path().join("h.db").exists(), "nothing was made");
+}
+
 #[tokio::test]
 async fn the_admin_token_is_generated_once_printed_once_and_kept() {
     let dir = tempfile::tempdir().expect("tempdir");
