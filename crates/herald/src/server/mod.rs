@@ -452,6 +452,21 @@ pub async fn start(
     listener: Option<TcpListener>,
     role: Role,
 ) -> anyhow::Result<Running> {
+    // Allowed (erasure may matter more than delivery), but said: a
+    // delivery may wait up to twice the age cap (a `deliverAt` that far
+    // ahead, then its retries), and one whose payload is erased first
+    // dies unsent.
+    if let Some(keep) = config.retention.payload_retention {
+        let max_age = config.delivery.retry.max_age;
+        if keep < max_age.saturating_mul(2) {
+            tracing::warn!(
+                payload_retention = ?keep,
+                max_age = ?max_age,
+                "HERALD_PAYLOAD_RETENTION is shorter than a delivery may wait (twice HERALD_MAX_AGE): \
+                 deliveries still waiting when their payload is erased become dead (expunged) unsent"
+            );
+        }
+    }
     let backend = open_store(&config).await?;
     let store = backend.store();
     let wake = Arc::new(Notify::new());
