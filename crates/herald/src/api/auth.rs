@@ -457,21 +457,25 @@ pub async fn create_token(
     get,
     path = "/app/{app_id}/token",
     tag = "Token",
+    params(super::ListParams),
     responses(
-        (status = 200, description = "The application's tokens, in one page", body = super::ListResponse<TokenOut>),
+        (status = 200, description = "A page of the application's tokens", body = super::ListResponse<TokenOut>),
         ForbiddenResponse, NotFoundResponse,
     )
 )]
 pub async fn list_tokens(
     State(state): State<ApiState>,
     app: ResolvedApp,
+    super::ApiQuery(params): super::ApiQuery<super::ListParams>,
 ) -> ApiResult<Json<super::ListResponse<TokenOut>>> {
-    // An application has a handful of tokens: one page holds them all.
+    let page = params.page(true)?;
+    // Read whole (an application's tokens are few, a portal link's expire)
+    // and paged here, as every other list pages.
     let tokens = state.store.list_tokens(&app.id).await?;
     let data = tokens.into_iter().map(TokenOut::from).collect();
-    Ok(Json(super::ListResponse::new(
+    Ok(Json(super::ListResponse::page_of_all(
         data,
-        false,
+        &page,
         |t: &TokenOut| t.id.clone(),
     )))
 }

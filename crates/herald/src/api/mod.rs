@@ -716,6 +716,28 @@ pub struct ListResponse<T: Serialize> {
 }
 
 impl<T: Serialize> ListResponse<T> {
+    /// One page of `all` (a list read whole, small enough to be), by id
+    /// as the store pages its tables: `page`'s order, limit and iterators
+    /// mean the same.
+    pub fn page_of_all(mut all: Vec<T>, page: &PageReq, id_of: impl Fn(&T) -> String) -> Self {
+        all.sort_by_cached_key(&id_of);
+        if !page.walks_ascending() {
+            all.reverse();
+        }
+        let after = |item: &T| match &page.after {
+            None => true,
+            Some(after) if page.walks_ascending() => id_of(item).as_str() > after.as_str(),
+            Some(after) => id_of(item).as_str() < after.as_str(),
+        };
+        let mut data: Vec<T> = all.into_iter().filter(after).take(page.limit + 1).collect();
+        let has_more = data.len() > page.limit;
+        data.truncate(page.limit);
+        if page.backwards {
+            data.reverse();
+        }
+        ListResponse::new(data, has_more, id_of)
+    }
+
     pub fn new(data: Vec<T>, has_more: bool, id_of: impl Fn(&T) -> String) -> Self {
         ListResponse {
             iterator: data.last().map(&id_of),

@@ -868,3 +868,48 @@ async fn lists_page_forward_with_iterator_and_back_with_prev_iterator() {
     assert_eq!(names(&desc), vec![eps[3].clone(), eps[2].clone()]);
     app.shutdown().await;
 }
+
+/// An application's token list pages as every list does (`limit`,
+/// `order`, `iterator`, `prevIterator`), where it ignored them all and a
+/// passed-back iterator gave the same page again.
+#[tokio::test]
+async fn the_token_list_pages_like_every_list() {
+    let app = spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let path = format!("/api/v1/app/{app_id}/token");
+    let mut ids = Vec::new();
+    for name in ["one", "two", "three"] {
+        let (status, token) = app.post(&path, json!({"name": name})).await;
+        assert_eq!(status, StatusCode::CREATED, "{token}");
+        ids.push(token["id"].as_str().expect("id").to_owned());
+    }
+    ids.sort();
+    let listed = |page: &serde_json::Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|t| t["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let (status, first) = app.get(&format!("{path}?limit=2")).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(listed(&first), ids[..2], "{first}");
+    assert_eq!(first["done"], false);
+    let iterator = first["iterator"].as_str().expect("iterator");
+    let (_, second) = app
+        .get(&format!("{path}?limit=2&iterator={iterator}"))
+        .await;
+    assert_eq!(listed(&second), ids[2..], "{second}");
+    assert_eq!(second["done"], true);
+    let prev = second["prevIterator"].as_str().expect("prevIterator");
+    let (_, back) = app.get(&format!("{path}?limit=2&iterator={prev}")).await;
+    assert_eq!(listed(&back), ids[..2], "{back}");
+    let (_, newest) = app.get(&format!("{path}?order=descending&limit=1")).await;
+    assert_eq!(listed(&newest), ids[2..], "{newest}");
+    for bad in ["limit=0", "limit=9999", "order=sideways"] {
+        let (status, out) = app.get(&format!("{path}?{bad}")).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {out}");
+    }
+    app.shutdown().await;
+}
