@@ -89,7 +89,7 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
     assert_eq!(ok.status(), 200);
     first.child.kill().await.expect("kill");
 
-    let second = serve(&db, &[]).await;
+    let mut second = serve(&db, &[]).await;
     assert!(
         !second.first_line.contains("admin token"),
         "printed only once: {}",
@@ -109,7 +109,9 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
         .await
         .expect("send");
     assert_eq!(bad.status(), 401);
-    drop(second);
+    // Killed and waited for: a process that is still going holds the
+    // store's lock, and the next start would be refused.
+    second.child.kill().await.expect("kill");
 
     // Replaced by HERALD_ADMIN_TOKEN (the generated one leaked, say), it is
     // retired for good: unset again, the token set last stands, not it.
@@ -125,9 +127,9 @@ async fn the_admin_token_is_generated_once_printed_once_and_kept() {
                 .status()
         }
     };
-    let third = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    let mut third = serve(&db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
     assert_eq!(status_with(third.addr, token.clone()).await, 401);
-    drop(third);
+    third.child.kill().await.expect("kill");
     let fourth = serve(&db, &[]).await;
     assert!(
         !fourth.first_line.contains("admin token"),

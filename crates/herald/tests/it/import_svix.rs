@@ -483,7 +483,7 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
     }
     // The target's first start, without HERALD_ADMIN_TOKEN: generated.
     let target_db = dir.path().join("target.db");
-    let first = serve(&target_db, &[]).await;
+    let mut first = serve(&target_db, &[]).await;
     let generated = first
         .first_line
         .rsplit(' ')
@@ -491,7 +491,8 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
         .expect("token")
         .to_owned();
     assert!(generated.starts_with("hrld_"), "{}", first.first_line);
-    drop(first);
+    // Waited for: while it goes on it holds the store's lock.
+    first.child.kill().await.expect("kill");
 
     let ca = crate::egress_parts::TestCa::new("import test CA");
     let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "listener");
@@ -530,13 +531,14 @@ async fn the_import_leaves_the_admin_token_tls_and_rate_limit_alone() {
 async fn a_rate_limited_source_is_read_again_after_its_wait() {
     let dir = tempfile::tempdir().expect("tempdir");
     let source_db = dir.path().join("source.db");
-    let first = serve(&source_db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
+    let mut first = serve(&source_db, &[("HERALD_ADMIN_TOKEN", TOKEN)]).await;
     let source = Remote::new(first.addr);
     for i in 0..4 {
         let uid = format!("app{i}");
         app_named(&source, &uid).await;
     }
-    drop(first);
+    // Waited for: while it goes on it holds the store's lock.
+    first.child.kill().await.expect("kill");
     // Two requests a second: the import's reads run into 429s.
     let limited = serve(
         &source_db,
