@@ -53,26 +53,33 @@ impl ListenerTls {
 
     /// Reloads on every SIGHUP until `shutdown`.
     pub async fn reload_on_hangup(self: Arc<Self>, shutdown: CancellationToken) {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hangups = match signal(SignalKind::hangup()) {
-            Ok(s) => s,
+        on_each_hangup(shutdown, || match self.reload() {
+            Ok(()) => tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded"),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGHUP: the TLS certificate will not be reloaded");
-                return;
+                tracing::error!(error = %e, "TLS certificate not reloaded; the previous one stays in use")
             }
-        };
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                got = hangups.recv() => if got.is_none() { return },
-            }
-            match self.reload() {
-                Ok(()) => tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded"),
-                Err(e) => {
-                    tracing::error!(error = %e, "TLS certificate not reloaded; the previous one stays in use")
-                }
-            }
+        })
+        .await;
+    }
+}
+
+/// Calls `action` on every SIGHUP until `shutdown`. While it runs, SIGHUP
+/// no longer has its default action (ending the process at once).
+pub async fn on_each_hangup(shutdown: CancellationToken, mut action: impl FnMut()) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: it would end the process");
+            return;
         }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        action();
     }
 }
 

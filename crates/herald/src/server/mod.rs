@@ -639,23 +639,12 @@ pub async fn start(
 /// action ends the process at once, without the graceful shutdown, which a
 /// service manager's "reload" (or a stray `kill -HUP`) should not do.
 async fn note_hangups(shutdown: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hangups = match signal(SignalKind::hangup()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGHUP: it would end the process");
-            return;
-        }
-    };
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            got = hangups.recv() => if got.is_none() { return },
-        }
+    crate::tls::on_each_hangup(shutdown, || {
         tracing::info!(
             "SIGHUP: nothing to reload (no TLS certificate); settings are read at start, restart to change them"
-        );
-    }
+        )
+    })
+    .await;
 }
 
 /// How often a process folds the kept counts' deltas (PostgreSQL): it

@@ -266,43 +266,37 @@ async fn start_up_waits_for_a_database_that_comes_up_later(pg: PgSchema) {
         ..pg
     };
 
-    // Nothing listens there: with no patience, the start fails, naming it.
-    let given_up = herald_on(&late)
-        .args(["serve"])
-        .env(
-            "HERALD_LISTEN",
-            format!("127.0.0.1:{}", closed_port().await),
-        )
-        .env("HERALD_DATABASE_WAIT", "0s")
-        .stderr(Stdio::piped())
-        .output();
-    let given_up = tokio::time::timeout(PATIENCE, given_up)
-        .await
-        .expect("HERALD_DATABASE_WAIT=0s gives up at once")
-        .expect("herald runs");
-    let said = String::from_utf8_lossy(&given_up.stderr);
-    assert!(!given_up.status.success(), "{said}");
+    // Nothing listens there: the start fails, once its patience is spent,
+    // saying so; its stderr.
+    let given_up = |wait: &'static str| {
+        let late = &late;
+        async move {
+            let out = herald_on(late)
+                .args(["serve"])
+                .env(
+                    "HERALD_LISTEN",
+                    format!("127.0.0.1:{}", closed_port().await),
+                )
+                .env("HERALD_DATABASE_WAIT", wait)
+                .stderr(Stdio::piped())
+                .output();
+            let out = tokio::time::timeout(PATIENCE, out)
+                .await
+                .expect("herald gives up within the patience")
+                .expect("herald runs");
+            let said = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!out.status.success(), "{said}");
+            said
+        }
+    };
+    // With no patience, at once, naming it.
+    let said = given_up("0s").await;
     assert!(
         said.contains("opening store") && said.contains("unavailable"),
         "{said}"
     );
-
     // A short patience, spent: the error says how long it was unreachable.
-    let spent = herald_on(&late)
-        .args(["serve"])
-        .env(
-            "HERALD_LISTEN",
-            format!("127.0.0.1:{}", closed_port().await),
-        )
-        .env("HERALD_DATABASE_WAIT", "1s")
-        .stderr(Stdio::piped())
-        .output();
-    let spent = tokio::time::timeout(PATIENCE, spent)
-        .await
-        .expect("HERALD_DATABASE_WAIT=1s gives up")
-        .expect("herald runs");
-    let said = String::from_utf8_lossy(&spent.stderr);
-    assert!(!spent.status.success(), "{said}");
+    let said = given_up("1s").await;
     assert!(
         said.contains("unreachable for 1s (HERALD_DATABASE_WAIT)"),
         "{said}"
