@@ -581,7 +581,14 @@ impl Values<'_> {
                 return Err(self.invalid("HERALD_BACKUP_KEEP", "must keep at least 1".into()));
             }
             match (dir.is_empty(), interval.is_empty()) {
-                (_, true) => None,
+                (true, true) => None,
+                // A folder alone would take no backup and say nothing.
+                (false, true) => {
+                    return Err(self.invalid(
+                        "HERALD_BACKUP_DIR",
+                        "takes no backup without HERALD_BACKUP_INTERVAL (e.g. `1h`)".into(),
+                    ))
+                }
                 (true, false) => {
                     return Err(self.invalid(
                         "HERALD_BACKUP_DIR",
@@ -668,6 +675,12 @@ impl Values<'_> {
         let operator_url = self.get("HERALD_OPERATOR_WEBHOOK_URL").trim().to_owned();
         let operator_secret = self.get("HERALD_OPERATOR_WEBHOOK_SECRET").trim().to_owned();
         let operator_webhook = if operator_url.is_empty() {
+            if !operator_secret.is_empty() {
+                return Err(self.invalid(
+                    "HERALD_OPERATOR_WEBHOOK_SECRET",
+                    "sends nothing without HERALD_OPERATOR_WEBHOOK_URL".into(),
+                ));
+            }
             None
         } else {
             match url::Url::parse(&operator_url) {

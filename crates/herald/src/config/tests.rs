@@ -77,6 +77,11 @@ fn invalid_values_name_their_key() {
         ("HERALD_MAX_CONNECTIONS_PER_IP", "0"),
         ("HERALD_LOGIN_FAILURE_LIMIT", "none"),
         ("HERALD_LOG", "bogus==="),
+        ("HERALD_BACKUP_DIR", "/tmp/backups"),
+        (
+            "HERALD_OPERATOR_WEBHOOK_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        ),
         ("HERALD_LOG", "[["),
         ("HERALD_ENCRYPTION_KEY", "not-base64!"),
         ("HERALD_ENCRYPTION_KEY", "c2hvcnQ="),
