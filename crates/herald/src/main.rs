@@ -198,17 +198,22 @@ fn init_logging(config: &Config) -> anyhow::Result<herald::telemetry::Telemetry>
 
 async fn serve(config_file: Option<PathBuf>, role: Role) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
+    let telemetry = init_logging(&config)?;
     // One process per SQLite file: an API-only or worker-only process
-    // there would have no partner, and nothing would ever be sent (or
-    // accepted).
+    // there has no partner. Allowed (an API that must send nothing, as CI's
+    // fuzzing wants), but said: messages accepted are not delivered.
     if role != Role::All && config.store.database_url.starts_with("sqlite:") {
-        anyhow::bail!(
-            "--role {} needs PostgreSQL: a SQLite store is served by one process, \
-             `herald serve` (both roles); see docs/scaling-out.md",
-            if role == Role::Api { "api" } else { "worker" }
+        tracing::warn!(
+            "--role {} on SQLite: no other process can serve this store, so {}; \
+             run `herald serve` (both roles), or PostgreSQL to split them (docs/scaling-out.md)",
+            if role == Role::Api { "api" } else { "worker" },
+            if role == Role::Api {
+                "nothing accepted here is delivered"
+            } else {
+                "no message can be accepted"
+            }
         );
     }
-    let telemetry = init_logging(&config)?;
     // Held until the process ends.
     let _store_lock = server::hold_sqlite_store(&config)?;
     let https = config.listener.tls.is_some();
