@@ -344,7 +344,13 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(when.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// Parses a human duration: `500ms`, `10s`, `5m`, `2h`, `1d`.
+/// The longest duration a setting takes. Longer ones are typos: a time
+/// that far ahead cannot be written as a date (pages showed it as 1970),
+/// and added to now it nears the end of a millisecond timestamp's range.
+pub const LONGEST_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Parses a human duration: `500ms`, `10s`, `5m`, `2h`, `1d`; at most
+/// [`LONGEST_DURATION`] (`36500d`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -369,9 +375,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             ))
         }
     };
-    n.checked_mul(millis_per)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("`{s}`: duration too large"))
+    match n.checked_mul(millis_per).map(Duration::from_millis) {
+        Some(d) if d <= LONGEST_DURATION => Ok(d),
+        _ => Err(format!("`{s}`: longer than 100 years (36500d)")),
+    }
 }
 
 /// Parses a comma-separated schedule such as `1m,5m,30m,2h,6h,12h`.

@@ -371,6 +371,7 @@ fn durations_parse_every_unit() {
     assert_eq!(parse_duration("2h"), Ok(2 * HOUR));
     assert_eq!(parse_duration("1d"), Ok(24 * HOUR));
     assert_eq!(parse_duration(" 0s "), Ok(Duration::ZERO));
+    assert_eq!(parse_duration("36500d"), Ok(LONGEST_DURATION));
 }
 
 #[test]
@@ -384,6 +385,8 @@ fn durations_reject_missing_or_unknown_units() {
         "-1s",
         "10 s",
         "99999999999999999999d",
+        "99999999999d",
+        "36501d",
     ] {
         assert!(parse_duration(bad).is_err(), "{bad:?}");
     }
