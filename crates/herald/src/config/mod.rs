@@ -34,7 +34,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_ADMIN_TOKEN_FILE", "", "A file holding HERALD_ADMIN_TOKEN (Docker and Kubernetes secrets; a trailing newline is ignored). Not together with HERALD_ADMIN_TOKEN."),
     ("HERALD_ENCRYPTION_KEY_FILE", "", "A file holding HERALD_ENCRYPTION_KEY (as HERALD_ADMIN_TOKEN_FILE)."),
     ("HERALD_DATABASE_URL_FILE", "", "A file holding HERALD_DATABASE_URL, for a URL with a password (as HERALD_ADMIN_TOKEN_FILE)."),
-    ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1."),
+    ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1; empty: one attempt, never retried."),
     ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
     ("HERALD_MAX_AGE", "24h", "No retry once a message is older than this."),
     ("HERALD_REQUEST_TIMEOUT", "30s", "Whole-attempt timeout (connect, send, response headers, excerpt)."),
@@ -350,12 +350,26 @@ impl Config {
                 message,
             })?);
         }
+        let from_file: Vec<String> = values.keys().cloned().collect();
         for (key, _, _) in KEYS {
             if let Some(v) = env.get(*key) {
                 values.insert((*key).to_owned(), v.clone());
             }
         }
-        Config::from_values(&values)
+        // A value the file gave is named as the file writes it, so the
+        // operator looks in the file rather than the environment.
+        Config::from_values(&values).map_err(|e| match (e, file) {
+            (ConfigError::Invalid { key, message }, Some(path))
+                if from_file.contains(&key) && !env.contains_key(&key) =>
+            {
+                let file_key = key.trim_start_matches("HERALD_").to_ascii_lowercase();
+                ConfigError::Invalid {
+                    key: format!("`{file_key}` in {} ({key})", path.display()),
+                    message,
+                }
+            }
+            (e, _) => e,
+        })
     }
 
     /// Builds a config from `HERALD_*` keys to raw strings; absent keys take
@@ -734,11 +748,20 @@ impl Values<'_> {
     }
 
     fn egress(&self) -> Result<EgressConfig, ConfigError> {
+        let proxy_url = proxy_url_of(self.get("HERALD_PROXY_URL").trim())
+            .map_err(|m| self.invalid("HERALD_PROXY_URL", m))?;
+        let no_proxy = no_proxy_of(self.get("HERALD_NO_PROXY").trim())
+            .map_err(|m| self.invalid("HERALD_NO_PROXY", m))?;
+        if no_proxy.is_some() && proxy_url.is_none() {
+            return Err(self.invalid(
+                "HERALD_NO_PROXY",
+                "names what goes around HERALD_PROXY_URL, which is not set".into(),
+            ));
+        }
         Ok(EgressConfig {
             allow_private_networks: self.boolean("HERALD_ALLOW_PRIVATE_NETWORKS")?,
-            proxy_url: proxy_url_of(self.get("HERALD_PROXY_URL").trim())
-                .map_err(|m| self.invalid("HERALD_PROXY_URL", m))?,
-            no_proxy: Some(self.get("HERALD_NO_PROXY").trim().to_owned()).filter(|s| !s.is_empty()),
+            proxy_url,
+            no_proxy,
             operator_webhook_via_proxy: self.boolean("HERALD_OPERATOR_WEBHOOK_VIA_PROXY")?,
             ca_bundle: self.path("HERALD_CA_BUNDLE"),
             tls_system_roots: self.boolean("HERALD_TLS_SYSTEM_ROOTS")?,
@@ -890,31 +913,6 @@ impl Values<'_> {
     }
 }
 
-/// `HERALD_PROXY_URL`, checked: empty is no proxy; else a URL of a scheme
-/// the client speaks, with a host and a port.
-fn proxy_url_of(text: &str) -> Result<Option<String>, String> {
-    if text.is_empty() {
-        return Ok(None);
-    }
-    let shown = redact_url(text);
-    let url = url::Url::parse(text).map_err(|e| format!("`{shown}` is not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "socks5" | "socks5h") {
-        return Err(format!(
-            "`{shown}`: the scheme must be http, socks5 or socks5h (https proxies are not supported)"
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("`{shown}` has no host"));
-    }
-    if url.port_or_known_default().is_none() {
-        return Err(format!("`{shown}` needs a port"));
-    }
-    if url.path() != "/" && !url.path().is_empty() || url.query().is_some() {
-        return Err(format!("`{shown}`: a proxy URL has no path or query"));
-    }
-    Ok(Some(text.to_owned()))
-}
-
 // The configuration's Debug shows what it holds but its credentials: the
 // password in a URL, the admin token, the operator webhook's secret.
 fn redacted_url(url: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -988,7 +986,9 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
 
 // Where values come from besides the environment: `<KEY>_FILE` secrets
 // and the TOML file.
+mod egress;
 mod sources;
+use egress::{no_proxy_of, proxy_url_of};
 pub use sources::FILE_KEYS;
 use sources::{parse_toml, with_secret_files};
 

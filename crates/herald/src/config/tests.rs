@@ -348,6 +348,37 @@ fn proxy_and_tls_settings_are_checked() {
         assert!(err.to_string().starts_with("HERALD_PROXY_URL"), "{err}");
     }
     assert!(Config::from_values(&env(&[("HERALD_PROXY_URL", "socks5h://127.0.0.1:1080")])).is_ok());
+    let with_proxy = |no_proxy: &str| {
+        Config::from_values(&env(&[
+            ("HERALD_PROXY_URL", "http://proxy.internal:3128"),
+            ("HERALD_NO_PROXY", no_proxy),
+        ]))
+    };
+    let good = "localhost, .internal.example, api.example.com,10.0.0.0/8,::1,fd00::/8,*,";
+    let c = with_proxy(good).expect("every form the proxy client matches");
+    assert_eq!(c.egress.no_proxy.as_deref(), Some(good));
+    // Each would never match a host, so its traffic would go through the
+    // proxy though the operator meant it not to.
+    for (bad, said) in [
+        ("*.example.com", "`.example.com`"),
+        ("api.example.com:8443", "no port"),
+        ("http://api.example.com", "no scheme"),
+        ("[::1]", "without brackets"),
+        ("10.0.0.0/33", "0 to 32"),
+        ("host/8", "CIDR"),
+        ("bad host", "not a host name"),
+    ] {
+        let err = with_proxy(bad).expect_err(bad).to_string();
+        assert!(err.starts_with("HERALD_NO_PROXY"), "{err}");
+        assert!(err.contains(said), "{bad}: {err}");
+    }
+    let err = Config::from_values(&env(&[("HERALD_NO_PROXY", "localhost")]))
+        .expect_err("no proxy to go around");
+    assert!(
+        err.to_string()
+            .contains("HERALD_PROXY_URL, which is not set"),
+        "{err}"
+    );
     let err =
         Config::from_values(&env(&[("HERALD_TLS_CERT", "/x.pem")])).expect_err("key required");
     assert!(err.to_string().starts_with("HERALD_TLS_KEY"), "{err}");
@@ -366,6 +397,32 @@ fn unknown_file_keys_are_refused() {
     std::fs::write(&path, "retry_shedule = \"1m\"\n").expect("write");
     let err = Config::load_from(Some(&path), &BTreeMap::new()).expect_err("typo");
     assert!(err.to_string().contains("retry_shedule"), "{err}");
+}
+
+#[test]
+fn a_bad_value_from_the_file_is_named_as_the_file_writes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, "listen = \"nowhere\"\nmax_in_flight = 0\n").expect("write");
+    let err = Config::load_from(Some(&path), &BTreeMap::new())
+        .expect_err("bad listen")
+        .to_string();
+    assert!(
+        err.starts_with(&format!("`listen` in {} (HERALD_LISTEN)", path.display())),
+        "{err}"
+    );
+    // The environment overrides the file: a bad value there is named as
+    // the variable, and the file's own bad value is not reached first.
+    let err = Config::load_from(
+        Some(&path),
+        &env(&[
+            ("HERALD_LISTEN", "elsewhere"),
+            ("HERALD_MAX_IN_FLIGHT", "8"),
+        ]),
+    )
+    .expect_err("bad listen")
+    .to_string();
+    assert!(err.starts_with("HERALD_LISTEN:"), "{err}");
 }
 
 #[test]
