@@ -27,9 +27,8 @@ struct Cli {
 enum Command {
     /// Run Herald: the API and the dispatcher, or one of them.
     Serve {
-        /// TOML configuration file; HERALD_* environment variables override it.
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
         /// all: API and dispatcher; api: the API only; worker: the
         /// dispatcher only (many of each may share one PostgreSQL).
         #[arg(long, value_enum, default_value = "all")]
@@ -38,8 +37,8 @@ enum Command {
     /// Apply the store's migrations and exit (whatever HERALD_AUTO_MIGRATE
     /// says).
     Migrate {
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
         /// List applied and pending migrations; exit 0 when none is
         /// pending, 1 otherwise. Applies nothing.
         #[arg(long, conflicts_with = "dry_run")]
@@ -56,16 +55,16 @@ enum Command {
         /// Replace an existing file at PATH (never a served store).
         #[arg(long)]
         force: bool,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Put a backup in place as the SQLite store (Herald stopped); the
     /// replaced store is kept aside beside it.
     Restore {
         /// The backup file.
         path: PathBuf,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Copy everything in the configured store into an empty store at
     /// --to (SQLite or PostgreSQL), with Herald stopped on both; prints
@@ -73,8 +72,8 @@ enum Command {
     CopyStore {
         #[command(flatten)]
         args: herald::cli::CopyStoreArgs,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Copy event types, applications and endpoints (with their headers
     /// and signing secrets) from a server speaking Svix's API v1 into the
@@ -82,24 +81,24 @@ enum Command {
     ImportSvix {
         #[command(flatten)]
         args: herald::cli::import_svix::ImportSvixArgs,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Exit 0 when the Herald serving on HERALD_LISTEN (or --url) answers
     /// /healthz, 1 otherwise: a container's HEALTHCHECK (images without curl).
     Healthcheck {
         /// The base URL to ask (default: http:// and HERALD_LISTEN, a
         /// wildcard address asked on loopback).
-        #[arg(long)]
+        #[arg(long, value_parser = herald::cli::BaseUrl)]
         url: Option<String>,
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Re-encrypt stored secrets with the first key of HERALD_ENCRYPTION_KEY
     /// (safe while Herald serves); then older keys can be removed.
     RotateEncryptionKey {
-        #[arg(long)]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Dead letters of a running Herald: list, replay.
     #[command(subcommand)]
@@ -110,6 +109,14 @@ enum Command {
     /// Application-scoped API tokens of a running Herald: create, revoke.
     #[command(subcommand)]
     Token(herald::cli::TokenCommand),
+}
+
+/// `--config`, taken by every command that reads the settings.
+#[derive(clap::Args)]
+struct ConfigFile {
+    /// TOML configuration file; HERALD_* environment variables override it.
+    #[arg(long = "config", value_name = "FILE")]
+    path: Option<PathBuf>,
 }
 
 /// mimalloc's `mi_option_purge_delay` (its position in `mi_option_t`,
@@ -153,28 +160,28 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config, role } => serve(config, role).await,
+            Command::Serve { config, role } => serve(config.path, role).await,
             Command::Migrate {
                 config,
                 status: true,
                 ..
-            } => migrate_status(config).await,
+            } => migrate_status(config.path).await,
             Command::Migrate {
                 config,
                 dry_run: true,
                 ..
-            } => migrate_dry_run(config).await,
-            Command::Migrate { config, .. } => migrate(config).await,
-            Command::RotateEncryptionKey { config } => rotate_encryption_key(config).await,
+            } => migrate_dry_run(config.path).await,
+            Command::Migrate { config, .. } => migrate(config.path).await,
+            Command::RotateEncryptionKey { config } => rotate_encryption_key(config.path).await,
             Command::Backup {
                 path,
                 force,
                 config,
-            } => backup(config, path, force).await,
-            Command::Restore { path, config } => restore(config, path).await,
-            Command::Healthcheck { url, config } => healthcheck(config, url).await,
-            Command::CopyStore { args, config } => copy_store(config, args).await,
-            Command::ImportSvix { args, config } => import_svix(config, args).await,
+            } => backup(config.path, path, force).await,
+            Command::Restore { path, config } => restore(config.path, path).await,
+            Command::Healthcheck { url, config } => healthcheck(config.path, url).await,
+            Command::CopyStore { args, config } => copy_store(config.path, args).await,
+            Command::ImportSvix { args, config } => import_svix(config.path, args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,
@@ -371,7 +378,7 @@ async fn import_svix(
 
 async fn healthcheck(config_file: Option<PathBuf>, url: Option<String>) -> anyhow::Result<()> {
     let base = match url {
-        Some(url) => url.trim_end_matches('/').to_owned(),
+        Some(url) => url,
         None => {
             let config = Config::load(config_file.as_deref())?;
             let mut listen = config.listener.listen;

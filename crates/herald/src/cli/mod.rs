@@ -15,11 +15,55 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
     /// Herald's base URL.
-    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8080", value_parser = BaseUrl)]
     pub url: String,
     /// The admin token.
     #[arg(long, env = "HERALD_ADMIN_TOKEN", hide_env_values = true)]
     pub token: String,
+}
+
+/// A `--url` naming a Herald: `http(s)://host[:port]`, refused at once
+/// when it is not one (`localhost:8080` failed at the request with
+/// "builder error"). A parser of its own, because clap's message for a
+/// plain function's error repeats the value, password and all.
+#[derive(Clone)]
+pub struct BaseUrl;
+
+impl clap::builder::TypedValueParser for BaseUrl {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let name = arg.map_or_else(|| "--url".to_owned(), |a| a.get_id().to_string());
+        base_url(&value.to_string_lossy()).map_err(|message| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("--{name}: {message}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
+}
+
+fn base_url(text: &str) -> Result<String, String> {
+    // What stands before an `@` may be a password, whatever the URL's
+    // shape (`admin:pw@host:8080` parses with `admin` as its scheme).
+    let shown = match text.rfind('@') {
+        Some(at) => format!("…{}", &text[at..]),
+        None => text.to_owned(),
+    };
+    let like = "a base URL like http://127.0.0.1:8080";
+    match url::Url::parse(text) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {
+            Ok(text.trim_end_matches('/').to_owned())
+        }
+        Ok(_) => Err(format!("`{shown}` is not {like} (http or https)")),
+        Err(e) => Err(format!("`{shown}` is not {like}: {e}")),
+    }
 }
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -30,6 +74,7 @@ pub struct DeadFilterArgs {
     /// Endpoint id (or uid, with --app).
     #[arg(long)]
     pub endpoint: Option<String>,
+    /// Event type name.
     #[arg(long)]
     pub event_type: Option<String>,
     /// exhausted, permanent_status or too_old.
@@ -105,8 +150,11 @@ pub enum EndpointCommand {
     Disable {
         #[command(flatten)]
         target: Target,
+        /// Application id or uid.
         app: String,
+        /// Endpoint id or uid.
         endpoint: String,
+        /// Why it is disabled: kept with the endpoint, shown on the dashboard.
         #[arg(long)]
         reason: Option<String>,
     },
@@ -320,6 +368,7 @@ pub enum TokenCommand {
         /// Application id or uid.
         #[arg(long)]
         app: String,
+        /// A name to tell the token by in lists.
         #[arg(long)]
         name: Option<String>,
     },
@@ -327,6 +376,7 @@ pub enum TokenCommand {
     Revoke {
         #[command(flatten)]
         target: Target,
+        /// Application id or uid.
         #[arg(long)]
         app: String,
         /// The token's id (tok_…).

@@ -870,4 +870,79 @@ async fn the_healthcheck_command_says_whether_herald_serves() {
         err.contains("/healthz"),
         "the reason names what was asked: {err}"
     );
+    // A `--url` that is no base URL is refused before anything is asked
+    // ("builder error" at the request before), its password left out.
+    for args in [
+        &["healthcheck", "--url", "127.0.0.1:8080"][..],
+        &[
+            "dead",
+            "list",
+            "--token",
+            TOKEN,
+            "--url",
+            "admin:hunter2@herald:8080",
+        ],
+        &[
+            "token",
+            "revoke",
+            "tok_x",
+            "--app",
+            "app_x",
+            "--token",
+            TOKEN,
+            "--url",
+            "ftp://herald",
+        ],
+    ] {
+        let (code, _, err) = run(args, &[]).await;
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("a base URL like http://"), "{args:?}: {err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
+
+/// Listening on a wildcard address (as the container image does) with
+/// `HERALD_PUBLIC_URL` unset, portal links name `localhost` and the
+/// port, which a browser can open, where they named `0.0.0.0`.
+#[tokio::test]
+async fn portal_links_of_a_wildcard_listener_name_localhost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = closed_port().await;
+    let mut child = crate::helpers::binary::serve_command(&dir.path().join("h.db"), port)
+        .env("HERALD_LISTEN", format!("0.0.0.0:{port}"))
+        .env("HERALD_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("herald starts");
+    let base = format!("http://127.0.0.1:{port}");
+    crate::helpers::wait_healthy(format!("127.0.0.1:{port}")).await;
+    let client = reqwest::Client::new();
+    let app: serde_json::Value = client
+        .post(format!("{base}/api/v1/app"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "wildcard"}))
+        .send()
+        .await
+        .expect("herald answers")
+        .json()
+        .await
+        .expect("json");
+    let app_id = app["id"].as_str().expect("id");
+    let access: serde_json::Value = client
+        .post(format!("{base}/api/v1/auth/app-portal-access/{app_id}"))
+        .bearer_auth(TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("herald answers")
+        .json()
+        .await
+        .expect("json");
+    let url = access["url"].as_str().expect("url");
+    assert!(
+        url.starts_with(&format!("http://localhost:{port}/portal/")),
+        "{access}"
+    );
+    let _ = child.kill().await;
+    let _ = child.wait().await;
 }
