@@ -83,22 +83,52 @@ pub async fn on_each_hangup(shutdown: CancellationToken, mut action: impl FnMut(
     }
 }
 
-fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError::Cert {
-            path: cert.to_owned(),
-            message: e.to_string(),
-        })?;
-    if chain.is_empty() {
-        return Err(TlsError::Cert {
-            path: cert.to_owned(),
-            message: "no CERTIFICATE block".into(),
-        });
+/// A PEM file's fault in words: rustls shows the marker it looked for as
+/// a list of byte values (`missing section end marker: [45, 45, …]`).
+pub fn pem_fault(e: &rustls::pki_types::pem::Error) -> String {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::MissingSectionEnd { end_marker } => format!(
+            "a block is not closed: no `-----END {}-----` line",
+            String::from_utf8_lossy(end_marker).trim()
+        ),
+        Error::IllegalSectionStart { line } => format!(
+            "a block's first line is malformed: `{}`",
+            String::from_utf8_lossy(line).trim()
+        ),
+        Error::Base64Decode(why) => format!("a block is not valid base64 ({why})"),
+        Error::Io(io) => io.to_string(),
+        other => other.to_string(),
     }
+}
+
+/// Every certificate in a PEM text (`HERALD_TLS_CERT`, `HERALD_CA_BUNDLE`).
+pub fn certificates_in(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_fault(&e))?;
+    if chain.is_empty() {
+        return Err("no CERTIFICATE block".into());
+    }
+    Ok(chain)
+}
+
+fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
+    let chain = std::fs::read(cert)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| certificates_in(&pem))
+        .map_err(|message| TlsError::Cert {
+            path: cert.to_owned(),
+            message,
+        })?;
     let private_key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Key {
         path: key.to_owned(),
-        message: e.to_string(),
+        message: match e {
+            rustls::pki_types::pem::Error::NoItemsFound => {
+                "no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block".into()
+            }
+            e => pem_fault(&e),
+        },
     })?;
     // The provider is named: with more than one compiled in (other crates
     // bring aws-lc-rs), rustls would not pick one by itself.
@@ -112,4 +142,40 @@ fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
     // The listener speaks HTTP/1.1 only (see server::serve).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_faults_are_said_in_words() {
+        let unclosed = b"-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIU\n";
+        let err = certificates_in(unclosed).expect_err("unclosed");
+        assert_eq!(
+            err,
+            "a block is not closed: no `-----END CERTIFICATE-----` line"
+        );
+        assert_eq!(
+            certificates_in(b"just text\n").expect_err("empty"),
+            "no CERTIFICATE block"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, unclosed).expect("write");
+        std::fs::write(&key, "no key here\n").expect("write");
+        let err = server_config(&cert, &key).expect_err("refused").to_string();
+        assert!(err.starts_with("HERALD_TLS_CERT: "), "{err}");
+        assert!(err.contains("no `-----END CERTIFICATE-----` line"), "{err}");
+        assert!(!err.contains("[45, 45"), "{err}");
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).expect("cert");
+        std::fs::write(&cert, made.cert.pem()).expect("write");
+        let err = server_config(&cert, &key).expect_err("no key").to_string();
+        assert!(
+            err.ends_with("no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block"),
+            "{err}"
+        );
+        std::fs::write(&key, made.key_pair.serialize_pem()).expect("write");
+        assert!(server_config(&cert, &key).is_ok());
+    }
 }

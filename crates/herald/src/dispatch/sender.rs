@@ -104,13 +104,19 @@ impl Egress {
                 let pem = std::fs::read(path).map_err(|e| {
                     anyhow::anyhow!("HERALD_CA_BUNDLE: cannot read {}: {e}", path.display())
                 })?;
-                let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                    anyhow::anyhow!("HERALD_CA_BUNDLE: {} is not PEM: {e}", path.display())
-                })?;
-                if roots.is_empty() {
-                    anyhow::bail!("HERALD_CA_BUNDLE: {} holds no certificate", path.display());
-                }
-                roots
+                let in_words = |e: String| {
+                    anyhow::anyhow!(
+                        "HERALD_CA_BUNDLE: {} holds no usable certificate: {e}",
+                        path.display()
+                    )
+                };
+                crate::tls::certificates_in(&pem)
+                    .map_err(in_words)?
+                    .iter()
+                    .map(|der| {
+                        reqwest::Certificate::from_der(der).map_err(|e| in_words(e.to_string()))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?
             }
         };
         Ok(Egress {

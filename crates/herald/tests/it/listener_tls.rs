@@ -78,6 +78,33 @@ async fn over_https_cookies_are_secure_and_hsts_is_sent() {
     app.shutdown().await;
 }
 
+/// A certificate that cannot be read stops `serve` before the store is
+/// opened (it was found after the file was made and migrated), and the
+/// fault is said in words, not as the byte values of a PEM marker.
+#[tokio::test]
+async fn an_unreadable_certificate_stops_the_start_before_the_store_is_touched() {
+    let ca = TestCa::new("a CA");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "listener");
+    let pem = std::fs::read_to_string(&cert).expect("read");
+    let cut = pem.find("-----END").expect("an end line");
+    std::fs::write(&cert, &pem[..cut]).expect("write");
+    let db = dir.path().join("h.db");
+    let out = serve_command(&db, closed_port().await)
+        .env("HERALD_TLS_CERT", &cert)
+        .env("HERALD_TLS_KEY", &key)
+        .output()
+        .await
+        .expect("herald runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("HERALD_TLS_CERT") && err.contains("no `-----END CERTIFICATE-----` line"),
+        "{err}"
+    );
+    assert!(!db.exists(), "the store was not made: {err}");
+}
+
 #[tokio::test]
 async fn sighup_reloads_the_listener_certificate_and_a_bad_file_keeps_the_old_one() {
     let old_ca = TestCa::new("old CA");
