@@ -467,6 +467,12 @@ pub async fn start(
             );
         }
     }
+    // A certificate that cannot be read stops the start before the store
+    // is opened (and perhaps migrated), not after.
+    let listener_tls = match (&listener, &config.listener.tls) {
+        (Some(_), Some((cert, key))) => Some(crate::tls::ListenerTls::load(cert, key)?),
+        _ => None,
+    };
     let backend = open_store(&config).await?;
     let store = backend.store();
     let wake = Arc::new(Notify::new());
@@ -517,13 +523,22 @@ pub async fn start(
         background.spawn("the metrics refresh", metrics.clone().run(shutdown.clone()));
         let local = listener.local_addr()?;
         // Unset: the address this listener is bound to (its real port
-        // when the configured one is 0).
+        // when the configured one is 0); a wildcard address, which no
+        // browser can open (a container's `0.0.0.0`), as `localhost`.
         let public_url = config.portal.public_url.clone().unwrap_or_else(|| {
             let scheme = if config.listener.tls.is_some() {
                 "https"
             } else {
                 "http"
             };
+            if local.ip().is_unspecified() {
+                tracing::warn!(
+                    listen = %local,
+                    "HERALD_PUBLIC_URL is not set: portal links name localhost:{}; set it to the address browsers reach Herald at",
+                    local.port()
+                );
+                return format!("{scheme}://localhost:{}", local.port());
+            }
             format!("{scheme}://{local}")
         });
         // Tokens revoked or ended, and applications deleted or renamed,
@@ -600,14 +615,10 @@ pub async fn start(
             router,
         );
         addr = Some(local);
-        let tls = match &config.listener.tls {
-            None => None,
-            Some((cert, key)) => {
-                let tls = crate::tls::ListenerTls::load(cert, key)?;
-                background.spawn("TLS reload", tls.clone().reload_on_hangup(shutdown.clone()));
-                Some(tls)
-            }
-        };
+        let tls = listener_tls;
+        if let Some(tls) = &tls {
+            background.spawn("TLS reload", tls.clone().reload_on_hangup(shutdown.clone()));
+        }
         let https = tls.is_some();
         if !https {
             background.spawn("SIGHUP", note_hangups(shutdown.clone()));
