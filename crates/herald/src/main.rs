@@ -115,8 +115,8 @@ enum Command {
 #[derive(clap::Args)]
 struct ConfigFile {
     /// TOML configuration file; HERALD_* environment variables override it.
-    #[arg(long = "config", value_name = "FILE")]
-    path: Option<PathBuf>,
+    #[arg(long = "config", id = "config", value_name = "FILE")]
+    file: Option<PathBuf>,
 }
 
 /// mimalloc's `mi_option_purge_delay` (its position in `mi_option_t`,
@@ -160,28 +160,28 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve { config, role } => serve(config.path, role).await,
+            Command::Serve { config, role } => serve(config.file, role).await,
             Command::Migrate {
                 config,
                 status: true,
                 ..
-            } => migrate_status(config.path).await,
+            } => migrate_status(config.file).await,
             Command::Migrate {
                 config,
                 dry_run: true,
                 ..
-            } => migrate_dry_run(config.path).await,
-            Command::Migrate { config, .. } => migrate(config.path).await,
-            Command::RotateEncryptionKey { config } => rotate_encryption_key(config.path).await,
+            } => migrate_dry_run(config.file).await,
+            Command::Migrate { config, .. } => migrate(config.file).await,
+            Command::RotateEncryptionKey { config } => rotate_encryption_key(config.file).await,
             Command::Backup {
                 path,
                 force,
                 config,
-            } => backup(config.path, path, force).await,
-            Command::Restore { path, config } => restore(config.path, path).await,
-            Command::Healthcheck { url, config } => healthcheck(config.path, url).await,
-            Command::CopyStore { args, config } => copy_store(config.path, args).await,
-            Command::ImportSvix { args, config } => import_svix(config.path, args).await,
+            } => backup(config.file, path, force).await,
+            Command::Restore { path, config } => restore(config.file, path).await,
+            Command::Healthcheck { url, config } => healthcheck(config.file, url).await,
+            Command::CopyStore { args, config } => copy_store(config.file, args).await,
+            Command::ImportSvix { args, config } => import_svix(config.file, args).await,
             Command::Dead(cmd) => herald::cli::dead(cmd).await,
             Command::Endpoint(cmd) => herald::cli::endpoint(cmd).await,
             Command::Token(cmd) => herald::cli::token(cmd).await,
@@ -438,5 +438,16 @@ async fn terminate_signal() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap checks its own rules (unique argument ids, among them) only
+    /// when a command is built in a debug build: every command, here.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }
