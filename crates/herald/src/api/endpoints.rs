@@ -278,6 +278,9 @@ const FORBIDDEN_HEADERS: &[&str] = &[
     // The body's framing and form.
     "content-length",
     "content-encoding",
+    // Herald reads the answer as sent and keeps an excerpt of it: asked
+    // for compression, the excerpt was the compressed bytes, unreadable.
+    "accept-encoding",
     "transfer-encoding",
     "trailer",
     "te",

@@ -308,9 +308,20 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
+        let mut target = url.into_url();
+        // A URL's `user:pass@` is sent as Basic authorization; a custom
+        // Authorization header is the endpoint saying which credential to
+        // send, so it alone goes (both went, the receiver reading either).
+        if d.headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+        {
+            let _ = target.set_username("");
+            let _ = target.set_password(None);
+        }
         let mut request = lane
             .client
-            .post(url.into_url())
+            .post(target)
             .timeout(self.request_timeout.saturating_sub(started.elapsed()));
         // The endpoint's own headers first: Herald's, set after, win (the
         // API refuses reserved names anyway).

@@ -361,6 +361,7 @@ async fn hop_by_hop_and_framing_headers_are_refused_and_headers_are_bounded() {
         "Proxy-Authorization",
         "Trailer",
         "Content-Encoding",
+        "Accept-Encoding",
         "Forwarded",
         "Connection",
         "Transfer-Encoding",
@@ -499,6 +500,36 @@ async fn custom_header_names_are_one_whatever_their_case() {
     assert_eq!(s, StatusCode::NO_CONTENT, "{out}");
     let (_, kept) = app.get(&headers_path).await;
     assert_eq!(kept["sensitive"], json!([]), "{kept}");
+    app.shutdown().await;
+}
+
+/// A URL's credentials go as Basic authorization, unless the endpoint's
+/// own Authorization header says which credential to send: then it alone
+/// goes (both were sent).
+#[tokio::test]
+async fn a_custom_authorization_header_replaces_the_urls_credentials() {
+    let app = spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let a = app.create_app().await;
+    let with_userinfo = rx.url("/basic").replace("http://", "http://hook:pw@");
+    app.create_endpoint(&a, &with_userinfo, json!({})).await;
+    app.create_endpoint(
+        &a,
+        &with_userinfo.replace("/basic", "/bearer"),
+        json!({"headers": {"authorization": "Bearer T"}}),
+    )
+    .await;
+    app.send_message(&a, "any.type", json!({})).await;
+    app.step().await;
+    let got = rx.wait_for(2).await;
+    for (path, credential) in [("/basic", "Basic aG9vazpwdw=="), ("/bearer", "Bearer T")] {
+        let request = got
+            .iter()
+            .find(|r| r.path == path)
+            .unwrap_or_else(|| panic!("{path} received"));
+        let sent: Vec<_> = request.headers.get_all("authorization").iter().collect();
+        assert_eq!(sent, [credential], "{path}");
+    }
     app.shutdown().await;
 }
 
