@@ -235,3 +235,51 @@ async fn without_export_the_callers_traceparent_is_forwarded_as_it_came() {
     );
     app.shutdown().await;
 }
+
+/// A collector that cannot be reached is said in the log at the default
+/// levels (the SDK's own failure, which was dropped in silence: traces
+/// were lost with no word).
+#[tokio::test]
+async fn an_unreachable_collector_is_logged() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = crate::helpers::closed_port().await;
+    let collector = crate::helpers::closed_port().await;
+    let mut child = crate::helpers::binary::serve_command(&dir.path().join("h.db"), port)
+        .env("HERALD_ADMIN_TOKEN", TOKEN)
+        .env(
+            "HERALD_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{collector}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("herald starts");
+    let mut log = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    crate::helpers::wait_healthy(format!("127.0.0.1:{port}")).await;
+    // A traced request, so that there is a span to export.
+    let status = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/api/v1/app"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("herald answers")
+        .status();
+    assert_eq!(status, reqwest::StatusCode::OK);
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, log.next_line()).await {
+            Ok(Ok(Some(line))) if line.contains("ExportError") => {
+                assert!(line.contains("ERROR"), "{line}");
+                break;
+            }
+            Ok(Ok(Some(line))) => seen.push(line),
+            other => panic!("no export error logged ({other:?}): {seen:#?}"),
+        }
+    }
+    let _ = child.kill().await;
+    let _ = child.wait().await;
+}
