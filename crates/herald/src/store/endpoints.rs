@@ -335,6 +335,28 @@ pub fn rotated_old_secrets(
     serde_json::to_string(&all).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
+/// What rotating endpoint `id`'s secret to `new_secret` writes, sealed:
+/// `(secret, old_secrets)`, the current secret (opened from the stored
+/// `secret`) kept among the old ones until `grace_until` (see
+/// [`rotated_old_secrets`]). Fails if the stored columns do not open.
+pub fn rotated_secret_columns(
+    keys: &Keyring,
+    id: &str,
+    stored_secret: &str,
+    stored_old: &str,
+    new_secret: &str,
+    grace_until: Millis,
+    now: Millis,
+) -> StoreResult<(String, String)> {
+    let secret = open_or_fail(keys, id, SecretColumn::Secret, stored_secret)?;
+    let old = open_or_fail(keys, id, SecretColumn::OldSecrets, stored_old)?;
+    let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
+    Ok((
+        seal_column(keys, id, SecretColumn::Secret, new_secret),
+        seal_column(keys, id, SecretColumn::OldSecrets, &old),
+    ))
+}
+
 /// An endpoint's extra headers from their stored JSON (`{}` costs no
 /// parsing).
 pub fn headers_of(json: &str) -> StoreResult<Vec<(String, String)>> {

@@ -53,9 +53,9 @@ pub use circuits::{
     CircuitState, Circuits, EndpointCircuit, Seen, Transition, WindowCounts, CIRCUIT_COLUMNS,
 };
 pub use endpoints::{
-    headers_of, rotated_old_secrets, throttled_rate, valid_old_secrets, EnableReport, Endpoint,
-    EndpointChanges, EndpointChangesJson, EndpointOrdering, EndpointStatus, Endpoints, OldSecret,
-    MAX_OLD_SECRETS,
+    headers_of, rotated_old_secrets, rotated_secret_columns, throttled_rate, valid_old_secrets,
+    EnableReport, Endpoint, EndpointChanges, EndpointChangesJson, EndpointOrdering, EndpointStatus,
+    Endpoints, OldSecret, MAX_OLD_SECRETS,
 };
 pub use event_types::{EventType, EventTypes};
 pub use finder::{FindFilter, Finder, FoundMessage};

@@ -217,30 +217,19 @@ impl Endpoints for PostgresStore {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(row) = row else { return Ok(false) };
-        let id = ep.as_str();
-        let secret = open_or_fail(
+        let (secret, old) = rotated_secret_columns(
             &self.keys,
-            id,
-            SecretColumn::Secret,
+            ep.as_str(),
             &get::<String>(&row, "secret")?,
-        )?;
-        let old = open_or_fail(
-            &self.keys,
-            id,
-            SecretColumn::OldSecrets,
             &get::<String>(&row, "old_secrets")?,
+            new_secret,
+            grace_until,
+            now,
         )?;
-        let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
-        let old = seal_column(&self.keys, id, SecretColumn::OldSecrets, &old);
         sqlx::query(
             "UPDATE endpoints SET secret = $1, old_secrets = $2, updated_at = $3 WHERE id = $4",
         )
-        .bind(seal_column(
-            &self.keys,
-            id,
-            SecretColumn::Secret,
-            new_secret,
-        ))
+        .bind(secret)
         .bind(old)
         .bind(now)
         .bind(ep.as_str())

@@ -216,14 +216,11 @@ impl Endpoints for SqliteStore {
             let Some((secret, old)) = current else {
                 return Ok(false);
             };
-            let secret = open_or_fail(&keys, &ep, SecretColumn::Secret, &secret)?;
-            let old = open_or_fail(&keys, &ep, SecretColumn::OldSecrets, &old)?;
-            let old = rotated_old_secrets(&old, &secret, grace_until, now)?;
-            let old = seal_column(&keys, &ep, SecretColumn::OldSecrets, &old);
-            let new_secret = seal_column(&keys, &ep, SecretColumn::Secret, &new_secret);
+            let (secret, old) =
+                rotated_secret_columns(&keys, &ep, &secret, &old, &new_secret, grace_until, now)?;
             c.execute(
                 "UPDATE endpoints SET secret = ?1, old_secrets = ?2, updated_at = ?3 WHERE id = ?4",
-                params![new_secret, old, now, ep],
+                params![secret, old, now, ep],
             )?;
             Ok(true)
         })
