@@ -71,3 +71,23 @@ pub struct PruneReport {
     /// A batch was full: call again.
     pub more: bool,
 }
+
+impl PruneReport {
+    /// The report of one [`Retention::prune`] batch of `batch`: `messages`
+    /// deleted in all and `dead` dead deliveries; `picked` old finished
+    /// messages were taken of the `budget` the batch had left for them.
+    pub fn of_batch(
+        batch: usize,
+        messages: usize,
+        dead: usize,
+        budget: usize,
+        picked: usize,
+    ) -> Self {
+        PruneReport {
+            messages: u64::try_from(messages).unwrap_or(u64::MAX),
+            dead_deliveries: u64::try_from(dead).unwrap_or(u64::MAX),
+            // (No budget left means the dead batch was full.)
+            more: dead >= batch || (budget > 0 && picked >= budget),
+        }
+    }
+}

@@ -85,30 +85,22 @@ impl Circuits for PostgresStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        if batch == 0 {
-            return Ok(0);
-        }
         // Per broken endpoint (few: `endpoints_circuit_broken`), its
         // deliveries through `deliveries_by_endpoint`, parked or not (an
         // open breaker's rows are parked by the claims); SKIP LOCKED leaves
-        // one being claimed or resent right now to that.
-        self.changed_rows(
-            sqlx::query(
-                "WITH old AS MATERIALIZED ( \
-                 SELECT h.id FROM endpoints e \
-                 CROSS JOIN LATERAL ( \
-                     SELECT d.id FROM deliveries d \
-                     WHERE d.endpoint_id = e.id AND d.state = 0 AND NOT d.held \
-                       AND d.cycle_started_at < $1 \
-                     LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
-                 WHERE e.circuit_state <> 0 LIMIT $2) \
-             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', parked = FALSE, \
-                    next_attempt_at = $3, updated_at = $3 \
-             FROM old WHERE d.id = old.id",
-            )
-            .bind(too_old_before)
-            .bind(i64_of(batch))
-            .bind(now),
+        // one being claimed or resent right now to that. (Not held ones:
+        // the age cap's `held = FALSE` leaves these as they were.)
+        self.expire_too_old(
+            "SELECT h.id FROM endpoints e \
+             CROSS JOIN LATERAL ( \
+                 SELECT d.id FROM deliveries d \
+                 WHERE d.endpoint_id = e.id AND d.state = 0 AND NOT d.held \
+                   AND d.cycle_started_at < $1 \
+                 LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
+             WHERE e.circuit_state <> 0 LIMIT $2",
+            too_old_before,
+            now,
+            batch,
         )
         .await
     }

@@ -120,12 +120,13 @@ impl Retention for PostgresStore {
                 .await?;
         }
         tx.commit().await?;
-        Ok(PruneReport {
-            messages: u64::try_from(messages.len()).unwrap_or(u64::MAX),
-            dead_deliveries: u64::try_from(dead_ids.len()).unwrap_or(u64::MAX),
-            // (No budget left means the dead batch was full.)
-            more: dead_ids.len() >= batch || (budget > 0 && taken >= budget),
-        })
+        Ok(PruneReport::of_batch(
+            batch,
+            messages.len(),
+            dead_ids.len(),
+            budget,
+            taken,
+        ))
     }
 
     async fn expire_held(
@@ -134,28 +135,22 @@ impl Retention for PostgresStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        if batch == 0 {
-            return Ok(0);
-        }
         // Per disabled endpoint, a seek into its held deliveries by cycle
         // start (LATERAL: a plain join may be planned as a scan of every
         // delivery). SKIP LOCKED: one being enabled (or resent) right now
         // is left to that; a later pass sees what it became.
-        self.changed_rows(sqlx::query(
-            "WITH old AS MATERIALIZED ( \
-                 SELECT h.id FROM endpoints e \
-                 CROSS JOIN LATERAL ( \
-                     SELECT d.id FROM deliveries d \
-                     WHERE d.held AND d.endpoint_id = e.id AND d.cycle_started_at < $1 \
-                     LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
-                 WHERE e.disabled LIMIT $2) \
-             UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, parked = FALSE, \
-                    next_attempt_at = $3, updated_at = $3 \
-             FROM old WHERE d.id = old.id",
+        self.expire_too_old(
+            "SELECT h.id FROM endpoints e \
+             CROSS JOIN LATERAL ( \
+                 SELECT d.id FROM deliveries d \
+                 WHERE d.held AND d.endpoint_id = e.id AND d.cycle_started_at < $1 \
+                 LIMIT $2 FOR UPDATE OF d SKIP LOCKED) h \
+             WHERE e.disabled LIMIT $2",
+            too_old_before,
+            now,
+            batch,
         )
-        .bind(too_old_before)
-        .bind(i64_of(batch))
-        .bind(now)).await
+        .await
     }
 
     async fn prune_idempotency(&self, before: Millis) -> StoreResult<u64> {
@@ -272,6 +267,34 @@ async fn kill_pending_of(
 }
 
 impl PostgresStore {
+    /// The age cap (see `Retention::expire_held`): makes dead ("too old")
+    /// the pending deliveries `picked` selects by id and locks (`$1`:
+    /// `too_old_before`, `$2`: at most `batch`), as enabling their
+    /// endpoint would; how many.
+    pub(super) async fn expire_too_old(
+        &self,
+        picked: &str,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        self.changed_rows(
+            sqlx::query(AssertSqlSafe(format!(
+                "WITH old AS MATERIALIZED ({picked}) \
+                 UPDATE deliveries d SET state = 3, dead_reason = 'too_old', held = FALSE, \
+                        parked = FALSE, next_attempt_at = $3, updated_at = $3 \
+                 FROM old WHERE d.id = old.id"
+            )))
+            .bind(too_old_before)
+            .bind(i64_of(batch))
+            .bind(now),
+        )
+        .await
+    }
+
     /// Expunges the messages `select` picks (`$1`: `bound`, `$3`: `batch`;
     /// `$2`, the time, is the update's).
     async fn expunge_picked(

@@ -107,22 +107,18 @@ impl Circuits for SqliteStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         // Per broken endpoint (few, by their index), its deliveries by
         // `deliveries_by_endpoint`; pending ones, parked or not (a held one,
         // parked = 2, is `expire_held`'s).
-        self.changed_rows(
-            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-             next_attempt_at = ?1, updated_at = ?1 \
-             WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_circuit_broken \
-                          JOIN deliveries d INDEXED BY deliveries_by_endpoint ON d.endpoint_id = e.id \
-                          WHERE e.circuit_state <> 0 AND d.state = 0 AND d.parked < 2 \
-                            AND d.cycle_started_at < ?2 \
-                          LIMIT ?3)",
-            (now, too_old_before, limit),
+        self.expire_too_old(
+            "SELECT d.id FROM endpoints e INDEXED BY endpoints_circuit_broken \
+             JOIN deliveries d INDEXED BY deliveries_by_endpoint ON d.endpoint_id = e.id \
+             WHERE e.circuit_state <> 0 AND d.state = 0 AND d.parked < 2 \
+               AND d.cycle_started_at < ?2 \
+             LIMIT ?3",
+            too_old_before,
+            now,
+            batch,
         )
         .await
     }

@@ -457,12 +457,13 @@ impl SqliteStore {
     /// Runs `f` on the writer, in the shared transaction, in a savepoint.
     /// One statement on the writer (prepared once, cached); the rows it
     /// changed.
-    async fn changed_rows<P>(&self, sql: &'static str, params: P) -> StoreResult<u64>
+    async fn changed_rows<S, P>(&self, sql: S, params: P) -> StoreResult<u64>
     where
+        S: AsRef<str> + Send + 'static,
         P: rusqlite::Params + Send + 'static,
     {
         self.write(move |c| {
-            let n = c.prepare_cached(sql)?.execute(params)?;
+            let n = c.prepare_cached(sql.as_ref())?.execute(params)?;
             Ok(u64::try_from(n).unwrap_or(0))
         })
         .await

@@ -78,12 +78,13 @@ fn prune_tx(
         delete_message.execute(params![msg])?;
     }
     messages += finished.len();
-    Ok(PruneReport {
-        messages: u64::try_from(messages).unwrap_or(u64::MAX),
-        dead_deliveries: u64::try_from(dead.len()).unwrap_or(u64::MAX),
-        // (No budget left means the dead batch was full.)
-        more: dead.len() >= batch || (budget > 0 && finished.len() >= budget),
-    })
+    Ok(PruneReport::of_batch(
+        batch,
+        messages,
+        dead.len(),
+        budget,
+        finished.len(),
+    ))
 }
 
 #[async_trait]
@@ -107,20 +108,16 @@ impl Retention for SqliteStore {
         now: Millis,
         batch: usize,
     ) -> StoreResult<u64> {
-        if batch == 0 {
-            return Ok(0);
-        }
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
         // Per disabled endpoint, one seek into its held deliveries by
         // cycle start, whatever else is held.
-        self.changed_rows(
-            "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
-             next_attempt_at = ?1, updated_at = ?1 \
-             WHERE id IN (SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
-                          JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
-                          WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
-                          LIMIT ?3)",
-            (now, too_old_before, limit),
+        self.expire_too_old(
+            "SELECT d.id FROM endpoints e INDEXED BY endpoints_disabled \
+             JOIN deliveries d INDEXED BY deliveries_held ON d.endpoint_id = e.id \
+             WHERE e.disabled = 1 AND d.parked = 2 AND d.cycle_started_at < ?2 \
+             LIMIT ?3",
+            too_old_before,
+            now,
+            batch,
         )
         .await
     }
@@ -219,6 +216,33 @@ impl Retention for SqliteStore {
                 now,
             )
         })
+        .await
+    }
+}
+
+impl SqliteStore {
+    /// The age cap (see `Retention::expire_held`): makes dead ("too old")
+    /// the pending deliveries `picked` selects by id (`?2`:
+    /// `too_old_before`, `?3`: at most `batch`), as enabling their
+    /// endpoint would; how many.
+    pub(super) async fn expire_too_old(
+        &self,
+        picked: &str,
+        too_old_before: Millis,
+        now: Millis,
+        batch: usize,
+    ) -> StoreResult<u64> {
+        if batch == 0 {
+            return Ok(0);
+        }
+        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.changed_rows(
+            format!(
+                "UPDATE deliveries SET state = 3, dead_reason = 'too_old', parked = 0, \
+                 next_attempt_at = ?1, updated_at = ?1 WHERE id IN ({picked})"
+            ),
+            (now, too_old_before, limit),
+        )
         .await
     }
 }
