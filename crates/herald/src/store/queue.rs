@@ -559,6 +559,20 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
+    /// From an endpoint's row: `filter_types` and `channels` as stored
+    /// (JSON).
+    pub fn from_stored(
+        endpoint_id: String,
+        filter_types: Option<&str>,
+        channels: Option<&str>,
+    ) -> StoreResult<Self> {
+        Ok(Subscriber {
+            endpoint_id,
+            filter_types: filter_types.map(from_json).transpose()?,
+            channels: channels.map(from_json).transpose()?,
+        })
+    }
+
     /// Whether `m` goes to this endpoint: its event type passes the
     /// endpoint's filter and, when the endpoint has channels, the message
     /// shares one of them.
@@ -606,11 +620,7 @@ impl FanoutTarget {
             _ => None,
         };
         Ok(FanoutTarget {
-            sub: Subscriber {
-                endpoint_id,
-                filter_types: filter_types.map(from_json).transpose()?,
-                channels: channels.map(from_json).transpose()?,
-            },
+            sub: Subscriber::from_stored(endpoint_id, filter_types, channels)?,
             send,
         })
     }

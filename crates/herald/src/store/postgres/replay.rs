@@ -81,17 +81,11 @@ impl Replay for PostgresStore {
             tx.rollback().await?;
             return Ok(None);
         };
-        let json = |column: &str| -> StoreResult<Option<Vec<String>>> {
-            get::<Option<String>>(&routing, column)?
-                .as_deref()
-                .map(from_json)
-                .transpose()
-        };
-        let sub = Subscriber {
-            endpoint_id: ep.as_str().to_owned(),
-            filter_types: json("filter_types")?,
-            channels: json("channels")?,
-        };
+        let sub = Subscriber::from_stored(
+            ep.as_str().to_owned(),
+            get::<Option<String>>(&routing, "filter_types")?.as_deref(),
+            get::<Option<String>>(&routing, "channels")?.as_deref(),
+        )?;
         let looked: Vec<String> = sqlx::query_scalar(
             "SELECT id FROM messages WHERE app_id = $1 AND id > $2 \
                AND created_at >= $3 AND created_at < $4 ORDER BY id LIMIT $5 FOR SHARE",

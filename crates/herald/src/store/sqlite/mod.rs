@@ -589,10 +589,6 @@ fn get<T: rusqlite::types::FromSql>(r: &Row<'_>, col: &str) -> StoreResult<T> {
     r.get(col).map_err(map_err)
 }
 
-fn json_opt<T: serde::de::DeserializeOwned>(text: Option<String>) -> StoreResult<Option<T>> {
-    text.as_deref().map(from_json).transpose()
-}
-
 /// A keyset page over `column` (ids sort by creation time). `sql` ends in
 /// an open WHERE clause; `args` are its parameters.
 fn page_of<T>(

@@ -130,11 +130,8 @@ impl Replay for SqliteStore {
             let Some((filter_types, channels)) = routing else {
                 return Ok(None);
             };
-            let sub = Subscriber {
-                endpoint_id: ep.clone(),
-                filter_types: json_opt(filter_types)?,
-                channels: json_opt(channels)?,
-            };
+            let sub =
+                Subscriber::from_stored(ep.clone(), filter_types.as_deref(), channels.as_deref())?;
             let mut looked = c
                 .prepare_cached(
                     "SELECT id, event_type, channels, EXISTS ( \
