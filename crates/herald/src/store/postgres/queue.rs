@@ -489,10 +489,7 @@ impl Queue for PostgresStore {
         .bind(m.created_at)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(&self.wake_channel)
-            .execute(&mut *tx)
-            .await?;
+        self.notify_in(&mut tx).await?;
         tx.commit().await?;
         Ok(true)
     }

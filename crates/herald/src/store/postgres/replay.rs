@@ -112,27 +112,8 @@ impl Replay for PostgresStore {
         .collect::<StoreResult<Vec<_>>>()?;
         let wanted = wanted_by(&sub, missing)?;
         if !wanted.is_empty() {
-            let ids: Vec<String> = wanted
-                .iter()
-                .map(|_| DeliveryId::generate().into_string())
-                .collect();
-            sqlx::query(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                 cycle_started_at, manual, created_at, updated_at) \
-                 SELECT id, msg_id, $3, $4, 0, $5, $5, TRUE, $5, $5 \
-                 FROM UNNEST($1::text[], $2::text[]) AS u(id, msg_id)",
-            )
-            .bind(&ids)
-            .bind(&wanted)
-            .bind(ep.as_str())
-            .bind(app.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("SELECT pg_notify($1, '')")
-                .bind(&self.wake_channel)
-                .execute(&mut *tx)
-                .await?;
+            insert_manual(&mut tx, &wanted, ep, app, now).await?;
+            self.notify_in(&mut tx).await?;
         }
         tx.commit().await?;
         Ok(Some(MissingBatch {
@@ -207,21 +188,39 @@ impl Replay for PostgresStore {
             return Ok(ResendOutcome::InFlight);
         }
         if done.rows_affected() == 0 {
-            sqlx::query(
-                "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                 cycle_started_at, manual, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 0, $5, $5, TRUE, $5, $5)",
-            )
-            .bind(DeliveryId::generate().as_str())
-            .bind(msg.as_str())
-            .bind(ep.as_str())
-            .bind(app.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+            insert_manual(&mut tx, &[msg.as_str().to_owned()], ep, app, now).await?;
         }
         self.notify_in(&mut tx).await?;
         tx.commit().await?;
         Ok(ResendOutcome::Queued)
     }
+}
+
+/// New manual deliveries of `msgs` to `ep`: pending, due `now`, in a fresh
+/// cycle (a resend, or a replay of missing ones).
+async fn insert_manual(
+    tx: &mut sqlx::PgConnection,
+    msgs: &[String],
+    ep: &EndpointId,
+    app: &AppId,
+    now: Millis,
+) -> StoreResult<()> {
+    let ids: Vec<String> = msgs
+        .iter()
+        .map(|_| DeliveryId::generate().into_string())
+        .collect();
+    sqlx::query(
+        "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+         cycle_started_at, manual, created_at, updated_at) \
+         SELECT id, msg_id, $3, $4, 0, $5, $5, TRUE, $5, $5 \
+         FROM UNNEST($1::text[], $2::text[]) AS u(id, msg_id)",
+    )
+    .bind(&ids)
+    .bind(msgs)
+    .bind(ep.as_str())
+    .bind(app.as_str())
+    .bind(now)
+    .execute(tx)
+    .await?;
+    Ok(())
 }

@@ -55,7 +55,10 @@ impl Replay for SqliteStore {
         );
         self.write(move |c| {
             let exists = |sql: &str, id: &str| -> StoreResult<bool> {
-                c.query_row(sql, params![id, app], |_| Ok(())).optional().map(|o| o.is_some()).map_err(map_err)
+                c.query_row(sql, params![id, app], |_| Ok(()))
+                    .optional()
+                    .map(|o| o.is_some())
+                    .map_err(map_err)
             };
             let expunged: Option<bool> = c
                 .query_row(
@@ -85,18 +88,14 @@ impl Replay for SqliteStore {
             if state == Some(DeliveryState::Delivering as i64) {
                 return Ok(ResendOutcome::InFlight);
             }
-            let n = c
-                .execute(
-                    &format!("UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"),
-                    params![now, msg, ep],
-                )?;
+            let n = c.execute(
+                &format!(
+                    "UPDATE deliveries SET {REPLAY_SET} WHERE msg_id = ?2 AND endpoint_id = ?3"
+                ),
+                params![now, msg, ep],
+            )?;
             if n == 0 {
-                c.execute(
-                    "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, cycle_started_at, \
-                     manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
-                    params![DeliveryId::generate().as_str(), msg, ep, app, now],
-                )?;
-                counts::counted(&ep, 0, false, 1)?;
+                insert_manual(c, &msg, &ep, &app, now)?;
             }
             Ok(ResendOutcome::Queued)
         })
@@ -124,7 +123,12 @@ impl Replay for SqliteStore {
                 .query_row(
                     "SELECT filter_types, channels FROM endpoints WHERE id = ?1 AND app_id = ?2",
                     params![ep, app],
-                    |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?)),
+                    |r| {
+                        Ok((
+                            r.get::<_, Option<String>>(0)?,
+                            r.get::<_, Option<String>>(1)?,
+                        ))
+                    },
                 )
                 .optional()?;
             let Some((filter_types, channels)) = routing else {
@@ -132,17 +136,15 @@ impl Replay for SqliteStore {
             };
             let sub =
                 Subscriber::from_stored(ep.clone(), filter_types.as_deref(), channels.as_deref())?;
-            let mut looked = c
-                .prepare_cached(
-                    "SELECT id, event_type, channels, EXISTS ( \
-                       SELECT 1 FROM deliveries d WHERE d.endpoint_id = ?1 AND d.msg_id = m.id) \
-                     FROM messages m WHERE m.app_id = ?2 AND m.id > ?3 \
-                       AND m.created_at >= ?4 AND m.created_at < ?5 ORDER BY m.id LIMIT ?6",
-                )?;
+            let mut looked = c.prepare_cached(
+                "SELECT id, event_type, channels, EXISTS ( \
+                   SELECT 1 FROM deliveries d WHERE d.endpoint_id = ?1 AND d.msg_id = m.id) \
+                 FROM messages m WHERE m.app_id = ?2 AND m.id > ?3 \
+                   AND m.created_at >= ?4 AND m.created_at < ?5 ORDER BY m.id LIMIT ?6",
+            )?;
             let mut last = None;
             let mut missing = Vec::new();
-            let mut rows = looked
-                .query(params![ep, app, after, window.0, window.1, limit])?;
+            let mut rows = looked.query(params![ep, app, after, window.0, window.1, limit])?;
             while let Some(r) = rows.next()? {
                 let id: String = r.get(0)?;
                 last = Some(id.clone());
@@ -152,15 +154,8 @@ impl Replay for SqliteStore {
             }
             drop(rows);
             let wanted = wanted_by(&sub, missing)?;
-            let mut insert = c
-                .prepare_cached(
-                    "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
-                     cycle_started_at, manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
-                )?;
             for msg in &wanted {
-                insert
-                    .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])?;
-                counts::counted(&ep, 0, false, 1)?;
+                insert_manual(c, msg, &ep, &app, now)?;
             }
             Ok(Some(MissingBatch {
                 delivered: wanted.len() as u64,
@@ -169,6 +164,17 @@ impl Replay for SqliteStore {
         })
         .await
     }
+}
+
+/// A new manual delivery of `msg` to `ep`: pending, due `now`, in a fresh
+/// cycle (a resend, or a replay of a missing one), counted.
+fn insert_manual(c: &Connection, msg: &str, ep: &str, app: &str, now: Millis) -> StoreResult<()> {
+    c.prepare_cached(
+        "INSERT INTO deliveries (id, msg_id, endpoint_id, app_id, state, next_attempt_at, \
+         cycle_started_at, manual, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5, 1, ?5, ?5)",
+    )?
+    .execute(params![DeliveryId::generate().as_str(), msg, ep, app, now])?;
+    counts::counted(ep, 0, false, 1)
 }
 
 /// Numbers a fragment's bare `?` parameters from `first` on, so that it
