@@ -412,6 +412,16 @@ pub(crate) fn endpoint_from_row(r: &impl StoredRow, keys: &Keyring) -> StoreResu
     })
 }
 
+/// `disabled_by` as stored: "auto" when Herald disabled the endpoint
+/// itself, "operator" when someone asked.
+pub(crate) fn disabled_by(auto: bool) -> &'static str {
+    if auto {
+        "auto"
+    } else {
+        "operator"
+    }
+}
+
 /// An endpoint's health state from its stored row (either backend).
 pub(crate) fn status_from_row(r: &impl StoredRow) -> StoreResult<EndpointStatus> {
     let by: Option<String> = col(r, "disabled_by")?;
@@ -424,6 +434,6 @@ pub(crate) fn status_from_row(r: &impl StoredRow) -> StoreResult<EndpointStatus>
         disabled: col(r, "disabled")?,
         disabled_reason: col(r, "disabled_reason")?,
         disabled_at: col(r, "disabled_at")?,
-        auto_disabled: by.as_deref() == Some("auto"),
+        auto_disabled: by.as_deref() == Some(disabled_by(true)),
     })
 }

@@ -276,7 +276,7 @@ impl Endpoints for PostgresStore {
              SELECT count(*) FROM off",
         )
         .bind(reason)
-        .bind(if auto { "auto" } else { "operator" })
+        .bind(disabled_by(auto))
         .bind(now)
         .bind(ep.as_str())
         .bind(streak_started_at)

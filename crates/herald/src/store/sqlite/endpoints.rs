@@ -245,7 +245,7 @@ impl Endpoints for SqliteStore {
         now: Millis,
     ) -> StoreResult<bool> {
         let (ep, reason) = (ep.as_str().to_owned(), reason.to_owned());
-        let by = if auto { "auto" } else { "operator" };
+        let by = disabled_by(auto);
         self.write(move |c| {
             let n = c.execute(
                 "UPDATE endpoints SET disabled = 1, disabled_reason = ?1, disabled_by = ?2, \

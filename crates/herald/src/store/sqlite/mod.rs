@@ -56,7 +56,7 @@ mod tokens;
 
 use crate::store::apps::app_from_row;
 use crate::store::audit::entry_from_row;
-use crate::store::endpoints::{endpoint_from_row, status_from_row};
+use crate::store::endpoints::{disabled_by, endpoint_from_row, status_from_row};
 use crate::store::event_types::event_type_from_row;
 use crate::store::finder::found_from_row;
 use crate::store::health::stats_from_row;
