@@ -8,6 +8,7 @@ use super::endpoints::PathEndpoint;
 use super::error::{NotFoundResponse, ValidationResponse};
 use super::messages::PathMessage;
 use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
+use crate::ids::AttemptId;
 use crate::store::AttemptRecord;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -132,7 +133,6 @@ async fn list_filtered(
     params: &super::history::AttemptListParams,
     target: impl FnOnce(&mut crate::store::AttemptFilter),
 ) -> ApiResult<Json<ListResponse<AttemptOut>>> {
-    let page_req = params.list.page(false)?;
     let Some(mut filter) = params.filter()? else {
         return Ok(respond(crate::store::Page {
             items: Vec::new(),
@@ -140,6 +140,9 @@ async fn list_filtered(
         }));
     };
     target(&mut filter);
+    let page_req = params
+        .list
+        .page_since(filter.after, filter.before, AttemptId::PREFIX)?;
     let page = state.store.list_attempts(app, &filter, &page_req).await?;
     Ok(respond(page))
 }

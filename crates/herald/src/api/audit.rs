@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ForbiddenResponse, ValidationResponse};
 use super::{rfc3339, ApiQuery, ApiResult, ApiState, ListParams, ListResponse};
-use crate::ids::AppId;
+use crate::ids::{AppId, AuditId};
 use crate::store::{ActorKind, AuditEntry, AuditFilter};
 
 /// One change, as the audit log keeps it.
@@ -118,10 +118,10 @@ pub async fn list_audit_log(
     ApiQuery(params): ApiQuery<AuditListParams>,
 ) -> ApiResult<Json<ListResponse<AuditEntryOut>>> {
     let filter = params.filter()?;
-    let page = state
-        .store
-        .list_audit(&filter, &params.list.page(false)?)
-        .await?;
+    let page_req = params
+        .list
+        .page_since(filter.after, filter.before, AuditId::PREFIX)?;
+    let page = state.store.list_audit(&filter, &page_req).await?;
     let data = page.items.into_iter().map(AuditEntryOut::from).collect();
     Ok(Json(ListResponse::new(
         data,

@@ -18,7 +18,7 @@ use super::{
     rfc3339, ApiError, ApiJson, ApiQuery, ApiResult, ApiState, FieldError, ListParams, ListResponse,
 };
 use crate::audit::Actor;
-use crate::ids::{AppId, AttemptId};
+use crate::ids::{AppId, AttemptId, MsgId};
 use crate::store::{
     now_millis, AttemptFilter, AttemptRecord, DeadFilter, Delivery, DeliveryState, Endpoint,
     EndpointMessageFilter, Message, MessageFilter, Millis,
@@ -76,9 +76,12 @@ pub async fn list_messages(
         after: super::query_time("after", &params.after)?,
         ..messages_of(&params.event_types, &params.channel, &params.tag)
     };
+    let page_req = params
+        .list
+        .page_since(filter.after, filter.before, MsgId::PREFIX)?;
     let page = state
         .store
-        .list_messages(&app.id, &filter, &params.list.page(false)?)
+        .list_messages(&app.id, &filter, &page_req)
         .await?;
     let data = page
         .items
@@ -535,9 +538,13 @@ pub async fn list_attempted_messages(
             ..messages_of(&params.event_types, &params.channel, &params.tag)
         },
     };
+    let page_req =
+        params
+            .list
+            .page_since(filter.messages.after, filter.messages.before, MsgId::PREFIX)?;
     let page = state
         .store
-        .list_endpoint_messages(&ep.app_id, &ep.id, &filter, &params.list.page(false)?)
+        .list_endpoint_messages(&ep.app_id, &ep.id, &filter, &page_req)
         .await?;
     let data = page
         .items

@@ -701,6 +701,35 @@ impl ListParams {
     }
 }
 
+/// How far an id's time may lie before its row's own time (`created_at`,
+/// `started_at`, `at`): they are taken within one request, so a minute is
+/// ample. Only an index bound: the row's own time still filters exactly.
+const ID_TIME_SKEW_MS: Millis = 60_000;
+
+impl ListParams {
+    /// [`Self::page`] for a list filtered by time, as Svix pages one: given
+    /// `after` and neither `before` nor an iterator, the page holds the
+    /// oldest items after it (shown in the chosen order), and its
+    /// `prevIterator` walks on towards now. Newest first, the first page
+    /// was the newest, and a client following `prevIterator` from it never
+    /// saw what lay between. The walk starts at the first id of `after`'s
+    /// time (ids sort by time), so it reads no older row.
+    pub fn page_since(
+        &self,
+        after: Option<Millis>,
+        before: Option<Millis>,
+        id_prefix: &str,
+    ) -> ApiResult<PageReq> {
+        let mut page = self.page(false)?;
+        if let (Some(after), None, None) = (after, before, &page.after) {
+            let from = u64::try_from(after.saturating_sub(ID_TIME_SKEW_MS)).unwrap_or(0);
+            page.after = Some(format!("{id_prefix}{}", ulid::Ulid::from_parts(from, 0)));
+            page.backwards = !page.ascending;
+        }
+        Ok(page)
+    }
+}
+
 /// Svix's list envelope. `iterator` is always present, even when null.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -623,7 +623,8 @@ async fn applications_upsert_patch_and_delete_with_everything_under_them() {
 
 crate::on_both_stores!(
     a_message_the_store_refuses_fails_no_other_of_its_batch,
-    attempt_and_endpoint_message_lists_take_svix_filters
+    attempt_and_endpoint_message_lists_take_svix_filters,
+    a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterator
 );
 
 /// The filters Svix's SDKs send on the attempt lists and an endpoint's
@@ -912,4 +913,73 @@ async fn the_token_list_pages_like_every_list() {
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {out}");
     }
     app.shutdown().await;
+}
+
+/// `after` alone pages as Svix does: the first page is the oldest items
+/// after the time (newest first within it) and `prevIterator` walks on
+/// towards now, so a client syncing "everything since" sees every item.
+/// The first page was the newest, and its `prevIterator` led nowhere: the
+/// items between were never listed.
+async fn a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterator(
+    backend: &Backend,
+) {
+    let app = backend.spawn_stepped(&[]).await;
+    let rx = Receiver::start().await;
+    let app_id = app.create_app().await;
+    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let ep = ep["id"].as_str().expect("id");
+    let mut sent = Vec::new();
+    for n in 0..6 {
+        let id = app.send_message(&app_id, "a.b", json!({ "n": n })).await;
+        let (_, msg) = app.get(&format!("/api/v1/app/{app_id}/msg/{id}")).await;
+        sent.push((id, msg["timestamp"].as_str().expect("timestamp").to_owned()));
+        // Each message its own millisecond, so `after` can fall between.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+    }
+    app.step().await;
+    rx.wait_for(6).await;
+    let after = urlencoding(&sent[1].1);
+    let listed = |v: &serde_json::Value, field: &str| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|x| x[field].as_str().expect("field").to_owned())
+            .collect()
+    };
+    let ids = |range: std::ops::Range<usize>| -> Vec<String> {
+        sent[range].iter().rev().map(|(id, _)| id.clone()).collect()
+    };
+    for (path, field) in [
+        (format!("/api/v1/app/{app_id}/msg"), "id"),
+        (format!("/api/v1/app/{app_id}/endpoint/{ep}/msg"), "id"),
+    ] {
+        let (_, first) = app.get(&format!("{path}?limit=2&after={after}")).await;
+        assert_eq!(listed(&first, field), ids(2..4), "{path}: {first}");
+        assert_eq!(first["done"], false, "{path}");
+        let prev = first["prevIterator"].as_str().expect("prevIterator");
+        let (_, next) = app
+            .get(&format!("{path}?limit=2&after={after}&iterator={prev}"))
+            .await;
+        assert_eq!(listed(&next, field), ids(4..6), "{path}: {next}");
+        let prev = next["prevIterator"].as_str().expect("prevIterator");
+        let (_, last) = app
+            .get(&format!("{path}?limit=2&after={after}&iterator={prev}"))
+            .await;
+        assert_eq!(listed(&last, field), ids(6..6), "{path}: {last}");
+        assert_eq!(last["done"], true, "{path}");
+        // Ascending, the same items from the oldest, `iterator` going on.
+        let (_, up) = app
+            .get(&format!("{path}?limit=4&after={after}&order=ascending"))
+            .await;
+        let mut oldest_first = ids(2..6);
+        oldest_first.reverse();
+        assert_eq!(listed(&up, field), oldest_first, "{path}: {up}");
+    }
+    app.shutdown().await;
+}
+
+/// An RFC 3339 time as a query value (`+` would read as a space).
+fn urlencoding(time: &str) -> String {
+    time.replace('+', "%2B").replace(':', "%3A")
 }
