@@ -292,8 +292,25 @@ pub async fn create_event_type(
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     check_name(&body.name)?;
     let (name, fields) = body.split();
-    let et = fields.into_event_type(name, now_millis())?;
-    insert_event_type(&state, &actor, et).await
+    let mut et = fields.into_event_type(name, now_millis())?;
+    match state.store.get_event_type(&et.name).await? {
+        None => insert_event_type(&state, &actor, et).await,
+        // Created again after it was archived: back with the fields given,
+        // as Svix's create does (201), where a 409 left it archived.
+        Some(existing) if existing.archived => {
+            et.created_at = existing.created_at;
+            state.store.update_event_type(&et).await?;
+            let details = serde_json::json!({ "replaced": true, "unarchived": !et.archived });
+            actor
+                .record(&*state.store, "event_type.updated", None, &et.name, details)
+                .await;
+            Ok((StatusCode::CREATED, Json(et.into())))
+        }
+        Some(_) => Err(ApiError::Conflict(format!(
+            "the event type {} already exists: PUT /event-type/{{name}} replaces it",
+            et.name
+        ))),
+    }
 }
 
 impl EventTypeIn {

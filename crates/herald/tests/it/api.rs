@@ -983,3 +983,38 @@ async fn a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterato
 fn urlencoding(time: &str) -> String {
     time.replace('+', "%2B").replace(':', "%3A")
 }
+
+/// Creating an event type that was archived brings it back with the
+/// fields given (201), as Svix's create does; a live one is a 409 that
+/// names it. An "ensure it exists" script that took 409 as done left the
+/// type archived.
+#[tokio::test]
+async fn creating_an_archived_event_type_brings_it_back() {
+    let app = spawn_stepped(&[]).await;
+    let body = json!({"name": "order.shipped", "description": "first"});
+    let (s, _) = app.post("/api/v1/event-type", body.clone()).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, out) = app.post("/api/v1/event-type", body).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{out}");
+    assert!(
+        out["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("order.shipped")),
+        "{out}"
+    );
+    let (s, _) = app.delete("/api/v1/event-type/order.shipped").await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, out) = app
+        .post(
+            "/api/v1/event-type",
+            json!({"name": "order.shipped", "description": "again"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{out}");
+    let (_, got) = app.get("/api/v1/event-type/order.shipped").await;
+    assert_eq!(
+        (&got["archived"], &got["description"]),
+        (&json!(false), &json!("again"))
+    );
+    app.shutdown().await;
+}
