@@ -99,6 +99,41 @@ pub fn signature_header<'a>(
         .join(" ")
 }
 
+/// Which header names carry a signed request's id, timestamp and
+/// signature: Standard Webhooks' `webhook-*`, Svix's `svix-*` (what Svix
+/// sends unless told otherwise, and what a receiver written by hand for it
+/// reads), or both. The values are the same under either name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderNames {
+    #[default]
+    Webhook,
+    Svix,
+    Both,
+}
+
+impl HeaderNames {
+    pub fn webhook(self) -> bool {
+        self != HeaderNames::Svix
+    }
+
+    pub fn svix(self) -> bool {
+        self != HeaderNames::Webhook
+    }
+}
+
+impl std::str::FromStr for HeaderNames {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "webhook" => Ok(HeaderNames::Webhook),
+            "svix" => Ok(HeaderNames::Svix),
+            "both" => Ok(HeaderNames::Both),
+            other => Err(format!("`{other}`: use webhook, svix or both")),
+        }
+    }
+}
+
 #[cfg(test)]
 mod proptests;
 

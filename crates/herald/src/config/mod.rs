@@ -36,6 +36,7 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ("HERALD_DATABASE_URL_FILE", "", "A file holding HERALD_DATABASE_URL, for a URL with a password (as HERALD_ADMIN_TOKEN_FILE)."),
     ("HERALD_RETRY_SCHEDULE", "1m,5m,30m,2h,6h,12h", "Delays between attempts; attempts = entries + 1; empty: one attempt, never retried."),
     ("HERALD_JITTER", "full", "full (uniform 0..delay), equal (delay/2..delay) or none."),
+    ("HERALD_SIGNATURE_HEADERS", "webhook", "Which names carry the signature: webhook (webhook-id, -timestamp, -signature: Standard Webhooks), svix (svix-id, …: what Svix sends by default) or both."),
     ("HERALD_MAX_AGE", "24h", "No retry once a message is older than this."),
     ("HERALD_REQUEST_TIMEOUT", "30s", "Whole-attempt timeout (connect, send, response headers, excerpt)."),
     ("HERALD_CONNECT_TIMEOUT", "5s", "TCP/TLS connect timeout."),
@@ -153,6 +154,7 @@ pub struct DeliveryConfig {
     pub max_in_flight: usize,
     pub lease: Duration,
     pub poll_interval: Duration,
+    pub signature_headers: herald_signing::HeaderNames,
 }
 
 /// Where outbound requests may go and through what.
@@ -744,6 +746,10 @@ impl Values<'_> {
             )?,
             lease,
             poll_interval: self.positive_duration("HERALD_POLL_INTERVAL")?,
+            signature_headers: self
+                .get("HERALD_SIGNATURE_HEADERS")
+                .parse()
+                .map_err(|m| self.invalid("HERALD_SIGNATURE_HEADERS", m))?,
         })
     }
 
@@ -913,58 +919,6 @@ impl Values<'_> {
     }
 }
 
-// The configuration's Debug shows what it holds but its credentials: the
-// password in a URL, the admin token, the operator webhook's secret.
-fn redacted_url(url: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-    std::fmt::Debug::fmt(&redact_url(url), f)
-}
-
-fn redacted_optional_url(
-    url: &Option<String>,
-    f: &mut std::fmt::Formatter<'_>,
-) -> std::fmt::Result {
-    std::fmt::Debug::fmt(&url.as_deref().map(redact_url), f)
-}
-
-fn redacted_secret(secret: &Option<String>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-    std::fmt::Debug::fmt(&secret.as_ref().map(|_| "<redacted>"), f)
-}
-
-fn masked_url(url: &str, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-    std::fmt::Debug::fmt(&crate::net::masked_url(url), f)
-}
-
-fn webhook_url_only(
-    webhook: &Option<(String, String)>,
-    f: &mut std::fmt::Formatter<'_>,
-) -> std::fmt::Result {
-    std::fmt::Debug::fmt(
-        &webhook
-            .as_ref()
-            .map(|(url, _secret)| crate::net::masked_url(url)),
-        f,
-    )
-}
-
-/// The URL without its password, for messages and logs. One that does
-/// not parse (a typo in its port) is shown without whatever stands between
-/// its scheme and its last `@`: that may be a password too.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("redacted"));
-            u.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        Err(_) => match (url.split_once("://"), url.rfind('@')) {
-            (Some((scheme, _)), Some(at)) if at > scheme.len() => {
-                format!("{scheme}://redacted{}", &url[at..])
-            }
-            _ => url.to_owned(),
-        },
-    }
-}
-
 /// The most requests in flight `HERALD_MAX_IN_FLIGHT` and
 /// `HERALD_ENDPOINT_CONCURRENCY` may ask for: far beyond what one process's
 /// sockets allow, and well within what its semaphores and channels hold.
@@ -987,8 +941,11 @@ pub fn check_schema_name(name: &str) -> Result<(), String> {
 // Where values come from besides the environment: `<KEY>_FILE` secrets
 // and the TOML file.
 mod egress;
+mod redact;
 mod sources;
 use egress::{no_proxy_of, proxy_url_of};
+pub use redact::redact_url;
+use redact::{masked_url, redacted_optional_url, redacted_secret, redacted_url, webhook_url_only};
 pub use sources::FILE_KEYS;
 use sources::{parse_toml, with_secret_files};
 

@@ -17,6 +17,9 @@ use crate::store::ClaimedDelivery;
 const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
 const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+const SVIX_ID: HeaderName = HeaderName::from_static("svix-id");
+const SVIX_TIMESTAMP: HeaderName = HeaderName::from_static("svix-timestamp");
+const SVIX_SIGNATURE: HeaderName = HeaderName::from_static("svix-signature");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 const X_EVENT_ID: HeaderName = HeaderName::from_static("x-event-id");
 const X_EVENT_TYPE: HeaderName = HeaderName::from_static("x-event-type");
@@ -47,6 +50,8 @@ pub struct Sender {
     /// `HERALD_REQUEST_TIMEOUT`: the whole of a send, a name checked
     /// before it included, as the lease is checked to cover it.
     request_timeout: Duration,
+    /// `HERALD_SIGNATURE_HEADERS`.
+    header_names: herald_signing::HeaderNames,
 }
 
 /// A client and the network policy it enforces, both at connect time (its
@@ -239,6 +244,7 @@ impl Sender {
                 config.egress.operator_webhook_via_proxy,
             )?,
             request_timeout: config.delivery.request_timeout,
+            header_names: config.delivery.signature_headers,
         })
     }
 
@@ -345,10 +351,20 @@ impl Sender {
         {
             request = request.header(http::header::CONTENT_TYPE, APPLICATION_JSON);
         }
+        let timestamp = timestamp.to_string();
+        if self.header_names.svix() {
+            request = request
+                .header(SVIX_ID, d.msg_id.as_str())
+                .header(SVIX_TIMESTAMP, timestamp.as_str())
+                .header(SVIX_SIGNATURE, signature.as_str());
+        }
+        if self.header_names.webhook() {
+            request = request
+                .header(WEBHOOK_ID, d.msg_id.as_str())
+                .header(WEBHOOK_TIMESTAMP, timestamp)
+                .header(WEBHOOK_SIGNATURE, signature);
+        }
         let request = request
-            .header(WEBHOOK_ID, d.msg_id.as_str())
-            .header(WEBHOOK_TIMESTAMP, timestamp.to_string())
-            .header(WEBHOOK_SIGNATURE, signature)
             .header(IDEMPOTENCY_KEY, d.id.as_str())
             // The design brief's receivers read this name for the same key.
             .header(X_EVENT_ID, d.id.as_str())

@@ -831,3 +831,38 @@ async fn resending_a_delivery_in_flight_is_refused_until_its_outcome_is_written(
     );
     app.shutdown().await;
 }
+
+/// `HERALD_SIGNATURE_HEADERS=svix` signs under Svix's own names (what Svix
+/// sends by default, and what a receiver written by hand for it reads),
+/// `both` under both; Svix's library verifies each.
+#[tokio::test]
+async fn the_signature_goes_under_the_names_configured() {
+    for (names, svix, webhook) in [("svix", true, false), ("both", true, true)] {
+        let app = spawn_stepped(&[("HERALD_SIGNATURE_HEADERS", names)]).await;
+        let rx = Receiver::start().await;
+        let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
+        let secret = secret_of(&app, &app_id, &ep_id).await;
+        app.send_message(&app_id, "a.b", json!({"n": 1})).await;
+        app.step().await;
+        let got = rx.wait_for(1).await;
+        let r = &got[0];
+        for (name, wanted) in [("svix-signature", svix), ("webhook-signature", webhook)] {
+            assert_eq!(r.headers.contains_key(name), wanted, "{names}: {name}");
+        }
+        svix::webhooks::Webhook::new(&secret)
+            .expect("secret")
+            .verify(&r.body, &r.headers)
+            .unwrap_or_else(|e| panic!("{names}: Svix's library verifies it: {e}"));
+        if webhook {
+            assert_eq!(r.header("svix-id"), r.header("webhook-id"));
+            verify(&secret, r);
+        }
+        app.shutdown().await;
+    }
+    let err = herald::config::Config::from_values(
+        &[("HERALD_SIGNATURE_HEADERS".to_owned(), "x-sig".to_owned())].into(),
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(err.starts_with("HERALD_SIGNATURE_HEADERS"), "{err}");
+}
