@@ -2,8 +2,8 @@
 //! first response again (status and body), marked `idempotent-replayed:
 //! true`, and changes nothing. Keys are per token. The same key with a
 //! different request (method, path or body) is refused with 409, as is a
-//! repeat while the first is still running. Server errors are not kept,
-//! so a retry after one runs again. Requests are compared by meaning: a
+//! repeat while the first is still running. Only successes are kept, so
+//! a retry after a refusal or a server error runs again. Requests are compared by meaning: a
 //! JSON body re-serialised (other spacing, other key order) is the same
 //! request ([`request_digest`]).
 //!
@@ -170,7 +170,11 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     let status = response.status();
-    if status.is_server_error() {
+    // Only a success is kept, as Svix keeps it: a request refused for
+    // something the client then fixes (an application not yet made, a
+    // field) runs again when repeated with its key, where the refusal was
+    // answered again for 12 hours.
+    if !status.is_success() {
         if let Err(e) = state.store.idempotency_abort(&scope, &key).await {
             tracing::warn!(error = %e, "could not release an idempotency key");
         }
