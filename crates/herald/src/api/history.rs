@@ -21,18 +21,21 @@ use crate::audit::Actor;
 use crate::ids::{AppId, AttemptId, MsgId};
 use crate::store::{
     now_millis, AttemptFilter, AttemptRecord, DeadFilter, Delivery, DeliveryState, Endpoint,
-    EndpointMessageFilter, Message, MessageFilter, Millis,
+    EndpointMessageFilter, Message, MessageFilter, Millis, SvixStatus,
 };
 
-/// Svix's message status for a delivery: 0 success, 1 pending, 2 fail,
-/// 3 sending.
-pub fn svix_status(state: DeliveryState) -> (u8, &'static str) {
-    match state {
-        DeliveryState::Delivered => (0, "success"),
-        DeliveryState::Pending => (1, "pending"),
-        DeliveryState::Dead => (2, "fail"),
-        DeliveryState::Delivering => (3, "sending"),
-    }
+/// Svix's message status for a delivery, and its name: 0 success,
+/// 1 pending (no attempt yet), 2 fail, 3 sending (being sent, or waiting
+/// for a retry).
+pub fn svix_status(d: &Delivery) -> (u8, &'static str) {
+    let status = SvixStatus::of(d.state, d.attempts);
+    let name = match status {
+        SvixStatus::Success => "success",
+        SvixStatus::Pending => "pending",
+        SvixStatus::Fail => "fail",
+        SvixStatus::Sending => "sending",
+    };
+    (status as u8, name)
 }
 
 #[derive(Debug, Deserialize, Default, utoipa::IntoParams)]
@@ -414,7 +417,7 @@ pub async fn list_attempted_destinations(
         else {
             continue;
         };
-        let (status, status_text) = svix_status(d.state);
+        let (status, status_text) = svix_status(d);
         // Its credentials as `GET …/endpoint/{id}` shows them to this caller.
         let url = if super::endpoints::may_read_secrets(&principal) {
             ep.url
@@ -470,7 +473,7 @@ pub struct EndpointMessageOut {
 }
 
 fn endpoint_message(d: Delivery, m: Message) -> ApiResult<EndpointMessageOut> {
-    let (status, status_text) = svix_status(d.state);
+    let (status, status_text) = svix_status(&d);
     // Every field of the message as `GET …/msg/{id}` shows it (a field
     // added there fails to compile here until it is added here too).
     let MessageOut {
@@ -517,12 +520,12 @@ pub async fn list_attempted_messages(
     PathEndpoint(ep): PathEndpoint,
     ApiQuery(params): ApiQuery<EndpointMessageListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointMessageOut>>> {
-    let state_filter = match params.status.as_deref().filter(|s| !s.is_empty()) {
+    let status_filter = match params.status.as_deref().filter(|s| !s.is_empty()) {
         None => None,
-        Some("0") => Some(DeliveryState::Delivered),
-        Some("1") => Some(DeliveryState::Pending),
-        Some("2") => Some(DeliveryState::Dead),
-        Some("3") => Some(DeliveryState::Delivering),
+        Some("0") => Some(SvixStatus::Success),
+        Some("1") => Some(SvixStatus::Pending),
+        Some("2") => Some(SvixStatus::Fail),
+        Some("3") => Some(SvixStatus::Sending),
         Some(_) => {
             return Err(ApiError::Validation(vec![FieldError::query(
                 "status",
@@ -531,7 +534,7 @@ pub async fn list_attempted_messages(
         }
     };
     let filter = EndpointMessageFilter {
-        state: state_filter,
+        status: status_filter,
         messages: MessageFilter {
             before: super::query_time("before", &params.before)?,
             after: super::query_time("after", &params.after)?,

@@ -151,10 +151,49 @@ impl MessageFilter {
     }
 }
 
+/// Svix's message status of a delivery: `Sending` while it is being sent
+/// or waits for a retry (Svix: whenever a next attempt is set), `Pending`
+/// only before its first attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SvixStatus {
+    Success = 0,
+    Pending = 1,
+    Fail = 2,
+    Sending = 3,
+}
+
+impl SvixStatus {
+    pub fn of(state: DeliveryState, attempts: u32) -> SvixStatus {
+        match state {
+            DeliveryState::Delivered => SvixStatus::Success,
+            DeliveryState::Dead => SvixStatus::Fail,
+            DeliveryState::Pending if attempts == 0 => SvixStatus::Pending,
+            DeliveryState::Pending | DeliveryState::Delivering => SvixStatus::Sending,
+        }
+    }
+
+    /// The deliveries of this status, over `deliveries d` (the states are
+    /// constants, written in).
+    fn condition(self) -> String {
+        let (pending, delivering) = (
+            DeliveryState::Pending as i64,
+            DeliveryState::Delivering as i64,
+        );
+        match self {
+            SvixStatus::Success => format!(" AND d.state = {}", DeliveryState::Delivered as i64),
+            SvixStatus::Fail => format!(" AND d.state = {}", DeliveryState::Dead as i64),
+            SvixStatus::Pending => format!(" AND d.state = {pending} AND d.attempts = 0"),
+            SvixStatus::Sending => {
+                format!(" AND (d.state = {delivering} OR (d.state = {pending} AND d.attempts > 0))")
+            }
+        }
+    }
+}
+
 /// Which of an endpoint's deliveries `GET …/endpoint/{ep}/msg` shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointMessageFilter {
-    pub state: Option<DeliveryState>,
+    pub status: Option<SvixStatus>,
     pub messages: MessageFilter,
 }
 
@@ -169,7 +208,9 @@ impl EndpointMessageFilter {
         let mut c = Conditions::new(dialect, "1 = 1");
         c.and(" AND d.endpoint_id = #", ep.as_str());
         c.and(" AND d.app_id = #", app.as_str());
-        c.and_some(" AND d.state = #", self.state.map(|s| s as i64));
+        if let Some(status) = self.status {
+            c.push(&status.condition());
+        }
         self.messages.narrow(&mut c, app, "d.msg_id")?;
         Ok(c)
     }

@@ -63,7 +63,9 @@ pub use health::{
     buckets_by_endpoint, DeliveryCounts, EndpointOverview, Health, QueueStats, StatsBucket,
     DUE_COUNT_CAP,
 };
-pub use history::{AttemptFilter, Delivery, EndpointMessageFilter, History, MessageFilter};
+pub use history::{
+    AttemptFilter, Delivery, EndpointMessageFilter, History, MessageFilter, SvixStatus,
+};
 pub use migrations::{newer_schema, Migration, MigrationStatus};
 pub use queue::{
     claim_window, fan_out, fold_endpoint_batches, fold_stats, may_hand_off, retry_share, saturated,

@@ -1018,3 +1018,48 @@ async fn creating_an_archived_event_type_brings_it_back() {
     );
     app.shutdown().await;
 }
+
+/// A delivery waiting for its retry is `sending` (3), as Svix shows one
+/// with a next attempt set, and `status=3` finds it; `pending` (1) is
+/// only a delivery not yet tried. A retry was shown as 1, and a client
+/// looking for what is being retried with `status=3` found nothing.
+#[tokio::test]
+async fn a_delivery_waiting_for_its_retry_is_sending() {
+    let app = spawn_stepped(&[("HERALD_RETRY_SCHEDULE", "1h")]).await;
+    let rx = Receiver::start().await;
+    rx.script([Reply::status(500)]);
+    let (app_id, ep) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
+    let msg = app.send_message(&app_id, "a.b", json!({})).await;
+    let list = |status: &str| format!("/api/v1/app/{app_id}/endpoint/{ep}/msg?status={status}");
+    let statuses = |v: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
+        v["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|m| {
+                (
+                    m["id"].as_str().unwrap_or_default().to_owned(),
+                    m["statusText"].clone(),
+                )
+            })
+            .collect()
+    };
+    let (_, before) = app.get(&list("1")).await;
+    assert_eq!(
+        statuses(&before),
+        [(msg.clone(), json!("pending"))],
+        "not tried yet"
+    );
+    app.step().await;
+    rx.wait_for(1).await;
+    let (_, retrying) = app.get(&list("3")).await;
+    assert_eq!(statuses(&retrying), [(msg.clone(), json!("sending"))]);
+    assert_eq!(retrying["data"][0]["status"], 3);
+    let (_, pending) = app.get(&list("1")).await;
+    assert_eq!(statuses(&pending), []);
+    let (_, destinations) = app
+        .get(&format!("/api/v1/app/{app_id}/msg/{msg}/endpoint"))
+        .await;
+    assert_eq!(destinations["data"][0]["status"], 3, "{destinations}");
+    app.shutdown().await;
+}
