@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use maud::{html, Markup};
 
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
-use crate::api::auth::ResolvedApp;
+use crate::api::auth::{Capabilities, ResolvedApp};
 use crate::api::endpoint_health::{endpoint_health, listed_health};
 use crate::api::endpoint_secrets::{is_sensitive_header, put_endpoint_headers, HeadersIn};
 use crate::api::endpoints::{check_headers, find_endpoint, PathEndpoint};
@@ -36,6 +36,25 @@ async fn endpoint_of(
     Ok(find_endpoint(state, &session.app_id, endpoint_id).await?)
 }
 
+/// [`endpoint_of`] for a change or a page that takes a capability: 403
+/// unless the session's capabilities `may`, before the endpoint is looked
+/// for.
+async fn endpoint_if(
+    state: &ApiState,
+    session: &PortalSession,
+    may: fn(&Capabilities) -> bool,
+    endpoint_id: &str,
+) -> PortalResult<Endpoint> {
+    session.need(may(&session.capabilities))?;
+    endpoint_of(state, session, endpoint_id).await
+}
+
+/// Shows `text` once, on the endpoint's page, where the browser is sent.
+async fn back_to_endpoint(session: &PortalSession, ep: &Endpoint, text: &str) -> PortalResult {
+    session.flash(text).await;
+    Ok(see_other(&path_of(ep)))
+}
+
 fn app_of(session: &PortalSession) -> ResolvedApp {
     ResolvedApp {
         id: session.app_id.clone(),
@@ -56,22 +75,23 @@ fn api_args(
     )
 }
 
-/// Flashes `done` when the API's answer is a success, or `failed: …` with
-/// what was wrong with the form; any other error is the page's.
+/// Back to the endpoint's page, saying `done` when the API's answer is a
+/// success, or `failed: …` with what was wrong with the form; any other
+/// error is the page's.
 async fn flash_outcome<T>(
     session: &PortalSession,
+    ep: &Endpoint,
     answer: Result<T, ApiError>,
     done: &str,
     failed: &str,
-) -> PortalResult<()> {
+) -> PortalResult {
     match answer {
-        Ok(_) => session.flash(done).await,
+        Ok(_) => back_to_endpoint(session, ep, done).await,
         Err(e) => match form_problem(&e) {
-            Some(problem) => session.flash(format!("{failed}: {problem}")).await,
-            None => return Err(e.into()),
+            Some(problem) => back_to_endpoint(session, ep, &format!("{failed}: {problem}")).await,
+            None => Err(e.into()),
         },
     }
-    Ok(())
 }
 
 /// The catalogue the session sees, unarchived: flagged types only with
@@ -680,8 +700,13 @@ pub async fn edit_form(
     State(state): State<ApiState>,
     Path(endpoint_id): Path<String>,
 ) -> PortalResult {
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let ep = endpoint_if(
+        &state,
+        &session,
+        Capabilities::manage_endpoint,
+        &endpoint_id,
+    )
+    .await?;
     form_page(&state, &session, Some(&ep), &FormValues::of(&ep), None).await
 }
 
@@ -694,8 +719,7 @@ pub async fn update(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::manage_endpoint, &endpoint_id).await?;
     let flags = session_flags(&state, session).await?;
     let offered = catalogue_for(&state, &flags).await?;
     let result = async {
@@ -724,10 +748,7 @@ pub async fn update(
     }
     .await;
     match result {
-        Ok(_) => {
-            session.flash("Saved.").await;
-            Ok(see_other(&path_of(&ep)))
-        }
+        Ok(_) => back_to_endpoint(session, &ep, "Saved.").await,
         Err(e) => match form_problem(&e) {
             Some(problem) => {
                 let values = FormValues::posted(&posted.form);
@@ -744,8 +765,13 @@ pub async fn delete_form(
     State(state): State<ApiState>,
     Path(endpoint_id): Path<String>,
 ) -> PortalResult {
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let ep = endpoint_if(
+        &state,
+        &session,
+        Capabilities::manage_endpoint,
+        &endpoint_id,
+    )
+    .await?;
     let body = html! {
         h1 { "Delete endpoint?" }
         p { "Nothing more will be sent to " code { (ep.url) } ", and its history goes with it." }
@@ -765,8 +791,7 @@ pub async fn delete(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::manage_endpoint, &endpoint_id).await?;
     let (st, actor, endpoint) = api_args(&state, session, &ep);
     crate::api::endpoints::delete_endpoint(st, actor, endpoint).await?;
     session.flash("Endpoint deleted.").await;
@@ -780,8 +805,7 @@ pub async fn secret(
     State(state): State<ApiState>,
     Path(endpoint_id): Path<String>,
 ) -> PortalResult {
-    session.need(session.capabilities.view_secret())?;
-    let ep = endpoint_of(&state, &session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, &session, Capabilities::view_secret, &endpoint_id).await?;
     let (st, actor, endpoint) = api_args(&state, &session, &ep);
     let out = crate::api::endpoint_secrets::get_endpoint_secret(st, actor, endpoint).await?;
     Ok(out.0.key.into_response())
@@ -794,8 +818,7 @@ pub async fn rotate(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.rotate_secret())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::rotate_secret, &endpoint_id).await?;
     let (st, actor, endpoint) = api_args(&state, session, &ep);
     let _ = crate::api::endpoint_secrets::rotate_endpoint_secret(
         st,
@@ -804,10 +827,12 @@ pub async fn rotate(
         ApiJsonOrEmpty(Default::default()),
     )
     .await?;
-    session
-        .flash("Secret rotated: the previous one signs too for 24 hours.")
-        .await;
-    Ok(see_other(&path_of(&ep)))
+    back_to_endpoint(
+        session,
+        &ep,
+        "Secret rotated: the previous one signs too for 24 hours.",
+    )
+    .await
 }
 
 /// `POST …/enable`.
@@ -817,12 +842,10 @@ pub async fn enable(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::manage_endpoint, &endpoint_id).await?;
     let (st, actor, endpoint) = api_args(&state, session, &ep);
     let _ = crate::api::endpoints::enable_endpoint_route(st, actor, endpoint).await?;
-    session.flash("Enabled.").await;
-    Ok(see_other(&path_of(&ep)))
+    back_to_endpoint(session, &ep, "Enabled.").await
 }
 
 /// `POST …/disable`.
@@ -832,17 +855,18 @@ pub async fn disable(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.manage_endpoint())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::manage_endpoint, &endpoint_id).await?;
     let body = parse_json(br#"{"reason":"disabled in the portal"}"#)?;
     let (st, actor, endpoint) = api_args(&state, session, &ep);
     let _ =
         crate::api::endpoints::disable_endpoint_route(st, actor, endpoint, ApiJsonOrEmpty(body))
             .await?;
-    session
-        .flash("Disabled: nothing is sent to it until it is enabled.")
-        .await;
-    Ok(see_other(&path_of(&ep)))
+    back_to_endpoint(
+        session,
+        &ep,
+        "Disabled: nothing is sent to it until it is enabled.",
+    )
+    .await
 }
 
 /// `POST …/send-example`: the API's send-example (the type's schema
@@ -853,8 +877,7 @@ pub async fn send_example(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.create_attempts())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::create_attempts, &endpoint_id).await?;
     let event_type = posted.form.text("eventType");
     let body = parse_json(
         serde_json::json!({ "eventType": event_type })
@@ -865,12 +888,12 @@ pub async fn send_example(
     let sent = crate::api::messages::send_example_as(&state, Some(&flags), ep.clone(), body).await;
     flash_outcome(
         session,
+        &ep,
         sent,
         &format!("Sent a test {event_type} event."),
         "Not sent",
     )
-    .await?;
-    Ok(see_other(&path_of(&ep)))
+    .await
 }
 
 /// `POST …/recover`: failed messages since a time are sent again, with
@@ -881,8 +904,7 @@ pub async fn recover(
     posted: PortalPosted,
 ) -> PortalResult {
     let session = &posted.session;
-    session.need(session.capabilities.create_attempts())?;
-    let ep = endpoint_of(&state, session, &endpoint_id).await?;
+    let ep = endpoint_if(&state, session, Capabilities::create_attempts, &endpoint_id).await?;
     // `datetime-local` sends `2026-12-01T10:00`, or with seconds (and
     // their fraction) when the browser shows them: read as UTC. An RFC
     // 3339 time is taken as it is.
@@ -899,10 +921,10 @@ pub async fn recover(
     let done = crate::api::history::recover(st, actor, endpoint, ApiJson(body)).await;
     flash_outcome(
         session,
+        &ep,
         done,
         "Failed messages since then are being sent again.",
         "Not recovered",
     )
-    .await?;
-    Ok(see_other(&path_of(&ep)))
+    .await
 }
