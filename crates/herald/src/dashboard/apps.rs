@@ -9,10 +9,9 @@ use serde::Deserialize;
 
 use super::finder::{operator_view, Scope, View};
 use super::layout::{self, when, Nav};
-use super::overview::{app_label, endpoint_table};
+use super::overview::{app_label, endpoint_page, endpoint_table};
 use super::session::Authed;
 use super::{query_string, Cursor, DashResult, PAGE_SIZE};
-use crate::api::endpoint_health::listed_health;
 use crate::api::ApiState;
 use crate::store::{now_millis, App};
 
@@ -100,30 +99,22 @@ const MAX_OFFSET: usize = 100_000;
 pub async fn app_body(view: &View, state: &ApiState, app: &App, offset: usize) -> DashResult {
     let now = now_millis();
     let offset = offset.min(MAX_OFFSET);
-    let mut rows = state
-        .store
-        .list_endpoint_overview(Some(&app.id), offset, PAGE_SIZE + 1)
-        .await?;
-    let has_more = rows.len() > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE);
-    let healths = listed_health(&state.store, &rows, &state.breaker).await?;
     let here = view.app_href(&app.id);
     let link = |offset: usize| {
         let offset = offset.to_string();
         format!("{here}{}", query_string([("offset", offset.as_str())]))
     };
-    let prev = (offset > 0).then(|| (link(offset.saturating_sub(PAGE_SIZE)), "Previous"));
-    let next = has_more.then(|| (link(offset + PAGE_SIZE), "Next"));
+    let listed = endpoint_page(state, Some(&app.id), offset, PAGE_SIZE, link).await?;
     Ok(html! {
         h1 { (app_label(app)) small.mono { (app.id) } }
         (app_facts(view, app))
         h2 { "Endpoints" small { "failing first · figures from the last hour and the last 24 hours" } }
-        @if rows.is_empty() {
+        @if listed.rows.is_empty() {
             p.muted { "No endpoints yet." }
         } @else {
-            (endpoint_table(&view.base, &rows, &healths, now))
+            (endpoint_table(&view.base, &listed.rows, &listed.healths, now))
         }
-        (layout::pager(prev, next, None))
+        (layout::pager(listed.prev, listed.next, None))
     })
 }
 

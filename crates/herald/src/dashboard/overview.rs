@@ -10,8 +10,9 @@ use super::session::Authed;
 use super::{query_string, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
 use crate::api::endpoint_health::listed_health;
-use crate::api::ApiState;
+use crate::api::{ApiResult, ApiState};
 use crate::health::{EndpointHealth, WindowFigures};
+use crate::ids::AppId;
 use crate::store::{now_millis, App, EndpointOverview, Millis, QueueStats};
 
 #[derive(Debug, Deserialize, Default)]
@@ -47,15 +48,6 @@ pub async fn page(
         .unwrap_or(0)
         .min(MAX_OFFSET);
     let stats = state.store.queue_stats(now).await?;
-    // One more than a page, to know whether there is a next one.
-    let mut rows = state
-        .store
-        .list_endpoint_overview(app.as_ref().map(|a| &a.id), offset, PAGE_SIZE + 1)
-        .await?;
-    let has_more = rows.len() > PAGE_SIZE;
-    rows.truncate(PAGE_SIZE);
-    let healths = listed_health(&state.store, &rows, &state.breaker).await?;
-
     let app_param = app.as_ref().map(|a| a.id.as_str()).unwrap_or("");
     let link = |offset: usize| {
         let offset = offset.to_string();
@@ -64,8 +56,8 @@ pub async fn page(
             query_string([("app", app_param), ("offset", offset.as_str())])
         )
     };
-    let prev = (offset > 0).then(|| (link(offset.saturating_sub(PAGE_SIZE)), "Previous"));
-    let next = has_more.then(|| (link(offset + PAGE_SIZE), "Next"));
+    let listed =
+        endpoint_page(&state, app.as_ref().map(|a| &a.id), offset, PAGE_SIZE, link).await?;
 
     let body = html! {
         h1 { "Overview" }
@@ -80,12 +72,12 @@ pub async fn page(
                 small { "failing first · figures from the last hour and the last 24 hours" }
             }
         }
-        @if rows.is_empty() {
+        @if listed.rows.is_empty() {
             p.muted { "No endpoints yet." }
         } @else {
-            (endpoint_table("/dashboard", &rows, &healths, now))
+            (endpoint_table("/dashboard", &listed.rows, &listed.healths, now))
         }
-        (layout::pager(prev, next, None))
+        (layout::pager(listed.prev, listed.next, None))
     };
     Ok(layout::page(&session, "Overview", Nav::Overview, body))
 }
@@ -198,6 +190,42 @@ fn window_cells(w: &WindowFigures) -> Markup {
         td.num { (percent(w.failure_rate, w.attempts)) }
         td.num { (latency(w.p50_ms)) br; span.muted { (latency(w.p95_ms)) } }
     }
+}
+
+/// One page of endpoints, failing first, with their health, and the
+/// pager's links.
+pub struct EndpointPage {
+    pub rows: Vec<EndpointOverview>,
+    pub healths: Vec<EndpointHealth>,
+    pub prev: Option<(String, &'static str)>,
+    pub next: Option<(String, &'static str)>,
+}
+
+/// The page of `page_size` endpoints (of `app`, or of every application)
+/// from `offset`; `link` is the address of the page at an offset.
+pub async fn endpoint_page(
+    state: &ApiState,
+    app: Option<&AppId>,
+    offset: usize,
+    page_size: usize,
+    link: impl Fn(usize) -> String,
+) -> ApiResult<EndpointPage> {
+    // One more than a page, to know whether there is a next one.
+    let mut rows = state
+        .store
+        .list_endpoint_overview(app, offset, page_size + 1)
+        .await?;
+    let has_more = rows.len() > page_size;
+    rows.truncate(page_size);
+    let healths = listed_health(&state.store, &rows, &state.breaker).await?;
+    let prev = (offset > 0).then(|| (link(offset.saturating_sub(page_size)), "Previous"));
+    let next = has_more.then(|| (link(offset + page_size), "Next"));
+    Ok(EndpointPage {
+        rows,
+        healths,
+        prev,
+        next,
+    })
 }
 
 /// Endpoints with their health, one a row; links start at `base`

@@ -12,13 +12,13 @@ use maud::{html, Markup};
 
 use super::{form_problem, Nav, PortalPosted, PortalResult, PortalSession};
 use crate::api::auth::{Capabilities, ResolvedApp};
-use crate::api::endpoint_health::{endpoint_health, listed_health};
+use crate::api::endpoint_health::endpoint_health;
 use crate::api::endpoint_secrets::{is_sensitive_header, put_endpoint_headers, HeadersIn};
 use crate::api::endpoints::{check_headers, find_endpoint, PathEndpoint};
 use crate::api::{parse_json, ApiError, ApiJson, ApiJsonOrEmpty, ApiState};
 use crate::audit::Actor;
 use crate::dashboard::layout::{ago, badge, hourly_chart, latency, percent, when, Tone};
-use crate::dashboard::overview::state_cell;
+use crate::dashboard::overview::{endpoint_page, state_cell};
 use crate::dashboard::see_other;
 use crate::dashboard::session::FormFields;
 use crate::store::{now_millis, Endpoint, EventType, PageReq};
@@ -175,21 +175,14 @@ pub async fn home(
         .unwrap_or(0)
         .min(state.max_endpoints_per_app);
     let total = state.store.count_endpoints(&session.app_id).await?;
-    let mut listed = state
-        .store
-        .list_endpoint_overview(Some(&session.app_id), offset, HOME_PAGE_SIZE + 1)
-        .await?;
-    let has_more = listed.len() > HOME_PAGE_SIZE;
-    listed.truncate(HOME_PAGE_SIZE);
-    let healths = listed_health(&state.store, &listed, &state.breaker).await?;
+    let link = |offset: usize| format!("/portal?offset={offset}");
+    let listed = endpoint_page(&state, Some(&session.app_id), offset, HOME_PAGE_SIZE, link).await?;
     let rows: Vec<_> = listed
+        .rows
         .into_iter()
         .map(|o| o.endpoint)
-        .zip(healths)
+        .zip(listed.healths)
         .collect();
-    let link = |offset: usize| format!("/portal?offset={offset}");
-    let prev = (offset > 0).then(|| (link(offset.saturating_sub(HOME_PAGE_SIZE)), "Previous"));
-    let next = has_more.then(|| (link(offset + HOME_PAGE_SIZE), "Next"));
     let body = html! {
         h1 { "Endpoints" small { (total) " of this application" } }
         @if session.capabilities.manage_endpoint() {
@@ -225,7 +218,7 @@ pub async fn home(
                 }
             } }
         }
-        (crate::dashboard::layout::pager(prev, next, None))
+        (crate::dashboard::layout::pager(listed.prev, listed.next, None))
     };
     Ok(session.page("Endpoints", Nav::Endpoints, body))
 }
