@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::layout::{self, ago, badge, truncate, Nav, Tone};
 use super::session::{Authed, FormFields, Posted};
-use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
+use super::{named_fields, query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
 use crate::api::dead::{DeadFilterParams, MAX_REPLAY_BATCH};
 use crate::api::ApiState;
 use crate::ids::{AppId, DeliveryId};
@@ -80,11 +80,7 @@ impl FilterText {
             &self.since,
             &self.until,
         ];
-        let mut pairs = [("", ""); 6];
-        for (pair, (name, value)) in pairs.iter_mut().zip(FILTER_FIELDS.iter().zip(values)) {
-            *pair = (name, value);
-        }
-        pairs
+        named_fields(&FILTER_FIELDS, values)
     }
 
     fn is_empty(&self) -> bool {

@@ -22,7 +22,7 @@ use super::delivery::{pretty_json, SHOWN_PAYLOAD_BYTES};
 use super::layout::{self, ago, badge, truncate, when, Nav, Tone};
 use super::overview::app_label;
 use super::session::{Authed, Posted};
-use super::{query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
+use super::{named_fields, query_string, see_other, Cursor, DashError, DashResult, PAGE_SIZE};
 use crate::api::apps::find_app;
 use crate::api::{ApiError, ApiState};
 use crate::ids::{AppId, EndpointId};
@@ -161,11 +161,7 @@ impl SearchText {
             &self.created_before,
             &self.channel,
         ];
-        let mut pairs = [("", ""); 7];
-        for (pair, (name, value)) in pairs.iter_mut().zip(SEARCH_FIELDS.iter().zip(values)) {
-            *pair = (name, value);
-        }
-        pairs
+        named_fields(&SEARCH_FIELDS, values)
     }
 }
 

@@ -204,6 +204,15 @@ pub(crate) fn see_other(location: &str) -> Response {
     }
 }
 
+/// A form's fields as pairs for [`query_string`]: each of `names` beside
+/// the value in the same place of `values`.
+fn named_fields<'a, const N: usize>(
+    names: &[&'static str; N],
+    values: [&'a str; N],
+) -> [(&'static str, &'a str); N] {
+    std::array::from_fn(|i| (names[i], values[i]))
+}
+
 /// A query string (with its `?`) from pairs, leaving out empty values.
 fn query_string<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut serializer = url::form_urlencoded::Serializer::new(String::new());
