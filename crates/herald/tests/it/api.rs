@@ -299,8 +299,7 @@ async fn bad_input_gets_clear_4xx_errors_naming_the_problem() {
 async fn a_repeated_event_id_is_a_conflict_and_stores_nothing_new() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let body = json!({"eventType": "a.b", "eventId": "order-42", "payload": {"n": 1}});
     let (s, first) = app
         .post(&format!("/api/v1/app/{app_id}/msg"), body.clone())
@@ -357,8 +356,7 @@ async fn sdk_headers_do_not_break_anything() {
 async fn many_concurrent_messages_are_all_stored_in_group_commits() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let app = std::sync::Arc::new(app);
     let mut tasks = Vec::new();
     for i in 0..200 {

@@ -37,9 +37,7 @@ async fn scheduled_backups_rotate_report_and_never_stop_delivery() {
     ])
     .await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/hook"), json!({}))
-        .await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     app.send_message(&app_id, "a.b", json!({"n": 1})).await;
 
     // Several rounds: never more than two kept.

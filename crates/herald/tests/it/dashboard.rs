@@ -303,9 +303,7 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     assert_eq!(disabled_in_api(&app, &app_id, &ep_id).await, false);
 
     // Rotation: refused without the token; with it, a new secret.
-    let (_, before) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret"))
-        .await;
+    let before = app.endpoint_secret(&app_id, &ep_id).await;
     let resp = post_form(&browser, &app, &format!("{ep_path}/rotate"), &[]).await;
     assert_eq!(resp.status(), 403);
     let resp = post_action(&browser, &app, &format!("{ep_path}/rotate"), &csrf).await;
@@ -316,11 +314,8 @@ async fn dashboard_needs_a_login_and_a_csrf_token_for_every_change() {
     // The reveal link gives the secret the API gives: the new one.
     let (status, secret) = get_page(&browser, &app, &format!("{ep_path}/secret")).await;
     assert_eq!(status, 200);
-    assert_ne!(Value::String(secret.clone()), before["key"], "rotated");
-    let (_, api_secret) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret"))
-        .await;
-    assert_eq!(Value::String(secret), api_secret["key"]);
+    assert_ne!(secret, before, "rotated");
+    assert_eq!(secret, app.endpoint_secret(&app_id, &ep_id).await);
 
     // Log-out needs the token too, then ends the session on the server:
     // the old cookie, sent again, is worth nothing.

@@ -12,20 +12,12 @@ fn verify(secret: &str, r: &Recorded) {
         .expect("signature verifies with the standardwebhooks crate");
 }
 
-async fn secret_of(app: &TestApp, app_id: &str, ep_id: &str) -> String {
-    let (status, s) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret"))
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    s["key"].as_str().expect("key").to_owned()
-}
-
 #[tokio::test]
 async fn happy_path_carries_every_header_and_the_exact_body() {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
     let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
-    let secret = secret_of(&app, &app_id, &ep_id).await;
+    let secret = app.endpoint_secret(&app_id, &ep_id).await;
     assert!(secret.starts_with("whsec_"));
 
     // Odd spacing on purpose: receivers must get the bytes as sent.
@@ -98,9 +90,8 @@ async fn two_server_errors_then_success_is_three_attempts_with_one_key() {
     let app = spawn_app(&[]).await;
     let rx = Receiver::start().await;
     rx.script([Reply::status(500), Reply::status(503)]);
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    let secret = secret_of(&app, &app_id, ep["id"].as_str().expect("id")).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
+    let secret = app.endpoint_secret(&app_id, &ep_id).await;
     let msg = app
         .send_message(&app_id, "order.paid", json!({"n": 1}))
         .await;
@@ -137,8 +128,7 @@ async fn a_permanent_status_is_dead_after_one_attempt_and_never_retried() {
     let app = spawn_stepped(&[("HERALD_RETRY_SCHEDULE", "0ms,0ms,0ms")]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(400).body("bad signature, go away"));
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
 
     let report = app.step().await;
@@ -211,9 +201,7 @@ async fn redirects_are_not_followed_and_are_permanent() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(301).header("location", &rx.url("/elsewhere")));
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/here"), json!({}))
-        .await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/here"), json!({})).await;
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
     assert_eq!(app.step().await.dead, 1);
     let paths: Vec<_> = rx.requests().iter().map(|r| r.path.clone()).collect();
@@ -240,8 +228,7 @@ async fn timeouts_408_429_and_refused_connections_are_retried() {
         Reply::status(200).delay(Duration::from_secs(2)),
         Reply::status(200),
     ]);
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
     for expected_status in [Some(408), Some(429), None] {
         let report = app.step().await;
@@ -267,8 +254,8 @@ async fn timeouts_408_429_and_refused_connections_are_retried() {
 
     // Nobody listening: a network error, retried.
     let port = closed_port().await;
-    let app2 = app.create_app().await;
-    app.create_endpoint(&app2, &format!("http://127.0.0.1:{port}/"), json!({}))
+    let (app2, _) = app
+        .app_with_endpoint(&format!("http://127.0.0.1:{port}/"), json!({}))
         .await;
     let msg2 = app.send_message(&app2, "a.b", json!({})).await;
     let report = app.step().await;
@@ -300,8 +287,7 @@ async fn retry_after_replaces_the_scheduled_delay() {
         Reply::status(429).header("retry-after", "120"),
         Reply::status(503).header("retry-after", &in_an_hour),
     ]);
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app.send_message(&app_id, "a.b", json!({})).await;
 
     assert_eq!(app.step().await.retried, 1);
@@ -461,11 +447,9 @@ async fn the_age_cap_dead_letters_old_messages_and_caps_the_last_delay() {
     .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let store = app.running().store.clone();
     let app_key = herald::ids::AppId::parse(&app_id).expect("app id");
-    let _ = ep;
     let now = chrono::Utc::now().timestamp_millis();
     let old = herald::store::NewMessage {
         id: herald::ids::MsgId::generate(),
@@ -671,12 +655,8 @@ async fn one_stuck_endpoint_does_not_hold_up_the_others() {
     let stuck = Receiver::start().await;
     stuck.always(Reply::status(200).delay(Duration::from_secs(15)));
     let healthy = Receiver::start().await;
-    let slow_app = app.create_app().await;
-    app.create_endpoint(&slow_app, &stuck.url("/"), json!({}))
-        .await;
-    let good_app = app.create_app().await;
-    app.create_endpoint(&good_app, &healthy.url("/"), json!({}))
-        .await;
+    let (slow_app, _) = app.app_with_endpoint(&stuck.url("/"), json!({})).await;
+    let (good_app, _) = app.app_with_endpoint(&healthy.url("/"), json!({})).await;
     for i in 0..20 {
         app.send_message(&slow_app, "a.b", json!({ "i": i })).await;
     }
@@ -704,7 +684,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
-    let old = secret_of(&app, &app_id, &ep_id).await;
+    let old = app.endpoint_secret(&app_id, &ep_id).await;
     let rotate = format!("/api/v1/app/{app_id}/endpoint/{ep_id}/secret/rotate");
 
     let new = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -713,7 +693,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["key"], new);
-    assert_eq!(secret_of(&app, &app_id, &ep_id).await, new);
+    assert_eq!(app.endpoint_secret(&app_id, &ep_id).await, new);
     app.send_message(&app_id, "a.b", json!({})).await;
     app.step().await;
     let got = rx.wait_for(1).await;
@@ -742,7 +722,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["key"], format!("whsec_{bare}"));
     assert_eq!(
-        secret_of(&app, &app_id, &ep_id).await,
+        app.endpoint_secret(&app_id, &ep_id).await,
         format!("whsec_{bare}")
     );
     let (_, made) = app
@@ -753,7 +733,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     let made_id = made["id"].as_str().expect("id");
     assert_eq!(
-        secret_of(&app, &app_id, made_id).await,
+        app.endpoint_secret(&app_id, made_id).await,
         format!("whsec_{bare}")
     );
 
@@ -771,7 +751,7 @@ async fn a_rotated_secret_signs_beside_the_new_one_until_its_grace_ends() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_ne!(
-        secret_of(&app, &app_id, &ep_id).await,
+        app.endpoint_secret(&app_id, &ep_id).await,
         new,
         "a generated key"
     );

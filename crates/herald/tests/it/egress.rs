@@ -26,12 +26,6 @@ async fn first_attempt(app: &TestApp, app_id: &str, msg: &str) -> Value {
     }
 }
 
-async fn app_and_endpoint(app: &TestApp, url: &str) -> String {
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, url, json!({})).await;
-    app_id
-}
-
 #[tokio::test]
 async fn an_https_receiver_behind_an_internal_ca_is_reached_with_the_ca_bundle() {
     let ca = TestCa::new("Herald test CA");
@@ -39,7 +33,7 @@ async fn an_https_receiver_behind_an_internal_ca_is_reached_with_the_ca_bundle()
     let dir = tempfile::tempdir().expect("tempdir");
     let bundle = ca.write(dir.path(), "ca.pem");
     let app = spawn_app(&[("HERALD_CA_BUNDLE", bundle.to_str().expect("path"))]).await;
-    let app_id = app_and_endpoint(&app, &rx.url("/hook")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let msg = app
         .send_message(&app_id, "user.created", json!({"n": 1}))
         .await;
@@ -59,7 +53,7 @@ async fn untrusted_and_misnamed_certificates_are_retried_network_errors_with_cle
 
     // Without the CA: the compiled-in roots do not know it.
     let app = spawn_stepped(&[]).await;
-    let app_id = app_and_endpoint(&app, &rx.url("/")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     app.step().await;
     let attempt = first_attempt(&app, &app_id, &msg).await;
@@ -80,7 +74,7 @@ async fn untrusted_and_misnamed_certificates_are_retried_network_errors_with_cle
     // check holds even though the resolver is Herald's own.
     let app = spawn_stepped(&[("HERALD_CA_BUNDLE", bundle.to_str().expect("path"))]).await;
     let url = format!("https://127.0.0.1:{}/", rx.addr.port());
-    let app_id = app_and_endpoint(&app, &url).await;
+    let (app_id, _) = app.app_with_endpoint(&url, json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     app.step().await;
     let attempt = first_attempt(&app, &app_id, &msg).await;
@@ -134,7 +128,7 @@ async fn customer_requests_pass_through_an_http_proxy_with_credentials() {
     .await;
 
     // Plain HTTP: forwarded by the proxy, which says so in `Via`.
-    let app_id = app_and_endpoint(&app, &rx.url("/plain")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/plain"), json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     let got = rx.wait_for(1).await;
     assert!(
@@ -149,7 +143,9 @@ async fn customer_requests_pass_through_an_http_proxy_with_credentials() {
         .await;
 
     // HTTPS: a CONNECT tunnel, TLS end to end with the receiver.
-    let app_id = app_and_endpoint(&app, &https_rx.url("/tls")).await;
+    let (app_id, _) = app
+        .app_with_endpoint(&https_rx.url("/tls"), json!({}))
+        .await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     let got = https_rx.inner.wait_for(1).await;
     assert_eq!(got[0].path, "/tls");
@@ -175,7 +171,7 @@ async fn hosts_in_no_proxy_are_reached_directly() {
         ("HERALD_NO_PROXY", "127.0.0.1"),
     ])
     .await;
-    let app_id = app_and_endpoint(&app, &rx.url("/direct")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/direct"), json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     let got = rx.wait_for(1).await;
     assert!(got[0].header("via").is_empty(), "{:?}", got[0].headers);
@@ -196,7 +192,7 @@ async fn customer_requests_pass_through_a_socks5_proxy() {
     let rx = Receiver::start().await;
     let proxy_url = format!("socks5://127.0.0.1:{}", proxy.port);
     let app = spawn_app(&[("HERALD_PROXY_URL", &proxy_url)]).await;
-    let app_id = app_and_endpoint(&app, &rx.url("/socks")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/socks"), json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     rx.wait_for(1).await;
     app.wait_for_state(&app_id, &msg, "delivered").await;
@@ -308,7 +304,7 @@ async fn a_proxy_refusing_its_credentials_is_retried_not_dead() {
     let rx = Receiver::start().await;
     let proxy_url = format!("http://herald:wrong@127.0.0.1:{port}");
     let app = spawn_app(&[("HERALD_PROXY_URL", &proxy_url)]).await;
-    let app_id = app_and_endpoint(&app, &rx.url("/plain")).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/plain"), json!({})).await;
     let msg = app.send_message(&app_id, "user.created", json!({})).await;
     let attempt = first_attempt(&app, &app_id, &msg).await;
     assert_eq!(attempt["responseStatusCode"], 407, "{attempt}");

@@ -7,14 +7,6 @@ use serde_json::{json, Value};
 use crate::helpers::*;
 
 /// An app with one endpoint pointed at `rx`; returns (app id, endpoint id).
-async fn app_and_endpoint(app: &TestApp, rx: &Receiver) -> (String, String) {
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &rx.url("/hook"), json!({}))
-        .await;
-    (app_id, ep["id"].as_str().expect("id").to_owned())
-}
-
 async fn health(app: &TestApp, app_id: &str, ep_id: &str) -> Value {
     let (status, h) = app
         .get(&format!("/api/v1/app/{app_id}/endpoint/{ep_id}/health"))
@@ -33,7 +25,7 @@ async fn a_failing_streak_disables_holds_and_resumes_on_enable() {
     .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     app.send_n(&app_id, 3).await;
     assert_eq!(app.step().await.retried, 3);
 
@@ -98,7 +90,7 @@ async fn the_window_must_pass_too_and_any_success_resets_the_streak() {
     .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(503));
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     app.send_n(&app_id, 3).await;
     app.step().await;
     let h = health(&app, &app_id, &ep_id).await;
@@ -120,7 +112,7 @@ async fn gone_disables_at_once_and_the_reason_says_so() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(410));
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     app.send_n(&app_id, 1).await;
     let report = app.step().await;
     assert_eq!(report.dead, 1, "410 is a permanent status for the delivery");
@@ -137,7 +129,7 @@ async fn gone_disables_at_once_and_the_reason_says_so() {
 async fn gone_disables_even_when_a_success_follows_in_its_batch() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let sent = app.send_n(&app_id, 2).await;
     let gone = sent[0].clone();
     rx.answer_with(move |r| match r.header("webhook-id") == gone {
@@ -162,7 +154,7 @@ async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
     .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(500));
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let ids = app.send_n(&app_id, 1).await;
     assert_eq!(app.step().await.retried, 1);
     assert_eq!(health(&app, &app_id, &ep_id).await["disabled"], true);
@@ -197,7 +189,7 @@ async fn held_deliveries_past_the_age_cap_die_at_enable_and_stay_replayable() {
 async fn disabling_by_hand_routes_nothing_new_and_records_the_reason() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let (status, out) = app
         .post(
             &format!("/api/v1/app/{app_id}/endpoint/{ep_id}/disable"),
@@ -228,8 +220,8 @@ async fn dead_letters_list_and_replay_across_apps_with_filters() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(400));
-    let (a, _) = app_and_endpoint(&app, &rx).await;
-    let (b, eb) = app_and_endpoint(&app, &rx).await;
+    let (a, _) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
+    let (b, eb) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     app.send_n(&a, 2).await;
     app.send_message(&b, "invoice.paid", json!({})).await;
     assert_eq!(app.step().await.dead, 3);
@@ -322,7 +314,7 @@ async fn operator_webhooks_report_disable_enable_and_exhaustion() {
     .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(400));
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let msg = app.send_n(&app_id, 1).await.remove(0);
     assert_eq!(app.step().await.dead, 1);
     // The events travel the durable path: the next step delivers them.

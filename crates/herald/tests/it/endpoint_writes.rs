@@ -22,19 +22,15 @@ crate::on_both_stores!(
 );
 
 /// An app with one endpoint pointed at `url`; returns (app id, endpoint id).
-async fn app_and_endpoint(app: &TestApp, url: &str) -> (String, String) {
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, url, json!({})).await;
-    (app_id, ep["id"].as_str().expect("id").to_owned())
-}
-
 /// A PATCH of the description and a PUT of the headers, each racing
 /// `POST …/disable`: the endpoint always ends disabled, by the operator
 /// (the reason given, and nothing new routed to it), with the PATCH's
 /// description and the PUT's headers.
 async fn a_save_racing_a_disable_never_undoes_it(backend: &Backend) {
     let app = backend.spawn_app(&[]).await;
-    let (app_id, ep_id) = app_and_endpoint(&app, "http://127.0.0.1:9/hook").await;
+    let (app_id, ep_id) = app
+        .app_with_endpoint("http://127.0.0.1:9/hook", json!({}))
+        .await;
     let ep_path = format!("/api/v1/app/{app_id}/endpoint/{ep_id}");
     for round in 0..ROUNDS {
         let reason = format!("round {round}");
@@ -86,7 +82,9 @@ async fn a_save_racing_a_disable_never_undoes_it(backend: &Backend) {
 /// secret rotation: the rotated secret is always the one kept.
 async fn a_save_racing_a_rotation_keeps_the_rotated_secret(backend: &Backend) {
     let app = backend.spawn_app(&[]).await;
-    let (app_id, ep_id) = app_and_endpoint(&app, "http://127.0.0.1:9/hook").await;
+    let (app_id, ep_id) = app
+        .app_with_endpoint("http://127.0.0.1:9/hook", json!({}))
+        .await;
     let ep_path = format!("/api/v1/app/{app_id}/endpoint/{ep_id}");
     for round in 0..ROUNDS {
         let key = herald_signing::Secret::generate().expose();
@@ -119,7 +117,7 @@ async fn enabling_an_enabled_endpoint_keeps_its_old_pending_deliveries(backend: 
     let app = backend.spawn_stepped(&[("HERALD_MAX_AGE", "300ms")]).await;
     let rx = Receiver::start().await;
     rx.script([Reply::status(500)]);
-    let (app_id, ep_id) = app_and_endpoint(&app, &rx.url("/hook")).await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let msg = app.send_message(&app_id, "x", json!({})).await;
     assert_eq!(app.step().await.retried, 1);
     // The age cap is measured on the store's clock: let it pass.

@@ -24,8 +24,7 @@ async fn an_expunged_payload_is_gone_and_its_deliveries_never_send_it(backend: &
         .await;
     let rx = Receiver::start().await;
     rx.always(Reply::status(503).body(&format!("echo {MARKER}")));
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app
         .send_message(&app_id, "card.charged", json!({"card": MARKER}))
         .await;
@@ -101,8 +100,7 @@ async fn a_delivery_in_flight_at_expunge_is_not_retried_with_an_empty_body(backe
     let rx = Receiver::start().await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     rx.script([Reply::status(503).held(&gate)]);
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let msg = app
         .send_message(&app_id, "a.b", json!({"card": MARKER}))
         .await;
@@ -136,8 +134,7 @@ async fn a_delivery_in_flight_at_expunge_is_not_retried_with_an_empty_body(backe
 async fn payload_retention_erases_old_payloads_and_the_sqlite_file_no_longer_holds_them() {
     let rx = Receiver::start().await;
     let app = spawn_stepped(&[("HERALD_PAYLOAD_RETENTION", "1h")]).await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     // Older than `old`, with a period of its own: the setting applies only
     // where a message has none (docs/security.md).
     let (status, own) = app

@@ -119,8 +119,8 @@ async fn a_delivery_is_never_sent_twice_when_many_wait_at_a_slow_endpoint(backen
     // Slow but within the timeout: the third request in a row to the
     // endpoint ends 7.5 s after the claims, past their 7.1 s lease.
     receiver.always(Reply::status(200).delay(Duration::from_millis(2500)));
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &receiver.url("/slow"), json!({}))
+    let (app_id, _) = app
+        .app_with_endpoint(&receiver.url("/slow"), json!({}))
         .await;
 
     let send = |i: usize| {
@@ -193,11 +193,9 @@ async fn deliveries_waiting_at_the_gate_are_not_sent_after_a_410() {
     .await;
     let receiver = Receiver::start().await;
     receiver.script([Reply::status(410).delay(Duration::from_millis(700))]);
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, &receiver.url("/gone"), json!({}))
+    let (app_id, ep_id) = app
+        .app_with_endpoint(&receiver.url("/gone"), json!({}))
         .await;
-    let ep_id = ep["id"].as_str().expect("endpoint id");
 
     let sends = (0..3).map(|i| app.send_message(&app_id, "order.created", json!({ "i": i })));
     let msgs = futures::future::join_all(sends).await;

@@ -86,8 +86,8 @@ async fn unseen_stuck_endpoints_start_narrow_and_leave_slots() {
     let (stuck, healthy, never) = stuck_and_healthy().await;
     let stuck_app = app.create_app().await;
     four_stuck_endpoints(&app, &stuck_app, &stuck).await;
-    let healthy_app = app.create_app().await;
-    app.create_endpoint(&healthy_app, &healthy.url("/healthy"), json!({}))
+    let (healthy_app, _) = app
+        .app_with_endpoint(&healthy.url("/healthy"), json!({}))
         .await;
     // 40 per stuck endpoint, older than the healthy ones: with their whole
     // room (2 × 16) in the first claim the four would take 128, every one

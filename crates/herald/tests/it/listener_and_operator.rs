@@ -32,8 +32,7 @@ fn now_ms() -> i64 {
 async fn deeply_nested_payloads_are_refused_at_ingest_and_kept_small_on_the_dashboard() {
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
 
     // A tenant's 100,000 nested arrays (200 KB, well under the size
     // limit), and 20,000: a 422 naming the payload, nothing stored.
@@ -747,10 +746,8 @@ async fn the_operator_app_an_earlier_herald_made_is_adopted_and_gets_no_token() 
     }
 
     // It carries the events.
-    let app_id = app.create_app().await;
-    let ep = app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
-    app.disable_endpoint(&app_id, ep["id"].as_str().expect("id"), json!({}))
-        .await;
+    let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
+    app.disable_endpoint(&app_id, &ep_id, json!({})).await;
     app.step().await;
     let got = ops.wait_for(2).await;
     let types: Vec<Value> = got

@@ -498,9 +498,7 @@ async fn a_scheduled_delivery_starts_its_cycle_at_deliver_at() {
     use herald::store::NewMessage;
     let app = spawn_stepped(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/hook"), json!({}))
-        .await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
     let store = &app.running().store;
     let now = herald::store::now_millis();
     let m = NewMessage {

@@ -219,15 +219,8 @@ fn verifies_with(secret: &str, r: &Recorded) -> bool {
 
 /// An endpoint with [`SECRET`] and an `Authorization` header.
 async fn endpoint(app: &TestApp, rx: &Receiver) -> (String, String) {
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(
-            &app_id,
-            &rx.url("/hook"),
-            json!({"secret": SECRET, "headers": {"Authorization": AUTH}}),
-        )
-        .await;
-    (app_id, ep["id"].as_str().expect("id").to_owned())
+    let extra = json!({"secret": SECRET, "headers": {"Authorization": AUTH}});
+    app.app_with_endpoint(&rx.url("/hook"), extra).await
 }
 
 fn assert_sealed(value: &str, key: u8, plain: &[&str]) {
@@ -252,11 +245,7 @@ async fn secrets_are_ciphertext_at_rest_and_delivered_signed(db: Db) {
     assert_eq!(old, "[]", "no rotated secrets: nothing to hide");
 
     // The API shows what it always showed.
-    let (status, got) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(got["key"], SECRET);
+    assert_eq!(app.endpoint_secret(&app_id, &ep).await, SECRET);
     let (_, got) = app
         .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/headers"))
         .await;
@@ -404,10 +393,8 @@ async fn idempotent_answers_keep_no_secret(db: Db) {
         Some(3),
         "one token per call, none for the repeats: {tokens}"
     );
-    let (_, current) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
-        .await;
-    assert_eq!(current["key"], NEW_SECRET, "not rotated again");
+    let current = app.endpoint_secret(&app_id, &ep).await;
+    assert_eq!(current, NEW_SECRET, "not rotated again");
 
     // An answer with no secret is kept and replayed as before.
     let path = format!("/api/v1/app/{app_id}/msg");
@@ -505,10 +492,7 @@ async fn plain_rows_are_encrypted_at_the_first_start_with_a_key(db: Db) {
 
     // A new key first, the old one after: starts, reads, delivers.
     let app = db.start(Some(&format!("{},{}", key(2), key(1)))).await;
-    let (_, got) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
-        .await;
-    assert_eq!(got["key"], SECRET);
+    assert_eq!(app.endpoint_secret(&app_id, &ep).await, SECRET);
     app.send_message(&app_id, "a.b", json!({})).await;
     app.step().await;
     let got = rx.wait_for(1).await;
@@ -565,10 +549,7 @@ async fn rotate_encryption_key_moves_everything_to_the_first_key(db: Db) {
     let err = db.start_fails(Some(&key(1))).await;
     assert!(err.contains("HERALD_ENCRYPTION_KEY"), "{err}");
     let app = db.start(Some(&key(2))).await;
-    let (_, got) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
-        .await;
-    assert_eq!(got["key"], NEW_SECRET);
+    assert_eq!(app.endpoint_secret(&app_id, &ep).await, NEW_SECRET);
     app.shutdown().await;
     db.done().await;
 }

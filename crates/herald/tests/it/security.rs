@@ -147,14 +147,6 @@ async fn message_count(app: &TestApp, app_id: &str) -> usize {
     out["data"].as_array().expect("data").len()
 }
 
-async fn secret_of(app: &TestApp, app_id: &str, ep: &str) -> String {
-    let (s, out) = app
-        .get(&format!("/api/v1/app/{app_id}/endpoint/{ep}/secret"))
-        .await;
-    assert_eq!(s, StatusCode::OK, "{out}");
-    out["key"].as_str().expect("key").to_owned()
-}
-
 /// Holding a request's body while the admin moves its uid to another
 /// application: every write lands in the application the path named when
 /// the headers arrived, for an application token and the admin alike.
@@ -168,8 +160,8 @@ async fn held_writes_stay_in_the_app_resolved_at_header_time(app: TestApp) {
     }
     let token_a = app_token(&app, &a).await;
     let (secret_a, secret_b) = (
-        secret_of(&app, &a, "main").await,
-        secret_of(&app, &b, "main").await,
+        app.endpoint_secret(&a, "main").await,
+        app.endpoint_secret(&b, "main").await,
     );
 
     let held = vec![
@@ -238,7 +230,7 @@ async fn held_writes_stay_in_the_app_resolved_at_header_time(app: TestApp) {
     );
     assert_eq!(message_count(&app, &b).await, 0, "no message sent as B");
     assert_eq!(
-        secret_of(&app, &b, "main").await,
+        app.endpoint_secret(&b, "main").await,
         secret_b,
         "B's secret kept"
     );
@@ -255,7 +247,7 @@ async fn held_writes_stay_in_the_app_resolved_at_header_time(app: TestApp) {
     );
     assert_eq!(message_count(&app, &a).await, 1);
     assert_ne!(
-        secret_of(&app, &a, "main").await,
+        app.endpoint_secret(&a, "main").await,
         secret_a,
         "A's secret rotated"
     );

@@ -209,8 +209,7 @@ async fn spans_go_to_an_otlp_receiver_and_the_callers_trace_reaches_the_webhook(
 async fn without_export_the_callers_traceparent_is_forwarded_as_it_came() {
     let app = crate::helpers::spawn_app(&[]).await;
     let rx = Receiver::start().await;
-    let app_id = app.create_app().await;
-    app.create_endpoint(&app_id, &rx.url("/"), json!({})).await;
+    let (app_id, _) = app.app_with_endpoint(&rx.url("/"), json!({})).await;
     let send = |traceparent: &'static str| {
         app.client
             .post(app.url(&format!("/api/v1/app/{app_id}/msg")))

@@ -179,6 +179,16 @@ impl TestApp {
         assert_eq!(status, StatusCode::OK, "{out}");
     }
 
+    /// The signing secret (`whsec_…`) of endpoint `ep` of `app`, as the
+    /// API shows it.
+    pub async fn endpoint_secret(&self, app: &str, ep: &str) -> String {
+        let (status, out) = self
+            .get(&format!("/api/v1/app/{app}/endpoint/{ep}/secret"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{out}");
+        out["key"].as_str().expect("key").to_owned()
+    }
+
     pub async fn create_endpoint(&self, app: &str, url: &str, extra: Value) -> Value {
         let mut body = serde_json::json!({ "url": url });
         if let (Some(obj), Some(more)) = (body.as_object_mut(), extra.as_object()) {

@@ -198,11 +198,9 @@ async fn flagged_event_types_are_seen_only_with_their_flags(backend: &Backend) {
         app.create_event_type(json!({"name": name, "featureFlags": flags}))
             .await;
     }
-    let app_id = app.create_app().await;
-    let ep = app
-        .create_endpoint(&app_id, "http://127.0.0.1:9/hook", json!({}))
+    let (app_id, ep) = app
+        .app_with_endpoint("http://127.0.0.1:9/hook", json!({}))
         .await;
-    let ep = ep["id"].as_str().expect("id").to_owned();
     let (s, plain) = app
         .post(&format!("/api/v1/app/{app_id}/token"), json!({}))
         .await;
