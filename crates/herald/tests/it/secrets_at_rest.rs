@@ -293,18 +293,8 @@ async fn post_with_key(
     key: &str,
     body: serde_json::Value,
 ) -> (StatusCode, bool, serde_json::Value) {
-    let resp = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(TOKEN)
-        .header("idempotency-key", key)
-        .json(&body)
-        .send()
-        .await
-        .expect("request reaches herald");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
-    let replayed = resp.headers().get("idempotent-replayed").is_some();
-    let body = resp.json().await.expect("a JSON body");
+    let (status, replayed, text) = app.as_token(TOKEN).post_keyed(path, key, body).await;
+    let body = serde_json::from_str(&text).expect("a JSON body");
     (status, replayed, body)
 }
 

@@ -188,35 +188,15 @@ async fn an_application_token_reaches_its_own_application_and_nothing_else() {
     app.shutdown().await;
 }
 
-async fn post_keyed(
-    app: &TestApp,
-    token: &str,
-    path: &str,
-    key: &str,
-    body: Value,
-) -> (StatusCode, String, bool) {
-    let resp = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(token)
-        .header("idempotency-key", key)
-        .json(&body)
-        .send()
-        .await
-        .expect("herald answers");
-    let status = StatusCode::from_u16(resp.status().as_u16()).expect("status");
-    let replayed = resp.headers().get("idempotent-replayed").is_some();
-    (status, resp.text().await.expect("body"), replayed)
-}
-
 #[tokio::test]
 async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() {
     let app = spawn_stepped(&[]).await;
     let app_id = app.create_app().await;
     let path = format!("/api/v1/app/{app_id}/msg");
     let body = json!({"eventType": "a.b", "payload": {"n": 1}});
-    let (s1, first, replayed1) = post_keyed(&app, TOKEN, &path, "key-1", body.clone()).await;
-    let (s2, second, replayed2) = post_keyed(&app, TOKEN, &path, "key-1", body.clone()).await;
+    let admin = app.as_token(TOKEN);
+    let (s1, replayed1, first) = admin.post_keyed(&path, "key-1", body.clone()).await;
+    let (s2, replayed2, second) = admin.post_keyed(&path, "key-1", body.clone()).await;
     assert_eq!((s1, s2), (StatusCode::ACCEPTED, StatusCode::ACCEPTED));
     assert_eq!(first, second, "the identical response");
     assert!(!replayed1 && replayed2);
@@ -228,23 +208,24 @@ async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() 
     );
 
     // The same key with another body: refused, nothing stored.
-    let (s, out, _) = post_keyed(
-        &app,
-        TOKEN,
-        &path,
-        "key-1",
-        json!({"eventType": "a.b", "payload": {"n": 2}}),
-    )
-    .await;
+    let (s, _, out) = admin
+        .post_keyed(
+            &path,
+            "key-1",
+            json!({"eventType": "a.b", "payload": {"n": 2}}),
+        )
+        .await;
     assert_eq!(s, StatusCode::CONFLICT, "{out}");
     // The same key on another route: refused too.
-    let (s, _, _) = post_keyed(&app, TOKEN, "/api/v1/app", "key-1", json!({"name": "x"})).await;
+    let (s, _, _) = admin
+        .post_keyed("/api/v1/app", "key-1", json!({"name": "x"}))
+        .await;
     assert_eq!(s, StatusCode::CONFLICT);
     // A refusal is not kept (as Svix): the repeat runs again, and once
     // the client has fixed what was refused, it goes through.
     let bad = json!({"eventType": "no spaces", "payload": {}});
-    let (s1, _, _) = post_keyed(&app, TOKEN, &path, "key-2", bad.clone()).await;
-    let (s2, _, r2) = post_keyed(&app, TOKEN, &path, "key-2", bad).await;
+    let (s1, _, _) = admin.post_keyed(&path, "key-2", bad.clone()).await;
+    let (s2, r2, _) = admin.post_keyed(&path, "key-2", bad).await;
     assert_eq!(
         (s1, s2, r2),
         (
@@ -254,18 +235,18 @@ async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() 
         )
     );
     let later = "/api/v1/app/later/msg";
-    let (s1, _, _) = post_keyed(&app, TOKEN, later, "key-3", body.clone()).await;
+    let (s1, _, _) = admin.post_keyed(later, "key-3", body.clone()).await;
     assert_eq!(s1, StatusCode::NOT_FOUND, "no application `later` yet");
     app.post("/api/v1/app", json!({"name": "later", "uid": "later"}))
         .await;
-    let (s2, _, r2) = post_keyed(&app, TOKEN, later, "key-3", body.clone()).await;
+    let (s2, r2, _) = admin.post_keyed(later, "key-3", body.clone()).await;
     assert_eq!((s2, r2), (StatusCode::ACCEPTED, false));
     // Keys are per token: an application token's "key-1" is its own.
     let (_, tok) = app
         .post(&format!("/api/v1/app/{app_id}/token"), json!({}))
         .await;
     let token = tok["token"].as_str().expect("token");
-    let (s, _, replayed) = post_keyed(&app, token, &path, "key-1", body).await;
+    let (s, replayed, _) = app.as_token(token).post_keyed(&path, "key-1", body).await;
     assert_eq!((s, replayed), (StatusCode::ACCEPTED, false));
     let (_, listed) = app.get(&path).await;
     assert_eq!(listed["data"].as_array().map(Vec::len), Some(2));

@@ -6,6 +6,7 @@
 
 pub mod binary;
 pub mod browser;
+mod idempotency;
 pub mod postgres;
 
 pub use postgres::{Backend, OnPostgres, PgSchema};
