@@ -326,25 +326,10 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     )
     .await;
     let remote = Remote::new(proc.addr);
-    let app_id = remote.app_with_endpoint(&rx.url("/hook")).await;
-    let ep: serde_json::Value = remote
-        .client
-        .get(format!("{}/app/{app_id}/endpoint", remote.base))
-        .bearer_auth(TOKEN)
-        .json_answer()
+    let (app_id, ep_id) = remote
+        .app_with_endpoint_of(json!({ "url": rx.url("/hook") }))
         .await;
-    let ep_id = ep["data"][0]["id"].as_str().expect("endpoint").to_owned();
-    for i in 0..3 {
-        let resp = remote
-            .client
-            .post(format!("{}/app/{app_id}/msg", remote.base))
-            .bearer_auth(TOKEN)
-            .json(&json!({"eventType": "order.created", "payload": {"i": i}}))
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(resp.status(), 202);
-    }
+    remote.send_all(&app_id, "order.created", 3, 1).await;
     rx.wait_for(3).await;
     // Dead after one attempt (400): wait until all three are listed.
     let deadline = tokio::time::Instant::now() + PATIENCE;
@@ -405,15 +390,8 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
     .await;
     assert!(ok, "{err}");
     assert!(out.contains("disabled"), "{out}");
-    let health: serde_json::Value = remote
-        .client
-        .get(format!(
-            "{}/app/{app_id}/endpoint/{ep_id}/health",
-            remote.base
-        ))
-        .bearer_auth(TOKEN)
-        .json_answer()
-        .await;
+    let path = format!("/app/{app_id}/endpoint/{ep_id}/health");
+    let (_, health) = remote.call(reqwest::Method::GET, &path, None).await;
     assert_eq!(health["disabledReason"], "maintenance");
     let (ok, out, err) = cli(proc.addr, TOKEN, &["endpoint", "enable", &app_id, &ep_id]).await;
     assert!(ok, "{err}");

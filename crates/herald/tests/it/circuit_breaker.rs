@@ -248,15 +248,9 @@ async fn two_dispatchers_send_one_probe(pg: PgSchema) {
 
 /// The health API's `circuit.state` of `ep`, through `remote`.
 async fn remote_state(remote: &crate::helpers::Remote, app_id: &str, ep: &str) -> Value {
-    let resp = remote
-        .client
-        .get(format!("{}/app/{app_id}/endpoint/{ep}/health", remote.base))
-        .bearer_auth(crate::helpers::TOKEN)
-        .send()
-        .await
-        .expect("herald answers");
-    assert_eq!(resp.status(), 200);
-    let health: Value = resp.json().await.expect("json");
+    let path = format!("/app/{app_id}/endpoint/{ep}/health");
+    let (status, health) = remote.call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200);
     health["circuit"].clone()
 }
 
@@ -315,19 +309,9 @@ async fn the_binary_opens_and_closes_the_breaker_and_tells_operators() {
     )
     .await;
     let remote = crate::helpers::Remote::new(herald.addr);
-    let app_id = remote.app_with_endpoint(&rx.url("/hook")).await;
-    let resp = remote
-        .client
-        .get(format!("{}/app/{app_id}/endpoint", remote.base))
-        .bearer_auth(crate::helpers::TOKEN)
-        .send()
-        .await
-        .expect("list endpoints");
-    let listed: Value = resp.json().await.expect("json");
-    let ep = listed["data"][0]["id"]
-        .as_str()
-        .expect("endpoint id")
-        .to_owned();
+    let (app_id, ep) = remote
+        .app_with_endpoint_of(json!({ "url": rx.url("/hook") }))
+        .await;
     let msgs = remote.send_all(&app_id, "order.paid", 5, 5).await;
 
     let open = wait_for_state(&remote, &app_id, &ep, "open").await;
@@ -373,14 +357,8 @@ async fn the_binary_opens_and_closes_the_breaker_and_tells_operators() {
     let deadline = Instant::now() + PATIENCE;
     for m in &msgs {
         loop {
-            let resp = remote
-                .client
-                .get(format!("{}/app/{app_id}/msg/{m}/delivery", remote.base))
-                .bearer_auth(crate::helpers::TOKEN)
-                .send()
-                .await
-                .expect("herald answers");
-            let ds: Value = resp.json().await.expect("json");
+            let path = format!("/app/{app_id}/msg/{m}/delivery");
+            let (_, ds) = remote.call(reqwest::Method::GET, &path, None).await;
             if ds["data"][0]["state"] == "delivered" {
                 break;
             }

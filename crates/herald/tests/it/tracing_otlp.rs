@@ -111,7 +111,7 @@ async fn spans_go_to_an_otlp_receiver_and_the_callers_trace_reaches_the_webhook(
     let base = format!("http://{}", proc.addr);
     let client = reqwest::Client::new();
     let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    let app_id = Remote::new(proc.addr)
+    let (app_id, _) = Remote::new(proc.addr)
         .app_with_endpoint_of(json!({
             "url": rx.url("/traced"),
             "secret": secret,

@@ -875,13 +875,15 @@ impl Remote {
 
     /// Creates an application with one endpoint at `url`; returns the app id.
     pub async fn app_with_endpoint(&self, url: &str) -> String {
-        self.app_with_endpoint_of(serde_json::json!({ "url": url }))
-            .await
+        let (app_id, _) = self
+            .app_with_endpoint_of(serde_json::json!({ "url": url }))
+            .await;
+        app_id
     }
 
     /// Creates an application with one endpoint made of `endpoint` (its
-    /// JSON body); returns the app id.
-    pub async fn app_with_endpoint_of(&self, endpoint: Value) -> String {
+    /// JSON body); returns the app's id and the endpoint's.
+    pub async fn app_with_endpoint_of(&self, endpoint: Value) -> (String, String) {
         let post = reqwest::Method::POST;
         let name = serde_json::json!({"name": "remote"});
         let (status, app) = self.call(post.clone(), "/app", Some(name)).await;
@@ -890,7 +892,7 @@ impl Remote {
         let path = format!("/app/{app_id}/endpoint");
         let (status, ep) = self.call(post, &path, Some(endpoint)).await;
         assert_eq!(status, 201, "{ep}");
-        app_id
+        (app_id, ep["id"].as_str().expect("endpoint id").to_owned())
     }
 
     /// Sends `n` messages `{"i": i}`, `concurrency` at a time; every one
