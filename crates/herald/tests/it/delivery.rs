@@ -821,7 +821,7 @@ async fn the_signature_goes_under_the_names_configured() {
         let app = spawn_stepped(&[("HERALD_SIGNATURE_HEADERS", names)]).await;
         let rx = Receiver::start().await;
         let (app_id, ep_id) = app.app_with_endpoint(&rx.url("/hook"), json!({})).await;
-        let secret = secret_of(&app, &app_id, &ep_id).await;
+        let secret = app.endpoint_secret(&app_id, &ep_id).await;
         app.send_message(&app_id, "a.b", json!({"n": 1})).await;
         app.step().await;
         let got = rx.wait_for(1).await;
