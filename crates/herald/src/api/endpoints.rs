@@ -502,7 +502,7 @@ pub async fn get_endpoint(
     tag = "Endpoint",
     params(ListParams),
     responses(
-        (status = 200, description = "A page of endpoints", body = ListResponse<EndpointOut>),
+        (status = 200, description = "A page of endpoints, newest first", body = ListResponse<EndpointOut>),
         NotFoundResponse, ValidationResponse,
     )
 )]
@@ -512,9 +512,11 @@ pub async fn list_endpoints(
     app: ResolvedApp,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<EndpointOut>>> {
+    // Newest first unless asked otherwise, as Svix lists endpoints (its
+    // applications, oldest first).
     let page = state
         .store
-        .list_endpoints(&app.id, &params.page(true)?)
+        .list_endpoints(&app.id, &params.page(false)?)
         .await?;
     let data = page
         .items

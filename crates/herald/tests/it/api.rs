@@ -1061,3 +1061,33 @@ async fn a_delivery_waiting_for_its_retry_is_sending() {
     assert_eq!(destinations["data"][0]["status"], 3, "{destinations}");
     app.shutdown().await;
 }
+
+/// An application's endpoints list newest first unless asked otherwise,
+/// as Svix lists them (its applications, oldest first).
+#[tokio::test]
+async fn endpoints_list_newest_first_by_default() {
+    let app = spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let mut made = Vec::new();
+    for n in 0..3 {
+        let ep = app
+            .create_endpoint(&app_id, &format!("http://127.0.0.1:9/{n}"), json!({}))
+            .await;
+        made.push(ep["id"].as_str().expect("id").to_owned());
+    }
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v}"))
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let path = format!("/api/v1/app/{app_id}/endpoint");
+    let (_, newest) = app.get(&path).await;
+    let (_, oldest) = app.get(&format!("{path}?order=ascending")).await;
+    assert_eq!(ids(&oldest), made);
+    made.reverse();
+    assert_eq!(ids(&newest), made);
+    app.shutdown().await;
+}
