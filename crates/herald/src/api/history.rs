@@ -273,7 +273,7 @@ async fn find_attempt(
 
 /// `DELETE /app/{app}/msg/{msg}/content` (Svix): erases the message's
 /// payload. The message, its deliveries and attempts stay (the payload
-/// shows as `{}` with `payloadExpunged`); its pending deliveries die
+/// shows as `{"expired":true}` with `payloadExpunged`); its pending deliveries die
 /// (`expunged`), and nothing is sent for it again.
 #[utoipa::path(
     delete,
@@ -462,7 +462,7 @@ pub struct EndpointMessageOut {
     pub payload: Box<RawValue>,
     pub channels: Option<Vec<String>>,
     pub timestamp: String,
-    /// The payload was expunged (it shows as `{}`).
+    /// The payload was expunged (it shows as `{"expired":true}`, as Svix's).
     pub payload_expunged: bool,
     pub tags: Option<Vec<String>>,
     #[schema(format = DateTime)]

@@ -93,11 +93,12 @@ pub struct MessageOut {
     pub deliver_at: Option<String>,
 }
 
-/// A stored payload as the API shows it: as it is, or `{}` when it was
+/// A stored payload as the API shows it: as it is, or `{"expired":true}` when it was
 /// expunged (stored as the empty text, which no JSON payload can be).
 pub fn shown_payload(payload: String) -> ApiResult<(Box<RawValue>, bool)> {
     if payload.is_empty() {
-        return RawValue::from_string("{}".to_owned())
+        // What Svix shows for a payload it no longer holds.
+        return RawValue::from_string(r#"{"expired":true}"#.to_owned())
             .map(|p| (p, true))
             .map_err(|_| ApiError::Internal);
     }
