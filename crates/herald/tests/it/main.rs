@@ -41,6 +41,7 @@ mod secrets_at_rest;
 mod security;
 mod send_example;
 mod store_conformance;
+mod svix_behaviour;
 mod tenancy;
 mod tracing_otlp;
 mod upgrade;
