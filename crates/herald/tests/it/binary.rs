@@ -892,30 +892,21 @@ async fn portal_links_of_a_wildcard_listener_name_localhost() {
         .stdout(Stdio::null())
         .spawn()
         .expect("herald starts");
-    let base = format!("http://127.0.0.1:{port}");
-    crate::helpers::wait_healthy(format!("127.0.0.1:{port}")).await;
-    let client = reqwest::Client::new();
-    let app: serde_json::Value = client
-        .post(format!("{base}/api/v1/app"))
-        .bearer_auth(TOKEN)
-        .json(&json!({"name": "wildcard"}))
-        .send()
-        .await
-        .expect("herald answers")
-        .json()
-        .await
-        .expect("json");
+    let addr = format!("127.0.0.1:{port}");
+    crate::helpers::wait_healthy(&addr).await;
+    let remote = Remote::new(&addr);
+    let post = reqwest::Method::POST;
+    let (_, app) = remote
+        .call(post.clone(), "/app", Some(json!({"name": "wildcard"})))
+        .await;
     let app_id = app["id"].as_str().expect("id");
-    let access: serde_json::Value = client
-        .post(format!("{base}/api/v1/auth/app-portal-access/{app_id}"))
-        .bearer_auth(TOKEN)
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("herald answers")
-        .json()
-        .await
-        .expect("json");
+    let (_, access) = remote
+        .call(
+            post,
+            &format!("/auth/app-portal-access/{app_id}"),
+            Some(json!({})),
+        )
+        .await;
     let url = access["url"].as_str().expect("url");
     assert!(
         url.starts_with(&format!("http://localhost:{port}/portal/")),
