@@ -1,7 +1,8 @@
 //! `Idempotency-Key` on POST: a repeat of a request within 12 h gets the
 //! first response again (status and body), marked `idempotent-replayed:
-//! true`, and changes nothing. Keys are per token. The same key with a
-//! different request (method, path or body) is refused with 409, as is a
+//! true`, and changes nothing. Keys are per token and URL (as in Svix:
+//! the same key on another URL is another request). The same key with a
+//! different body is refused with 409, as is a
 //! repeat while the first is still running. Only successes are kept, so
 //! a retry after a refusal or a server error runs again. Requests are compared by meaning: a
 //! JSON body re-serialised (other spacing, other key order) is the same
@@ -30,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::auth::Principal;
 use super::{ApiError, ApiState, MAX_BODY_BYTES};
-use crate::store::{now_millis, IdemBegin};
+use crate::store::{now_millis, IdemBegin, IdemKey};
 
 /// Marks a response (an extension) whose body shows a secret once; see
 /// the module. Set by [`shown_once`].
@@ -112,6 +113,10 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
         .map(|p| p.scope().to_owned())
         .unwrap_or_else(|| "admin".to_owned());
     let (parts, body) = request.into_parts();
+    // One key per URL (path and query), as Svix keeps them: the same key
+    // on another URL is another request, not a conflict.
+    let url = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    let scoped = format!("{key}\n{url}");
     let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
@@ -132,7 +137,10 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
         .store
         .idempotency_begin(
             &scope,
-            &key,
+            &IdemKey {
+                key: &scoped,
+                unscoped: Some(&key),
+            },
             &hashes,
             now,
             now - KEY_LIFETIME_MS,
@@ -175,7 +183,7 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
     // field) runs again when repeated with its key, where the refusal was
     // answered again for 12 hours.
     if !status.is_success() {
-        if let Err(e) = state.store.idempotency_abort(&scope, &key).await {
+        if let Err(e) = state.store.idempotency_abort(&scope, &scoped).await {
             tracing::warn!(error = %e, "could not release an idempotency key");
         }
         return response;
@@ -185,7 +193,7 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(error = %e, "could not read a response to keep it");
-            let _ = state.store.idempotency_abort(&scope, &key).await;
+            let _ = state.store.idempotency_abort(&scope, &scoped).await;
             return ApiError::Internal.into_response();
         }
     };
@@ -198,7 +206,7 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
     };
     if let Err(e) = state
         .store
-        .idempotency_finish(&scope, &key, kept_status.as_u16(), &kept_body)
+        .idempotency_finish(&scope, &scoped, kept_status.as_u16(), &kept_body)
         .await
     {
         // The answer stands; a repeat would run again once the key is

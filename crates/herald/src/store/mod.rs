@@ -82,7 +82,7 @@ pub use secrets::{
 };
 pub use sessions::{Session, SessionKind, Sessions};
 pub use settings::Settings;
-pub use tokens::{idem_verdict, ApiToken, IdemBegin, Tokens};
+pub use tokens::{idem_verdict, unscoped_verdict, ApiToken, IdemBegin, IdemKey, Tokens};
 
 /// The store's traits, for callers that call its methods on a concrete
 /// store: `use crate::store::prelude::*;`.

@@ -67,7 +67,7 @@ pub trait Tokens: Send + Sync {
     async fn idempotency_begin(
         &self,
         scope: &str,
-        key: &str,
+        key: &IdemKey<'_>,
         request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
@@ -123,6 +123,42 @@ impl ApiToken {
     /// Whether the token still works at `now`.
     pub fn live_at(&self, now: Millis) -> bool {
         self.expires_at.is_none_or(|at| at > now)
+    }
+}
+
+/// An Idempotency-Key as kept: the client's key with the request's URL
+/// (a key is one per URL, as in Svix), and the key alone as a release
+/// before kept it. A record kept under the key alone that this request
+/// repeats (same digest) is answered too, so that a retry across the
+/// upgrade does not run twice; one that does not match is another URL's.
+#[derive(Debug, Clone, Copy)]
+pub struct IdemKey<'a> {
+    pub key: &'a str,
+    pub unscoped: Option<&'a str>,
+}
+
+impl<'a> IdemKey<'a> {
+    /// A key kept as given, with no earlier form.
+    pub fn plain(key: &'a str) -> Self {
+        IdemKey {
+            key,
+            unscoped: None,
+        }
+    }
+}
+
+/// What a record kept under the key alone says, beside a fresh one under
+/// the key and URL: its answer when it is this request done, a wait while
+/// it runs, nothing otherwise.
+pub fn unscoped_verdict(
+    found: Option<(String, i64, String, i64)>,
+    hashes: &[String],
+    valid_after: Millis,
+    stale_before: Millis,
+) -> Option<IdemBegin> {
+    match idem_verdict(found, hashes, valid_after, stale_before) {
+        v @ (IdemBegin::Replay { .. } | IdemBegin::InProgress) => Some(v),
+        IdemBegin::Fresh | IdemBegin::Mismatch => None,
     }
 }
 

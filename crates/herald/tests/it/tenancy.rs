@@ -216,11 +216,20 @@ async fn an_idempotency_key_returns_the_first_response_and_stores_one_message() 
         )
         .await;
     assert_eq!(s, StatusCode::CONFLICT, "{out}");
-    // The same key on another route: refused too.
-    let (s, _, _) = admin
+    // The same key on another URL is another request, as Svix keeps keys
+    // (one business key for several applications' messages): it runs.
+    let (s, replayed, out) = admin
         .post_keyed("/api/v1/app", "key-1", json!({"name": "x"}))
         .await;
-    assert_eq!(s, StatusCode::CONFLICT);
+    assert_eq!((s, replayed), (StatusCode::CREATED, false), "{out}");
+    let (s, replayed, _) = admin
+        .post_keyed("/api/v1/app", "key-1", json!({"name": "x"}))
+        .await;
+    assert_eq!(
+        (s, replayed),
+        (StatusCode::CREATED, true),
+        "and is kept for that URL"
+    );
     // A refusal is not kept (as Svix): the repeat runs again, and once
     // the client has fixed what was refused, it goes through.
     let bad = json!({"eventType": "no spaces", "payload": {}});

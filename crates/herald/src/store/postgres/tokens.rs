@@ -178,31 +178,53 @@ impl Tokens for PostgresStore {
     async fn idempotency_begin(
         &self,
         scope: &str,
-        key: &str,
+        idem: &IdemKey<'_>,
         request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
         stale_before: Millis,
     ) -> StoreResult<IdemBegin> {
+        let key = idem.key;
         let request_hash = request_hashes
             .first()
             .map(String::as_str)
             .unwrap_or_default();
         let mut tx = self.pool.begin().await?;
         // Concurrent first requests: one inserts, the other waits on its
-        // row and then sees it (in progress, or done).
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
-             VALUES ($1, $2, $3, 0, '', $4) ON CONFLICT DO NOTHING",
+        // row and then sees it (in progress, or done). The record kept
+        // under the key alone (an earlier release's) is read in the same
+        // statement, so a fresh key costs no extra round trip.
+        let first = sqlx::query(
+            "WITH ins AS (INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
+             VALUES ($1, $2, $3, 0, '', $4) ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT (SELECT count(*) FROM ins) AS inserted, l.request_hash, l.status, l.body, l.created_at \
+             FROM (SELECT 1) AS one LEFT JOIN idempotency l ON l.scope = $1 AND l.key = $5",
         )
         .bind(scope)
         .bind(key)
         .bind(request_hash)
         .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
+        .bind(idem.unscoped)
+        .fetch_one(&mut *tx)
+        .await?;
+        if get::<i64>(&first, "inserted")? == 1 {
+            let earlier = match get::<Option<String>>(&first, "request_hash")? {
+                Some(hash) => Some((
+                    hash,
+                    i64::from(get::<i32>(&first, "status")?),
+                    get::<String>(&first, "body")?,
+                    get::<i64>(&first, "created_at")?,
+                )),
+                None => None,
+            };
+            if let Some(earlier) =
+                unscoped_verdict(earlier, request_hashes, valid_after, stale_before)
+            {
+                // Answered from the earlier record: nothing runs, so the
+                // record just begun is not kept.
+                tx.rollback().await?;
+                return Ok(earlier);
+            }
             tx.commit().await?;
             return Ok(IdemBegin::Fresh);
         }

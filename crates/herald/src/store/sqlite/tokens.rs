@@ -160,24 +160,32 @@ impl Tokens for SqliteStore {
     async fn idempotency_begin(
         &self,
         scope: &str,
-        key: &str,
+        key: &IdemKey<'_>,
         request_hashes: &[String],
         now: Millis,
         valid_after: Millis,
         stale_before: Millis,
     ) -> StoreResult<IdemBegin> {
-        let (scope, key, hashes) = (scope.to_owned(), key.to_owned(), request_hashes.to_vec());
+        let (scope, hashes) = (scope.to_owned(), request_hashes.to_vec());
+        let (key, unscoped) = (key.key.to_owned(), key.unscoped.map(str::to_owned));
         let hash = hashes.first().cloned().unwrap_or_default();
         self.write(move |c| {
-            let found: Option<(String, i64, String, i64)> = c
-                .query_row(
+            let kept = |key: &str| -> StoreResult<Option<(String, i64, String, i64)>> {
+                Ok(c.query_row(
                     "SELECT request_hash, status, body, created_at FROM idempotency WHERE scope = ?1 AND key = ?2",
                     params![scope, key],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
-                .optional()?;
-            let verdict = idem_verdict(found, &hashes, valid_after, stale_before);
+                .optional()?)
+            };
+            let verdict = idem_verdict(kept(&key)?, &hashes, valid_after, stale_before);
             if verdict == IdemBegin::Fresh {
+                if let Some(unscoped) = &unscoped {
+                    let earlier = unscoped_verdict(kept(unscoped)?, &hashes, valid_after, stale_before);
+                    if let Some(earlier) = earlier {
+                        return Ok(earlier);
+                    }
+                }
                 c.execute(
                     "INSERT INTO idempotency (scope, key, request_hash, status, body, created_at) \
                      VALUES (?1, ?2, ?3, 0, '', ?4) \

@@ -40,7 +40,7 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
             store
                 .idempotency_begin(
                     "admin",
-                    key,
+                    &IdemKey::plain(key),
                     &[hash.to_owned()],
                     now,
                     now - 1_000,
@@ -67,7 +67,14 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     // Scopes are apart.
     assert_eq!(
         store
-            .idempotency_begin("tok_x", "k", &["h9".to_owned()], T0, T0 - 1_000, T0 - 100)
+            .idempotency_begin(
+                "tok_x",
+                &IdemKey::plain("k"),
+                &["h9".to_owned()],
+                T0,
+                T0 - 1_000,
+                T0 - 100
+            )
             .await
             .expect("begin"),
         IdemBegin::Fresh
@@ -90,7 +97,7 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     let rotated = ["new".to_owned(), "zz".to_owned()];
     assert_eq!(
         store
-            .idempotency_begin("admin", "k", &rotated, T0 + 10_002, T0, T0)
+            .idempotency_begin("admin", &IdemKey::plain("k"), &rotated, T0 + 10_002, T0, T0)
             .await
             .expect("begin"),
         IdemBegin::Replay {
@@ -98,6 +105,45 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
             body: "{}".into()
         }
     );
+    // Kept per URL now, under the key alone before: the earlier record of
+    // the same request is its answer (a retry across the upgrade), and
+    // nothing is begun under the new key; one of another request (another
+    // URL) is not, and the new key is begun.
+    let per_url = |unscoped: &'static str, hash: &'static str, now: Millis| {
+        let store = store.clone();
+        async move {
+            store
+                .idempotency_begin(
+                    "admin",
+                    &IdemKey {
+                        key: "k\n/api/v1/app",
+                        unscoped: Some(unscoped),
+                    },
+                    &[hash.to_owned()],
+                    now,
+                    now - 1_000,
+                    now - 100,
+                )
+                .await
+                .expect("begin")
+        }
+    };
+    let earlier = IdemBegin::Replay {
+        status: 201,
+        body: "{}".into(),
+    };
+    assert_eq!(per_url("k", "zz", T0 + 10_003).await, earlier);
+    assert_eq!(
+        per_url("k", "zz", T0 + 10_004).await,
+        earlier,
+        "nothing was begun"
+    );
+    assert_eq!(per_url("k", "other", T0 + 10_005).await, IdemBegin::Fresh);
+    assert_eq!(
+        per_url("k", "other", T0 + 10_006).await,
+        IdemBegin::InProgress
+    );
+    assert_eq!(per_url("none", "h", T0 + 10_007).await, IdemBegin::Mismatch);
 }
 
 fn portal_token(app: &AppId, id: &str, expires_at: Millis, session_id: Option<&str>) -> ApiToken {
