@@ -34,13 +34,13 @@ async fn tokens_are_found_by_digest_and_go_with_their_app(store: Arc<dyn Store>)
 }
 
 async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
-    let begin = |key: &'static str, hash: &'static str, now: Millis| {
+    let begin_as = |key: IdemKey<'static>, hash: &'static str, now: Millis| {
         let store = store.clone();
         async move {
             store
                 .idempotency_begin(
                     "admin",
-                    &IdemKey::plain(key),
+                    &key,
                     &[hash.to_owned()],
                     now,
                     now - 1_000,
@@ -49,6 +49,9 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
                 .await
                 .expect("begin")
         }
+    };
+    let begin = |key: &'static str, hash: &'static str, now: Millis| {
+        begin_as(IdemKey::plain(key), hash, now)
     };
     assert_eq!(begin("k", "h1", T0).await, IdemBegin::Fresh);
     assert_eq!(begin("k", "h1", T0 + 1).await, IdemBegin::InProgress);
@@ -110,23 +113,11 @@ async fn idempotency_keys_replay_refuse_and_expire(store: Arc<dyn Store>) {
     // nothing is begun under the new key; one of another request (another
     // URL) is not, and the new key is begun.
     let per_url = |unscoped: &'static str, hash: &'static str, now: Millis| {
-        let store = store.clone();
-        async move {
-            store
-                .idempotency_begin(
-                    "admin",
-                    &IdemKey {
-                        key: "k\n/api/v1/app",
-                        unscoped: Some(unscoped),
-                    },
-                    &[hash.to_owned()],
-                    now,
-                    now - 1_000,
-                    now - 100,
-                )
-                .await
-                .expect("begin")
-        }
+        let key = IdemKey {
+            key: "k\n/api/v1/app",
+            unscoped: Some(unscoped),
+        };
+        begin_as(key, hash, now)
     };
     let earlier = IdemBegin::Replay {
         status: 201,
