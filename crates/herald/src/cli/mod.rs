@@ -50,12 +50,7 @@ impl clap::builder::TypedValueParser for BaseUrl {
 }
 
 fn base_url(text: &str) -> Result<String, String> {
-    // What stands before an `@` may be a password, whatever the URL's
-    // shape (`admin:pw@host:8080` parses with `admin` as its scheme).
-    let shown = match text.rfind('@') {
-        Some(at) => format!("…{}", &text[at..]),
-        None => text.to_owned(),
-    };
+    let shown = crate::config::redact_url(text);
     let like = "a base URL like http://127.0.0.1:8080";
     match url::Url::parse(text) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host_str().is_some() => {
@@ -172,7 +167,8 @@ impl Client {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()?,
-            base: target.url.trim_end_matches('/').to_owned(),
+            // Checked and without its trailing slash (`BaseUrl`).
+            base: target.url.clone(),
             token: target.token.clone(),
         })
     }

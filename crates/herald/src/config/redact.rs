@@ -37,19 +37,21 @@ pub(super) fn webhook_url_only(
 }
 
 /// The URL without its password, for messages and logs. One that does
-/// not parse (a typo in its port) is shown without whatever stands between
-/// its scheme and its last `@`: that may be a password too.
+/// not parse as a URL with a host (a typo in its port; `user:pw@host:8080`,
+/// which parses with `user` as its scheme) is shown without whatever
+/// stands before its last `@` (after its scheme): that may be a password.
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) if u.password().is_some() => {
             let _ = u.set_password(Some("redacted"));
             u.to_string()
         }
-        Ok(_) => url.to_owned(),
-        Err(_) => match (url.split_once("://"), url.rfind('@')) {
+        Ok(u) if u.has_authority() => url.to_owned(),
+        _ => match (url.split_once("://"), url.rfind('@')) {
             (Some((scheme, _)), Some(at)) if at > scheme.len() => {
                 format!("{scheme}://redacted{}", &url[at..])
             }
+            (None, Some(at)) => format!("redacted{}", &url[at..]),
             _ => url.to_owned(),
         },
     }

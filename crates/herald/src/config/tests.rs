@@ -488,6 +488,8 @@ fn urls_that_do_not_parse_are_shown_without_their_password() {
         "postgres://herald:redacted@db:5432/herald"
     );
     assert_eq!(redact_url("sqlite://./herald.db"), "sqlite://./herald.db");
+    assert_eq!(redact_url("admin:pw@herald:8080"), "redacted@herald:8080");
+    assert_eq!(redact_url("sqlite::memory:"), "sqlite::memory:");
     let err = Config::from_values(&env(&[
         ("HERALD_ADMIN_TOKEN", "x".repeat(32).as_str()),
         ("HERALD_PROXY_URL", "http://puser:PROXYPASS@proxy:99999"),
