@@ -314,14 +314,13 @@ impl Sender {
         let timestamp = chrono::Utc::now().timestamp();
         let signature =
             signature_header(&secrets, d.msg_id.as_str(), timestamp, d.payload.as_bytes());
+        // Whether the endpoint's own headers set `name`, whatever its case.
+        let own = |name: &str| d.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
         let mut target = url.into_url();
         // A URL's `user:pass@` is sent as Basic authorization; a custom
         // Authorization header is the endpoint saying which credential to
         // send, so it alone goes (both went, the receiver reading either).
-        if d.headers
-            .iter()
-            .any(|(name, _)| name.eq_ignore_ascii_case("authorization"))
-        {
+        if own("authorization") {
             let _ = target.set_username("");
             let _ = target.set_password(None);
         }
@@ -334,21 +333,11 @@ impl Sender {
         for (name, value) in &d.headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        if let Some(traceparent) = traceparent {
-            if !d
-                .headers
-                .iter()
-                .any(|(name, _)| name.eq_ignore_ascii_case("traceparent"))
-            {
-                request = request.header(TRACEPARENT, traceparent);
-            }
+        if let Some(traceparent) = traceparent.filter(|_| !own("traceparent")) {
+            request = request.header(TRACEPARENT, traceparent);
         }
         // The endpoint's own Content-Type (for raw payloads) wins.
-        if !d
-            .headers
-            .iter()
-            .any(|(name, _)| name.eq_ignore_ascii_case("content-type"))
-        {
+        if !own("content-type") {
             request = request.header(http::header::CONTENT_TYPE, APPLICATION_JSON);
         }
         let timestamp = timestamp.to_string();
