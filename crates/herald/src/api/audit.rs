@@ -70,7 +70,7 @@ pub struct AuditListParams {
     /// Made before this time (RFC 3339).
     #[param(format = DateTime)]
     pub before: Option<String>,
-    /// Made after this time (RFC 3339).
+    /// Made at or after this time (RFC 3339; its millisecond included).
     #[param(format = DateTime)]
     pub after: Option<String>,
 }

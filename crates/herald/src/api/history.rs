@@ -53,7 +53,8 @@ pub struct MessageListParams {
     /// Created before this time (RFC 3339).
     #[param(format = DateTime)]
     pub before: Option<String>,
-    /// Created after this time (RFC 3339).
+    /// Created at or after this time (RFC 3339; its millisecond included,
+    /// as Svix lists).
     #[param(format = DateTime)]
     pub after: Option<String>,
 }
@@ -144,7 +145,7 @@ pub struct AttemptListParams {
     /// Made before this time (RFC 3339).
     #[param(format = DateTime)]
     pub before: Option<String>,
-    /// Made after this time (RFC 3339).
+    /// Made at or after this time (RFC 3339; its millisecond included).
     #[param(format = DateTime)]
     pub after: Option<String>,
 }
@@ -175,7 +176,8 @@ pub struct EndpointMessageListParams {
     /// Messages created before this time (RFC 3339).
     #[param(format = DateTime)]
     pub before: Option<String>,
-    /// Messages created after this time (RFC 3339).
+    /// Messages created at or after this time (RFC 3339; its millisecond
+    /// included).
     #[param(format = DateTime)]
     pub after: Option<String>,
 }

@@ -2,8 +2,9 @@
 //! first response again (status and body), marked `idempotent-replayed:
 //! true`, and changes nothing. Keys are per token and URL (as in Svix:
 //! the same key on another URL is another request). The same key with a
-//! different body is refused with 409, as is a
-//! repeat while the first is still running. Only successes are kept, so
+//! different body is refused with 409. A repeat while the first is still
+//! running waits for it (up to 5 s, as Svix waits) and gets its answer;
+//! one still running then is refused with 409. Only successes are kept, so
 //! a retry after a refusal or a server error runs again. Requests are compared by meaning: a
 //! JSON body re-serialised (other spacing, other key order) is the same
 //! request ([`request_digest`]).
@@ -28,6 +29,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 use super::auth::Principal;
 use super::{ApiError, ApiState, MAX_BODY_BYTES};
@@ -88,6 +90,10 @@ fn not_kept() -> (StatusCode, String) {
 pub const KEY_LIFETIME_MS: i64 = 12 * 3600 * 1000;
 /// A first request still "running" after this is taken to have died.
 const STALE_AFTER_MS: i64 = 60 * 1000;
+/// How long a repeat waits for the first request's answer before it is
+/// refused (409), and how often it looks: Svix's 5 s and 200 ms.
+const WAIT_FOR_FIRST: Duration = Duration::from_secs(5);
+const WAIT_STEP: Duration = Duration::from_millis(200);
 
 pub async fn idempotency(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     if request.method() != Method::POST {
@@ -132,21 +138,37 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
     let hashes = state
         .keys
         .keyed_digests(&request_digest(&parts.method, &parts.uri, &bytes));
-    let now = now_millis();
-    let begun = state
-        .store
-        .idempotency_begin(
-            &scope,
-            &IdemKey {
-                key: &scoped,
-                unscoped: Some(&key),
-            },
-            &hashes,
-            now,
-            now - KEY_LIFETIME_MS,
-            now - STALE_AFTER_MS,
-        )
-        .await;
+    let begin = || {
+        let now = now_millis();
+        let idem_key = IdemKey {
+            key: &scoped,
+            unscoped: Some(&key),
+        };
+        let (store, scope, hashes) = (&state.store, &scope, &hashes);
+        async move {
+            store
+                .idempotency_begin(
+                    scope,
+                    &idem_key,
+                    hashes,
+                    now,
+                    now - KEY_LIFETIME_MS,
+                    now - STALE_AFTER_MS,
+                )
+                .await
+        }
+    };
+    // A repeat sent while the first is still running (a client that timed
+    // out and retried) waits for its answer, as Svix waits, rather than
+    // being refused: the answer it then gets is the first one's, or it
+    // runs itself when the first ended without keeping one.
+    let mut begun = begin().await;
+    let mut waited = Duration::ZERO;
+    while matches!(begun, Ok(IdemBegin::InProgress)) && waited < WAIT_FOR_FIRST {
+        tokio::time::sleep(WAIT_STEP).await;
+        waited += WAIT_STEP;
+        begun = begin().await;
+    }
     match begun {
         Err(e) => return ApiError::from(e).into_response(),
         Ok(IdemBegin::Mismatch) => {
@@ -156,9 +178,11 @@ pub async fn idempotency(State(state): State<ApiState>, request: Request, next: 
             .into_response()
         }
         Ok(IdemBegin::InProgress) => {
-            return ApiError::Conflict(
-                "a request with this Idempotency-Key is still in progress".into(),
-            )
+            return ApiError::Conflict(format!(
+                "a request with this Idempotency-Key is still in progress after {} s; \
+                 repeat it later to get its answer",
+                WAIT_FOR_FIRST.as_secs()
+            ))
             .into_response()
         }
         Ok(IdemBegin::Replay { status, body }) => {

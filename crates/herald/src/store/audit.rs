@@ -93,7 +93,7 @@ pub struct AuditFilter {
     pub target: Option<String>,
     /// Made before (ms).
     pub before: Option<Millis>,
-    /// Made after (ms).
+    /// Made at or after (ms).
     pub after: Option<Millis>,
 }
 
@@ -110,7 +110,7 @@ impl AuditFilter {
         c.and_some(" AND actor_id = #", self.actor_id.as_deref());
         c.and_some(" AND target = #", self.target.as_deref());
         c.and_some(" AND at < #", self.before);
-        c.and_some(" AND at > #", self.after);
+        c.and_some(" AND at >= #", self.after);
         c
     }
 }

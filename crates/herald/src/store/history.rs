@@ -98,7 +98,8 @@ pub struct MessageFilter {
     pub tag: Option<String>,
     /// Created before (ms).
     pub before: Option<Millis>,
-    /// Created after (ms).
+    /// Created at or after (ms), as Svix reads `after`: an item of its
+    /// very millisecond is listed.
     pub after: Option<Millis>,
 }
 
@@ -128,7 +129,7 @@ impl MessageFilter {
         c.and_some(has_channel, self.channel.as_deref());
         c.and_some(has_tag, self.tag.as_deref());
         c.and_some(" AND created_at < #", self.before);
-        c.and_some(" AND created_at > #", self.after);
+        c.and_some(" AND created_at >= #", self.after);
         Ok(c)
     }
 
@@ -227,7 +228,7 @@ pub struct AttemptFilter {
     pub code_class: Option<u16>,
     /// Started before (ms).
     pub before: Option<Millis>,
-    /// Started after (ms).
+    /// Started at or after (ms).
     pub after: Option<Millis>,
     /// Attempts of messages this keeps (event types, channel).
     pub messages: MessageFilter,
@@ -253,7 +254,7 @@ impl AttemptFilter {
             }
         }
         c.and_some(" AND started_at < #", self.before);
-        c.and_some(" AND started_at > #", self.after);
+        c.and_some(" AND started_at >= #", self.after);
         self.messages.narrow(&mut c, app, "msg_id")?;
         Ok(c)
     }

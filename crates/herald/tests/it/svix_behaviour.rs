@@ -8,13 +8,17 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-crate::on_both_stores!(a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterator);
+crate::on_both_stores!(
+    a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterator,
+    a_repeat_waits_for_the_first_request_with_its_key,
+);
 
 /// `after` alone pages as Svix does: the first page is the oldest items
 /// after the time (newest first within it) and `prevIterator` walks on
 /// towards now, so a client syncing "everything since" sees every item.
 /// The first page was the newest, and its `prevIterator` led nowhere: the
-/// items between were never listed.
+/// items between were never listed. An item of `after`'s own millisecond
+/// is listed too (it was left out).
 async fn a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterator(
     backend: &Backend,
 ) {
@@ -33,7 +37,9 @@ async fn a_list_after_a_time_starts_at_its_oldest_and_walks_on_with_prev_iterato
     }
     app.step().await;
     rx.wait_for(6).await;
-    let after = urlencoding(&sent[1].1);
+    // The third message's own time: `after` includes its millisecond, as
+    // Svix's does (an id above the first one of that millisecond).
+    let after = urlencoding(&sent[2].1);
     let listed = |v: &serde_json::Value, field: &str| -> Vec<String> {
         v["data"]
             .as_array()
@@ -186,5 +192,89 @@ async fn endpoints_list_newest_first_by_default() {
     assert_eq!(ids(&oldest), made);
     made.reverse();
     assert_eq!(ids(&newest), made);
+    app.shutdown().await;
+}
+
+/// A repeat sent while the request with its `Idempotency-Key` is still
+/// running waits for it, as Svix waits (up to 5 s): it gets the first
+/// one's answer once kept, or runs itself when the first kept none (a
+/// refusal, a crash); one still running after the wait is refused (409),
+/// never run twice. It was refused at once, and a client that timed out
+/// and retried took the 409 for a failure. The first request is played
+/// here by the store's own calls, holding the key as a running request
+/// does.
+async fn a_repeat_waits_for_the_first_request_with_its_key(backend: &Backend) {
+    use axum::http::{Method, Uri};
+    use herald::store::IdemKey;
+
+    let app = backend.spawn_stepped(&[]).await;
+    let app_id = app.create_app().await;
+    let store = app.running().store.clone();
+    let body = json!({"eventType": "a.b", "payload": {"n": 1}});
+    // As the middleware keys it: the URL under `/api/v1`, the body's digest.
+    let route = format!("/app/{app_id}/msg");
+    let bytes = serde_json::to_vec(&body).expect("json");
+    let uri: Uri = route.parse().expect("uri");
+    let hashes = vec![hex::encode(herald::api::idempotency::request_digest(
+        &Method::POST,
+        &uri,
+        &bytes,
+    ))];
+    let first_running = |key: &'static str| {
+        let (store, scoped, hashes) = (store.clone(), format!("{key}\n{route}"), hashes.clone());
+        async move {
+            let now = herald::store::now_millis();
+            let idem = IdemKey {
+                key: &scoped,
+                unscoped: Some(key),
+            };
+            let begun = store
+                .idempotency_begin("admin", &idem, &hashes, now, now - 3_600_000, now - 60_000)
+                .await
+                .expect("begin");
+            assert_eq!(begun, herald::store::IdemBegin::Fresh);
+            scoped
+        }
+    };
+    let admin = app.as_token(TOKEN);
+    let path = format!("/api/v1{route}");
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(600));
+
+    // The first finishes while the repeat waits: its answer is the repeat's.
+    let scoped = first_running("k-finished").await;
+    let kept = r#"{"id":"msg_kept_by_the_first"}"#;
+    let ((status, replayed, text), ()) =
+        tokio::join!(admin.post_keyed(&path, "k-finished", body.clone()), async {
+            pause().await;
+            store
+                .idempotency_finish("admin", &scoped, 202, kept)
+                .await
+                .expect("finish");
+        });
+    assert_eq!(
+        (status, replayed, text.as_str()),
+        (StatusCode::ACCEPTED, true, kept)
+    );
+
+    // The first ends without an answer kept: the repeat runs itself.
+    let scoped = first_running("k-aborted").await;
+    let ((status, replayed, text), ()) =
+        tokio::join!(admin.post_keyed(&path, "k-aborted", body.clone()), async {
+            pause().await;
+            store
+                .idempotency_abort("admin", &scoped)
+                .await
+                .expect("abort");
+        });
+    assert_eq!((status, replayed), (StatusCode::ACCEPTED, false), "{text}");
+    assert!(text.contains("\"id\":\"msg_"), "{text}");
+
+    // Still running after the wait: refused, and nothing stored.
+    first_running("k-stuck").await;
+    let (status, _, text) = admin.post_keyed(&path, "k-stuck", body.clone()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{text}");
+    assert!(text.contains("still in progress"), "{text}");
+    let (_, listed) = app.get(&format!("/api/v1/app/{app_id}/msg")).await;
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(1), "{listed}");
     app.shutdown().await;
 }
