@@ -388,38 +388,26 @@ pub async fn list_attempted_destinations(
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<ListResponse<MessageEndpointOut>>> {
     let page = params.page(true)?;
-    let mut deliveries = state
+    let mut by_endpoint: std::collections::HashMap<String, _> = state
         .store
         .list_deliveries_of_message(&msg.app_id, &msg.id)
-        .await?;
-    // Walked as the stores walk an index: a `prevIterator` walks back
-    // from its id, and the page is turned to the chosen order at the end.
-    deliveries.sort_by(|a, b| a.endpoint_id.as_str().cmp(b.endpoint_id.as_str()));
-    let up = page.walks_ascending();
-    if !up {
-        deliveries.reverse();
-    }
-    let after = page.after.clone();
-    let mut data = Vec::new();
-    let mut has_more = false;
-    for d in deliveries.iter().filter(|d| match &after {
-        None => true,
-        Some(a) if up => d.endpoint_id.as_str() > a.as_str(),
-        Some(a) => d.endpoint_id.as_str() < a.as_str(),
-    }) {
-        if data.len() == page.limit {
-            has_more = true;
-            break;
-        }
-        // An endpoint deleted since has no delivery left: skip a race.
-        let Some(ep) = state
-            .store
-            .get_endpoint(&msg.app_id, d.endpoint_id.as_str())
-            .await?
-        else {
+        .await?
+        .into_iter()
+        .map(|d| (d.endpoint_id.as_str().to_owned(), d))
+        .collect();
+    // Paged by endpoint id as every list; only the page's endpoints read.
+    let ids =
+        ListResponse::page_of_all(by_endpoint.keys().cloned().collect(), &page, String::clone);
+    let mut data = Vec::with_capacity(ids.data.len());
+    for id in &ids.data {
+        let Some(d) = by_endpoint.remove(id) else {
             continue;
         };
-        let (status, status_text) = svix_status(d);
+        // An endpoint deleted since has no delivery left: skip a race.
+        let Some(ep) = state.store.get_endpoint(&msg.app_id, id).await? else {
+            continue;
+        };
+        let (status, status_text) = svix_status(&d);
         // Its credentials as `GET …/endpoint/{id}` shows them to this caller.
         let url = if super::endpoints::may_read_secrets(&principal) {
             ep.url
@@ -437,19 +425,17 @@ pub async fn list_attempted_destinations(
             throttle_rate: ep.rate_limit,
             status,
             status_text,
-            next_attempt: next_attempt(d),
+            next_attempt: next_attempt(&d),
             created_at: rfc3339(ep.created_at),
             updated_at: rfc3339(ep.updated_at),
         });
     }
-    if page.backwards {
-        data.reverse();
-    }
-    Ok(Json(ListResponse::new(
+    Ok(Json(ListResponse {
         data,
-        has_more,
-        |e: &MessageEndpointOut| e.id.clone(),
-    )))
+        iterator: ids.iterator,
+        prev_iterator: ids.prev_iterator,
+        done: ids.done,
+    }))
 }
 
 /// Svix's `EndpointMessageOut`: a message sent to an endpoint, with the
