@@ -250,11 +250,13 @@ fn example_of(et: &EventType) -> Option<String> {
     serde_json::to_string_pretty(example).ok()
 }
 
-/// The endpoint form's fields as the API's `EndpointIn` JSON.
-fn endpoint_json(form: &FormFields) -> serde_json::Value {
+/// The endpoint form's fields as the API's `EndpointIn` JSON (a new
+/// endpoint: no header value to keep).
+fn endpoint_json(form: &FormFields) -> Result<serde_json::Value, ApiError> {
     let mut body = endpoint_fields(form);
-    body.insert("headers".into(), form_headers(form).into());
-    body.into()
+    let headers = with_kept_values(form_headers(form), &BTreeMap::new())?;
+    body.insert("headers".into(), headers.into());
+    Ok(body.into())
 }
 
 /// The form's fields but its headers, as the API names them; a field
@@ -325,20 +327,36 @@ fn form_headers(form: &FormFields) -> serde_json::Map<String, serde_json::Value>
 const KEPT_VALUE: &str = "••••••";
 
 /// The form's headers with each kept placeholder given back its stored
-/// value (a header the form names anew, or whose line was removed, is
-/// the form's).
+/// value, found by name whatever its case as every header name is (a
+/// header the form names anew, or whose line was removed, is the form's).
+/// A placeholder with no stored value to keep (a new endpoint's form, a
+/// line copied from another endpoint) is refused naming the header: saved
+/// as written, the receiver would have been sent the placeholder.
 fn with_kept_values(
     mut posted: serde_json::Map<String, serde_json::Value>,
     stored: &BTreeMap<String, String>,
-) -> serde_json::Map<String, serde_json::Value> {
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
     for (name, value) in posted.iter_mut() {
-        if value.as_str() == Some(KEPT_VALUE) {
-            if let Some(kept) = stored.get(name) {
-                *value = kept.clone().into();
+        if value.as_str() != Some(KEPT_VALUE) {
+            continue;
+        }
+        let kept = stored
+            .iter()
+            .find(|(stored_name, _)| stored_name.eq_ignore_ascii_case(name));
+        match kept {
+            Some((_, kept)) => *value = kept.clone().into(),
+            None => {
+                return Err(ApiError::field(
+                    "headers",
+                    format!(
+                        "`{name}: {KEPT_VALUE}` keeps a stored value, and this endpoint has no \
+                         `{name}` header to keep: write its value"
+                    ),
+                ))
             }
         }
     }
-    posted
+    Ok(posted)
 }
 
 /// The event types of the endpoint's filter the edit form does not offer
@@ -511,7 +529,8 @@ pub async fn create(State(state): State<ApiState>, posted: PortalPosted) -> Port
     let session = &posted.session;
     session.need(session.capabilities.manage_endpoint())?;
     let flags = session_flags(&state, session).await?;
-    let result = match parse_json(endpoint_json(&posted.form).to_string().as_bytes()) {
+    let body = endpoint_json(&posted.form).and_then(|b| parse_json(b.to_string().as_bytes()));
+    let result = match body {
         Ok(body) => {
             let app = app_of(session).id;
             let actor = session.actor();
@@ -719,7 +738,7 @@ pub async fn update(
         let unoffered = unoffered_types(&state, &ep, &offered).await?;
         let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &unoffered);
         let patch = parse_json(patch.to_string().as_bytes())?;
-        let headers = with_kept_values(form_headers(&posted.form), &ep.headers);
+        let headers = with_kept_values(form_headers(&posted.form), &ep.headers)?;
         let headers: HeadersIn = parse_json(
             serde_json::json!({ "headers": headers })
                 .to_string()

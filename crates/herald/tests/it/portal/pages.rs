@@ -246,6 +246,57 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
         stored.headers.get("X-Tenant").map(String::as_str),
         Some("t3")
     );
+
+    // The placeholder keeps the stored value under a name in another case
+    // (one name, as the API has it), and one with no stored value to keep
+    // is refused naming it, the endpoint unchanged: it was saved as the
+    // header's value, sent to the receiver and the credential lost.
+    let stored_headers = || async {
+        let (_, h) = app
+            .get(&format!("/api/v1/app/{id}/endpoint/{ep_id}/headers"))
+            .await;
+        h
+    };
+    let unchanged = stored_headers().await;
+    let (status, html) = save_edit(
+        &app,
+        &cookie,
+        &edit,
+        "now described",
+        "authorization: ••••••\nX-New-Token: ••••••",
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
+    assert!(html.contains("no `X-New-Token` header to keep"), "{html}");
+    assert_eq!(stored_headers().await, unchanged);
+    let (status, html) = save_edit(
+        &app,
+        &cookie,
+        &edit,
+        "now described",
+        "authorization: ••••••\nX-Tenant: t3",
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{html}");
+    let stored = running
+        .store
+        .get_endpoint(&herald::ids::AppId::parse(&id).expect("id"), ep_id)
+        .await
+        .expect("read")
+        .expect("endpoint");
+    assert_eq!(
+        stored.headers.get("authorization").map(String::as_str),
+        Some("Bearer SUPERSECRET"),
+        "{:?}",
+        stored.headers.keys()
+    );
+    let fields = [
+        ("url", "https://example.com/other"),
+        ("headers", "Authorization: ••••••"),
+    ];
+    let (status, html) = post_form(&app, &cookie, "/portal/endpoint/new", &fields).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
+    assert!(html.contains("no `Authorization` header to keep"), "{html}");
 }
 
 #[tokio::test]
