@@ -124,7 +124,9 @@ const SCRIPT: &str = r#"
   document.querySelectorAll('a[data-reveal]').forEach(function (a) {
     a.addEventListener('click', function (e) {
       e.preventDefault();
-      fetch(a.href, { credentials: 'same-origin' }).then(function (r) {
+      fetch(a.href, { credentials: 'same-origin', redirect: 'manual' }).then(function (r) {
+        // A session that has ended is sent to the sign-in page, whose HTML is no secret.
+        if (r.type === 'opaqueredirect') { throw new Error('signed out: reload the page to sign in'); }
         if (!r.ok) { throw new Error('HTTP ' + r.status); }
         return r.text();
       }).then(function (text) {

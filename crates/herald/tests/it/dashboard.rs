@@ -403,7 +403,7 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     // endpoint, a disabled one, and the one whose delivery goes dead.
     let rx = Receiver::start().await;
     let rx_orders = Receiver::start().await;
-    let (app_id, _ep_id, msg, dlv) = dead_delivery(&app, &rx, "Acme Shop").await;
+    let (app_id, ep_id, msg, dlv) = dead_delivery(&app, &rx, "Acme Shop").await;
     let (status, body) = app.post("/api/v1/app", json!({"name": "Initech"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let initech = body["id"].as_str().expect("app id").to_owned();
@@ -560,6 +560,25 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
     assert!(payload.contains("\"invoice\""), "{payload}");
     wait_for_text(&browser, "table.attempts", "success").await;
     save_screenshot(&browser, "dashboard-message.png").await;
+
+    // The secret's reveal shows it; once the session has ended it says
+    // so, where it showed the sign-in page's HTML as the secret.
+    let ep_page = app.url(&format!("/dashboard/app/{app_id}/endpoint/{ep_id}"));
+    browser.goto(&ep_page).await.expect("open the endpoint");
+    click(&browser, "a[data-reveal]").await;
+    wait_for_text(&browser, "#secret", "whsec_").await;
+    browser.goto(&ep_page).await.expect("open the endpoint");
+    browser.delete_all_cookies().await.expect("end the session");
+    click(&browser, "a[data-reveal]").await;
+    wait_for_text(&browser, "a[data-reveal]", "could not load it (signed out").await;
+    let secret = browser
+        .find(Locator::Css("#secret"))
+        .await
+        .expect("the secret's place")
+        .text()
+        .await
+        .expect("text");
+    assert!(secret.starts_with("whsec_••••"), "{secret}");
     browser.close().await.expect("browser closes");
     drop(driver);
     app.shutdown().await;
