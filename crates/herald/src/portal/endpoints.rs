@@ -450,8 +450,21 @@ fn endpoint_form(
     action: &str,
     values: &FormValues,
     catalogue: &[EventType],
+    kept_types: usize,
     problem: Option<&str>,
 ) -> Markup {
+    // With types the form does not offer kept in the filter, nothing
+    // ticked is not "every type": the endpoint gets those alone.
+    let legend = match kept_types {
+        0 => "Event types (none ticked: all)".to_owned(),
+        1 => "Event types (the endpoint also gets 1 type not listed here, which stays; \
+              none ticked: that one alone)"
+            .to_owned(),
+        n => format!(
+            "Event types (the endpoint also gets {n} types not listed here, which stay; \
+             none ticked: those alone)"
+        ),
+    };
     html! {
         @if let Some(problem) = problem { div.error role="alert" { (problem) } }
         form.filters method="post" action=(action) {
@@ -461,7 +474,7 @@ fn endpoint_form(
             label { "Channels (comma-separated)" input name="channels" size="30" value=(values.channels); }
             label { "throttleRate (messages / s)" input name="throttleRate" size="8" value=(values.throttle); }
             fieldset {
-                legend { "Event types (none ticked: all)" }
+                legend { (legend) }
                 @for et in catalogue {
                     label.nowrap {
                         input type="checkbox" name="filterTypes" value=(et.name)
@@ -506,9 +519,13 @@ async fn form_page(
 ) -> PortalResult {
     let (title, heading, action) = form_target(ep);
     let types = catalogue(state, session).await?;
+    let kept = match ep {
+        Some(ep) => unoffered_types(state, ep, &types).await?.len(),
+        None => 0,
+    };
     let body = html! {
         (heading)
-        (endpoint_form(session, &action, values, &types, problem))
+        (endpoint_form(session, &action, values, &types, kept, problem))
     };
     let mut response = session.page(title, Nav::Endpoints, body);
     if problem.is_some() {

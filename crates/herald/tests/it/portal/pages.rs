@@ -213,6 +213,12 @@ async fn editing_an_endpoint_keeps_what_the_form_does_not_show() {
     assert_eq!(status, StatusCode::OK);
     assert!(!form.contains("SUPERSECRET"), "{form}");
     assert!(form.contains("Authorization: ••••••"), "{form}");
+    // Nothing ticked is not "all" with types kept that the form does not
+    // list: the form says so (it said "none ticked: all").
+    assert!(
+        form.contains("also gets 2 types not listed here, which stay; none ticked: those alone"),
+        "{form}"
+    );
     let (status, html) = save_edit(
         &app,
         &cookie,
