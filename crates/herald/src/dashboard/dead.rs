@@ -14,7 +14,7 @@ use super::{named_fields, query_string, see_other, Cursor, DashError, DashResult
 use crate::api::dead::{DeadFilterParams, MAX_REPLAY_BATCH};
 use crate::api::ApiState;
 use crate::ids::{AppId, DeliveryId};
-use crate::store::{now_millis, DeadFilter, Delivery, Millis, PageReq};
+use crate::store::{now_millis, DeadFilter, Delivery, DeliveryState, Endpoint, Millis, PageReq};
 
 /// "Replay all matching" moves at most this many batches in one request;
 /// the flash says when more remain (they are replayed by pressing again).
@@ -313,6 +313,21 @@ pub fn last_result(d: &Delivery) -> Markup {
         }
         @if d.last_status.is_none() && d.last_error.is_none() {
             span.muted { "–" }
+        }
+    }
+}
+
+/// When a delivery is tried next: its time, or that it is held while its
+/// endpoint is disabled (then its time is long past and means nothing);
+/// none for one that is over.
+pub fn next_attempt(d: &Delivery, endpoint: Option<&Endpoint>, now: Millis) -> Markup {
+    html! {
+        @if !matches!(d.state, DeliveryState::Pending | DeliveryState::Delivering) {
+            span.muted { "–" }
+        } @else if endpoint.is_some_and(|ep| ep.disabled) {
+            (badge(Tone::Warn, "held")) " " span.small.muted { "until the endpoint is enabled" }
+        } @else {
+            (ago(Some(d.next_attempt_at), now))
         }
     }
 }

@@ -111,7 +111,7 @@ pub async fn page(
                     dd { (last_result(&d)) }
                     @if matches!(d.state, DeliveryState::Pending | DeliveryState::Delivering) {
                         dt { "Next attempt" }
-                        dd { (ago(Some(d.next_attempt_at), now)) }
+                        dd { (super::dead::next_attempt(&d, endpoint.as_ref(), now)) }
                     }
                     dt { "Created" }
                     dd { (when(d.created_at)) }

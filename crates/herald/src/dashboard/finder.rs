@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use maud::{html, Markup};
 use serde::Deserialize;
 
-use super::dead::{last_result, parse_time, reason_badge};
+use super::dead::{last_result, next_attempt, parse_time, reason_badge};
 use super::delivery::{pretty_json, SHOWN_PAYLOAD_BYTES};
 use super::layout::{self, ago, badge, truncate, when, Nav, Tone};
 use super::overview::app_label;
@@ -410,11 +410,7 @@ pub fn deliveries_table(
                         td { (state_badge(d)) }
                         td.num { (d.attempts) }
                         td { (last_result(d)) }
-                        td {
-                            @if matches!(d.state, DeliveryState::Pending | DeliveryState::Delivering) {
-                                (ago(Some(d.next_attempt_at), now))
-                            } @else { span.muted { "–" } }
-                        }
+                        td { (next_attempt(d, endpoints.get(&d.endpoint_id), now)) }
                         @if view.can_resend {
                             td {
                                 @if !expunged && endpoints.contains_key(&d.endpoint_id) {
@@ -649,6 +645,17 @@ pub async fn message_page(
     ))
 }
 
+/// What a resend says it did: a delivery to a disabled endpoint is
+/// queued but held until the endpoint is enabled, not tried now.
+pub async fn resent_note(state: &ApiState, app: &AppId, endpoint_id: &str) -> &'static str {
+    match state.store.get_endpoint(app, endpoint_id).await {
+        Ok(Some(ep)) if ep.disabled => {
+            "Resent, but held: the endpoint is disabled, and the attempt is made once it is enabled."
+        }
+        _ => "Resent: one more attempt is queued now.",
+    }
+}
+
 /// `POST /dashboard/app/{app}/msg/{msg}/endpoint/{ep}/resend`: the API's
 /// resend (one manual attempt now), audited as the dashboard session.
 pub async fn resend(
@@ -663,10 +670,8 @@ pub async fn resend(
     match crate::api::messages::resend_to(&state, &actor, &app.id, &msg_id, &endpoint_id).await {
         Ok(id) => {
             tracing::info!(message = %id, endpoint = %endpoint_id, "message resent from the dashboard");
-            posted
-                .session
-                .flash("Resent: one more attempt is queued now.")
-                .await;
+            let note = resent_note(&state, &app.id, &endpoint_id).await;
+            posted.session.flash(note).await;
             Ok(see_other(&view.message_href(&app.id, id.as_str())))
         }
         Err(ApiError::Conflict(why)) => {

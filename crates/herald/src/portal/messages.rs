@@ -78,9 +78,8 @@ pub async fn resend(
         .await
     {
         Ok(id) => {
-            session
-                .flash("Resent: one more attempt is queued now.")
-                .await;
+            let note = crate::dashboard::finder::resent_note(&state, &app_id, &endpoint_id).await;
+            session.flash(note).await;
             Ok(see_other(&format!("{}/msg/{id}", super::HOME)))
         }
         Err(ApiError::Conflict(why)) => {

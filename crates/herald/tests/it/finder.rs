@@ -312,6 +312,24 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     assert_eq!(entries[0]["actorKind"], "dashboard", "{log}");
     assert_eq!(entries[0]["target"], Value::String(msg.clone()), "{log}");
 
+    // To a disabled endpoint a resend is held, and the flash and the table
+    // say so (they said "one more attempt is queued now" and showed a
+    // next attempt long past).
+    app.disable_endpoint(&acme, &ep_id, json!({})).await;
+    let resp = client
+        .post(app.url(&action))
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), 303);
+    let (_, html) = get_page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
+    assert!(
+        html.contains("Resent, but held: the endpoint is disabled"),
+        "{html}"
+    );
+    assert!(html.contains("until the endpoint is enabled"), "{html}");
+
     // Its endpoint deleted, the attempts stay, named but no longer linked
     // to a page that is gone.
     let (status, _) = app
