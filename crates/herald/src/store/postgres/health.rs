@@ -117,7 +117,9 @@ impl Health for PostgresStore {
         // claim index and of the parked rows (as on SQLite); the oldest due
         // is the claim index's first entry past the few delivering rows, or
         // a parked endpoint's oldest. (Held deliveries are pending, counted apart
-        // from due ones: they wait for their endpoint's enabling.)
+        // from due ones: they wait for their endpoint's enabling; those of an
+        // endpoint whose breaker is open or half-open are held by it, and
+        // neither due nor the oldest due.)
         let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
         let totals = sqlx::query(
             "SELECT c.state, c.held, sum(c.n)::int8 AS n FROM ( \
@@ -148,15 +150,22 @@ impl Health for PostgresStore {
         }
         let row = sqlx::query(
             "SELECT \
-               (SELECT count(*) FROM (SELECT 1 FROM deliveries \
-                 WHERE state < 2 AND NOT held AND NOT parked AND state = 0 AND next_attempt_at <= $1 \
+               (SELECT count(*) FROM (SELECT 1 FROM deliveries d \
+                 WHERE d.state < 2 AND NOT d.held AND NOT d.parked AND d.state = 0 \
+                 AND d.next_attempt_at <= $1 AND NOT EXISTS (SELECT 1 FROM endpoints e \
+                   WHERE e.id = d.endpoint_id AND e.circuit_state <> 0) \
                  LIMIT $2) due) AS due, \
-               (SELECT count(*) FROM (SELECT 1 FROM deliveries WHERE parked LIMIT $2) p) AS parked, \
-               (SELECT min(next_attempt_at) FROM deliveries \
-                 WHERE state < 2 AND NOT held AND NOT parked AND state = 0 AND next_attempt_at <= $1) AS oldest, \
+               (SELECT count(*) FROM (SELECT 1 FROM deliveries d WHERE d.parked \
+                 AND NOT EXISTS (SELECT 1 FROM endpoints e \
+                   WHERE e.id = d.endpoint_id AND e.circuit_state <> 0) LIMIT $2) p) AS parked, \
+               (SELECT min(d.next_attempt_at) FROM deliveries d \
+                 WHERE d.state < 2 AND NOT d.held AND NOT d.parked AND d.state = 0 \
+                 AND d.next_attempt_at <= $1 AND NOT EXISTS (SELECT 1 FROM endpoints e \
+                   WHERE e.id = d.endpoint_id AND e.circuit_state <> 0)) AS oldest, \
                (SELECT min((SELECT min(d.next_attempt_at) FROM deliveries d \
                             WHERE d.parked AND d.endpoint_id = p.endpoint_id)) \
-                  FROM parked_endpoints p) AS oldest_parked, \
+                  FROM parked_endpoints p WHERE NOT EXISTS (SELECT 1 FROM endpoints e \
+                   WHERE e.id = p.endpoint_id AND e.circuit_state <> 0)) AS oldest_parked, \
                (SELECT count(*) FROM endpoints WHERE disabled) AS disabled",
         )
         .bind(now)

@@ -131,17 +131,22 @@ impl Health for SqliteStore {
             }
             // Due ones (time decides, so no counter can keep them) are
             // counted up to the cap: a bounded walk of the claim index and
-            // of the parked rows.
+            // of the parked rows. Those of an endpoint whose breaker is
+            // open or half-open are held by it, as a disabled one's are by
+            // its disabling: neither due nor the oldest due.
             let cap = i64::try_from(DUE_COUNT_CAP).unwrap_or(i64::MAX);
             let due_live = one(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1 LIMIT ?2)",
+                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries d INDEXED BY deliveries_due \
+                 WHERE d.state < 2 AND d.parked = 0 AND d.state = 0 AND d.next_attempt_at <= ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id \
+                                 AND e.circuit_state <> 0) LIMIT ?2)",
                 &[&now, &cap],
             )?
             .unwrap_or(0);
             let parked = one(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries INDEXED BY deliveries_parked \
-                 WHERE parked = 1 LIMIT ?1)",
+                "SELECT COUNT(*) FROM (SELECT 1 FROM deliveries d INDEXED BY deliveries_parked \
+                 WHERE d.parked = 1 AND NOT EXISTS (SELECT 1 FROM endpoints e \
+                   WHERE e.id = d.endpoint_id AND e.circuit_state <> 0) LIMIT ?1)",
                 &[&cap],
             )?
             .unwrap_or(0);
@@ -149,13 +154,17 @@ impl Health for SqliteStore {
             // The oldest: the first entry of the claim index past the
             // (few) delivering rows, and per parked endpoint its first.
             let oldest_live = one(
-                "SELECT MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_due \
-                 WHERE state < 2 AND parked = 0 AND state = 0 AND next_attempt_at <= ?1",
+                "SELECT MIN(d.next_attempt_at) FROM deliveries d INDEXED BY deliveries_due \
+                 WHERE d.state < 2 AND d.parked = 0 AND d.state = 0 AND d.next_attempt_at <= ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = d.endpoint_id \
+                                 AND e.circuit_state <> 0)",
                 &[&now],
             )?;
             let oldest_parked = one(
                 "SELECT MIN((SELECT MIN(next_attempt_at) FROM deliveries INDEXED BY deliveries_parked \
-                  WHERE parked = 1 AND endpoint_id = p.endpoint_id)) FROM parked_endpoints p",
+                  WHERE parked = 1 AND endpoint_id = p.endpoint_id)) FROM parked_endpoints p \
+                 WHERE NOT EXISTS (SELECT 1 FROM endpoints e WHERE e.id = p.endpoint_id \
+                                   AND e.circuit_state <> 0)",
                 &[],
             )?;
             stats.oldest_due_at = [oldest_live, oldest_parked].into_iter().flatten().min();

@@ -6,6 +6,7 @@ crate::on_both_stores!(store:
     circuit_breakers_are_stepped_by_completions_and_stored,
     only_one_of_two_concurrent_probers_wins,
     retention_expires_deliveries_held_by_an_open_breaker,
+    deliveries_held_by_an_open_breaker_are_not_due,
 );
 
 /// A breaker that opens on four attempts at 50 %, with a 30 s cooldown.
@@ -210,4 +211,45 @@ async fn retention_expires_deliveries_held_by_an_open_breaker(store: Arc<dyn Sto
         .all(|d| d.dead_reason == Some(DeadReason::TooOld)));
     assert_eq!(history(&store, &live).await.1, vec![DeliveryState::Pending]);
     let _ = healthy;
+}
+
+/// Retries held by an open breaker are not the due backlog, nor its
+/// oldest (`herald_due_backlog`, `herald_oldest_due_age_seconds`), as a
+/// disabled endpoint's are not: the claims walk past and park them, and
+/// they were counted as due, so one customer's endpoint being down fired
+/// the "backlog old" alert meant for too few workers.
+async fn deliveries_held_by_an_open_breaker_are_not_due(store: Arc<dyn Store>) {
+    // Open past the retries' due time: no probe is claimed.
+    let rule = BreakerRule {
+        cooldown: Duration::from_secs(600),
+        ..breaker_rule()
+    };
+    let a = app(&store, None).await;
+    let e = endpoint(&store, &a.id, None, false).await;
+    fail_four(&store, &a.id, &rule).await;
+    assert_eq!(circuit_of(&store, &e.id).await.state, CircuitState::Open);
+    // The retries are due a minute on; claims then meet them twice, a
+    // second apart, and park them: the dispatcher's breakers give the
+    // endpoint no room (its in-flight count at the cap).
+    let due_at = T0 + 60_000;
+    let no_room = HashMap::from([(e.id.clone(), 10)]);
+    for at in [due_at + 1_500, due_at + 3_000] {
+        assert!(claim(&store, at, 10, &no_room, 10).await.is_empty());
+    }
+    let stats = store.queue_stats(due_at + 4_000).await.expect("stats");
+    assert_eq!(
+        (stats.pending, stats.due, stats.oldest_due_at),
+        (4, 0, None),
+        "{stats:?}"
+    );
+    // Another endpoint's due delivery is the backlog, and its oldest.
+    let b = app(&store, None).await;
+    endpoint(&store, &b.id, None, false).await;
+    sent(&store, &b.id, "x", None).await;
+    let stats = store.queue_stats(due_at + 4_000).await.expect("stats");
+    assert_eq!(
+        (stats.due, stats.oldest_due_at.is_some()),
+        (1, true),
+        "{stats:?}"
+    );
 }
