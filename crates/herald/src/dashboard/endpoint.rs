@@ -167,6 +167,7 @@ pub async fn page(
                     form.toolbar method="post" action=(format!("{here}/disable")) {
                         (layout::csrf_field(&session))
                         input name="reason" placeholder="reason (optional)" size="32"
+                            aria-label="Why it is disabled (optional)"
                             maxlength=(MAX_DISABLE_REASON_BYTES);
                         button.danger type="submit" { "Disable" }
                     }

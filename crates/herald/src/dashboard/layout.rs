@@ -95,6 +95,17 @@ svg text { font-size: 10px; fill: var(--muted); }
 .legend i { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin: 0 4px 0 10px; }
 .legend i.a { background: #9fb3c8; }
 .legend i.f { background: var(--bad); }
+/* A long name, URL or type without a break point wraps rather than widens the page. */
+td, h1, h2, label, legend, .flash, .error, .card .value { overflow-wrap: anywhere; }
+@media (max-width: 760px) {
+  header { flex-wrap: wrap; gap: 6px 16px; padding: 10px 14px; }
+  header nav { flex-wrap: wrap; gap: 4px 14px; }
+  main { padding: 14px 14px 40px; }
+  .columns { grid-template-columns: minmax(0, 1fr); }
+  /* A table wider than the screen scrolls within itself, not the page. */
+  table { display: block; overflow-x: auto; }
+  svg.chart { max-width: 100%; height: auto; }
+}
 "#;
 
 /// "Select all" and the selected count on bulk forms, a confirmation on

@@ -667,7 +667,7 @@ pub async fn page(
                 @if caps.create_attempts() {
                     form.toolbar method="post" action=(format!("{here}/send-example")) {
                         (session.csrf_field())
-                        select name="eventType" {
+                        select name="eventType" aria-label="Event type of the test event" {
                             option value="svix.ping" { "svix.ping" }
                             // Only types with an example to send (the API refuses the rest).
                             @for et in types.iter().filter(|et| example_of(et).is_some()) {

@@ -8,7 +8,8 @@ use fantoccini::{Client, Locator};
 use serde_json::{json, Value};
 
 use crate::helpers::browser::{
-    browser_installed, click, screenshot, type_into, wait_for_text, Chromedriver,
+    assert_every_field_is_labelled, assert_fits_the_window, browser_installed, click, screenshot,
+    type_into, wait_for_text, Chromedriver,
 };
 use crate::helpers::*;
 
@@ -579,6 +580,34 @@ async fn dashboard_in_chromium_replays_a_dead_letter() {
         .await
         .expect("text");
     assert!(secret.starts_with("whsec_••••"), "{secret}");
+
+    // On a phone's width (and with a name too long to break) every page
+    // fits it: the header wraps, the columns stack, long words break.
+    let (status, out) = app
+        .post("/api/v1/app", json!({"name": "N".repeat(256)}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{out}");
+    browser
+        .goto(&app.url("/dashboard/login"))
+        .await
+        .expect("login page");
+    type_into(&browser, "input[name=token]", TOKEN).await;
+    click(&browser, "button[type=submit]").await;
+    wait_for_text(&browser, ".cards", "Dead letters").await;
+    browser
+        .set_window_size(375, 800)
+        .await
+        .expect("window size");
+    for page in [
+        "/dashboard".to_owned(),
+        "/dashboard/apps".to_owned(),
+        format!("/dashboard/app/{app_id}/endpoint/{ep_id}"),
+        format!("/dashboard/app/{app_id}/msg/{msg}"),
+    ] {
+        browser.goto(&app.url(&page)).await.expect("open");
+        assert_fits_the_window(&browser, &page).await;
+        assert_every_field_is_labelled(&browser, &page).await;
+    }
     browser.close().await.expect("browser closes");
     drop(driver);
     app.shutdown().await;

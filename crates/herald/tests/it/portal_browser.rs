@@ -12,7 +12,8 @@ use svix::api::Svix;
 use svix::models::AppPortalAccessIn;
 
 use crate::helpers::browser::{
-    browser_installed, click, screenshot, type_into, wait_for_text, Chromedriver,
+    assert_every_field_is_labelled, assert_fits_the_window, browser_installed, click, screenshot,
+    type_into, wait_for_text, Chromedriver,
 };
 use crate::helpers::*;
 
@@ -143,6 +144,27 @@ async fn portal_in_chromium_from_an_sdk_link_to_an_embedded_frame() {
     click(&browser, "td a[href^='/portal/msg/']").await;
     wait_for_text(&browser, "body", "inv-42").await;
     shot(&browser, "portal-message.png").await;
+
+    // On a phone's width every page fits: the header wraps, the columns
+    // stack, wide tables scroll within themselves.
+    browser
+        .set_window_size(375, 800)
+        .await
+        .expect("window size");
+    for page in ["/portal", "/portal/messages", "/portal/event-types"] {
+        browser.goto(&app.url(page)).await.expect("open");
+        assert_fits_the_window(&browser, page).await;
+        assert_every_field_is_labelled(&browser, page).await;
+    }
+    browser.goto(&app.url("/portal")).await.expect("open");
+    click(&browser, "td a.clip").await;
+    wait_for_text(&browser, "h1", "Endpoint").await;
+    assert_fits_the_window(&browser, "the endpoint's page").await;
+    assert_every_field_is_labelled(&browser, "the endpoint's page").await;
+    browser
+        .set_window_size(1400, 1000)
+        .await
+        .expect("window size");
 
     // The same link again: used.
     browser.goto(&link).await.expect("open the used link");

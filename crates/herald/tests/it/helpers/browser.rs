@@ -156,3 +156,38 @@ pub async fn screenshot(browser: &Client, name: &str, asked_by: &str) {
         std::fs::write(dir.join(name), png).expect("screenshot saved");
     }
 }
+
+/// Fails unless the page shown is no wider than the window (nothing to
+/// scroll sideways but within a table); `what` names it in the failure.
+pub async fn assert_fits_the_window(browser: &Client, what: &str) {
+    let widths = browser
+        .execute(
+            "return [document.documentElement.scrollWidth, window.innerWidth]",
+            vec![],
+        )
+        .await
+        .expect("script runs");
+    let (page, window) = (widths[0].as_i64(), widths[1].as_i64());
+    assert!(
+        page.is_some() && page <= window,
+        "{what} is {page:?} px wide in a {window:?} px window"
+    );
+}
+
+/// Fails if a field of the page shown (an input other than a hidden one
+/// or a button, a select, a textarea) has no label: none around it, none
+/// naming its id, no `aria-label`. `what` names the page in the failure.
+pub async fn assert_every_field_is_labelled(browser: &Client, what: &str) {
+    let unlabelled = browser
+        .execute(
+            "return Array.from(document.querySelectorAll('input, select, textarea'))\
+               .filter(function (f) { return !['hidden', 'submit', 'button'].includes(f.type); })\
+               .filter(function (f) { return !f.closest('label') && !f.getAttribute('aria-label')\
+                 && !(f.id && document.querySelector('label[for=\"' + f.id + '\"]')); })\
+               .map(function (f) { return f.outerHTML; })",
+            vec![],
+        )
+        .await
+        .expect("script runs");
+    assert_eq!(unlabelled, json!([]), "fields without a label on {what}");
+}
