@@ -253,7 +253,7 @@ fn example_of(et: &EventType) -> Option<String> {
 /// The endpoint form's fields as the API's `EndpointIn` JSON (a new
 /// endpoint: no header value to keep).
 fn endpoint_json(form: &FormFields) -> Result<serde_json::Value, ApiError> {
-    let mut body = endpoint_fields(form);
+    let mut body = endpoint_fields(form)?;
     let headers = with_kept_values(form_headers(form), &BTreeMap::new())?;
     body.insert("headers".into(), headers.into());
     Ok(body.into())
@@ -261,7 +261,9 @@ fn endpoint_json(form: &FormFields) -> Result<serde_json::Value, ApiError> {
 
 /// The form's fields but its headers, as the API names them; a field
 /// left empty is absent.
-fn endpoint_fields(form: &FormFields) -> serde_json::Map<String, serde_json::Value> {
+fn endpoint_fields(
+    form: &FormFields,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
     let mut body = serde_json::Map::new();
     body.insert("url".into(), form.text("url").into());
     body.insert("description".into(), form.text("description").into());
@@ -278,21 +280,25 @@ fn endpoint_fields(form: &FormFields) -> serde_json::Map<String, serde_json::Val
     if !channels.is_empty() {
         body.insert("channels".into(), channels.into());
     }
-    match form.text("throttleRate") {
+    match form.text("throttleRate").trim() {
         "" => {}
-        // A bad number stays text, for the API to name the field.
+        // Said in the form's words, not the JSON parser's ("invalid type:
+        // string, expected u16").
         text => {
-            body.insert(
-                "throttleRate".into(),
-                text.parse::<u64>().map_or_else(|_| text.into(), Into::into),
-            );
+            let rate = text.parse::<u16>().map_err(|_| {
+                ApiError::field(
+                    "throttleRate",
+                    "a whole number of messages a second, up to 65535 (empty: no throttle)",
+                )
+            })?;
+            body.insert("throttleRate".into(), rate.into());
         }
     }
     body.insert(
         "disabled".into(),
         (form.get("disabled") == Some("on")).into(),
     );
-    body
+    Ok(body)
 }
 
 /// The edit form's fields as the API's `EndpointPatch` JSON: what the form
@@ -300,12 +306,12 @@ fn endpoint_fields(form: &FormFields) -> serde_json::Map<String, serde_json::Val
 /// it does not show (uid, metadata, ordering, version), which so stays as
 /// it is. The headers are not in it: the endpoint's PUT and PATCH do not
 /// take them (`update` writes them through `PUT …/headers`).
-fn endpoint_patch_json(form: &FormFields) -> serde_json::Value {
-    let mut body = endpoint_fields(form);
+fn endpoint_patch_json(form: &FormFields) -> Result<serde_json::Value, ApiError> {
+    let mut body = endpoint_fields(form)?;
     for cleared in ["filterTypes", "channels", "throttleRate"] {
         body.entry(cleared).or_insert(serde_json::Value::Null);
     }
-    body.into()
+    Ok(body.into())
 }
 
 /// The form's custom headers, one `Name: value` a line (a line without a
@@ -753,7 +759,7 @@ pub async fn update(
     let offered = catalogue_for(&state, &flags).await?;
     let result = async {
         let unoffered = unoffered_types(&state, &ep, &offered).await?;
-        let patch = with_unoffered_types(endpoint_patch_json(&posted.form), &unoffered);
+        let patch = with_unoffered_types(endpoint_patch_json(&posted.form)?, &unoffered);
         let patch = parse_json(patch.to_string().as_bytes())?;
         let headers = with_kept_values(form_headers(&posted.form), &ep.headers)?;
         let headers: HeadersIn = parse_json(

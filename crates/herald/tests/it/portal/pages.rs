@@ -23,6 +23,11 @@ async fn a_full_session_adds_an_endpoint_sends_a_test_event_and_rotates_the_secr
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{html}");
     assert!(html.contains("class=\"error\""), "{html}");
+    // In the form's words, not the JSON parser's ("expected u16").
+    assert!(
+        html.contains("a whole number of messages a second") && !html.contains("u16"),
+        "{html}"
+    );
     let (status, html) = post_form(
         &app,
         &cookie,
