@@ -286,13 +286,16 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
         .await
         .expect("answer");
     assert_eq!(other_app.status(), 404);
-    let resp = client
-        .post(app.url(&action))
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(resp.status(), 303);
+    let resend = || async {
+        client
+            .post(app.url(&action))
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("answer")
+            .status()
+    };
+    assert_eq!(resend().await, 303);
     deliver_until(&app, &rx, 3).await;
     let arrivals = rx.requests();
     assert_eq!(arrivals.len(), 3, "exactly one more request");
@@ -316,13 +319,7 @@ async fn message_page_shows_every_attempt_and_resend_reaches_the_receiver() {
     // say so (they said "one more attempt is queued now" and showed a
     // next attempt long past).
     app.disable_endpoint(&acme, &ep_id, json!({})).await;
-    let resp = client
-        .post(app.url(&action))
-        .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .expect("answer");
-    assert_eq!(resp.status(), 303);
+    assert_eq!(resend().await, 303);
     let (_, html) = get_page(&client, &app, &format!("/dashboard/app/{acme}/msg/{msg}")).await;
     assert!(
         html.contains("Resent, but held: the endpoint is disabled"),
