@@ -110,7 +110,7 @@ pub async fn app_body(view: &View, state: &ApiState, app: &App, offset: usize) -
         (app_facts(view, app))
         h2 { "Endpoints" small { "failing first · figures from the last hour and the last 24 hours" } }
         @if listed.rows.is_empty() {
-            p.muted { "No endpoints yet." }
+            p.muted { (listed.empty_text) }
         } @else {
             (endpoint_table(&view.base, &listed.rows, &listed.healths, now))
         }

@@ -73,7 +73,7 @@ pub async fn page(
             }
         }
         @if listed.rows.is_empty() {
-            p.muted { "No endpoints yet." }
+            p.muted { (listed.empty_text) }
         } @else {
             (endpoint_table("/dashboard", &listed.rows, &listed.healths, now))
         }
@@ -199,6 +199,8 @@ pub struct EndpointPage {
     pub healths: Vec<EndpointHealth>,
     pub prev: Option<(String, &'static str)>,
     pub next: Option<(String, &'static str)>,
+    /// What an empty page says: no endpoint at all, or none this far.
+    pub empty_text: &'static str,
 }
 
 /// The page of `page_size` endpoints (of `app`, or of every application)
@@ -218,13 +220,26 @@ pub async fn endpoint_page(
     let has_more = rows.len() > page_size;
     rows.truncate(page_size);
     let healths = listed_health(&state.store, &rows, &state.breaker).await?;
-    let prev = (offset > 0).then(|| (link(offset.saturating_sub(page_size)), "Previous"));
+    // An offset past the end (an old link, a hand-made one) leads back to
+    // the first page, not to another empty one before it.
+    let past_the_end = rows.is_empty() && offset > 0;
+    let prev = match (offset > 0, past_the_end) {
+        (true, true) => Some((link(0), "First page")),
+        (true, false) => Some((link(offset.saturating_sub(page_size)), "Previous")),
+        (false, _) => None,
+    };
     let next = has_more.then(|| (link(offset + page_size), "Next"));
+    let empty_text = if past_the_end {
+        "No endpoints this far: the list ends before this page."
+    } else {
+        "No endpoints yet."
+    };
     Ok(EndpointPage {
         rows,
         healths,
         prev,
         next,
+        empty_text,
     })
 }
 

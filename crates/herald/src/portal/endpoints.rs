@@ -177,6 +177,7 @@ pub async fn home(
     let total = state.store.count_endpoints(&session.app_id).await?;
     let link = |offset: usize| format!("/portal?offset={offset}");
     let listed = endpoint_page(&state, Some(&session.app_id), offset, HOME_PAGE_SIZE, link).await?;
+    let empty_text = listed.empty_text;
     let rows: Vec<_> = listed
         .rows
         .into_iter()
@@ -189,7 +190,7 @@ pub async fn home(
             div.toolbar { a.button href="/portal/endpoint/new" { "Add endpoint" } }
         }
         @if rows.is_empty() {
-            p.muted { "No endpoints yet." }
+            p.muted { (empty_text) }
         } @else {
             div.scroll { table {
                 thead { tr {

@@ -583,6 +583,16 @@ async fn home_pages_through_every_endpoint_and_test_events_have_examples() {
     let (a, b) = (linked(&first), linked(&second));
     assert_eq!((a.len(), b.len()), (100, 1));
     assert!(!a.contains(&b[0]), "no endpoint on both pages");
+    // Past the end (an old or hand-made link): it says so and leads to the
+    // first page, where it said "No endpoints yet." beside "101 of this
+    // application" and led to another empty page.
+    let (status, past) = page(&app, &cookie, "/portal?offset=5000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(past.contains("No endpoints this far"), "{past}");
+    assert!(
+        past.contains("href=\"/portal?offset=0\" rel=\"prev\">← First page"),
+        "{past}"
+    );
 
     for (name, schemas) in [
         ("with.example", json!({"1": {"examples": [{"a": 1}]}})),
