@@ -192,6 +192,10 @@ fn main() -> std::process::ExitCode {
         Err(e) if e.downcast_ref::<PendingMigrations>().is_some() => {
             std::process::ExitCode::FAILURE
         }
+        Err(e) if e.downcast_ref::<StatusUnknown>().is_some() => {
+            eprintln!("herald: {e:#}");
+            std::process::ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("herald: {e:#}");
             std::process::ExitCode::FAILURE
@@ -274,9 +278,26 @@ impl std::fmt::Display for PendingMigrations {
 
 impl std::error::Error for PendingMigrations {}
 
+/// `migrate --status` could not read the store (unreachable past
+/// `HERALD_DATABASE_WAIT`, refused): exit 2, so that a deploy's gate tells
+/// it from migrations pending (1).
+#[derive(Debug)]
+struct StatusUnknown(anyhow::Error);
+
+impl std::fmt::Display for StatusUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for StatusUnknown {}
+
 async fn migrate_status(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
-    let status = server::migration_status(&config).await?;
+    let _telemetry = init_logging(&config)?;
+    let status = server::migration_status_waiting(&config)
+        .await
+        .map_err(StatusUnknown)?;
     println!(
         "store {}: {} applied, {} pending (this Herald knows up to {})",
         herald::config::redact_url(&config.store.database_url),
@@ -302,7 +323,8 @@ async fn migrate_status(config_file: Option<PathBuf>) -> anyhow::Result<()> {
 
 async fn migrate_dry_run(config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let config = Config::load(config_file.as_deref())?;
-    let status = server::migration_status(&config).await?;
+    let _telemetry = init_logging(&config)?;
+    let status = server::migration_status_waiting(&config).await?;
     if let Some(newer) = status.newer_than_this_binary() {
         anyhow::bail!("{newer}");
     }

@@ -140,16 +140,43 @@ pub async fn rotate_encryption_key(config: &Config) -> anyhow::Result<u64> {
 }
 
 /// Opens the store, waiting up to `HERALD_DATABASE_WAIT` while it cannot be
-/// reached: a database that is still starting (or, as CI saw, too busy to
-/// hand out a connection within the pool's short acquire timeout) should
-/// delay the start, not fail it. Any other error fails at once.
+/// reached ([`waiting_for_the_store`]).
 async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
+    waiting_for_the_store(config, "opening store", || open_backend_once(config)).await
+}
+
+/// The configured store's migrations ([`migration_status`]), waiting up to
+/// `HERALD_DATABASE_WAIT` while it cannot be reached, as a start does: a
+/// deploy's `migrate --status` gate meets the same database a start would.
+pub async fn migration_status_waiting(
+    config: &Config,
+) -> anyhow::Result<crate::store::MigrationStatus> {
+    waiting_for_the_store(config, "reading the migrations of", || {
+        migration_status(config)
+    })
+    .await
+}
+
+/// `attempt`, tried again while the store cannot be reached, up to
+/// `HERALD_DATABASE_WAIT`: a database that is still starting (or, as CI
+/// saw, too busy to hand out a connection within the pool's short acquire
+/// timeout) should delay the work, not fail it. Any other error fails at
+/// once. An error names the store as `doing {store}`.
+async fn waiting_for_the_store<T, F, Fut>(
+    config: &Config,
+    doing: &str,
+    mut attempt: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+{
     let shown = crate::config::redact_url(&config.store.database_url);
     let deadline = tokio::time::Instant::now() + config.store.database_wait;
     let mut pause = Duration::from_millis(250);
     let mut waited = false;
-    let opened = loop {
-        match open_backend_once(config).await {
+    let done = loop {
+        match attempt().await {
             Err(crate::store::StoreError::Unavailable(reason))
                 if tokio::time::Instant::now() < deadline =>
             {
@@ -170,7 +197,7 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
             other => break other,
         }
     };
-    opened.with_context(|| {
+    done.with_context(|| {
         let waited = if waited {
             format!(
                 ", unreachable for {:?} (HERALD_DATABASE_WAIT)",
@@ -180,10 +207,10 @@ async fn open_backend(config: &Config) -> anyhow::Result<Backend> {
             String::new()
         };
         if config.store.database_url.starts_with("sqlite:") {
-            format!("opening store {shown}{waited}")
+            format!("{doing} {shown}{waited}")
         } else {
             format!(
-                "opening store {shown} (schema {}){waited}",
+                "{doing} {shown} (schema {}){waited}",
                 config.store.database_schema
             )
         }

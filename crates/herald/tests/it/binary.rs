@@ -478,7 +478,7 @@ async fn the_cli_lists_and_replays_dead_letters_and_toggles_endpoints() {
 }
 
 /// The upgrade steps an operator scripts: `migrate --status` (0: nothing
-/// pending, 1: some) and `--dry-run` apply nothing; with
+/// pending, 1: some, 2: the store could not be read) and `--dry-run` apply nothing; with
 /// `HERALD_AUTO_MIGRATE=false` `serve` refuses a store with migrations
 /// pending, naming them, until `herald migrate` ran; a store a newer
 /// Herald migrated is refused by all of them; `--version` names the
@@ -537,6 +537,34 @@ async fn migrations_are_listed_gated_and_refused_when_newer(store: &[(&str, Stri
     assert_eq!(code, Some(0));
     assert!(version.contains("commit "), "{version}");
     assert!(version.contains("newest schema: SQLite "), "{version}");
+}
+
+/// `migrate --status` and `--dry-run` wait for a store they cannot reach
+/// for `HERALD_DATABASE_WAIT`, as a start does, and `--status` then exits
+/// 2, so that a deploy's gate tells "database down" from "migrations
+/// pending" (1). Both failed at once, with the exit code of "pending".
+#[tokio::test]
+async fn migrate_status_waits_for_an_unreachable_store_and_exits_2() {
+    let store = [
+        (
+            "HERALD_DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{}/x", closed_port().await),
+        ),
+        ("HERALD_DATABASE_WAIT", "1s".to_owned()),
+    ];
+    let (code, out, err) = run(&["migrate", "--status"], &store).await;
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains("reading the migrations of") && err.contains("unreachable for 1s"),
+        "{err}"
+    );
+    assert!(
+        err.contains("waiting for it (HERALD_DATABASE_WAIT)"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["migrate", "--dry-run"], &store).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("unreachable for 1s"), "{err}");
 }
 
 /// `migrate --status`, `migrate` and `serve` all refuse the store a newer

@@ -115,16 +115,34 @@ fn map_err(e: sqlx::Error) -> StoreError {
                 Some("23505") => StoreError::Conflict(db.message().to_owned()),
                 // foreign_key_violation: the parent row was deleted meanwhile
                 Some("23503") => StoreError::ParentGone(db.message().to_owned()),
-                // connection_exception (class 08), admin_shutdown,
-                // crash_shutdown, cannot_connect_now
-                Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-                    StoreError::Unavailable(e.to_string())
-                }
+                Some(c) if is_transient(c) => StoreError::Unavailable(e.to_string()),
                 _ => StoreError::Internal(e.to_string()),
             }
         }
         _ => StoreError::Internal(e.to_string()),
     }
+}
+
+/// Whether a SQLSTATE says the database cannot serve now but may soon:
+/// the API answers 503 (not 500), a start waits `HERALD_DATABASE_WAIT`, the
+/// completer retries its batch within the lease (rather than dropping the
+/// outcomes, which sends the deliveries again).
+fn is_transient(code: &str) -> bool {
+    // connection_exception (class 08); insufficient_resources (class 53:
+    // too many clients, out of memory, disk full)
+    code.starts_with("08")
+        || code.starts_with("53")
+        || matches!(
+            code,
+            // "database … is not currently accepting connections" (a
+            // database closed to connections for maintenance)
+            "55000"
+            // lock_not_available, serialization_failure, deadlock_detected
+            | "55P03" | "40001" | "40P01"
+            // query_canceled (a statement timeout), admin_shutdown,
+            // crash_shutdown, cannot_connect_now (starting up)
+            | "57014" | "57P01" | "57P02" | "57P03"
+        )
 }
 
 fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
@@ -362,5 +380,29 @@ impl PostgresStore {
             items.reverse();
         }
         Ok(Page { items, has_more })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transient;
+
+    /// A database that refuses for now is "unavailable" (503, waited for,
+    /// retried); a fault of the request or the schema is not. A database
+    /// closed to connections (55000) and too many clients (53300) were
+    /// internal errors: 500s, a start that did not wait, outcomes dropped.
+    #[test]
+    fn transient_sqlstates_are_unavailable_and_faults_are_not() {
+        for code in [
+            "08006", "08001", "53300", "53200", "53100", "55000", "55P03", "40001", "40P01",
+            "57014", "57P01", "57P02", "57P03",
+        ] {
+            assert!(is_transient(code), "{code}");
+        }
+        for code in [
+            "23505", "23503", "42P01", "42703", "22P02", "XX000", "55006",
+        ] {
+            assert!(!is_transient(code), "{code}");
+        }
     }
 }
