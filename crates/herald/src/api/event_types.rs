@@ -292,19 +292,15 @@ pub async fn create_event_type(
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
     check_name(&body.name)?;
     let (name, fields) = body.split();
-    let mut et = fields.into_event_type(name, now_millis())?;
+    let et = fields.into_event_type(name, now_millis())?;
     match state.store.get_event_type(&et.name).await? {
         None => insert_event_type(&state, &actor, et).await,
         // Created again after it was archived: back with the fields given,
         // as Svix's create does (201), where a 409 left it archived.
         Some(existing) if existing.archived => {
-            et.created_at = existing.created_at;
-            state.store.update_event_type(&et).await?;
             let details = serde_json::json!({ "replaced": true, "unarchived": !et.archived });
-            actor
-                .record(&*state.store, "event_type.updated", None, &et.name, details)
-                .await;
-            Ok((StatusCode::CREATED, Json(et.into())))
+            let replaced = replace_event_type(&state, &actor, &existing, et, details).await?;
+            Ok((StatusCode::CREATED, Json(replaced)))
         }
         Some(_) => Err(ApiError::Conflict(format!(
             "the event type {} already exists: PUT /event-type/{{name}} replaces it",
@@ -363,6 +359,23 @@ async fn insert_event_type(
     Ok((StatusCode::CREATED, Json(et.into())))
 }
 
+/// Replaces `existing` with `et`, keeping its creation time, and audits
+/// it as updated with `details`.
+async fn replace_event_type(
+    state: &ApiState,
+    actor: &Actor,
+    existing: &EventType,
+    mut et: EventType,
+    details: serde_json::Value,
+) -> ApiResult<EventTypeOut> {
+    et.created_at = existing.created_at;
+    state.store.update_event_type(&et).await?;
+    actor
+        .record(&*state.store, "event_type.updated", None, &et.name, details)
+        .await;
+    Ok(et.into())
+}
+
 async fn find(state: &ApiState, name: &str) -> ApiResult<EventType> {
     state
         .store
@@ -411,21 +424,12 @@ pub async fn put_event_type(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<EventTypeUpdate>,
 ) -> ApiResult<(StatusCode, Json<EventTypeOut>)> {
-    let mut et = body.into_event_type(name.clone(), now_millis())?;
+    let et = body.into_event_type(name.clone(), now_millis())?;
     match state.store.get_event_type(&name).await? {
         Some(existing) => {
-            et.created_at = existing.created_at;
-            state.store.update_event_type(&et).await?;
-            actor
-                .record(
-                    &*state.store,
-                    "event_type.updated",
-                    None,
-                    &et.name,
-                    serde_json::json!({ "replaced": true }),
-                )
-                .await;
-            Ok((StatusCode::OK, Json(et.into())))
+            let details = serde_json::json!({ "replaced": true });
+            let replaced = replace_event_type(&state, &actor, &existing, et, details).await?;
+            Ok((StatusCode::OK, Json(replaced)))
         }
         None => {
             check_name(&name)?;
