@@ -597,18 +597,25 @@ pub async fn resend(
     Ok(accepted_empty())
 }
 
+/// What [`resend_to`] did: the message it resent (by id), and whether the
+/// attempt is held, its endpoint being disabled (it is made once the
+/// endpoint is enabled).
+pub struct Resent {
+    pub msg_id: crate::ids::MsgId,
+    pub held: bool,
+}
+
 /// The resend behind the API's route and the dashboard's (and portal's)
 /// resend buttons: finds the message (id or `eventId`) and the endpoint
 /// (id or uid) in `app`, queues one manual attempt now, wakes the
-/// dispatcher and writes `message.resent` to the audit log; returns the
-/// message's id.
+/// dispatcher and writes `message.resent` to the audit log.
 pub async fn resend_to(
     state: &ApiState,
     actor: &Actor,
     app: &crate::ids::AppId,
     msg_id: &str,
     endpoint_id: &str,
-) -> ApiResult<crate::ids::MsgId> {
+) -> ApiResult<Resent> {
     let message = find_message(state, app, msg_id).await?;
     let endpoint = find_endpoint(state, app, endpoint_id).await?;
     match state
@@ -627,7 +634,10 @@ pub async fn resend_to(
                     serde_json::json!({ "endpoint": endpoint.id }),
                 )
                 .await;
-            Ok(message.id)
+            Ok(Resent {
+                msg_id: message.id,
+                held: endpoint.disabled,
+            })
         }
         ResendOutcome::NoSuchMessage => Err(ApiError::NotFound("message")),
         ResendOutcome::Expunged => Err(ApiError::Conflict(

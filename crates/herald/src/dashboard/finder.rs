@@ -647,12 +647,11 @@ pub async fn message_page(
 
 /// What a resend says it did: a delivery to a disabled endpoint is
 /// queued but held until the endpoint is enabled, not tried now.
-pub async fn resent_note(state: &ApiState, app: &AppId, endpoint_id: &str) -> &'static str {
-    match state.store.get_endpoint(app, endpoint_id).await {
-        Ok(Some(ep)) if ep.disabled => {
-            "Resent, but held: the endpoint is disabled, and the attempt is made once it is enabled."
-        }
-        _ => "Resent: one more attempt is queued now.",
+pub fn resent_note(resent: &crate::api::messages::Resent) -> &'static str {
+    if resent.held {
+        "Resent, but held: the endpoint is disabled, and the attempt is made once it is enabled."
+    } else {
+        "Resent: one more attempt is queued now."
     }
 }
 
@@ -668,10 +667,10 @@ pub async fn resend(
     let actor = posted.session.actor();
     let back = view.message_href(&app.id, &msg_id);
     match crate::api::messages::resend_to(&state, &actor, &app.id, &msg_id, &endpoint_id).await {
-        Ok(id) => {
+        Ok(resent) => {
+            let id = &resent.msg_id;
             tracing::info!(message = %id, endpoint = %endpoint_id, "message resent from the dashboard");
-            let note = resent_note(&state, &app.id, &endpoint_id).await;
-            posted.session.flash(note).await;
+            posted.session.flash(resent_note(&resent)).await;
             Ok(see_other(&view.message_href(&app.id, id.as_str())))
         }
         Err(ApiError::Conflict(why)) => {

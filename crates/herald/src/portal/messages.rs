@@ -77,10 +77,10 @@ pub async fn resend(
     match crate::api::messages::resend_to(&state, &session.actor(), &app_id, &msg_id, &endpoint_id)
         .await
     {
-        Ok(id) => {
-            let note = crate::dashboard::finder::resent_note(&state, &app_id, &endpoint_id).await;
+        Ok(resent) => {
+            let note = crate::dashboard::finder::resent_note(&resent);
             session.flash(note).await;
-            Ok(see_other(&format!("{}/msg/{id}", super::HOME)))
+            Ok(see_other(&format!("{}/msg/{}", super::HOME, resent.msg_id)))
         }
         Err(ApiError::Conflict(why)) => {
             session.flash(format!("Not resent: {why}.")).await;
